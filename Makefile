@@ -1,0 +1,30 @@
+# The two commands of the README: `make lab` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: lab test lint typecheck check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+lab: $(STAMP)
+	$(BIN)/krex lab
+
+test: $(STAMP)
+	$(BIN)/ruff check krex_lab tests benchmarks kernels
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -ra tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check krex_lab tests benchmarks kernels
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

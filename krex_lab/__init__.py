@@ -1,0 +1,65 @@
+"""KREX Lab: region-granular GPU exclusivity for concurrent kernel benchmarking.
+
+Public API (imports are cheap; vendor libraries load lazily)::
+
+    import krex_lab
+    krex_lab.attach(gpu=None)             # register this process as a session
+    with krex_lab.exclusive() as region:  # the GPU alone, for the timing loop
+        ...
+    region.report
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ArbiterUnavailable,
+    BackendError,
+    InvalidRequest,
+    KrexError,
+    LeaseExpired,
+    NotHolder,
+    PermissionDenied,
+    ProtocolError,
+    RegionCancelled,
+    RequestRejected,
+    UnknownSession,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArbiterUnavailable",
+    "BackendError",
+    "InvalidRequest",
+    "KrexError",
+    "LeaseExpired",
+    "NotHolder",
+    "PermissionDenied",
+    "ProtocolError",
+    "RegionCancelled",
+    "RequestRejected",
+    "UnknownSession",
+    "__version__",
+    "attach",
+    "exclusive",
+]
+
+if TYPE_CHECKING:
+    from .client import attach, exclusive
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import krex_lab` must not pay for zmq sockets or GPU libraries.
+    if name in ("attach", "exclusive", "Session", "Region", "Client"):
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'krex_lab' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from .magics import load_ipython_extension as load
+
+    load(ipython)

@@ -1,0 +1,94 @@
+"""The GPU backend interface.
+
+The arbiter (and its guardian, for undo) is the only caller. A backend answers three
+questions: what GPUs are there (:meth:`GpuBackend.inventory`), which processes use a GPU
+(:meth:`GpuBackend.processes`), and can it drain another process's GPU work
+(:meth:`GpuBackend.lock` / :meth:`GpuBackend.unlock`). Backends that cannot lock say so in
+:attr:`GpuBackend.capabilities`; the drain then stays cooperative and the region report says
+which processes were not drained.
+
+``lock`` and ``unlock`` block; the drain step calls them from worker threads under a
+deadline of its own, never on a stopped process (the NVIDIA driver hangs on those).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    memory_total: int = 0
+    memory_used: int = 0
+    utilization_gpu: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+    simulated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    gpu: int
+    used_memory: int | None = None
+
+
+@dataclass
+class Capabilities:
+    lock: bool = False
+    reason: str = ""
+    driver: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class GpuBackend(abc.ABC):
+    """A node's GPUs, as the arbiter sees them."""
+
+    #: short name shown in logs and ``krex status`` ("nvidia", "amd", "fake")
+    name: str = "?"
+    #: True for the fake backend: every display of it says the GPUs are simulated
+    simulated: bool = False
+
+    @abc.abstractmethod
+    def gpu_count(self) -> int: ...
+
+    @abc.abstractmethod
+    def inventory(self) -> list[GpuInfo]: ...
+
+    @abc.abstractmethod
+    def processes(self, gpu: int) -> list[GpuProcess]:
+        """Processes with a context on ``gpu`` (host pids). The fake backend has none of its own."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(lock=False, reason="this backend cannot drain other processes")
+
+    def lock(self, pid: int, timeout_s: float) -> None:
+        """Block ``pid``'s next GPU call and wait for its submitted work. Raises BackendError."""
+        raise NotImplementedError(self.capabilities.reason)
+
+    def unlock(self, pid: int) -> None:
+        """Undo :meth:`lock`. Must be safe on a process that has exited."""
+        raise NotImplementedError(self.capabilities.reason)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release library handles."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "simulated": self.simulated,
+            "capabilities": self.capabilities.to_dict(),
+        }
