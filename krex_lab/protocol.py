@@ -56,7 +56,7 @@ class Register(_Request, tag="register"):
     proof: str
     role: str = "client"
     name: str = ""
-    gpu: Union[int, None] = None
+    gpu: int | None = None
     control: bool = True
 
 
@@ -67,12 +67,12 @@ class Unregister(_SessionRequest, tag="unregister"):
 class Acquire(_SessionRequest, tag="acquire"):
     """Ask for a region on ``gpu`` (default: the session's). Answered when granted."""
 
-    gpu: Union[int, None] = None
-    max_hold: Union[float, None] = None
+    gpu: int | None = None
+    max_hold: float | None = None
     freeze: bool = True
     isolate: bool = True
-    cores: Union[int, None] = None
-    pid: Union[int, None] = None
+    cores: int | None = None
+    pid: int | None = None
 
 
 class Release(_SessionRequest, tag="release"):
@@ -112,10 +112,10 @@ class ErrorBody(msgspec.Struct):
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     v: int = VERSION
-    id: Union[int, None] = None
+    id: int | None = None
     ok: bool = True
     result: Any = None
-    error: Union[ErrorBody, None] = None
+    error: ErrorBody | None = None
     kind: str = "reply"
 
 
@@ -148,7 +148,7 @@ def decode_request(data: bytes) -> Request:
         raise ProtocolError(f"invalid {op!r} request: {exc}") from None
 
 
-def request_id(data: bytes) -> Union[int, None]:
+def request_id(data: bytes) -> int | None:
     """Best-effort ``id`` of a message that failed to decode, so its error reply can be matched."""
     try:
         envelope = _envelope_decoder.decode(data[:MAX_MESSAGE])
@@ -158,7 +158,7 @@ def request_id(data: bytes) -> Union[int, None]:
     return rid if isinstance(rid, int) and not isinstance(rid, bool) and -(2**63) <= rid < 2**64 else None
 
 
-def decode_incoming(data: bytes) -> Union[Reply, Control]:
+def decode_incoming(data: bytes) -> Reply | Control:
     """Client side: a reply or a control message."""
     try:
         envelope = _envelope_decoder.decode(data)

@@ -1,0 +1,1 @@
+"""Candidate GPU kernels (numba.cuda) with references, input makers and size presets."""

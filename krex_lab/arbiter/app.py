@@ -1,0 +1,65 @@
+"""``krex arbiter``: the arbiter as a traitlets Application (options on the command line or in
+a config file, ``krex_arbiter_config.py``/``.json``, searched in the current directory and the
+Jupyter config path, or named with ``--config``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from traitlets import Unicode
+from traitlets.config import Application
+
+from .. import __version__
+from .server import Arbiter
+
+
+class ArbiterApp(Application):
+    name = "krex-arbiter"
+    description = "The KREX node arbiter: region-granular GPU exclusivity for every session on this node."
+    version = __version__
+    classes = [Arbiter]
+
+    config_file = Unicode("", help="A config file to load (Python or JSON).").tag(config=True)
+
+    aliases = {
+        "backend": "Arbiter.backend_name",
+        "fake-gpus": "Arbiter.fake_gpus",
+        "max-hold": "Arbiter.max_hold",
+        "endpoint": "Arbiter.endpoint",
+        "runtime-dir": "Arbiter.runtime_dir",
+        "isolate-cores": "Arbiter.isolate_cores",
+        "drain-timeout": "Arbiter.drain_timeout",
+        "config": "ArbiterApp.config_file",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "multi-user": ({"Arbiter": {"multi_user": True}}, "Serve every user of the node (run as root)."),
+        "no-guardian": ({"Arbiter": {"guardian": False}}, "Do not start the guardian (tests only)."),
+        "no-lock-foreign": ({"Arbiter": {"lock_foreign": False}}, "Lock only KREX sessions' GPU processes."),
+        "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
+    }
+
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(argv)
+        try:
+            from jupyter_core.paths import jupyter_config_path
+
+            search = [".", *jupyter_config_path()]
+        except ImportError:
+            search = ["."]
+        self.load_config_file("krex_arbiter_config", path=search)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+        level = int(self.log_level)  # type: ignore[call-overload]
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.getLogger("krex").setLevel(level)
+
+    def start(self) -> None:
+        arbiter = Arbiter(parent=self)
+        asyncio.run(arbiter.serve())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ArbiterApp.launch_instance(argv)

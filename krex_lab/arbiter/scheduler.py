@@ -1,0 +1,327 @@
+"""Region queues and the region sequence: queue, gate, drain, freeze, isolate, grant, release.
+
+One FIFO queue per GPU. The head of a queue is granted when its GPU is free; the enforcement
+steps run in the order of the design (lock before freeze, freeze before isolate) and are
+undone in reverse at release, which happens when the holder asks, when its process dies,
+or when the lease (``max_hold``) runs out. Everything done to another process is journaled
+first (:mod:`krex_lab.arbiter.journal`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import KrexError, RegionCancelled
+from ..procutil import lineage, tree
+from ..regions.drain import DrainResult
+from ..regions.freeze import FreezeResult, thaw
+from ..regions.isolate import IsolateResult
+from .sessions import Session
+
+if TYPE_CHECKING:
+    from .server import Arbiter
+
+log = logging.getLogger("krex.scheduler")
+
+Reply = Callable[[Any, "KrexError | None"], None]
+
+
+@dataclass
+class Region:
+    id: str
+    gpu: int
+    session: Session
+    max_hold: float
+    freeze: bool
+    isolate: bool
+    cores: int
+    reply: Reply
+    requested: float = field(default_factory=time.monotonic)
+    state: str = "queued"  # queued -> granting -> held -> released
+    granted_at: float = 0.0
+    released_by: str = ""
+    drain: DrainResult = field(default_factory=DrainResult)
+    frozen: FreezeResult = field(default_factory=FreezeResult)
+    isolated: IsolateResult = field(default_factory=IsolateResult)
+    exempt: set[int] = field(default_factory=set)
+    times: dict[str, float] = field(default_factory=dict)
+    lease: asyncio.TimerHandle | None = None
+    watcher: asyncio.Future[Any] | None = None
+    acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    release_wanted: str = ""
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def report(self, backend: dict[str, Any]) -> dict[str, Any]:
+        degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
+        return {
+            "region": self.id,
+            "gpu": self.gpu,
+            "session": self.session.id,
+            "holder_pid": self.session.pid,
+            "user": self.session.user,
+            "name": self.session.name,
+            "state": self.state,
+            "max_hold_s": self.max_hold,
+            **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
+            "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
+            "locked": self.drain.locked_pids,
+            "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
+            "intruders": self.drain.intruders,
+            "frozen": self.frozen.pids,
+            "frozen_cgroups": self.frozen.cgroups,
+            "skipped_stopped": self.frozen.skipped,
+            "moved": self.isolated.moved_pids,
+            "cores": self.isolated.cores,
+            "failures": self.frozen.failed + self.isolated.failed,
+            "degraded": degraded,
+            "expired": self.released_by == "lease expired",
+            "released_by": self.released_by,
+            "backend": backend["backend"],
+            "simulated": backend["simulated"],
+            "lock_capable": backend["capabilities"]["lock"],
+        }
+
+
+class Scheduler:
+    def __init__(self, arbiter: Arbiter) -> None:
+        self.arb = arbiter
+        n = arbiter.gpu_count
+        self.queues: dict[int, collections.deque[Region]] = {g: collections.deque() for g in range(n)}
+        self.active: dict[int, Region | None] = dict.fromkeys(range(n))
+        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=arbiter.history)
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
+        # Keep a reference: the loop holds tasks only weakly.
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- requests -------------------------------------------------------------------------
+    def request(self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool,
+                cores: int, reply: Reply) -> Region:
+        region = Region(id=f"r{next(self._ids)}", gpu=gpu, session=session, max_hold=max_hold,
+                        freeze=freeze, isolate=isolate, cores=cores, reply=reply)
+        self.queues[gpu].append(region)
+        self.arb.publish("region", {"event": "requested", "region": region.id, "gpu": gpu,
+                                    "session": session.id, "queue": len(self.queues[gpu])})
+        self._kick(gpu)
+        return region
+
+    def find(self, region_id: str) -> Region | None:
+        for gpu, active in self.active.items():
+            if active and active.id == region_id:
+                return active
+            for queued in self.queues[gpu]:
+                if queued.id == region_id:
+                    return queued
+        return None
+
+    def past(self, region_id: str) -> dict[str, Any] | None:
+        return next((r for r in reversed(self.history) if r["region"] == region_id), None)
+
+    async def release(self, region: Region, reason: str) -> dict[str, Any]:
+        """Release a held region or withdraw a queued one; returns its final report."""
+        if region.state == "queued":
+            self.queues[region.gpu].remove(region)
+            region.state = "released"
+            region.released_by = reason
+            region.reply(None, RegionCancelled(f"region {region.id} was withdrawn before its grant ({reason})"))
+            return self._finish_report(region)
+        if region.state == "granting":
+            region.release_wanted = reason
+            await region.done.wait()
+            return self.past(region.id) or {}
+        if region.state == "held":
+            await self._undo(region, reason)
+        else:
+            await region.done.wait()
+        return self.past(region.id) or {}
+
+    def session_gone(self, session: Session, reason: str) -> None:
+        for gpu in self.queues:
+            for region in [r for r in self.queues[gpu] if r.session.id == session.id]:
+                self._spawn(self.release(region, reason))
+            active = self.active[gpu]
+            if active and active.session.id == session.id:
+                self._spawn(self.release(active, reason))
+            if active:
+                ack = active.acks.pop(session.id, None)
+                if ack and not ack.done():
+                    ack.set_exception(KrexError("session ended"))
+
+    # -- the sequence -----------------------------------------------------------------------
+    def _kick(self, gpu: int) -> None:
+        if self.active[gpu] is None and self.queues[gpu]:
+            region = self.queues[gpu].popleft()
+            self.active[gpu] = region
+            region.state = "granting"
+            self._spawn(self._grant(region))
+
+    async def _grant(self, region: Region) -> None:
+        arb = self.arb
+        t0 = time.monotonic()
+        region.times["wait"] = t0 - region.requested
+        holder = region.session
+        region.exempt = lineage(holder.pid) | arb.own_pids()
+        try:
+            arb.gate.close(region.gpu, region.id, holder.pid)
+            siblings = [s for s in arb.sessions.on_gpu(region.gpu)
+                        if s.id != holder.id and s.pid not in region.exempt]
+            await self._drain(region, siblings)
+            t1 = time.monotonic()
+            region.times["drain"] = t1 - t0
+            if region.freeze:
+                region.frozen = arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt,
+                                                   arb.cgroups_of(siblings))
+            t2 = time.monotonic()
+            region.times["freeze"] = t2 - t1
+            if region.isolate:
+                frozen = set(region.frozen.pids)
+                others = [p for s in arb.sessions if s.pid not in region.exempt
+                          for p in tree(s.pid) if p not in frozen and p not in region.exempt]
+                region.isolated = arb.cores.isolate(
+                    region.id, tree(holder.pid), sorted(set(others)), region.cores,
+                    lambda threads: arb.journal.record("affinity", region.id, threads=threads))
+            region.times["isolate"] = time.monotonic() - t2
+            region.times["acquire"] = time.monotonic() - t0
+        except Exception as exc:  # never leave a half-enforced region behind
+            log.exception("region %s failed during enforcement", region.id)
+            region.state = "held"
+            await self._undo(region, f"enforcement failed: {exc}")
+            region.reply(None, KrexError(f"enforcement failed and was undone: {exc}"))
+            return
+        region.state = "held"
+        region.granted_at = time.monotonic()
+        if region.release_wanted:
+            await self._undo(region, region.release_wanted)
+            return
+        region.lease = asyncio.get_running_loop().call_later(region.max_hold, self._expire, region)
+        if arb.locker.can_lock:
+            region.watcher = self._spawn(self._watch_intruders(region))
+        report = region.report(arb.backend_info)
+        arb.publish("region", {"event": "granted", **report})
+        region.reply({"region": region.id, "gpu": region.gpu, "report": report}, None)
+
+    async def _drain(self, region: Region, siblings: list[Session]) -> None:
+        arb = self.arb
+        loop = asyncio.get_running_loop()
+        cooperative = [s for s in siblings if s.control is not None]
+        for s in cooperative:
+            region.acks[s.id] = loop.create_future()
+            arb.send_control(s, "drain", region)
+        for s in siblings:
+            if s.control is None:
+                region.drain.not_drained[s.pid] = "not KREX-aware (no control channel)"
+        lock_job = None
+        if arb.locker.can_lock:
+            pids = {p.pid for p in arb.backend.processes(region.gpu)}
+            known = {p for s in arb.sessions for p in tree(s.pid)}
+            if not arb.lock_foreign:
+                pids &= known
+            pids -= region.exempt
+            lock_job = arb.locker.lock_all(sorted(pids), region.drain, self._journal_lock(region))
+        waits: list[Any] = []
+        if region.acks:
+            waits.append(asyncio.wait(list(region.acks.values()), timeout=arb.drain_timeout))
+        if lock_job is not None:
+            waits.append(lock_job)
+        await asyncio.gather(*waits)
+        for s in cooperative:
+            fut = region.acks.get(s.id)
+            if fut is not None and fut.done() and fut.exception() is None:
+                region.drain.acked.append(s.pid)
+                region.drain.not_drained.pop(s.pid, None)
+            elif s.pid not in region.drain.locked_pids:
+                region.drain.not_drained[s.pid] = f"did not answer drain within {arb.drain_timeout:.2f} s"
+            if fut is not None and not fut.done():
+                fut.cancel()
+        # A process the driver locked is drained whatever its session said.
+        for pid in region.drain.locked_pids:
+            region.drain.not_drained.pop(pid, None)
+
+    def _journal_lock(self, region: Region) -> Callable[[list[tuple[int, int]]], None]:
+        backend = self.arb.backend.name
+        return lambda procs: self.arb.journal.record("lock", region.id, backend=backend,
+                                                     procs=[list(p) for p in procs])
+
+    async def _watch_intruders(self, region: Region) -> None:
+        """Lock processes that appear on the GPU while the region is held."""
+        arb = self.arb
+        while region.state == "held":
+            await asyncio.sleep(arb.poll_interval)
+            known = set(region.drain.locked_pids) | set(region.drain.not_drained) | region.exempt
+            new = [p.pid for p in arb.backend.processes(region.gpu) if p.pid not in known]
+            if new and region.state == "held":
+                await arb.locker.lock_all(new, region.drain, self._journal_lock(region))
+                region.drain.intruders.extend(new)
+                arb.publish("region", {"event": "intruder", "region": region.id, "pids": new})
+
+    def intruder_session(self, session: Session) -> None:
+        """A session that registers on a GPU mid-region is drained (cooperatively) and frozen."""
+        region = self.active.get(session.gpu)
+        if region is None or region.state != "held" or session.pid in region.exempt:
+            return
+        region.drain.intruders.append(session.pid)
+        if session.control is not None:
+            self.arb.send_control(session, "drain", region)
+        if region.freeze:
+            self.arb.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
+
+    def _expire(self, region: Region) -> None:
+        if region.state != "held":
+            return
+        log.warning("region %s on GPU %d reached max_hold %.1f s: releasing", region.id, region.gpu,
+                    region.max_hold)
+        self.arb.send_control(region.session, "lease_expired", region)
+        self._spawn(self.release(region, "lease expired"))
+
+    async def _undo(self, region: Region, reason: str) -> None:
+        arb = self.arb
+        region.state = "releasing"
+        region.released_by = reason
+        if region.lease:
+            region.lease.cancel()
+        if region.watcher:
+            region.watcher.cancel()
+        try:
+            arb.cores.release(region.id)
+            thaw(region.frozen)
+            errors = await arb.locker.unlock_all(region.drain.locked)
+            region.isolated.failed.extend(errors)
+            for s in arb.sessions.on_gpu(region.gpu):
+                if s.pid in region.drain.acked or s.pid in region.drain.intruders:
+                    arb.send_control(s, "resume", region)
+        finally:
+            arb.journal.end(region.id)
+            arb.gate.open(region.gpu)
+            region.state = "released"
+            if region.granted_at:
+                region.times["hold"] = time.monotonic() - region.granted_at
+            report = self._finish_report(region)
+            arb.publish("region", {"event": "released", **report})
+            self.active[region.gpu] = None
+            region.done.set()
+            self._kick(region.gpu)
+
+    def _finish_report(self, region: Region) -> dict[str, Any]:
+        report = region.report(self.arb.backend_info)
+        self.history.append(report)
+        return report
+
+    async def shutdown(self) -> None:
+        for gpu in self.queues:
+            for region in list(self.queues[gpu]):
+                await self.release(region, "arbiter shutting down")
+            active = self.active[gpu]
+            if active is not None:
+                await self.release(active, "arbiter shutting down")

@@ -1,0 +1,181 @@
+"""Sessions: the processes the arbiter knows, and how it learns that one died.
+
+Liveness comes from the kernel, not from heartbeats: each session's pid is watched through a
+pidfd registered with the event loop, which becomes readable the moment the process exits
+(psutil polling every 50 ms where pidfds are missing). A dead session is reaped at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..errors import InvalidRequest, PermissionDenied, UnknownSession
+from ..procutil import proc_uid, start_time
+
+log = logging.getLogger("krex.sessions")
+
+_PROOF_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+@dataclass
+class Session:
+    id: str
+    token: str
+    pid: int
+    start: int
+    uid: int
+    role: str
+    name: str
+    gpu: int
+    control: bytes | None  # ROUTER identity of the socket that registered, for control messages
+    created: float = field(default_factory=time.time)
+
+    @property
+    def user(self) -> str:
+        try:
+            import pwd
+
+            return pwd.getpwuid(self.uid).pw_name
+        except KeyError:
+            return str(self.uid)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "uid": self.uid,
+            "user": self.user,
+            "role": self.role,
+            "name": self.name,
+            "gpu": self.gpu,
+            "since": self.created,
+        }
+
+
+class SessionTable:
+    """Registry of sessions; calls ``on_death(session)`` when a session's process exits."""
+
+    def __init__(self, proof_dir: Path, on_death: Callable[[Session], None]) -> None:
+        self.proof_dir = proof_dir
+        self._on_death = on_death
+        self._sessions: dict[str, Session] = {}
+        self._fds: dict[str, int] = {}
+        self._poll_task: asyncio.Task[None] | None = None
+        self._counter = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._sessions.values()))
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def on_gpu(self, gpu: int) -> list[Session]:
+        return [s for s in self._sessions.values() if s.gpu == gpu]
+
+    def get(self, session_id: str, token: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or not secrets.compare_digest(session.token, token):
+            raise UnknownSession(
+                f"session {session_id!r} is not registered (it ended, or the arbiter restarted): attach again"
+            )
+        return session
+
+    def verify_uid(self, uid: int, proof: str) -> None:
+        """The client proved ``uid`` by creating ``proof`` in the proof dir (file owners can't be forged)."""
+        if not proof or len(proof) > 64 or not set(proof) <= _PROOF_CHARS:
+            raise PermissionDenied("a registration needs a proof file name of 1-64 letters, digits, '_' or '-'")
+        path = self.proof_dir / proof
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise PermissionDenied(f"no proof file {proof!r} in {self.proof_dir}: cannot verify your uid") from None
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        if st.st_uid != uid and st.st_uid != 0:
+            raise PermissionDenied(f"you claimed uid {uid} but your proof file belongs to uid {st.st_uid}")
+
+    def add(
+        self, pid: int, uid: int, role: str, name: str, gpu: int, control: bytes | None
+    ) -> Session:
+        start = start_time(pid)
+        owner = proc_uid(pid)
+        if start is None or owner is None:
+            raise InvalidRequest(f"process {pid} does not exist")
+        if uid != 0 and owner != uid:
+            raise PermissionDenied(f"process {pid} belongs to uid {owner}; you (uid {uid}) cannot register it")
+        self._counter += 1
+        session = Session(
+            id=f"s{self._counter}-{secrets.token_hex(3)}",
+            token=secrets.token_hex(16),
+            pid=pid,
+            start=start,
+            uid=uid,
+            role=role,
+            name=name or f"{role}-{pid}",
+            gpu=gpu,
+            control=control,
+        )
+        self._sessions[session.id] = session
+        self._watch(session)
+        return session
+
+    def remove(self, session_id: str) -> Session | None:
+        session = self._sessions.pop(session_id, None)
+        fd = self._fds.pop(session_id, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+        return session
+
+    def _watch(self, session: Session) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(session.pid)
+        except (AttributeError, OSError):
+            if self._poll_task is None:
+                self._poll_task = loop.create_task(self._poll())
+            return
+        self._fds[session.id] = fd
+        loop.add_reader(fd, self._died, session.id)
+        # The process may have exited between start_time() and pidfd_open(): check once.
+        if start_time(session.pid) != session.start:
+            loop.call_soon(self._died, session.id)
+
+    def _died(self, session_id: str) -> None:
+        session = self.remove(session_id)
+        if session is not None:
+            log.info("session %s (pid %d) exited", session.id, session.pid)
+            self._on_death(session)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            for session in list(self._sessions.values()):
+                if session.id not in self._fds and not _alive(session):
+                    self._died(session.id)
+
+    def close(self) -> None:
+        for sid in list(self._fds):
+            self.remove(sid)
+        if self._poll_task:
+            self._poll_task.cancel()
+
+
+def _alive(session: Session) -> bool:
+    try:
+        return psutil.Process(session.pid).status() != psutil.STATUS_ZOMBIE and start_time(session.pid) == session.start
+    except psutil.Error:
+        return False

@@ -1,0 +1,353 @@
+"""The client side: talk to the arbiter, register a session, hold regions.
+
+    import krex_lab
+    with krex_lab.exclusive(gpu=0) as region:   # attaches this process if it has not
+        run_timing_loop()
+    print(region.report.summary())
+
+A :class:`Session` registers from a socket that a background thread then owns: the arbiter
+sends it ``drain`` (the thread synchronises this process's GPU work, pauses and answers),
+``resume`` and ``lease_expired``. Requests from user threads go through one socket per
+thread (:class:`Connection`), each reply matched to its request by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import zmq
+
+from . import devsync, paths, protocol
+from .errors import ArbiterUnavailable, KrexError, LeaseExpired, RegionCancelled, error_from_wire
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: how long a plain request (not an acquire) waits for its reply
+REQUEST_TIMEOUT = 10.0
+_ids = itertools.count(1)
+
+
+def _unavailable(endpoint: str, why: str) -> ArbiterUnavailable:
+    return ArbiterUnavailable(
+        f"no KREX arbiter answers at {endpoint} ({why}). Start one with `krex arbiter` "
+        f"(or `make lab`), or point {paths.ENDPOINT_ENV} at a running one."
+    )
+
+
+class Connection:
+    """One DEALER socket to the arbiter, used by one thread at a time."""
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint or paths.default_endpoint()
+        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[6:]).exists():
+            raise _unavailable(self.endpoint, "its socket file does not exist")
+        self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(self.endpoint)
+        self.arbiter_pid: int | None = None
+
+    def send(self, op: str, **fields: Any) -> int:
+        rid = next(_ids)
+        self.socket.send(protocol.encode({"v": protocol.VERSION, "id": rid, "op": op, **fields}))
+        return rid
+
+    def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT,
+             cancelled: threading.Event | None = None) -> Any:
+        """The result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            slice_ms = 200
+            if deadline is not None:
+                slice_ms = max(0, min(slice_ms, int((deadline - time.monotonic()) * 1000)))
+            if self.socket.poll(slice_ms):
+                msg = protocol.decode_incoming(self.socket.recv())
+                if not isinstance(msg, protocol.Reply) or msg.id != rid:
+                    continue  # a late reply to an earlier, abandoned request
+                if msg.ok:
+                    return msg.result
+                assert msg.error is not None
+                raise error_from_wire(msg.error.type, msg.error.message)
+            if cancelled is not None and cancelled.is_set():
+                raise RegionCancelled("cancelled while waiting")
+            if self.arbiter_pid is not None and not os.path.exists(f"/proc/{self.arbiter_pid}"):
+                raise _unavailable(self.endpoint, f"the arbiter (pid {self.arbiter_pid}) exited")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _unavailable(self.endpoint, f"no reply within {timeout:.0f} s")
+
+    def request(self, op: str, timeout: float | None = REQUEST_TIMEOUT, **fields: Any) -> Any:
+        return self.wait(self.send(op, **fields), timeout)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
+    conn = Connection(endpoint)
+    try:
+        info: dict[str, Any] = conn.request("hello", timeout=timeout)
+        return info
+    finally:
+        conn.close()
+
+
+def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
+    conn = Connection(endpoint)
+    try:
+        result: dict[str, Any] = conn.request("status", timeout=timeout)
+        return result
+    finally:
+        conn.close()
+
+
+class Session:
+    """This process (or ``pid``), registered with the arbiter. Use :func:`attach`."""
+
+    def __init__(self, gpu: int | None = None, role: str = "client", name: str = "",
+                 endpoint: str | None = None, pid: int | None = None, control: bool = True) -> None:
+        self.endpoint = endpoint or paths.default_endpoint()
+        self.pid = pid or os.getpid()
+        self.owner_pid = os.getpid()
+        control_conn = Connection(self.endpoint)
+        try:
+            self.info: dict[str, Any] = control_conn.request("hello", timeout=2.0)
+            control_conn.arbiter_pid = self.info["pid"]
+            proof = _make_proof(Path(self.info["proof_dir"]))
+            if gpu is None and os.environ.get(paths.GPU_ENV, "").strip():
+                gpu = int(os.environ[paths.GPU_ENV])
+            reply = control_conn.request("register", pid=self.pid, uid=os.getuid(), proof=proof,
+                                         role=role, name=name, gpu=gpu, control=control)
+        except BaseException:
+            control_conn.close()
+            raise
+        self.id: str = reply["session"]
+        self.token: str = reply["token"]
+        self.gpu: int = reply["gpu"]
+        self.simulated: bool = reply["simulated"]
+        #: set while the arbiter has asked this session to stay off the GPU (another's region)
+        self.paused = threading.Event()
+        self.expired: set[str] = set()
+        self.drain_hooks: list[Callable[[], None]] = []
+        self._local = threading.local()
+        self._closed = threading.Event()
+        self._control = control_conn
+        self._thread = threading.Thread(target=self._control_loop, name=f"krex-control-{self.id}", daemon=True)
+        self._thread.start()
+
+    # -- requests -------------------------------------------------------------------------
+    def connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = Connection(self.endpoint)
+            conn.arbiter_pid = self.info["pid"]
+            self._local.conn = conn
+        return conn
+
+    def request(self, op: str, timeout: float | None = REQUEST_TIMEOUT, **fields: Any) -> Any:
+        return self.connection().request(op, timeout, session=self.id, token=self.token, **fields)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            if os.getpid() == self.owner_pid:
+                self.request("unregister", timeout=2.0)
+        except KrexError:
+            pass
+        self._closed.set()
+        self._thread.join(timeout=1.0)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- control messages -----------------------------------------------------------------
+    def _control_loop(self) -> None:
+        sock = self._control.socket
+        try:
+            while not self._closed.is_set():
+                if not sock.poll(100):
+                    continue
+                try:
+                    msg = protocol.decode_incoming(sock.recv())
+                except KrexError:
+                    continue
+                if isinstance(msg, protocol.Control):
+                    self._on_control(msg)
+        finally:
+            self._control.close()
+
+    def _on_control(self, msg: protocol.Control) -> None:
+        if msg.kind == "drain":
+            self.paused.set()
+            devsync.synchronize_frameworks()
+            for hook in self.drain_hooks:
+                try:
+                    hook()
+                except Exception:
+                    pass
+            self._control.send("drain_ack", session=self.id, token=self.token, region=msg.region)
+        elif msg.kind == "resume":
+            self.paused.clear()
+        elif msg.kind == "lease_expired":
+            self.expired.add(msg.region)
+
+
+def _make_proof(proof_dir: Path) -> str:
+    name = secrets.token_urlsafe(24)
+    fd = os.open(proof_dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.close(fd)
+    return name
+
+
+_default: Session | None = None
+_default_lock = threading.Lock()
+
+
+def attach(gpu: int | None = None, name: str = "", role: str = "client", endpoint: str | None = None) -> Session:
+    """Register this process as a session (once; later calls return the same session).
+
+    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it).
+    """
+    global _default
+    with _default_lock:
+        if _default is not None and _default.owner_pid == os.getpid() and not _default._closed.is_set():
+            if gpu is not None and gpu != _default.gpu:
+                _default.close()
+            else:
+                return _default
+        _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint)
+        return _default
+
+
+def current_session() -> Session | None:
+    s = _default
+    return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
+
+
+class RegionReport(dict[str, Any]):
+    """What a region enforced (the arbiter's report), with a one-line summary."""
+
+    def summary(self) -> str:
+        if not self:
+            return "region not granted"
+        sim = " [simulated GPU]" if self.get("simulated") else ""
+        parts = [
+            f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}:",
+            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms, acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
+            f"drained {len(self.get('drained', []))}, frozen {len(self.get('frozen', []))},"
+            f" moved {len(self.get('moved', []))}, cores {self.get('cores', [])}",
+        ]
+        if "hold_s" in self:
+            parts.append(f"; held {self['hold_s']:.3f} s")
+        if self.get("not_drained"):
+            parts.append(f"; NOT drained: {', '.join(self['not_drained'])}")
+        if self.get("degraded"):
+            parts.append(" - DEGRADED")
+        if self.get("expired"):
+            parts.append(" - LEASE EXPIRED")
+        return " ".join(parts)
+
+
+class Exclusive:
+    """A region: the GPU alone for the code inside. Context manager (sync/async) and decorator."""
+
+    def __init__(self, gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
+                 isolate: bool = True, cores: int | None = None, session: Session | None = None) -> None:
+        self.options: dict[str, Any] = {"gpu": gpu, "max_hold": max_hold, "freeze": freeze, "isolate": isolate, "cores": cores}
+        self._session = session
+        self.id: str | None = None
+        self.gpu: int | None = gpu
+        self.report = RegionReport()
+        self._cancel = threading.Event()
+
+    @property
+    def expired(self) -> bool:
+        return bool(self.report.get("expired"))
+
+    def acquire(self) -> Exclusive:
+        session = self._session or attach(self.options["gpu"])
+        self._session = session
+        devsync.synchronize_frameworks()
+        conn = session.connection()
+        rid = conn.send("acquire", session=session.id, token=session.token, **self.options)
+        try:
+            result = conn.wait(rid, timeout=None, cancelled=self._cancel)
+        except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
+            if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
+                self._withdraw(session, conn)
+            raise
+        self.id = result["region"]
+        self.gpu = result["gpu"]
+        self.report = RegionReport(result["report"])
+        return self
+
+    def _withdraw(self, session: Session, conn: Connection) -> None:
+        # We do not know the region id before the grant; releasing by session withdraws it.
+        status_ = conn.request("status", timeout=2.0)
+        for g in status_["gpus"]:
+            for r in ([g["holder"]] if g["holder"] else []) + g["queue"]:
+                if r["session"] == session.id:
+                    try:
+                        session.request("release", region=r["region"], timeout=5.0)
+                    except KrexError:
+                        pass
+
+    def release(self) -> RegionReport:
+        assert self._session is not None and self.id is not None, "release() before acquire()"
+        result = self._session.request("release", region=self.id, timeout=60.0)
+        self.report = RegionReport(result or self.report)
+        return self.report
+
+    def __enter__(self) -> Exclusive:
+        return self.acquire()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        report = self.release()
+        if report.get("expired") and et is None:
+            raise LeaseExpired(
+                f"region {self.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
+                "arbiter before the block ended: timings taken after that are not protected"
+            )
+
+    async def __aenter__(self) -> Exclusive:
+        try:
+            return await asyncio.to_thread(self.acquire)
+        except asyncio.CancelledError:
+            self._cancel.set()
+            raise
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self.__exit__, et, ev, tb)
+
+    def __call__(self, fn: F) -> F:
+        if asyncio.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                async with Exclusive(**self.options, session=self._session):
+                    return await fn(*args, **kwargs)
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with Exclusive(**self.options, session=self._session):
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+def exclusive(gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
+              isolate: bool = True, cores: int | None = None) -> Exclusive:
+    """The GPU alone inside the block (or decorated function); ``region.report`` says what was enforced."""
+    return Exclusive(gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores)

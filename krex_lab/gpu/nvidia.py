@@ -1,0 +1,385 @@
+"""NVIDIA backend: NVML for inventory and processes, the driver's checkpoint lock for drain.
+
+Lock rules (measured on the GPU machine, shared/FACTS.md):
+
+* ``cuCheckpointProcessLock`` waits for the target's submitted work, then blocks its next
+  CUDA call until ``cuCheckpointProcessUnlock``.
+* On a *stopped* target it ignores its own timeout and hangs until the target runs again or
+  dies. So :meth:`NvidiaBackend.lock` refuses stopped (and cgroup-frozen) processes before it
+  calls the driver, and so does :meth:`NvidiaBackend.unlock`, which talks to the same helper
+  in the target. A process can still be stopped between the check and the call: the drain
+  step keeps its own deadline around every call.
+* A non-root locker may lock only its own uid's processes (another uid:
+  ``CUDA_ERROR_OPERATING_SYSTEM``); root may lock anyone's.
+
+Pids and namespaces: NVML reports pids as the driver recorded them, i.e. in the pid
+namespace of the host, while the arbiter signals and locks pids of *its own* namespace.
+:func:`local_pid` maps one to the other through the ``NSpid`` line of /proc/PID/status, which
+lists a process's pid in every namespace from the one that mounted /proc down to its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError
+from ..procutil import proc_state, proc_uid
+from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
+from .cuda_driver import (
+    CUDA_ERROR_OPERATING_SYSTEM,
+    NOT_A_CUDA_PROCESS,
+    CtypesCudaDriver,
+    CudaDriver,
+    CudaError,
+    ProcessState,
+    version_string,
+)
+from .nvml import NvmlApi, PynvmlApi, decode_throttle_reasons
+
+log = logging.getLogger("krex.gpu.nvidia")
+
+PROC = Path("/proc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_GONE_STATES = ("Z", "X")  # a zombie has no GPU state left: the driver tore it down at exit
+_STOPPED_STATES = ("T", "t")
+
+
+class ProcessStopped(BackendError):
+    """The target is stopped or frozen; the driver's lock (and unlock) would hang on it."""
+
+
+class LockOutcome(str, enum.Enum):
+    """What :meth:`NvidiaBackend.lock_pid` did; every value means "nothing of it runs on the GPU"."""
+
+    LOCKED = "locked"
+    ALREADY_LOCKED = "already-locked"
+    CHECKPOINTED = "checkpointed"  # its GPU state sits in host memory: no work to drain
+    NOT_CUDA = "not-cuda"  # alive but never initialised CUDA
+    GONE = "gone"
+
+
+# -- /proc helpers ---------------------------------------------------------------------------
+
+
+def parse_nspid(status_text: str) -> list[int]:
+    """The pids of the ``NSpid:`` line of a /proc/PID/status text, outermost first ([] if none)."""
+    for line in status_text.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(x) for x in line.split()[1:]]
+    return []
+
+
+def _nspid(entry: str, proc: Path) -> list[int] | None:
+    try:
+        return parse_nspid((proc / entry / "status").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def local_pid(nvml_pid: int, proc: Path = PROC) -> int | None:
+    """The pid by which this process can signal/lock the process NVML calls ``nvml_pid``.
+
+    Reasoning: /proc shows every process by its pid in the namespace that mounted /proc, and
+    its ``NSpid`` line continues with its pid in each nested namespace. Our own line tells our
+    depth ``d`` below that namespace (``NSpid: 4242 1`` -> d = 1), so the process seen at
+    /proc/<nvml_pid> is known to us by entry ``d`` of its line. A process whose line is
+    shorter lives outside our namespace, and we cannot address it: ``None``.
+
+    This assumes /proc was mounted by the namespace whose pids NVML reports (the host's). In a
+    container with its own /proc, host pids are not visible at all: /proc/<nvml_pid> is then
+    either missing (``None``) or an unrelated process; :func:`holds_nvidia_device` is the
+    check that rejects the latter. Kernels without ``NSpid`` (< 4.1) map pids to themselves.
+    """
+    theirs = _nspid(str(nvml_pid), proc)
+    if theirs is None:
+        return None
+    own = _nspid("self", proc) or [os.getpid()]
+    depth = len(own) - 1
+    if not theirs:
+        return nvml_pid
+    if len(theirs) <= depth:
+        return None
+    return theirs[depth]
+
+
+def holds_nvidia_device(pid: int, proc: Path = PROC) -> bool | None:
+    """Whether ``pid`` has a /dev/nvidia* file open (every CUDA context does); None if unknown."""
+    try:
+        with os.scandir(proc / str(pid) / "fd") as fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path).startswith("/dev/nvidia"):
+                        return True
+                except OSError:
+                    continue  # closed meanwhile
+    except PermissionError:
+        return None  # another user's process, and we are not root: cannot tell
+    except OSError:
+        return False  # gone
+    return False
+
+
+def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT) -> bool:
+    """Whether ``pid`` sits in a frozen cgroup (v2 ``cgroup.freeze`` or the v1 freezer).
+
+    Frozen tasks show state S (v2) or D (v1), not T, so /proc/PID/stat alone misses them, and
+    the driver's lock hangs on them as on stopped ones.
+    """
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        rel = path.lstrip("/")
+        try:
+            if hier == "0" and controllers == "":
+                # v2: cgroup.events says "frozen 1" also when an ancestor is frozen.
+                base = root / "unified" if (root / "unified" / "cgroup.controllers").exists() else root
+                events = (base / rel / "cgroup.events").read_text()
+                if "frozen 1" in events.splitlines():
+                    return True
+            elif "freezer" in controllers.split(","):
+                state = (root / "freezer" / rel / "freezer.state").read_text().strip()
+                if state in ("FROZEN", "FREEZING"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _alive(pid: int) -> bool:
+    state = proc_state(pid)
+    return state is not None and state not in _GONE_STATES
+
+
+# -- the backend -----------------------------------------------------------------------------
+
+
+class NvidiaBackend(GpuBackend):
+    """NVML + libcuda. Raises (BackendError) when NVML cannot start, so ``auto`` falls back.
+
+    ``nvml`` and ``driver`` replace the real layers (tests). A driver that cannot load is not
+    fatal: inventory still works and :attr:`capabilities` says why locking is off.
+    """
+
+    name = "nvidia"
+    simulated = False
+
+    def __init__(
+        self, nvml: NvmlApi | None = None, driver: CudaDriver | None = None, proc: Path = PROC
+    ) -> None:
+        self._nvml = nvml if nvml is not None else PynvmlApi()
+        self._proc = proc
+        self._unmapped: dict[int, list[int]] = {}
+        try:
+            self._count = self._nvml.device_count()
+            if self._count < 1:
+                raise BackendError("NVML found no NVIDIA GPU")
+            self._driver_str = self._nvml.driver_version()
+        except BackendError:
+            self._nvml.shutdown()
+            raise
+        self._driver: CudaDriver | None = driver
+        self._driver_error = ""
+        if driver is None:
+            try:
+                self._driver = CtypesCudaDriver()
+            except BackendError as exc:
+                self._driver_error = str(exc)
+                log.warning("NVIDIA driver API unavailable, drain will be cooperative: %s", exc)
+        self._caps = self._detect_capabilities()
+
+    # -- inventory -----------------------------------------------------------------------
+
+    def gpu_count(self) -> int:
+        return self._count
+
+    def inventory(self) -> list[GpuInfo]:
+        out: list[GpuInfo] = []
+        for i in range(self._count):
+            total, used = self._nvml.memory(i)
+            sm, mem = self._nvml.clocks(i)
+            mask = self._nvml.clock_event_reasons(i)
+            out.append(
+                GpuInfo(
+                    index=i,
+                    name=self._nvml.name(i),
+                    uuid=self._nvml.uuid(i),
+                    memory_total=total,
+                    memory_used=used,
+                    utilization_gpu=self._nvml.utilization(i),
+                    sm_clock_mhz=sm,
+                    mem_clock_mhz=mem,
+                    throttle_reasons=decode_throttle_reasons(mask) if mask is not None else [],
+                    simulated=False,
+                )
+            )
+        return out
+
+    def processes(self, gpu: int) -> list[GpuProcess]:
+        """Processes with a context on ``gpu``, by the pids of *our* namespace (see :func:`local_pid`)."""
+        if not 0 <= gpu < self._count:
+            raise BackendError(f"no GPU {gpu}: this node has {self._count}")
+        out: list[GpuProcess] = []
+        unmapped: list[int] = []
+        for pid, used in self._nvml.processes(gpu):
+            mine = local_pid(pid, self._proc)
+            # A pid that /proc names but that holds no NVIDIA device is a namespace collision,
+            # not the GPU process NVML meant: never lock or report a bystander.
+            if mine is None or holds_nvidia_device(mine, self._proc) is False:
+                unmapped.append(pid)
+                continue
+            out.append(GpuProcess(pid=mine, gpu=gpu, used_memory=used))
+        if unmapped:
+            log.info("GPU %d: NVML pids %s are not visible in this pid namespace", gpu, unmapped)
+        self._unmapped[gpu] = unmapped
+        return out
+
+    def unmapped(self, gpu: int) -> list[int]:
+        """NVML pids from the last :meth:`processes` call that this namespace cannot address."""
+        return list(self._unmapped.get(gpu, []))
+
+    # -- capabilities --------------------------------------------------------------------
+
+    def _detect_capabilities(self) -> Capabilities:
+        euid = os.geteuid()
+        extra: dict[str, object] = {"euid": euid, "checkpoint_api": False}
+        if self._driver is None:
+            return Capabilities(
+                lock=False,
+                reason=f"the CUDA driver API is unavailable ({self._driver_error}); drain is cooperative",
+                driver=self._driver_str,
+                extra=extra,
+            )
+        cuda = self._driver.driver_version()
+        extra["cuda_driver_version"] = cuda
+        extra["cuda"] = version_string(cuda)
+        if not self._driver.has_checkpoint:
+            return Capabilities(
+                lock=False,
+                reason=(
+                    f"driver {self._driver_str} (CUDA {version_string(cuda)}) has no "
+                    "cuCheckpointProcessLock (needs R550 or newer); drain is cooperative"
+                ),
+                driver=self._driver_str,
+                extra=extra,
+            )
+        extra["checkpoint_api"] = True
+        if euid == 0:
+            extra["lock_scope"] = "all-users"
+            reason = "cuCheckpointProcessLock; running as root: may lock any user's GPU processes"
+        else:
+            extra["lock_scope"] = "same-user"
+            reason = (
+                f"cuCheckpointProcessLock; not root: may lock only processes of uid {euid} "
+                "(other users' processes stay undrained)"
+            )
+        return Capabilities(lock=True, reason=reason, driver=self._driver_str, extra=extra)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    # -- lock / unlock -------------------------------------------------------------------
+
+    def _checkpoint_driver(self) -> CudaDriver:
+        if self._driver is None or not self._caps.lock:
+            raise BackendError(self._caps.reason)
+        return self._driver
+
+    def _refuse_if_stopped(self, pid: int, what: str) -> None:
+        state = proc_state(pid)
+        if state in _STOPPED_STATES:
+            raise ProcessStopped(
+                f"pid {pid} is stopped (state {state}): the driver's {what} would hang on it; "
+                "resume it first (lock before you freeze, thaw before you unlock)"
+            )
+        if cgroup_frozen(pid, self._proc):
+            raise ProcessStopped(f"pid {pid} is in a frozen cgroup: the driver's {what} would hang on it")
+
+    def _explain(self, pid: int, exc: CudaError) -> BackendError:
+        if exc.code == CUDA_ERROR_OPERATING_SYSTEM:
+            uid = proc_uid(pid)
+            if uid is not None and uid != os.geteuid() and os.geteuid() != 0:
+                return BackendError(
+                    f"pid {pid} belongs to uid {uid}: only root may lock another user's process ({exc})"
+                )
+        return exc
+
+    def lock_pid(self, pid: int, timeout_s: float) -> LockOutcome:
+        """:meth:`lock`, telling what it found. Raises BackendError (ProcessStopped, CudaError)."""
+        driver = self._checkpoint_driver()
+        if not _alive(pid):
+            return LockOutcome.GONE
+        self._refuse_if_stopped(pid, "lock")
+        try:
+            state = driver.checkpoint_state(pid)
+        except CudaError as exc:
+            if not _alive(pid):
+                return LockOutcome.GONE
+            if exc.code in NOT_A_CUDA_PROCESS:
+                return LockOutcome.NOT_CUDA
+            raise self._explain(pid, exc) from exc
+        if state is ProcessState.LOCKED:
+            return LockOutcome.ALREADY_LOCKED
+        if state is ProcessState.CHECKPOINTED:
+            return LockOutcome.CHECKPOINTED
+        if state is ProcessState.FAILED:
+            raise BackendError(f"pid {pid} is in the driver's FAILED checkpoint state; it cannot be locked")
+        # 0 would mean "no timeout" to the driver: never let rounding produce it.
+        timeout_ms = max(1, int(timeout_s * 1000))
+        try:
+            driver.checkpoint_lock(pid, timeout_ms)
+        except CudaError as exc:
+            if not _alive(pid):
+                return LockOutcome.GONE
+            raise self._explain(pid, exc) from exc
+        return LockOutcome.LOCKED
+
+    def lock(self, pid: int, timeout_s: float) -> None:
+        """Drain ``pid``; a process that is gone, already locked or not using CUDA is fine as is."""
+        outcome = self.lock_pid(pid, timeout_s)
+        if outcome is not LockOutcome.LOCKED:
+            log.debug("lock pid %d: %s", pid, outcome.value)
+
+    def unlock(self, pid: int) -> None:
+        """Undo :meth:`lock`. Safe (a no-op) when the process is gone or not locked."""
+        driver = self._checkpoint_driver()
+        if not _alive(pid):
+            return
+        self._refuse_if_stopped(pid, "unlock")
+        try:
+            state = driver.checkpoint_state(pid)
+        except CudaError as exc:
+            if not _alive(pid) or exc.code in NOT_A_CUDA_PROCESS:
+                return
+            raise
+        if state is not ProcessState.LOCKED:
+            # RUNNING: nothing to undo (idempotent, for the guardian's replay).
+            if state is not ProcessState.RUNNING:
+                log.warning("unlock pid %d: driver state %s, left as is", pid, state.name)
+            return
+        try:
+            driver.checkpoint_unlock(pid)
+        except CudaError:
+            if not _alive(pid):
+                return  # it exited between the check and the call: its lock died with it
+            raise
+
+    def checkpoint_state(self, pid: int) -> ProcessState:
+        """The driver's view of ``pid`` (tests and ``krex status``)."""
+        return self._checkpoint_driver().checkpoint_state(pid)
+
+    def close(self) -> None:
+        self._nvml.shutdown()
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["driver"] = self._driver_str
+        return info

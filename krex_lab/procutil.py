@@ -1,0 +1,93 @@
+"""Small, exact views of Linux processes (through /proc and psutil).
+
+KREX signals and re-pins other processes, so it must name them precisely: a pid plus its
+start time (pid reuse), the state letter (never lock or re-stop a stopped process), whole
+trees (compiler children included) and every thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import psutil
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the *last* ')'.
+    rest = raw[raw.rfind(")") + 2 :].split()
+    return rest  # rest[0] is the state, rest[19] the start time in clock ticks
+
+
+def proc_state(pid: int) -> str | None:
+    """The one-letter state of /proc/PID/stat (R, S, D, T, t, Z, ...), None if gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def proc_is_stopped(pid: int) -> bool:
+    """True if the process is stopped by a signal (T) or a tracer (t)."""
+    return proc_state(pid) in ("T", "t")
+
+
+def start_time(pid: int) -> int | None:
+    """Start time in clock ticks since boot: with the pid, a name that pid reuse cannot fake."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def same_process(pid: int, start: int | None) -> bool:
+    """The process ``pid`` exists and is the one that started at ``start``."""
+    return start is not None and start_time(pid) == start
+
+
+def proc_uid(pid: int) -> int | None:
+    """Real uid of the process, None if it is gone."""
+    try:
+        return psutil.Process(pid).uids().real
+    except psutil.Error:
+        return None
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (parents first); empty if ``pid`` is gone."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid] + [c.pid for c in proc.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def ancestors(pid: int) -> list[int]:
+    """Parents of ``pid`` up to init, nearest first."""
+    try:
+        return [p.pid for p in psutil.Process(pid).parents()]
+    except psutil.Error:
+        return []
+
+
+def lineage(pid: int) -> set[int]:
+    """The process, its descendants and its ancestors: what a region must never stop."""
+    return set(tree(pid)) | set(ancestors(pid))
+
+
+def threads(pids: Iterable[int]) -> list[int]:
+    """Every thread id of the given processes (those that still exist)."""
+    tids: list[int] = []
+    for pid in pids:
+        try:
+            tids.extend(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return tids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process so far."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system

@@ -1,0 +1,114 @@
+"""Step 3 of a region: drain other processes' GPU work.
+
+Two parts, run together:
+
+* **cooperative**: each KREX-aware session on the GPU (outside the holder's lineage) gets a
+  ``drain`` control message, synchronises its device work and pauses, and answers
+  ``drain_ack``. Sessions that do not answer within ``drain_timeout`` are named in the report.
+  The arbiter owns the sockets, so it runs this part; :class:`DrainResult` collects it.
+* **driver lock** (backends that can, i.e. NVIDIA): every process with a context on the GPU
+  is locked with the backend's ``lock`` in parallel, each call in a worker thread under a
+  deadline of the arbiter's own. A stopped process is never locked (the driver hangs on it),
+  and a lock that completes after its deadline is undone at once, so that no process stays
+  locked because KREX gave up on it.
+
+Always lock before freezing: a frozen process cannot release the driver's locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..gpu.base import GpuBackend
+from ..procutil import proc_is_stopped, start_time
+
+log = logging.getLogger("krex.drain")
+
+JournalFn = Callable[[list[tuple[int, int]]], None]
+
+
+@dataclass
+class DrainResult:
+    locked: list[tuple[int, int]] = field(default_factory=list)
+    acked: list[int] = field(default_factory=list)
+    not_drained: dict[int, str] = field(default_factory=dict)
+    intruders: list[int] = field(default_factory=list)
+
+    @property
+    def locked_pids(self) -> list[int]:
+        return [p for p, _ in self.locked]
+
+
+class Locker:
+    """Runs a backend's blocking lock/unlock calls in threads, under deadlines."""
+
+    def __init__(self, backend: GpuBackend, lock_timeout: float, threads: int = 16) -> None:
+        self.backend = backend
+        self.lock_timeout = lock_timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="krex-lock")
+
+    @property
+    def can_lock(self) -> bool:
+        return self.backend.capabilities.lock
+
+    async def lock_all(self, pids: list[int], result: DrainResult, journal: JournalFn) -> None:
+        targets: list[tuple[int, int]] = []
+        for pid in pids:
+            start = start_time(pid)
+            if start is None:
+                continue
+            if proc_is_stopped(pid):
+                result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
+                continue
+            targets.append((pid, start))
+        if not targets:
+            return
+        journal(targets)
+        loop = asyncio.get_running_loop()
+        futures = {
+            pid: loop.run_in_executor(self._pool, self.backend.lock, pid, self.lock_timeout)
+            for pid, _ in targets
+        }
+        _, pending = await asyncio.wait(futures.values(), timeout=self.lock_timeout + 0.5)
+        for (pid, start), fut in zip(targets, futures.values()):
+            if fut in pending:
+                result.not_drained[pid] = f"lock did not return within {self.lock_timeout:.1f} s"
+                # If the driver call finishes later, undo it: nobody will unlock it otherwise.
+                fut.add_done_callback(functools.partial(self._late_unlock, pid=pid))
+            elif fut.exception() is not None:
+                result.not_drained[pid] = str(fut.exception())
+            else:
+                result.locked.append((pid, start))
+
+    def _late_unlock(self, fut: asyncio.Future[None], *, pid: int) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self._pool.submit(self.backend.unlock, pid)
+
+    async def unlock_all(self, procs: list[tuple[int, int]]) -> list[str]:
+        if not procs:
+            return []
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._pool, self.backend.unlock, pid) for pid, _ in procs]
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        return [f"unlock {pid}: {o}" for (pid, _), o in zip(procs, outcomes) if isinstance(o, BaseException)]
+
+    def unlock_sync(self, procs: list[tuple[int, int]]) -> list[str]:
+        """For the guardian and journal replay: unlock without an event loop, in parallel."""
+        futures = {pid: self._pool.submit(self.backend.unlock, pid) for pid, _ in procs}
+        errors = []
+        deadline = time.monotonic() + self.lock_timeout
+        for pid, fut in futures.items():
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                errors.append(f"unlock {pid}: {exc}")
+        return errors
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

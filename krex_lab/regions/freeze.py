@@ -1,0 +1,137 @@
+"""Step 4 of a region: freeze sibling sessions, whole process trees, compiler children included.
+
+Two mechanisms:
+
+* **cgroup v2** (``cgroup.freeze``) for sessions the arbiter placed in a cgroup it manages
+  (:mod:`krex_lab.regions.cgroups`); the kernel catches forks for us.
+* **SIGSTOP** otherwise. A process may fork while its tree is being stopped, so the tree is
+  walked again after every pass until a pass finds no new process; stopped processes cannot
+  fork, so this ends. Processes that were already stopped (a user's Ctrl-Z, a debugger) are
+  left alone and, above all, not resumed at thaw.
+
+Every pid is journaled (with its start time) before it is signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..procutil import proc_state, same_process, start_time, tree
+
+Record = Callable[..., None]  # Journal.record(kind, region, **data)
+
+# Waiting for SIGSTOP to land is usually microseconds; a process in uninterruptible sleep (D)
+# may take longer, but it cannot fork meanwhile either.
+_STOP_SETTLE_S = 0.05
+_MAX_PASSES = 50
+
+
+@dataclass
+class FreezeResult:
+    procs: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) we stopped
+    cgroups: list[str] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)  # already stopped by someone else
+    failed: list[str] = field(default_factory=list)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for p, _ in self.procs]
+
+
+class Freezer:
+    """Stops process trees; the journal callback runs before any signal is sent."""
+
+    def __init__(self, record: Record) -> None:
+        self._record = record
+
+    def freeze(
+        self, region: str, roots: Iterable[int], exempt: set[int], cgroups: Iterable[Path] = ()
+    ) -> FreezeResult:
+        result = FreezeResult()
+        groups = [str(p) for p in cgroups]
+        if groups:
+            self._record("cgfreeze", region, paths=groups)
+            for path in groups:
+                try:
+                    Path(path, "cgroup.freeze").write_text("1")
+                    result.cgroups.append(path)
+                except OSError as exc:
+                    result.failed.append(f"cgroup {path}: {exc}")
+        self.extend(region, result, list(roots), exempt)
+        return result
+
+    def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> None:
+        """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
+        seen = set(result.pids) | set(result.skipped)
+        for _ in range(_MAX_PASSES):
+            new: list[tuple[int, int]] = []
+            for root in roots:
+                for pid in tree(root):
+                    if pid in seen or pid in exempt:
+                        continue
+                    seen.add(pid)
+                    state = proc_state(pid)
+                    start = start_time(pid)
+                    if state is None or start is None or state == "Z":
+                        continue
+                    if state in ("T", "t"):
+                        result.skipped.append(pid)
+                        continue
+                    new.append((pid, start))
+            if not new:
+                return
+            self._record("stop", region, procs=[list(p) for p in new])
+            for pid, start in new:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    result.procs.append((pid, start))
+                except ProcessLookupError:
+                    continue
+                except PermissionError as exc:
+                    result.failed.append(f"pid {pid}: {exc.strerror}")
+            _wait_stopped([p for p, _ in new])
+        result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
+
+
+def _wait_stopped(pids: list[int]) -> None:
+    deadline = time.monotonic() + _STOP_SETTLE_S
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [p for p in pending if proc_state(p) not in ("T", "t", "Z", None)]
+        if pending:
+            time.sleep(0.0002)
+
+
+def thaw_procs(procs: Iterable[tuple[int, int]]) -> int:
+    """SIGCONT every (pid, start) that is still the process we stopped. Returns how many."""
+    n = 0
+    for pid, start in procs:
+        if same_process(pid, start):
+            try:
+                os.kill(pid, signal.SIGCONT)
+                n += 1
+            except OSError:
+                continue
+    return n
+
+
+def thaw_cgroups(paths: Iterable[str]) -> int:
+    n = 0
+    for path in paths:
+        try:
+            Path(path, "cgroup.freeze").write_text("0")
+            n += 1
+        except OSError:
+            continue
+    return n
+
+
+def thaw(result: FreezeResult) -> None:
+    thaw_cgroups(result.cgroups)
+    thaw_procs(result.procs)
+

@@ -1,0 +1,51 @@
+"""Step 2 of a region: close the GPU's gate.
+
+While the gate of a GPU is closed, KREX-aware processes start no new GPU job there: the
+arbiter publishes a ``gate`` event (the pool service and dashboards subscribe), sends
+``drain`` to each KREX-aware session of that GPU (:mod:`krex_lab.regions.drain`), and calls
+the in-process hooks registered with :meth:`Gate.add_hook`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("krex.gate")
+
+Hook = Callable[[int, bool, "str | None"], None]
+
+
+class Gate:
+    def __init__(self, publish: Callable[[str, dict[str, Any]], None]) -> None:
+        self._publish = publish
+        self._closed: dict[int, str] = {}
+        self._hooks: list[Hook] = []
+
+    def add_hook(self, hook: Hook) -> None:
+        """``hook(gpu, closed, region)`` runs on every change (in the arbiter's loop: keep it quick)."""
+        self._hooks.append(hook)
+
+    def is_open(self, gpu: int) -> bool:
+        return gpu not in self._closed
+
+    def holder_region(self, gpu: int) -> str | None:
+        return self._closed.get(gpu)
+
+    def close(self, gpu: int, region: str, holder_pid: int) -> None:
+        self._closed[gpu] = region
+        self._notify(gpu, True, region, holder_pid)
+
+    def open(self, gpu: int) -> None:
+        region = self._closed.pop(gpu, None)
+        if region is not None:
+            self._notify(gpu, False, region, None)
+
+    def _notify(self, gpu: int, closed: bool, region: str, holder_pid: int | None) -> None:
+        self._publish("gate", {"gpu": gpu, "closed": closed, "region": region, "holder_pid": holder_pid})
+        for hook in self._hooks:
+            try:
+                hook(gpu, closed, region)
+            except Exception:
+                log.exception("gate hook failed")

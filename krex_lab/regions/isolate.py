@@ -1,0 +1,158 @@
+"""Step 5 of a region: reserve CPU cores for the holder and move everyone else off them.
+
+The :class:`CoreBook` is the arbiter's one view of who is pinned where. It remembers each
+thread's *original* affinity the first time any region touches it, so that overlapping
+regions on several GPUs restore exactly: a thread's affinity is always its original minus
+the cores reserved by regions still held (or the holder's reserved cores, for a holder).
+Originals are journaled before any affinity is changed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..procutil import same_process, start_time, threads
+
+JournalFn = Callable[[list[list[Any]]], None]
+
+
+@dataclass
+class IsolateResult:
+    cores: list[int] = field(default_factory=list)
+    holder_threads: list[int] = field(default_factory=list)
+    moved_pids: list[int] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def online_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+
+
+@dataclass
+class _Held:
+    cores: set[int]
+    holder_tids: set[int]
+    touched: set[int]
+
+
+class CoreBook:
+    def __init__(self, cpus: Iterable[int] | None = None) -> None:
+        self.cpus = sorted(cpus) if cpus is not None else online_cpus()
+        self._original: dict[int, tuple[int | None, set[int]]] = {}  # tid -> (start, cpus)
+        self._held: dict[str, _Held] = {}
+
+    def reserved(self) -> set[int]:
+        return {c for h in self._held.values() for c in h.cores}
+
+    def pick(self, n: int) -> list[int]:
+        """``n`` free cores, highest first, never core 0 while another core exists."""
+        taken = self.reserved()
+        candidates = [c for c in reversed(self.cpus) if c not in taken and (c != 0 or len(self.cpus) == 1)]
+        # Someone must be left to run everyone else: keep at least one unreserved core.
+        room = len(self.cpus) - len(taken) - 1
+        return sorted(candidates[: max(0, min(n, room))])
+
+    def isolate(
+        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn
+    ) -> IsolateResult:
+        result = IsolateResult(cores=self.pick(n))
+        if not result.cores:
+            result.failed.append(f"no core to reserve among {len(self.cpus)} (others hold the rest)")
+            return result
+        cores = set(result.cores)
+        holder_tids = set(threads(holder_pids))
+        other_tids: dict[int, int] = {}
+        for pid in other_pids:
+            for tid in threads([pid]):
+                if tid not in holder_tids:
+                    other_tids[tid] = pid
+        fresh: list[list[Any]] = []
+        for tid in holder_tids | set(other_tids):
+            if tid in self._original:
+                continue
+            try:
+                original = os.sched_getaffinity(tid)
+            except OSError:
+                continue
+            self._original[tid] = (start_time(tid), original)
+            fresh.append([tid, self._original[tid][0], sorted(original)])
+        if fresh:
+            journal(fresh)
+        held = _Held(cores=cores, holder_tids=holder_tids, touched=set())
+        self._held[region] = held
+        moved: set[int] = set()
+        for tid in holder_tids:
+            if self._apply(tid, cores, result):
+                held.touched.add(tid)
+        for tid, pid in other_tids.items():
+            target = self._target(tid)
+            if target is not None and self._apply(tid, target, result):
+                held.touched.add(tid)
+                moved.add(pid)
+        result.holder_threads = sorted(holder_tids)
+        result.moved_pids = sorted(moved)
+        return result
+
+    def release(self, region: str) -> int:
+        """Give back ``region``'s cores; every thread it touched gets what is left of its original."""
+        held = self._held.pop(region, None)
+        if held is None:
+            return 0
+        n = 0
+        for tid in held.touched:
+            target = self._target(tid)
+            start, original = self._original.get(tid, (None, set()))
+            if not same_process(tid, start):
+                self._original.pop(tid, None)
+                continue
+            if target is None:
+                target = original
+            try:
+                os.sched_setaffinity(tid, target)
+                n += 1
+            except OSError:
+                pass
+            if target == original and not any(tid in h.touched for h in self._held.values()):
+                self._original.pop(tid, None)
+        return n
+
+    def _target(self, tid: int) -> set[int] | None:
+        """Affinity a thread should have under the regions still held (None: its original)."""
+        for h in self._held.values():
+            if tid in h.holder_tids:
+                return h.cores
+        reserved = self.reserved()
+        if not reserved:
+            return None
+        original = self._original[tid][1]
+        allowed = original - reserved
+        return allowed or (set(self.cpus) - reserved)
+
+    @staticmethod
+    def _apply(tid: int, cpus: set[int], result: IsolateResult) -> bool:
+        try:
+            if os.sched_getaffinity(tid) == cpus:
+                return True
+            os.sched_setaffinity(tid, cpus)
+            return True
+        except ProcessLookupError:
+            return False
+        except OSError as exc:
+            result.failed.append(f"thread {tid}: {exc.strerror}")
+            return False
+
+
+def restore_threads(records: Iterable[list[Any]]) -> int:
+    """Journal replay: put every (tid, start, cpus) back where it was. Returns how many."""
+    n = 0
+    for tid, start, cpus in records:
+        if same_process(int(tid), start):
+            try:
+                os.sched_setaffinity(int(tid), set(cpus))
+                n += 1
+            except OSError:
+                continue
+    return n
