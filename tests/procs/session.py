@@ -1,0 +1,71 @@
+"""Fault-injection session processes for the tests (real processes, real signals).
+
+    python -m tests.procs.session sibling GPU [--child] [--forker] [--sleep]
+        attach to GPU, optionally start a busy child (or keep forking children), then spin
+        (or sleep); prints "ready" when registered.
+    python -m tests.procs.session holder GPU [--max-hold S] [--hold S]
+        attach, take a region, print "granted <json report>", hold for S seconds (forever if
+        not given), release, print "released <json report>".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import krex_lab
+import krex_lab.client
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["sibling", "holder"])
+    p.add_argument("gpu", type=int)
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--forker", action="store_true")
+    p.add_argument("--sleep", action="store_true")
+    p.add_argument("--no-control", action="store_true")
+    p.add_argument("--max-hold", type=float, default=None)
+    p.add_argument("--hold", type=float, default=None)
+    args = p.parse_args()
+    if args.no_control:
+        krex_lab.client.Session(gpu=args.gpu, control=False)
+    else:
+        krex_lab.attach(gpu=args.gpu, name=f"test-{args.mode}")
+    if args.mode == "sibling":
+        if args.child:
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        print("ready", flush=True)
+        if args.forker:
+            while True:
+                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+                time.sleep(0.01)
+        if args.sleep:
+            while True:
+                time.sleep(3600)
+        spin()
+    region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold)
+    try:
+        with region:
+            print("granted", json.dumps({**region.report, "t": time.time()}), flush=True)
+            if args.hold is None:
+                while True:
+                    time.sleep(3600)
+            time.sleep(args.hold)
+            t_end = time.time()
+    except krex_lab.LeaseExpired as exc:
+        print("expired", json.dumps({**region.report, "error": str(exc)}), flush=True)
+        return
+    print("released", json.dumps({**region.report, "t_end": t_end}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
