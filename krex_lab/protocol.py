@@ -151,7 +151,8 @@ def decode_request(data: bytes) -> Request:
 def request_id(data: bytes) -> int | None:
     """Best-effort ``id`` of a message that failed to decode, so its error reply can be matched."""
     try:
-        envelope = _envelope_decoder.decode(data[:MAX_MESSAGE])
+        # Bounded by the socket's own size cap (the arbiter sets ZMQ_MAXMSGSIZE).
+        envelope = _envelope_decoder.decode(data)
     except (msgspec.DecodeError, ValueError):
         return None
     rid = envelope.get("id")

@@ -126,8 +126,9 @@ def holds_nvidia_device(pid: int, proc: Path = PROC) -> bool | None:
 def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT) -> bool:
     """Whether ``pid`` sits in a frozen cgroup (v2 ``cgroup.freeze`` or the v1 freezer).
 
-    Frozen tasks show state S (v2) or D (v1), not T, so /proc/PID/stat alone misses them, and
-    the driver's lock hangs on them as on stopped ones.
+    Frozen tasks show state S (v2) or D (v1), not T, so /proc/PID/stat alone misses them. The
+    driver's lock needs the target's threads to run, so it is assumed to hang on them as on
+    stopped ones (measured for SIGSTOP only, shared/FACTS.md).
     """
     try:
         lines = (proc / str(pid) / "cgroup").read_text().splitlines()

@@ -1,0 +1,86 @@
+"""``KrexExtensionApp``: the KREX Jupyter server extension.
+
+Loaded through ``krex_lab.serverext._jupyter_server_extension_points`` (enabled by
+``etc/jupyter/jupyter_server_config.d/krex_lab.json``, installed as wheel shared-data). At
+start it connects to the arbiter or starts an embedded one, starts this user's pool service,
+exports ``KREX_ENDPOINT``/``KREX_POOL_ENDPOINT`` for the kernels it will launch (the ``krex``
+kernelspec's provisioner places each kernel on a GPU), and serves the REST and Prometheus
+handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.services`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Enum, Float, Int, List, Unicode
+
+from .. import __version__
+from ..gpu import BACKENDS
+from . import handlers
+from .metrics import RegionStats
+from .services import Options, Services
+
+
+class KrexExtensionApp(ExtensionApp):  # type: ignore[misc]
+    name = "krex_lab"
+    description = "KREX Lab: region-granular GPU exclusivity for notebook kernels"
+    version = __version__
+    load_other_extensions = True
+
+    endpoint = Unicode("", config=True, help="The arbiter's endpoint (ipc://PATH or tcp://HOST:PORT). Default: "
+                       "$KREX_ENDPOINT, else the ipc socket in this user's KREX runtime dir.")
+    embedded = Bool(True, config=True, help="Start an embedded arbiter (ended with the server) when none "
+                    "answers at the endpoint: the single-user default.")
+    backend = Enum(list(BACKENDS), default_value="auto", config=True, help="GPU backend of the embedded "
+                   "arbiter: auto tries nvidia, then amd, then the simulated fake backend (announced).")
+    fake_gpus = Int(2, config=True, help="Number of simulated GPUs when the embedded arbiter uses the fake "
+                    "backend.")
+    runtime_dir = Unicode("", config=True, help="KREX runtime dir of the embedded arbiter and the pool "
+                          "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).")
+    arbiter_args = List(Unicode(), config=True, help="Extra command-line options of the embedded arbiter "
+                        "(`krex arbiter --help-all`).")
+    start_pool = Bool(True, config=True, help="Start this user's pool service (context workers for %%krex "
+                      "cells); it is stopped with the server.")
+    pool_size = Int(1, config=True, help="Context workers per GPU the pool keeps warm.")
+    pool_endpoint = Unicode("", config=True, help="The pool's endpoint. Default: $KREX_POOL_ENDPOINT, else "
+                            "ipc://<runtime dir>/pool.sock.")
+    pool_args = List(Unicode(), config=True, help="Extra command-line options of the pool service.")
+    startup_timeout = Float(20.0, config=True, help="Seconds to wait for the embedded arbiter or the pool "
+                            "to answer at start.")
+    stop_timeout = Float(10.0, config=True, help="Seconds the arbiter and the pool get to exit after "
+                         "SIGTERM before they (and what they left) are killed.")
+    watch_interval = Float(5.0, config=True, help="Seconds between checks that the embedded arbiter and "
+                           "the pool still run (a dead one is started again); 0 disables.")
+
+    services: Services
+    region_stats: RegionStats
+    _watch: PeriodicCallback | None = None
+
+    def initialize_settings(self) -> None:
+        pool_args = list(self.pool_args)
+        if self.pool_size != 1 and not any(a.startswith("--size") for a in pool_args):
+            pool_args += ["--size", str(self.pool_size)]
+        options = Options(endpoint=self.endpoint, embedded=self.embedded, backend=self.backend,
+                          fake_gpus=self.fake_gpus, runtime_dir=self.runtime_dir,
+                          arbiter_args=list(self.arbiter_args), start_pool=self.start_pool,
+                          pool_endpoint=self.pool_endpoint, pool_args=pool_args,
+                          startup_timeout=self.startup_timeout, stop_timeout=self.stop_timeout)
+        self.services = Services(options)
+        self.services.start()
+        self.region_stats = RegionStats()
+        self.log.info("KREX: arbiter %s, pool %s", self.services.endpoint, self.services.pool_endpoint)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers.default_handlers)
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self.watch_interval > 0:
+            self._watch = PeriodicCallback(self.services.check, self.watch_interval * 1000)
+            self._watch.start()
+
+    async def stop_extension(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+        await self.services.stop()

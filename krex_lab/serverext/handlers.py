@@ -1,0 +1,129 @@
+"""REST and Prometheus handlers, all authenticated and authorised, under the server's base_url.
+
+``/krex/api/status``    the node's table (as ``krex status --json``) plus this server's services
+``/krex/api/sessions``  every registered session, flattened, with the GPU it is placed on
+``/krex/api/regions``   recent regions with their reports (``?limit=N``, newest last)
+``/krex/metrics``       Prometheus text format (send the token: ``Authorization: token …``)
+
+The arbiter is reached with the blocking client (ZeroMQ with timeouts), always in a thread of
+the executor, never on the tornado loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from prometheus_client import CONTENT_TYPE_LATEST
+from tornado import web
+
+from ..errors import KrexError
+from . import metrics
+
+if TYPE_CHECKING:
+    from .app import KrexExtensionApp
+
+T = TypeVar("T")
+REGIONS_MAX = 1000
+
+
+def fetch_regions(endpoint: str, limit: int) -> list[dict[str, Any]]:
+    from ..client import Connection
+
+    conn = Connection(endpoint)
+    try:
+        result: list[dict[str, Any]] = conn.request("regions", timeout=5.0, limit=limit)
+        return result
+    finally:
+        conn.close()
+
+
+def fetch_status(endpoint: str) -> dict[str, Any]:
+    from ..client import status
+
+    return status(endpoint, timeout=5.0)
+
+
+class KrexHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
+    auth_resource = "krex"
+
+    @property
+    def krex(self) -> KrexExtensionApp:
+        app: KrexExtensionApp = self.extensionapp
+        return app
+
+    async def arbiter_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking client call in the executor; 503 with the client's message when it fails."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        except KrexError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+
+    def write_json(self, data: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data, default=str))
+
+
+class StatusHandler(KrexHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        table = await self.arbiter_call(fetch_status, self.krex.services.endpoint)
+        self.write_json({**table, "server": self.krex.services.describe()})
+
+
+class SessionsHandler(KrexHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        table = await self.arbiter_call(fetch_status, self.krex.services.endpoint)
+        sessions = []
+        for g in table["gpus"]:
+            holder = (g.get("holder") or {}).get("session")
+            waiting = {q["session"] for q in g.get("queue", [])}
+            for s in g["sessions"]:
+                sessions.append({**s, "holding": s["id"] == holder, "waiting": s["id"] in waiting})
+        self.write_json({"sessions": sessions, "simulated": table["arbiter"].get("simulated", False)})
+
+
+class RegionsHandler(KrexHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            limit = int(self.get_argument("limit", "50"))
+        except ValueError:
+            raise web.HTTPError(400, "limit must be an integer") from None
+        limit = max(1, min(limit, REGIONS_MAX))
+        regions = await self.arbiter_call(fetch_regions, self.krex.services.endpoint, limit)
+        self.write_json({"regions": regions})
+
+
+class MetricsHandler(KrexHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        endpoint = self.krex.services.endpoint
+        status: dict[str, Any] | None
+        regions: list[dict[str, Any]] | None
+        try:
+            status = await self.arbiter_call(fetch_status, endpoint)
+            regions = await self.arbiter_call(fetch_regions, endpoint, REGIONS_MAX)
+        except web.HTTPError:
+            status = regions = None  # scrapes still answer: krex_arbiter_up 0
+        body = metrics.render(self.krex.region_stats, status, regions, self.krex.services.describe())
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(body)
+
+
+default_handlers: list[tuple[str, type[KrexHandler]]] = [
+    (r"/krex/api/status", StatusHandler),
+    (r"/krex/api/sessions", SessionsHandler),
+    (r"/krex/api/regions", RegionsHandler),
+    (r"/krex/metrics", MetricsHandler),
+]

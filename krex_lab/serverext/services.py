@@ -1,0 +1,325 @@
+"""The processes the server extension runs: the embedded arbiter and this user's pool service.
+
+:class:`Services` finds the arbiter (``KREX_ENDPOINT`` or the default ipc socket), starts an
+embedded one when none answers, starts the pool service, exports both endpoints into
+``os.environ`` (kernels inherit them) and, at server stop, ends what it started: the arbiter
+first (its shutdown thaws and unlocks everything it did), then the pool and every process
+left under it. Children run under :mod:`krex_lab.serverext._guard`, so they also end when
+the server itself is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from .. import paths
+from ..errors import KrexError
+
+log = logging.getLogger("krex.serverext")
+
+POOL_MODULE = "krex_lab.workers.pool"
+
+
+@dataclass
+class Options:
+    """What :class:`Services` needs from the extension's traitlets."""
+
+    endpoint: str = ""
+    embedded: bool = True
+    backend: str = "auto"
+    fake_gpus: int = 2
+    runtime_dir: str = ""
+    arbiter_args: list[str] = field(default_factory=list)
+    start_pool: bool = True
+    pool_endpoint: str = ""
+    pool_args: list[str] = field(default_factory=list)
+    startup_timeout: float = 20.0
+    stop_timeout: float = 10.0
+
+
+class ManagedProcess:
+    """A child process of the server (its own session, so the terminal's Ctrl-C is ours to relay)."""
+
+    def __init__(self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.module = module
+        self.args = args
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - held while the process runs
+        os.chmod(self.log_path, 0o600)
+        cmd = [sys.executable, "-m", "krex_lab.serverext._guard", str(os.getpid()), self.module, *self.args]
+        self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def stop(self, timeout: float) -> None:
+        """SIGTERM, wait ``timeout`` s, then SIGKILL it and whatever it left behind (continued first)."""
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                log.warning("KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid, timeout)
+                proc.kill()
+                proc.wait()
+        # Grace for children that exit on their own once their parent is gone, then no mercy.
+        deadline = time.monotonic() + min(timeout, 2.0)
+        while any(_running(p) for p in descendants) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for p in descendants:
+            if _running(p):
+                log.warning("KREX: killing pid %d left behind by %s", p.pid, self.name)
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                except psutil.Error:
+                    pass
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def pool_available() -> bool:
+    """Whether this installation has the pool service (``krex_lab.workers.pool``)."""
+    try:
+        return importlib.util.find_spec(POOL_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class Services:
+    """Finds or starts the arbiter, starts the pool, exports the endpoints; :meth:`stop` undoes it."""
+
+    def __init__(self, options: Options, hello: Callable[[str, float], dict[str, Any]] | None = None) -> None:
+        from ..client import hello as client_hello
+
+        self.options = options
+        self._hello = hello or client_hello
+        self.endpoint = ""
+        self.pool_endpoint = ""
+        self.runtime: Path | None = None
+        self.private_runtime: Path | None = None
+        self.arbiter: ManagedProcess | None = None
+        self.pool: ManagedProcess | None = None
+        self.info: dict[str, Any] = {}
+        self.problems: list[str] = []
+        self._saved_env: dict[str, str | None] = {}
+        self._stopped = False
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self) -> None:
+        o = self.options
+        self.endpoint = o.endpoint or os.environ.get(paths.ENDPOINT_ENV) or ""
+        info = self._probe(self.endpoint or paths.default_endpoint(), 1.0)
+        if info is not None:
+            self.endpoint = self.endpoint or paths.default_endpoint()
+            self.info = info
+            log.info("KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"],
+                     info.get("backend"))
+        elif o.embedded:
+            self._start_arbiter()
+        else:
+            self.endpoint = self.endpoint or paths.default_endpoint()
+            self._problem(f"no KREX arbiter answers at {self.endpoint} and the embedded one is off "
+                          "(KrexExtensionApp.embedded): kernels start without a GPU placement")
+        if self.info.get("simulated"):
+            log.warning("KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
+                        "(timings are not protected on any real device)", self.info.get("gpus"))
+        self._export(paths.ENDPOINT_ENV, self.endpoint)
+        if self.private_runtime is not None:
+            self._export(paths.RUNTIME_DIR_ENV, str(self.private_runtime))
+        self.pool_endpoint = (o.pool_endpoint or os.environ.get(paths.POOL_ENDPOINT_ENV)
+                              or f"ipc://{self._runtime() / 'pool.sock'}")
+        self._export(paths.POOL_ENDPOINT_ENV, self.pool_endpoint)
+        if o.start_pool:
+            self.start_pool()
+
+    def _probe(self, endpoint: str, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self._hello(endpoint, timeout)
+        except KrexError:
+            return None
+
+    def _problem(self, message: str) -> None:
+        self.problems.append(message)
+        log.warning("KREX: %s", message)
+
+    def _runtime(self) -> Path:
+        if self.runtime is None:
+            self.runtime = Path(self.options.runtime_dir) if self.options.runtime_dir else paths.runtime_dir()
+        return self.runtime
+
+    def _start_arbiter(self) -> None:
+        o = self.options
+        runtime = self._runtime()
+        if _lock_held(runtime / "arbiter.lock"):
+            # An arbiter owns that runtime dir but does not answer here: do not fight it, use our own.
+            self.private_runtime = Path(tempfile.mkdtemp(prefix="krex-lab-"))
+            self._problem(f"an arbiter holds {runtime} but does not answer at "
+                          f"{self.endpoint or 'its socket'}: the embedded arbiter uses {self.private_runtime}")
+            runtime = self.runtime = self.private_runtime
+        endpoint = self.endpoint or f"ipc://{runtime / 'arbiter.sock'}"
+        args = ["arbiter", "--backend", o.backend, "--fake-gpus", str(o.fake_gpus), "--endpoint", endpoint,
+                "--runtime-dir", str(runtime), *o.arbiter_args]
+        env = {**os.environ, paths.RUNTIME_DIR_ENV: str(runtime), paths.ENDPOINT_ENV: endpoint}
+        self.arbiter = ManagedProcess("embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log")
+        self.arbiter.start()
+        self.endpoint = endpoint
+        info = self._wait_ready(self.arbiter, lambda: self._probe(endpoint, 0.5))
+        if info is None:
+            self._problem(f"the embedded arbiter did not answer at {endpoint}:\n{self.arbiter.log_tail()}")
+            return
+        self.info = info
+        log.info("KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)", info["pid"], endpoint,
+                 info.get("backend"), info.get("gpus"))
+
+    def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
+        deadline = time.monotonic() + self.options.startup_timeout
+        while time.monotonic() < deadline:
+            result = probe()
+            if result:
+                return result
+            if not proc.alive():
+                return None
+            time.sleep(0.05)
+        return None
+
+    def start_pool(self) -> None:
+        if not pool_available():
+            self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run "
+                          "until it is")
+            return
+        env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
+        args = ["--endpoint", self.pool_endpoint, *self.options.pool_args]
+        self.pool = ManagedProcess("pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log")
+        self.pool.start()
+        if not self._wait_ready(self.pool, lambda: _pool_answers(self.pool_endpoint)):
+            self._problem(f"the pool service did not answer at {self.pool_endpoint}:\n{self.pool.log_tail()}")
+
+    def _export(self, name: str, value: str) -> None:
+        if name not in self._saved_env:
+            self._saved_env[name] = os.environ.get(name)
+        os.environ[name] = value
+
+    # -- watch and stop -------------------------------------------------------------------
+    def check(self) -> None:
+        """Restart a child that died while the server runs (called periodically)."""
+        if self._stopped:
+            return
+        if self.arbiter is not None and not self.arbiter.alive():
+            assert self.arbiter.proc is not None
+            log.error("KREX: the embedded arbiter exited (status %s); starting it again:\n%s",
+                      self.arbiter.proc.returncode, self.arbiter.log_tail())
+            self.endpoint = self.arbiter.env[paths.ENDPOINT_ENV]
+            self._start_arbiter()
+        if self.pool is not None and not self.pool.alive():
+            assert self.pool.proc is not None
+            log.error("KREX: the pool service exited (status %s); starting it again:\n%s",
+                      self.pool.proc.returncode, self.pool.log_tail())
+            self.start_pool()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "endpoint": self.endpoint,
+            "pool_endpoint": self.pool_endpoint,
+            "embedded_arbiter": self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
+            "pool": self.pool.pid if self.pool and self.pool.alive() else None,
+            "pool_installed": pool_available(),
+            "problems": list(self.problems),
+        }
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        # The arbiter first: its shutdown releases every region, thaws and unlocks, so nothing
+        # (kernels, workers) stays frozen while the rest stops.
+        if self.arbiter is not None:
+            await self.arbiter.stop(self.options.stop_timeout)
+        if self.pool is not None:
+            await self.pool.stop(self.options.stop_timeout)
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if self.private_runtime is not None:
+            shutil.rmtree(self.private_runtime, ignore_errors=True)
+
+
+def _lock_held(path: Path) -> bool:
+    import fcntl
+
+    try:
+        with open(path, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
+def _pool_answers(endpoint: str) -> bool:
+    try:
+        from ..workers.client import PoolClient
+
+        client = PoolClient.connect(endpoint, start=False)
+    except Exception:
+        return False
+    close = getattr(client, "close", None)
+    if callable(close):
+        close()
+    return True

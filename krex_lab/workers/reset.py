@@ -1,0 +1,317 @@
+"""Inside a worker: frameworks preloaded once, and the state a job may leave behind undone.
+
+:class:`Baseline` is taken after the frameworks are imported and their contexts created; a
+reset (between leases, after every job without a lease) puts back what a job can change
+(cwd, argv, sys.path, environment, signal handlers, stdio, logging, warnings, user modules,
+torch's global flags), empties the frameworks' GPU memory caches and checks that GPU memory is
+back to the baseline. What cannot be put back makes the reset *unclean*, and the pool then
+recycles the worker: GPU memory still held, threads or child processes left running, a sticky
+CUDA error on synchronisation.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import signal
+import site
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+import psutil
+
+_SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE",
+                        "SIGQUIT", "SIGVTALRM", "SIGPROF") if hasattr(signal, s)]
+
+
+def preload(names: list[str], real_gpu: bool, warmup: bool) -> tuple[list[str], dict[str, str], dict[str, float]]:
+    """Import each framework (and on a real GPU create its context). Returns loaded, skipped, seconds."""
+    loaded: list[str] = []
+    skipped: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            module = importlib.import_module(name)
+            if real_gpu:
+                _init_context(name, module, warmup)
+            loaded.append(name)
+        except ImportError as exc:
+            skipped[name] = f"not importable: {exc}"
+        except Exception as exc:
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+        seconds[name] = round(time.perf_counter() - t0, 4)
+    return loaded, skipped, seconds
+
+
+def _init_context(name: str, module: Any, warmup: bool) -> None:
+    if name == "torch":
+        if not module.cuda.is_available():
+            raise RuntimeError("torch sees no CUDA device")
+        x = module.ones((64, 64), device="cuda")
+        if warmup:  # loads cuBLAS, so the first job's matmul does not pay it
+            (x @ x).sum().item()
+        del x
+        module.cuda.synchronize()
+        module.cuda.empty_cache()
+    elif name == "cupy":
+        x = module.ones((64, 64), dtype=module.float32)
+        if warmup:
+            float((x @ x).sum())
+        del x
+        module.cuda.runtime.deviceSynchronize()
+        module.get_default_memory_pool().free_all_blocks()
+    elif name in ("numba.cuda", "numba"):
+        from numba import cuda
+
+        cuda.current_context()
+        if warmup:
+            cuda.device_array(16).copy_to_host()
+        cuda.synchronize()
+
+
+def gpu_memory() -> dict[str, int]:
+    """Device bytes in use by the frameworks that are initialised in this process."""
+    used: dict[str, int] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                used["torch"] = int(torch.cuda.memory_allocated())
+        except Exception:
+            pass
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            used["cupy"] = int(cupy.get_default_memory_pool().used_bytes())
+        except Exception:
+            pass
+    process = _nvml_process_memory()
+    if process is not None:
+        used["process"] = process
+    return used
+
+
+def _nvml_process_memory() -> int | None:
+    """This process's device memory as NVML sees it (None where NVML cannot say)."""
+    if "pynvml" not in sys.modules or os.environ.get("KREX_WORKER_REAL") != "1":
+        return None
+    try:
+        import pynvml
+
+        total, found = 0, False
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                    total += int(p.usedGpuMemory)
+                    found = True
+        return total if found else None
+    except Exception:
+        return None
+
+
+def empty_caches() -> list[str]:
+    """Synchronise and empty the frameworks' memory caches. Returns the errors met (sticky CUDA errors)."""
+    errors: list[str] = []
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        except Exception as exc:
+            errors.append(f"torch: {exc}")
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and "cupy.cuda" in sys.modules:
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
+        except Exception as exc:
+            errors.append(f"cupy: {exc}")
+    ctx = _numba_context()
+    if ctx is not None:
+        try:
+            ctx.deallocations.clear()
+            ctx.synchronize()
+        except Exception as exc:
+            errors.append(f"numba: {exc}")
+    return errors
+
+
+def _numba_context() -> Any:
+    """numba's current CUDA context if one exists (never creates one; None in the simulator)."""
+    if "numba.cuda" not in sys.modules:
+        return None
+    try:
+        from numba import config
+
+        if config.ENABLE_CUDASIM:
+            return None
+        from numba.cuda.cudadrv import devices
+
+        gpus = devices._runtime.gpus
+        if "lst" not in vars(gpus):  # numba never looked at the devices: no context
+            return None
+        for dev in gpus.lst:
+            ctx = getattr(dev._device, "primary_context", None)
+            if ctx is not None:
+                return ctx
+    except Exception:
+        return None
+    return None
+
+
+def _torch_flags() -> dict[str, Any] | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return {
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "dtype": torch.get_default_dtype(),
+            "precision": torch.get_float32_matmul_precision(),
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "grad": torch.is_grad_enabled(),
+            "threads": torch.get_num_threads(),
+        }
+    except Exception:
+        return None
+
+
+def _restore_torch(flags: dict[str, Any]) -> None:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = flags["matmul_tf32"]
+    torch.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
+    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
+    torch.set_default_dtype(flags["dtype"])
+    torch.set_float32_matmul_precision(flags["precision"])
+    torch.use_deterministic_algorithms(flags["deterministic"])
+    torch.set_grad_enabled(flags["grad"])
+    torch.set_num_threads(flags["threads"])
+
+
+def _installed_roots() -> tuple[str, ...]:
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    try:
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except Exception:
+        pass
+    return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
+
+
+class Baseline:
+    """What the worker looked like when it was ready; :meth:`restore` goes back to it."""
+
+    def __init__(self, memory_slack: int) -> None:
+        self.memory_slack = memory_slack
+        self.cwd = os.getcwd()
+        self.argv = list(sys.argv)
+        self.path = list(sys.path)
+        self.environ = dict(os.environ)
+        self.modules = set(sys.modules)
+        self.roots = _installed_roots()
+        self.threads = {t.ident for t in threading.enumerate()}
+        self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
+        self.stdio = (sys.stdin, sys.stdout, sys.stderr)
+        self.fds = {fd: os.dup(fd) for fd in (0, 1, 2)}
+        for fd in self.fds.values():
+            os.set_inheritable(fd, False)
+        self.hooks = (sys.excepthook, sys.displayhook, sys.breakpointhook)
+        self.warnings = list(warnings.filters)
+        root = logging.getLogger()
+        self.logging = (list(root.handlers), root.level)
+        self.recursion = sys.getrecursionlimit()
+        self.torch = _torch_flags()
+        empty_caches()
+        gc.collect()
+        self.memory = gpu_memory()
+
+    def restore(self) -> list[str]:
+        """Put the process back; returns the reasons it cannot be trusted any more (empty: clean)."""
+        problems: list[str] = []
+        for fd, saved in self.fds.items():
+            try:
+                os.dup2(saved, fd)
+            except OSError as exc:
+                problems.append(f"fd {fd}: {exc}")
+        sys.stdin, sys.stdout, sys.stderr = self.stdio
+        sys.excepthook, sys.displayhook, sys.breakpointhook = self.hooks
+        try:
+            os.chdir(self.cwd)
+        except OSError as exc:
+            problems.append(f"cwd: {exc}")
+        sys.argv[:] = self.argv
+        sys.path[:] = self.path
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        signal.alarm(0)
+        for name, handler in self.handlers.items():
+            try:
+                signal.signal(getattr(signal, name), handler)
+            except (OSError, ValueError, TypeError):
+                pass
+        warnings.filters[:] = self.warnings
+        root = logging.getLogger()
+        root.handlers[:] = self.logging[0]
+        root.setLevel(self.logging[1])
+        sys.setrecursionlimit(self.recursion)
+        if self.torch is not None:
+            try:
+                _restore_torch(self.torch)
+            except Exception as exc:
+                problems.append(f"torch flags: {exc}")
+        self._drop_user_modules()
+        importlib.invalidate_caches()
+        extra = [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]
+        if extra:
+            problems.append(f"threads left running: {', '.join(t.name for t in extra[:5])}")
+        problems.extend(self._children())
+        problems.extend(self._memory())
+        return problems
+
+    def _drop_user_modules(self) -> None:
+        """Forget modules a job imported from outside the installed packages (edited candidates reload)."""
+        for name in [n for n in sys.modules if n not in self.modules]:
+            module = sys.modules.get(name)
+            where = getattr(module, "__file__", None)
+            paths = [where] if where else list(getattr(module, "__path__", None) or [])
+            if paths and not all(os.path.realpath(p).startswith(self.roots) for p in paths):
+                del sys.modules[name]
+
+    def _children(self) -> list[str]:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        try:
+            live = [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            return []
+        return [f"child processes left running: {[c.pid for c in live][:5]}"] if live else []
+
+    def _memory(self) -> list[str]:
+        errors = empty_caches()
+        if errors:
+            return [f"CUDA error on synchronisation: {e}" for e in errors]
+        now = gpu_memory()
+        if any(now.get(k, 0) > v + self.memory_slack for k, v in self.memory.items()):
+            gc.collect()
+            empty_caches()
+            now = gpu_memory()
+        grown = {k: now.get(k, 0) - v for k, v in self.memory.items() if now.get(k, 0) > v + self.memory_slack}
+        return [f"GPU memory not back to baseline ({k}: +{d / 2**20:.1f} MiB)" for k, d in grown.items()]

@@ -1,0 +1,265 @@
+"""Inside a worker: run one job (a cell, a function, a script) and say what happened.
+
+Everything the job prints goes to the worker's fd 1 and 2, which are pipes the pool reads and
+streams to the client as it arrives. Exceptions are formatted as a plain ``python`` would
+print them: the worker's own frames (this module, runpy) are cut from the traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import ctypes
+import itertools
+import linecache
+import os
+import runpy
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from .jobs import INTERRUPT_EXIT
+
+_INTERNAL = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+_cells = itertools.count(1)
+
+#: Messages of CUDA errors after which a context is unusable ("sticky"): the worker is recycled.
+STICKY_CUDA_ERRORS = (
+    "illegal memory access", "illegal address", "cuda_error_illegal_address", "cudaerrorillegaladdress",
+    "illegal instruction", "cuda_error_illegal_instruction", "misaligned address",
+    "cuda_error_misaligned_address", "invalid program counter", "cuda_error_invalid_pc",
+    "unspecified launch failure", "cuda_error_launch_failed", "cudaerrorlaunchfailure",
+    "hardware stack error", "cuda_error_hardware_stack_error", "device-side assert",
+    "cuda_error_assert", "invalid address space", "cuda_error_invalid_address_space",
+    "uncorrectable ecc error", "cuda_error_ecc_uncorrectable", "context is destroyed",
+    "cuda_error_context_is_destroyed", "launch timed out", "cuda_error_launch_timeout",
+)
+
+
+class State:
+    """Process-wide flags the SIGINT handler reads."""
+
+    in_job = False
+
+
+def on_sigint(signum: int, frame: FrameType | None) -> None:
+    """KeyboardInterrupt inside a job; ignored between jobs, so an interrupt never kills a worker."""
+    if State.in_job:
+        raise KeyboardInterrupt
+
+
+def install_sigint() -> None:
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def sticky_cuda_error(exc: BaseException | None) -> str | None:
+    """The message of a sticky CUDA error in ``exc`` or its causes, else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = f"{type(exc).__name__}: {exc}".lower()
+        if any(p in text for p in STICKY_CUDA_ERRORS):
+            return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def format_exception(exc: BaseException) -> str:
+    """The traceback as ``python`` prints it, without the worker's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _INTERNAL:
+        tb = tb.tb_next
+    exc.__traceback__ = tb
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _error_line(exc: BaseException) -> str:
+    line = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    return (line[-1] if line else type(exc).__name__)[:500]
+
+
+def flush_output() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+    try:  # C-level stdio (printf in extensions) is block-buffered on a pipe
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """Run user code with interrupts enabled (a SIGINT raises KeyboardInterrupt only in here)."""
+    State.in_job = True
+    try:
+        return fn()
+    finally:
+        State.in_job = False
+
+
+class Runner:
+    """Runs jobs; ``namespace`` is the cell namespace (kept while a lease holds the worker)."""
+
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = new_namespace()
+
+    def clear(self) -> None:
+        self.namespace.clear()
+        self.namespace.update(new_namespace())
+
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run the job in ``msg``; returns the result's fields plus ``recycle`` (a reason or None)."""
+        kind = msg["kind"]
+        region: dict[str, Any] | None = None
+        result: dict[str, Any]
+        excl = None
+        try:
+            if msg.get("exclusive"):
+                from ..client import exclusive
+
+                excl = exclusive()
+                _guarded(excl.acquire)
+            try:
+                if kind == "code":
+                    result = self._code(msg)
+                elif kind == "call":
+                    result = self._call(msg)
+                elif kind == "script":
+                    result = self._script(msg)
+                else:
+                    result = {"ok": False, "status": "exception", "error": f"unknown job kind {kind!r}"}
+            finally:
+                if excl is not None and excl.id is not None:
+                    region = dict(excl.release())
+        except BaseException as exc:  # acquiring or releasing the region failed
+            result = self._failure(exc, kind)
+            if excl is not None and excl.id is None:
+                result["error"] = f"exclusive=True: the region could not be acquired: {result['error']}"
+        finally:
+            flush_output()
+        result["region"] = region
+        result["recycle"] = result.pop("_sticky", None)
+        if result["recycle"]:
+            result["recycle"] = f"sticky CUDA error: {result['recycle']}"
+        return result
+
+    # -- kinds -----------------------------------------------------------------------------
+    def _failure(self, exc: BaseException, kind: str) -> dict[str, Any]:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        out: dict[str, Any] = {
+            "ok": False,
+            "status": "interrupted" if interrupted else "exception",
+            "error": _error_line(exc) if not interrupted else "KeyboardInterrupt",
+            "traceback": format_exception(exc),
+            "_sticky": sticky_cuda_error(exc),
+        }
+        if kind == "script":
+            out["exit_code"] = INTERRUPT_EXIT if interrupted else 1
+        return out
+
+    def _exit(self, exc: SystemExit, kind: str) -> dict[str, Any]:
+        code = exc.code
+        if code is None:
+            status = 0
+        elif isinstance(code, int):
+            status = code
+        else:  # sys.exit("message"): Python prints the message and exits 1
+            print(code, file=sys.stderr)
+            status = 1
+        return {"ok": status == 0, "status": "ok" if status == 0 else "exit", "exit_code": status,
+                "error": None if status == 0 else f"SystemExit: {code}"}
+
+    def _code(self, msg: dict[str, Any]) -> dict[str, Any]:
+        code: str = msg["code"]
+        filename = f"<krex-cell-{next(_cells)}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+        ns = self.namespace
+        if not msg.get("lease"):
+            self.clear()
+        try:
+            tree = ast.parse(code, filename, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            body = compile(tree, filename, "exec")
+            tail = compile(last, filename, "eval") if last is not None else None
+
+            def execute() -> Any:
+                exec(body, ns)
+                return eval(tail, ns) if tail is not None else None
+
+            value = _guarded(execute)
+        except SystemExit as exc:
+            return self._exit(exc, "code")
+        except BaseException as exc:
+            return self._failure(exc, "code")
+        if value is not None:
+            ns["_"] = value
+        return {"ok": True, "status": "ok", "value": None if value is None else _safe_repr(value)}
+
+    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import cloudpickle
+
+        try:
+            fn, args, kwargs = cloudpickle.loads(msg["payload"])
+            value = _guarded(lambda: fn(*args, **kwargs))
+        except BaseException as exc:
+            out = self._failure(exc, "call")
+            try:
+                out["exc_pickle"] = cloudpickle.dumps(exc)
+            except Exception:
+                out["exc_pickle"] = None
+            return out
+        try:
+            return {"ok": True, "status": "ok", "value": cloudpickle.dumps(value)}
+        except Exception as exc:
+            return {"ok": False, "status": "exception",
+                    "error": f"the function returned a value that cannot be pickled: {_error_line(exc)}",
+                    "traceback": format_exception(exc)}
+
+    def _script(self, msg: dict[str, Any]) -> dict[str, Any]:
+        path = os.path.abspath(os.path.join(msg.get("cwd") or os.getcwd(), msg["path"]))
+        argv = [str(a) for a in msg.get("argv") or ()]
+        env = msg.get("env")
+        if msg.get("cwd"):
+            os.chdir(msg["cwd"])
+        if env is not None:
+            keep = {k: os.environ[k] for k in msg.get("keep_env", ()) if k in os.environ}
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in env.items()})
+            os.environ.update(keep)
+        sys.argv = [path, *argv]
+        extra = [p for p in ((env or {}).get("PYTHONPATH") or "").split(os.pathsep) if p]
+        sys.path[:0] = [os.path.dirname(path), *extra]
+        try:
+            _guarded(lambda: runpy.run_path(path, run_name="__main__"))
+        except SystemExit as exc:
+            return self._exit(exc, "script")
+        except BaseException as exc:
+            return self._failure(exc, "script")
+        return {"ok": True, "status": "ok", "exit_code": 0}
+
+
+def new_namespace() -> dict[str, Any]:
+    return {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:
+        text = f"<repr failed: {type(exc).__name__}: {exc}>"
+    return text if len(text) <= 100_000 else text[:100_000] + "..."
+
+
+def clear_tracebacks() -> None:
+    """Drop the references a finished job's exception keeps to its frames (and their tensors)."""
+    sys.last_type = sys.last_value = sys.last_traceback = None  # type: ignore[assignment]
+    if hasattr(sys, "last_exc"):
+        sys.last_exc = None  # type: ignore[attr-defined]
