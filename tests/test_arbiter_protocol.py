@@ -51,7 +51,7 @@ def _garbage() -> st.SearchStrategy[bytes]:
     wrong_types = st.sampled_from(sorted(VALID)).flatmap(
         lambda op: st.builds(wrong_type, st.just(op), st.sampled_from(sorted(VALID[op])),
                              st.one_of(st.binary(max_size=4), st.lists(st.none(), max_size=2))))
-    not_a_map = st.builds(protocol.encode, st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=30), st.lists(junk, max_size=4)))
+    not_a_map = st.builds(protocol.encode, st.one_of(INT64, st.text(max_size=30), st.lists(junk, max_size=4)))
     missing = st.sampled_from(sorted(VALID)).map(lambda op: protocol.encode({"v": 1, "id": 3, "op": op}))
     return st.one_of(raw, unknown_op, wrong_version, wrong_types, not_a_map, missing)
 

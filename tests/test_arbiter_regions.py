@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -119,7 +120,7 @@ def test_fifo_and_no_overlap_with_eight_requesters(arbiter: ArbiterProc, procs: 
         grants.append((granted["t"], released["t_end"], int(granted["region"][1:])))
     grants.sort()
     assert [g[2] for g in grants] == sorted(g[2] for g in grants), "granted in the order requested"
-    for (_, end, _), (start, _, _) in zip(grants, grants[1:]):
+    for (_, end, _), (start, _, _) in itertools.pairwise(grants):
         assert start >= end, "regions never overlap"
 
 

@@ -1,0 +1,108 @@
+"""The enforcement steps on their own: journal replay, exact affinity restore, freezing trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
+from krex_lab.procutil import proc_state, start_time, tree
+from krex_lab.regions.freeze import Freezer
+from krex_lab.regions.isolate import CoreBook
+
+from .conftest import cpu_gain, wait_for
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+
+
+@pytest.fixture
+def spinner() -> Iterator[subprocess.Popen[bytes]]:
+    code = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'while True: pass']); \nwhile True: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    wait_for(lambda: len(tree(proc.pid)) == 2)
+    yield proc
+    for pid in tree(proc.pid)[::-1]:
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_freezer_journals_before_it_stops_and_replay_thaws(tmp_path: Path, spinner: subprocess.Popen[bytes]) -> None:
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    seen_before_stop: list[list[str | None]] = []
+
+    def record(kind: str, region: str, **data: object) -> None:
+        # Every pid named in the entry must still be running when it is written.
+        seen_before_stop.append([proc_state(p) for p, _ in data["procs"]])  # type: ignore[attr-defined]
+        journal.record(kind, region, **data)
+
+    result = Freezer(record).freeze("r1", [spinner.pid], exempt=set())
+    assert sorted(result.pids) == sorted(tree(spinner.pid))
+    assert all(s in ("R", "S") for states in seen_before_stop for s in states)
+    assert cpu_gain(spinner.pid) == pytest.approx(0.0, abs=0.02)
+    outstanding = read_outstanding(path)
+    assert outstanding and outstanding[0]["t"] == "stop"
+    summary = undo_outstanding(path)
+    assert summary["thawed"] == 2
+    assert cpu_gain(spinner.pid) > 0.05
+    assert read_outstanding(path) == []
+
+
+def test_ended_region_is_not_replayed(tmp_path: Path, spinner: subprocess.Popen[bytes]) -> None:
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    journal.record("stop", "r1", procs=[[spinner.pid, start_time(spinner.pid)]])
+    journal.end("r1")
+    assert read_outstanding(path) == []
+    assert path.stat().st_size == 0, "an empty journal is truncated"
+
+
+def test_replay_ignores_reused_pids(tmp_path: Path, spinner: subprocess.Popen[bytes]) -> None:
+    os.kill(spinner.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(spinner.pid) == "T")
+    path = tmp_path / "journal.jsonl"
+    Journal(path).record("stop", "r1", procs=[[spinner.pid, (start_time(spinner.pid) or 0) + 1]])
+    assert undo_outstanding(path)["thawed"] == 0
+    assert proc_state(spinner.pid) == "T", "a different start time means another process: not touched"
+    os.kill(spinner.pid, signal.SIGCONT)
+
+
+@needs_two_cores
+def test_core_book_restores_exactly_across_overlapping_regions(spinner: subprocess.Popen[bytes]) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    book = CoreBook(cpus)
+    child = tree(spinner.pid)[1]
+    original = os.sched_getaffinity(spinner.pid)
+    os.sched_setaffinity(child, {cpus[0], cpus[-1]})
+    child_original = os.sched_getaffinity(child)
+    journaled: list[list[object]] = []
+    a = book.isolate("rA", [child], [spinner.pid], 1, journaled.extend)
+    assert a.cores and 0 not in a.cores
+    assert os.sched_getaffinity(child) == set(a.cores)
+    assert not os.sched_getaffinity(spinner.pid) & set(a.cores)
+    if len(cpus) >= 3:
+        b = book.isolate("rB", [spinner.pid], [child], 1, journaled.extend)
+        assert not set(b.cores) & set(a.cores), "two regions never share a reserved core"
+        book.release("rA")
+        assert os.sched_getaffinity(spinner.pid) == set(b.cores)
+        book.release("rB")
+    else:
+        assert book.pick(1) == [], "the last free core is never reserved"
+        book.release("rA")
+    assert os.sched_getaffinity(spinner.pid) == original
+    assert os.sched_getaffinity(child) == child_original
+    tids = {int(t[0]) for t in journaled}  # type: ignore[call-overload]
+    assert {spinner.pid, child} <= tids, "originals are journaled"
+
+
+def test_core_book_never_picks_core_zero_while_others_exist() -> None:
+    assert 0 not in CoreBook([0, 1, 2, 3]).pick(2)
+    assert CoreBook([0, 1, 2, 3]).pick(8) == [1, 2, 3], "core 0 is left for the others"
+    assert CoreBook([0]).pick(1) == []
