@@ -1,0 +1,614 @@
+"""NVIDIA backend logic without a GPU: test doubles stand in for NVML and for libcuda.
+
+Two doubles, at two depths:
+
+* :class:`ScriptedDriver` replaces the whole driver layer (:class:`CudaDriver`): the backend's
+  decisions (refuse stopped processes, skip locked ones, tolerate exited ones) are tested
+  against real child processes.
+* :class:`StandInLib` replaces only ``libcuda.so.1`` under the real :class:`CtypesCudaDriver`,
+  so its argument structs, error naming and symbol detection are exercised for real.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krex_lab.errors import BackendError
+from krex_lab.gpu import cuda_driver
+from krex_lab.gpu.cuda_driver import (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_OPERATING_SYSTEM,
+    CtypesCudaDriver,
+    CudaDriver,
+    CudaError,
+    ProcessState,
+)
+from krex_lab.gpu.nvidia import (
+    LockOutcome,
+    NvidiaBackend,
+    ProcessStopped,
+    cgroup_frozen,
+    holds_nvidia_device,
+    local_pid,
+    parse_nspid,
+)
+from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
+from krex_lab.procutil import proc_state
+
+REPO = Path(__file__).resolve().parents[1]
+
+# -- doubles ---------------------------------------------------------------------------------
+
+
+class FakeNvml(NvmlApi):
+    def __init__(self, gpus: int = 1, procs: dict[int, list[tuple[int, int | None]]] | None = None,
+                 reasons: int | None = 0x5, fail: bool = False) -> None:
+        self.gpus = gpus
+        self.procs = procs or {}
+        self.reasons = reasons
+        self.fail = fail
+        self.shut = 0
+
+    def shutdown(self) -> None:
+        self.shut += 1
+
+    def device_count(self) -> int:
+        if self.fail:
+            raise BackendError("NVML init failed: Driver Not Loaded")
+        return self.gpus
+
+    def driver_version(self) -> str:
+        return "580.159.04"
+
+    def name(self, index: int) -> str:
+        return "NVIDIA H200"
+
+    def uuid(self, index: int) -> str:
+        return f"GPU-test-{index}"
+
+    def memory(self, index: int) -> tuple[int, int]:
+        return (141 << 30, 1 << 30)
+
+    def utilization(self, index: int) -> float | None:
+        return 42.0
+
+    def clocks(self, index: int) -> tuple[int | None, int | None]:
+        return (1980, 3201)
+
+    def clock_event_reasons(self, index: int) -> int | None:
+        return self.reasons
+
+    def processes(self, index: int) -> list[tuple[int, int | None]]:
+        return list(self.procs.get(index, []))
+
+
+class ScriptedDriver(CudaDriver):
+    """Driver layer double: per-pid states and errors, every call recorded."""
+
+    def __init__(self, version: int = 13000, checkpoint: bool = True) -> None:
+        self.version = version
+        self.checkpoint = checkpoint
+        self.states: dict[int, ProcessState] = {}
+        self.errors: dict[tuple[str, int], CudaError] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.on_unlock: Any = None
+
+    def driver_version(self) -> int:
+        return self.version
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return self.checkpoint
+
+    def _maybe_fail(self, op: str, pid: int) -> None:
+        err = self.errors.get((op, pid))
+        if err is not None:
+            raise err
+
+    def checkpoint_state(self, pid: int) -> ProcessState:
+        self.calls.append(("state", pid))
+        self._maybe_fail("state", pid)
+        return self.states.get(pid, ProcessState.RUNNING)
+
+    def checkpoint_lock(self, pid: int, timeout_ms: int) -> None:
+        self.calls.append(("lock", pid, timeout_ms))
+        self._maybe_fail("lock", pid)
+        self.states[pid] = ProcessState.LOCKED
+
+    def checkpoint_unlock(self, pid: int) -> None:
+        self.calls.append(("unlock", pid))
+        if self.on_unlock is not None:
+            self.on_unlock(pid)
+        self._maybe_fail("unlock", pid)
+        self.states[pid] = ProcessState.RUNNING
+
+
+def cuda_error(call: str, code: int, name: str) -> CudaError:
+    return CudaError(call, code, name)
+
+
+class StandInLib:
+    """Plays ``libcuda.so.1`` for :class:`CtypesCudaDriver`: plain callables, ctypes arguments."""
+
+    NAMES = {1: b"CUDA_ERROR_INVALID_VALUE", 304: b"CUDA_ERROR_OPERATING_SYSTEM", 909: b"CUDA_ERROR_TIMEOUT"}
+    TEXTS = {304: b"OS call failed or operation not supported on this OS"}
+
+    def __init__(self, checkpoint: bool = True, init_rc: int = 0) -> None:
+        self.init_rc = init_rc
+        self.rc: dict[str, int] = {}
+        self.state = 1
+        self.seen: list[tuple[Any, ...]] = []
+        if not checkpoint:  # an old driver: the symbols are absent, as getattr on a CDLL says
+            self.cuCheckpointProcessLock = None
+            self.cuCheckpointProcessUnlock = None
+            self.cuCheckpointProcessGetState = None
+
+    def cuInit(self, flags: Any) -> int:
+        return self.init_rc
+
+    def cuDriverGetVersion(self, out: Any) -> int:
+        out.contents.value = 12020
+        return 0
+
+    def cuGetErrorName(self, code: Any, out: Any) -> int:
+        name = self.NAMES.get(code.value)
+        if name is None:
+            return CUDA_ERROR_INVALID_VALUE  # the driver does not know this code
+        out[0] = name
+        return 0
+
+    def cuGetErrorString(self, code: Any, out: Any) -> int:
+        text = self.TEXTS.get(code.value)
+        if text is None:
+            return CUDA_ERROR_INVALID_VALUE
+        out[0] = text
+        return 0
+
+    def cuCheckpointProcessLock(self, pid: Any, args: Any) -> int:
+        a = args.contents
+        self.seen.append(("lock", pid.value, a.timeoutMs, a.reserved0, list(a.reserved1)))
+        return self.rc.get("lock", 0)
+
+    def cuCheckpointProcessUnlock(self, pid: Any, args: Any) -> int:
+        self.seen.append(("unlock", pid.value, args))
+        return self.rc.get("unlock", 0)
+
+    def cuCheckpointProcessGetState(self, pid: Any, out: Any) -> int:
+        out.contents.value = self.state
+        return self.rc.get("state", 0)
+
+
+# -- real child processes --------------------------------------------------------------------
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped child must run to die cleanly
+            proc.kill()
+        proc.wait()
+
+
+def wait_state(pid: int, states: str, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = proc_state(pid)
+        if s is not None and s in states:
+            return s
+        time.sleep(0.005)
+    raise AssertionError(f"pid {pid} never reached state {states} (is {proc_state(pid)})")
+
+
+def backend(driver: CudaDriver | None = None, nvml: NvmlApi | None = None, proc: Path = Path("/proc")) -> NvidiaBackend:
+    return NvidiaBackend(nvml=nvml or FakeNvml(), driver=driver or ScriptedDriver(), proc=proc)
+
+
+# -- lock ------------------------------------------------------------------------------------
+
+
+def test_lock_refuses_a_stopped_process_without_calling_the_driver(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    os.kill(child.pid, signal.SIGSTOP)
+    wait_state(child.pid, "Tt")
+    t = time.monotonic()
+    with pytest.raises(ProcessStopped, match=r"stopped \(state T\)"):
+        be.lock(child.pid, 5.0)
+    assert time.monotonic() - t < 0.5
+    assert drv.calls == []  # the driver would hang: it must never be asked
+    with pytest.raises(ProcessStopped):  # unlock talks to the same helper in the target
+        be.unlock(child.pid)
+    assert drv.calls == []
+    os.kill(child.pid, signal.SIGCONT)
+    wait_state(child.pid, "S")
+    be.lock(child.pid, 5.0)
+    assert drv.calls == [("state", child.pid), ("lock", child.pid, 5000)]
+
+
+def test_lock_passes_milliseconds_and_never_zero(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    assert be.lock_pid(child.pid, 1.5) is LockOutcome.LOCKED
+    drv.states[child.pid] = ProcessState.RUNNING
+    be.lock(child.pid, 0.0001)  # would round to 0 = "no timeout" for the driver
+    locks = [c for c in drv.calls if c[0] == "lock"]
+    assert locks == [("lock", child.pid, 1500), ("lock", child.pid, 1)]
+
+
+def test_lock_skips_locked_and_checkpointed_processes(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    drv.states[child.pid] = ProcessState.LOCKED
+    assert be.lock_pid(child.pid, 1.0) is LockOutcome.ALREADY_LOCKED
+    drv.states[child.pid] = ProcessState.CHECKPOINTED
+    assert be.lock_pid(child.pid, 1.0) is LockOutcome.CHECKPOINTED
+    assert not [c for c in drv.calls if c[0] == "lock"]
+    drv.states[child.pid] = ProcessState.FAILED
+    with pytest.raises(BackendError, match="FAILED"):
+        be.lock(child.pid, 1.0)
+
+
+def test_lock_of_a_process_without_cuda_or_gone(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    drv.errors[("state", child.pid)] = cuda_error("state", CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED")
+    assert be.lock_pid(child.pid, 1.0) is LockOutcome.NOT_CUDA
+    child.kill()
+    child.wait()
+    assert be.lock_pid(child.pid, 1.0) is LockOutcome.GONE
+
+
+def test_lock_errors_keep_the_cuda_name(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    drv.errors[("lock", child.pid)] = cuda_error(
+        f"cuCheckpointProcessLock(pid={child.pid})", CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM"
+    )
+    with pytest.raises(BackendError, match="CUDA_ERROR_OPERATING_SYSTEM"):
+        be.lock(child.pid, 1.0)
+
+
+# -- unlock ----------------------------------------------------------------------------------
+
+
+def test_unlock_of_a_gone_process_is_fine() -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    proc = subprocess.Popen(["sleep", "60"])
+    drv.states[proc.pid] = ProcessState.LOCKED
+    proc.kill()
+    wait_state(proc.pid, "ZX")  # a zombie: its GPU state died with it
+    be.unlock(proc.pid)
+    proc.wait()
+    be.unlock(proc.pid)  # reaped: no /proc entry at all
+    assert drv.calls == []
+
+
+def test_unlock_tolerates_exit_during_the_call(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    drv.states[child.pid] = ProcessState.LOCKED
+    drv.errors[("unlock", child.pid)] = cuda_error("unlock", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE")
+
+    def die(pid: int) -> None:  # the target exits between our state check and the unlock
+        child.kill()
+        child.wait()
+
+    drv.on_unlock = die
+    be.unlock(child.pid)
+    assert ("unlock", child.pid) in drv.calls
+
+
+def test_unlock_is_idempotent_and_reports_real_failures(child: subprocess.Popen[bytes]) -> None:
+    drv = ScriptedDriver()
+    be = backend(drv)
+    be.unlock(child.pid)  # RUNNING: nothing to undo
+    assert ("unlock", child.pid) not in drv.calls
+    drv.states[child.pid] = ProcessState.LOCKED
+    drv.errors[("unlock", child.pid)] = cuda_error("unlock", 401, "CUDA_ERROR_ILLEGAL_STATE")
+    with pytest.raises(BackendError, match="CUDA_ERROR_ILLEGAL_STATE"):
+        be.unlock(child.pid)  # alive and still locked: this must not be swallowed
+    del drv.errors[("unlock", child.pid)]
+    be.unlock(child.pid)
+    assert drv.states[child.pid] is ProcessState.RUNNING
+
+
+# -- the ctypes layer, over a stand-in library ---------------------------------------------------
+
+
+def test_ctypes_driver_builds_the_lock_args_and_reads_the_state() -> None:
+    lib = StandInLib()
+    drv = CtypesCudaDriver(lib=lib)
+    assert drv.driver_version() == 12020 and drv.has_checkpoint
+    drv.checkpoint_lock(4242, 2500)
+    drv.checkpoint_unlock(4242)
+    assert lib.seen == [("lock", 4242, 2500, 0, [0] * 7), ("unlock", 4242, None)]
+    assert ctypes.sizeof(cuda_driver.CUcheckpointLockArgs) == 64  # 4 + 4 + 7 * 8, as in cuda.h
+    lib.state = 2
+    assert drv.checkpoint_state(7) is ProcessState.CHECKPOINTED
+    lib.state = 9
+    with pytest.raises(BackendError, match="unknown CUprocessState 9"):
+        drv.checkpoint_state(7)
+    with pytest.raises(ValueError):
+        drv.checkpoint_lock(7, 0)
+
+
+def test_ctypes_driver_names_errors() -> None:
+    lib = StandInLib()
+    drv = CtypesCudaDriver(lib=lib)
+    lib.rc["lock"] = 304
+    with pytest.raises(CudaError) as info:
+        drv.checkpoint_lock(11, 1000)
+    err = info.value
+    assert isinstance(err, BackendError)
+    assert (err.code, err.name) == (304, "CUDA_ERROR_OPERATING_SYSTEM")
+    assert "pid=11" in str(err) and "OS call failed" in str(err)
+    lib.rc["unlock"] = 401  # the stand-in cannot name it: the built-in table does
+    with pytest.raises(CudaError, match="CUDA_ERROR_ILLEGAL_STATE"):
+        drv.checkpoint_unlock(11)
+    lib.rc["state"] = 12345
+    with pytest.raises(CudaError, match="CUresult 12345"):
+        drv.checkpoint_state(11)
+
+
+def test_ctypes_driver_init_failure_is_named() -> None:
+    with pytest.raises(CudaError, match="cuInit failed with CUDA_ERROR_INVALID_VALUE"):
+        CtypesCudaDriver(lib=StandInLib(init_rc=1))
+
+
+# -- capabilities ------------------------------------------------------------------------------
+
+
+def test_old_driver_without_the_symbol_cannot_lock(child: subprocess.Popen[bytes]) -> None:
+    drv = CtypesCudaDriver(lib=StandInLib(checkpoint=False))
+    assert not drv.has_checkpoint
+    be = backend(drv)
+    caps = be.capabilities
+    assert caps.lock is False
+    assert "cuCheckpointProcessLock" in caps.reason and "cooperative" in caps.reason
+    assert caps.driver == "580.159.04" and caps.extra["checkpoint_api"] is False
+    assert caps.extra["cuda"] == "12.2"
+    with pytest.raises(BackendError, match="cuCheckpointProcessLock"):
+        be.lock(child.pid, 1.0)
+    with pytest.raises(BackendError):
+        drv.checkpoint_lock(child.pid, 1000)
+
+
+def test_capabilities_with_the_lock_api() -> None:
+    caps = backend(ScriptedDriver()).capabilities
+    assert caps.lock is True
+    assert caps.extra["checkpoint_api"] is True and caps.extra["cuda"] == "13.0"
+    expected = "all-users" if os.geteuid() == 0 else "same-user"
+    assert caps.extra["lock_scope"] == expected
+    assert ("any user" in caps.reason) == (os.geteuid() == 0)
+
+
+def test_missing_libcuda_leaves_inventory_but_no_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CtypesCudaDriver, "LIBRARY", "libcuda-krex-test-missing.so.1")
+    be = NvidiaBackend(nvml=FakeNvml())
+    assert be.capabilities.lock is False
+    assert "driver API is unavailable" in be.capabilities.reason
+    assert be.inventory()[0].name == "NVIDIA H200"
+
+
+def test_nvml_failure_raises_and_releases_nvml() -> None:
+    nvml = FakeNvml(fail=True)
+    with pytest.raises(BackendError, match="NVML"):
+        NvidiaBackend(nvml=nvml, driver=ScriptedDriver())
+    assert nvml.shut == 1
+    with pytest.raises(BackendError, match="no NVIDIA GPU"):
+        NvidiaBackend(nvml=FakeNvml(gpus=0), driver=ScriptedDriver())
+
+
+def test_auto_falls_back_without_nvml() -> None:
+    try:
+        NvidiaBackend(driver=ScriptedDriver()).close()
+    except BackendError:
+        pass
+    else:
+        pytest.skip("NVML works on this machine")
+    from krex_lab.gpu import make_backend
+
+    assert make_backend("auto").name in ("amd", "fake")
+    with pytest.raises(BackendError):
+        make_backend("nvidia")
+
+
+# -- inventory and throttle reasons ------------------------------------------------------------
+
+
+def test_throttle_reason_decoding() -> None:
+    assert decode_throttle_reasons(0) == []
+    assert decode_throttle_reasons(0x1) == ["gpu_idle"]
+    assert decode_throttle_reasons(0x4 | 0x40 | 0x100) == [
+        "sw_power_cap",
+        "hw_thermal_slowdown",
+        "display_clock_setting",
+    ]
+    assert decode_throttle_reasons(0x8 | 0x800) == ["hw_slowdown", "unknown_0x800"]
+
+
+def test_inventory_reports_nvml_readings() -> None:
+    be = backend(nvml=FakeNvml(gpus=2, reasons=0x5))
+    inv = be.inventory()
+    assert [g.index for g in inv] == [0, 1]
+    g = inv[1]
+    assert (g.name, g.uuid, g.memory_total, g.memory_used) == ("NVIDIA H200", "GPU-test-1", 141 << 30, 1 << 30)
+    assert (g.sm_clock_mhz, g.mem_clock_mhz, g.utilization_gpu) == (1980, 3201, 42.0)
+    assert g.throttle_reasons == ["gpu_idle", "sw_power_cap"] and g.simulated is False
+    assert backend(nvml=FakeNvml(reasons=None)).inventory()[0].throttle_reasons == []
+    assert be.describe()["backend"] == "nvidia" and be.describe()["simulated"] is False
+
+
+# -- pid namespaces ----------------------------------------------------------------------------
+
+SAMPLE_STATUS = """Name:\tpython3
+Umask:\t0022
+State:\tS (sleeping)
+Tgid:\t4242
+NStgid:\t4242\t17
+Pid:\t4242
+PPid:\t4200
+NSpid:\t4242\t17
+NSpgid:\t4200\t1
+"""
+
+
+def test_parse_nspid() -> None:
+    assert parse_nspid(SAMPLE_STATUS) == [4242, 17]
+    assert parse_nspid("Name:\tx\nPid:\t5\n") == []  # kernels before 4.1
+    assert parse_nspid("NSpid:\t9\n") == [9]
+
+
+def _fake_proc(root: Path, entries: dict[str, str]) -> Path:
+    for name, nspid in entries.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "status").write_text(f"Name:\tx\nNSpid:\t{nspid}\n")
+    return root
+
+
+def test_local_pid_follows_our_depth(tmp_path: Path) -> None:
+    # We run one namespace down (NSpid "500 3"): NVML's 600 is our 7; 700 lives above us.
+    proc = _fake_proc(tmp_path / "a", {"self": "500\t3", "600": "600\t7", "700": "700", "800": "800\t9\t2"})
+    assert local_pid(600, proc) == 7
+    assert local_pid(800, proc) == 9
+    assert local_pid(700, proc) is None
+    assert local_pid(999, proc) is None
+    flat = _fake_proc(tmp_path / "b", {"self": "500", "600": "600\t7"})
+    assert local_pid(600, flat) == 600
+
+
+def test_local_pid_of_a_real_child(child: subprocess.Popen[bytes]) -> None:
+    assert local_pid(child.pid) == child.pid
+    status = Path(f"/proc/{child.pid}/status").read_text()
+    assert parse_nspid(status)[0] == child.pid
+    assert holds_nvidia_device(child.pid) is False  # `sleep` has no GPU context
+    child.kill()
+    child.wait()
+    assert local_pid(child.pid) is None
+
+
+def _can_unshare() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="cannot create a pid namespace here")
+def test_local_pid_inside_a_real_pid_namespace() -> None:
+    # A python in a new pid namespace but with the outer /proc (no --mount-proc): it is pid 1
+    # to itself and N to /proc. The helper must find 1 for N, and None for our pid.
+    code = (
+        "import os, sys; from krex_lab.gpu.nvidia import local_pid, parse_nspid;"
+        "outer = parse_nspid(open('/proc/self/status').read())[0];"
+        "print(outer, local_pid(outer), os.getpid(), local_pid(int(sys.argv[1])))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", code, str(os.getpid())],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    outer, mapped, own, ours = out.stdout.split()
+    assert int(outer) > 1
+    assert mapped == own == "1"
+    assert ours == "None"
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="cannot create a pid namespace here")
+def test_nspid_of_a_real_nested_process() -> None:
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 5
+        inner = None
+        while inner is None and time.monotonic() < deadline:
+            for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                kids = (task / "children").read_text().split()
+                inner = int(kids[0]) if kids else None
+            time.sleep(0.01)
+        assert inner is not None
+        assert parse_nspid(Path(f"/proc/{inner}/status").read_text()) == [inner, 1]
+        assert local_pid(inner) == inner  # from the outer namespace, a host pid is ours as is
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_processes_keep_only_addressable_gpu_holders(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, {"self": "500", "600": "600", "601": "601", "700": "700\t7"})
+    (proc / "600" / "fd").mkdir()
+    (proc / "600" / "fd" / "3").symlink_to("/dev/nvidiactl")
+    (proc / "601" / "fd").mkdir()
+    (proc / "601" / "fd" / "3").symlink_to("/dev/null")  # a pid collision: no GPU device open
+    (proc / "700" / "fd").mkdir()
+    (proc / "700" / "fd" / "9").symlink_to("/dev/nvidia0")
+    nvml = FakeNvml(procs={0: [(600, 1 << 20), (601, None), (700, None), (999, None)]})
+    be = backend(nvml=nvml, proc=proc)
+    got = be.processes(0)
+    assert [(p.pid, p.gpu, p.used_memory) for p in got] == [(600, 0, 1 << 20), (700, 0, None)]
+    assert be.unmapped(0) == [601, 999]
+    with pytest.raises(BackendError, match="no GPU 3"):
+        be.processes(3)
+
+
+# -- frozen cgroups ------------------------------------------------------------------------------
+
+
+def test_cgroup_frozen_reads_v2_events_and_v1_freezer(tmp_path: Path) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "cg"
+    (proc / "5").mkdir(parents=True)
+    (proc / "5" / "cgroup").write_text("0::/krex/a\n")
+    (root / "krex" / "a").mkdir(parents=True)
+    (root / "krex" / "a" / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert not cgroup_frozen(5, proc, root)
+    (root / "krex" / "a" / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    assert cgroup_frozen(5, proc, root)
+    (proc / "6").mkdir()
+    (proc / "6" / "cgroup").write_text("9:pids:/x\n7:freezer:/x\n0::/\n")
+    (root / "freezer" / "x").mkdir(parents=True)
+    (root / "freezer" / "x" / "freezer.state").write_text("THAWED\n")
+    assert not cgroup_frozen(6, proc, root)
+    (root / "freezer" / "x" / "freezer.state").write_text("FROZEN\n")
+    assert cgroup_frozen(6, proc, root)
+    assert not cgroup_frozen(7, proc, root)  # gone
+
+
+def _v1_freezer() -> Path | None:
+    base = Path("/sys/fs/cgroup/freezer")
+    return base if os.geteuid() == 0 and (base / "tasks").exists() else None
+
+
+@pytest.mark.skipif(_v1_freezer() is None, reason="needs root and a cgroup v1 freezer")
+def test_lock_refuses_a_process_in_a_frozen_cgroup(child: subprocess.Popen[bytes]) -> None:
+    base = _v1_freezer()
+    assert base is not None
+    group = base / f"krex-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "tasks").write_text(str(child.pid))
+        (group / "freezer.state").write_text("FROZEN")
+        drv = ScriptedDriver()
+        with pytest.raises(ProcessStopped, match="frozen cgroup"):
+            backend(drv).lock(child.pid, 1.0)
+        assert drv.calls == []
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        child.kill()
+        child.wait()
+        group.rmdir()
