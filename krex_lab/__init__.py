@@ -44,10 +44,12 @@ __all__ = [
     "__version__",
     "attach",
     "exclusive",
+    "submit",
 ]
 
 if TYPE_CHECKING:
     from .client import attach, exclusive
+    from .workers.client import submit
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +58,10 @@ def __getattr__(name: str) -> Any:
         from . import client
 
         return getattr(client, name)
+    if name == "submit":
+        from .workers.client import submit
+
+        return submit
     raise AttributeError(f"module 'krex_lab' has no attribute {name!r}")
 
 

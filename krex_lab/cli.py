@@ -52,6 +52,13 @@ def main(argv: list[str] | None = None) -> None:
 
         arbiter_main(argv[1:])
         return
+    if argv[:1] == ["pool"]:
+        from .workers.pool import main as pool_main
+
+        pool_main(argv[1:])
+        return
+    if argv[:1] == ["lab"]:  # its options go on to JupyterLab: argparse must not see them
+        sys.exit(_lab(argv[1:]))
     parser = argparse.ArgumentParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("arbiter", help="run the node arbiter (krex arbiter --help-all for every option)")
@@ -64,6 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print the region report")
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(func=_exclusive)
+    sub.add_parser("pool", help="run this user's pool of warm context workers in the foreground "
+                   "(krex pool --help-all for every option)")
+    p = sub.add_parser("run", help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would")
+    from .workers.run_cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_run)
     p = sub.add_parser("lab", help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)")
     p.set_defaults(func=_lab)
     args = parser.parse_args(argv)
@@ -74,12 +88,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def _lab(args: argparse.Namespace) -> int:
-    # Until the Jupyter extension lands this runs the arbiter in the foreground.
-    from .arbiter.app import main as arbiter_main
+def _run(args: argparse.Namespace) -> int:
+    from .workers.run_cli import run
 
-    arbiter_main([])
-    return 0
+    return run(args)
+
+
+def _lab(args: argparse.Namespace | list[str]) -> int:
+    """JupyterLab with the KREX extension, arbiter and kernelspec (see krex_lab.serverext.lab)."""
+    from .serverext.lab import main as lab_main
+
+    return lab_main(args if isinstance(args, list) else [])
 
 
 if __name__ == "__main__":

@@ -245,7 +245,8 @@ class RegionReport(dict[str, Any]):
         sim = " [simulated GPU]" if self.get("simulated") else ""
         parts = [
             f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}:",
-            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms, acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
+            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms,"
+            f" acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
             f"drained {len(self.get('drained', []))}, frozen {len(self.get('frozen', []))},"
             f" moved {len(self.get('moved', []))}, cores {self.get('cores', [])}",
         ]

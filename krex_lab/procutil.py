@@ -41,6 +41,14 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
+def state_and_start(pid: int) -> tuple[str | None, int | None]:
+    """State letter and start time from one read of /proc/PID/stat."""
+    fields = _stat_fields(pid)
+    if not fields or len(fields) <= 19:
+        return None, None
+    return fields[0], int(fields[19])
+
+
 def same_process(pid: int, start: int | None) -> bool:
     """The process ``pid`` exists and is the one that started at ``start``."""
     return start is not None and start_time(pid) == start
@@ -54,21 +62,61 @@ def proc_uid(pid: int) -> int | None:
         return None
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (parents first); empty if ``pid`` is gone."""
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``, from /proc/PID/task/TID/children (no scan of all processes)."""
+    if not _HAS_CHILDREN_FILE:
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    kids: list[int] = []
     try:
-        proc = psutil.Process(pid)
-        return [pid] + [c.pid for c in proc.children(recursive=True)]
-    except psutil.Error:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                kids.extend(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+_HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (parents first); empty if ``pid`` is gone.
+
+    A region walks the trees of every session, so this reads only those processes' entries
+    (CONFIG_PROC_CHILDREN) instead of scanning every process on the node as psutil would.
+    """
+    if not os.path.exists(f"/proc/{pid}"):
         return []
+    found = [pid]
+    seen = {pid}
+    i = 0
+    while i < len(found):
+        for c in children(found[i]):
+            if c not in seen:
+                seen.add(c)
+                found.append(c)
+        i += 1
+    return found
 
 
 def ancestors(pid: int) -> list[int]:
     """Parents of ``pid`` up to init, nearest first."""
-    try:
-        return [p.pid for p in psutil.Process(pid).parents()]
-    except psutil.Error:
-        return []
+    chain: list[int] = []
+    fields = _stat_fields(pid)
+    while fields and len(fields) > 1:
+        ppid = int(fields[1])
+        if ppid <= 0 or ppid in chain:
+            break
+        chain.append(ppid)
+        fields = _stat_fields(ppid)
+    return chain
 
 
 def lineage(pid: int) -> set[int]:

@@ -183,6 +183,10 @@ class Scheduler:
             if region.freeze:
                 region.frozen = arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt,
                                                    arb.cgroups_of(siblings))
+                # Grant only once the stops have landed: a sibling still running would share
+                # the holder's first milliseconds. (Re-walking the trees waits till after.)
+                while arb.freezer.pending(region.frozen) and time.monotonic() - t1 < 0.1:
+                    await asyncio.sleep(0.0002)
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
             if region.isolate:
@@ -206,30 +210,49 @@ class Scheduler:
             await self._undo(region, region.release_wanted)
             return
         region.lease = asyncio.get_running_loop().call_later(region.max_hold, self._expire, region)
+        if region.frozen.procs:
+            self._spawn(self._settle_freeze(region, [s.pid for s in siblings]))
         if arb.locker.can_lock:
             region.watcher = self._spawn(self._watch_intruders(region))
         report = region.report(arb.backend_info)
         arb.publish("region", {"event": "granted", **report})
         region.reply({"region": region.id, "gpu": region.gpu, "report": report}, None)
 
+    async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
+        """Walk the frozen trees again for children forked while the stops were in flight."""
+        deadline = time.monotonic() + 1.0
+        while region.state == "held" and time.monotonic() < deadline:
+            if self.arb.freezer.pending(region.frozen):
+                await asyncio.sleep(0.001)
+                continue
+            late = self.arb.freezer.settle(region.id, region.frozen, roots, region.exempt)
+            if not late:
+                return
+            region.drain.intruders.extend(late)
+
     async def _drain(self, region: Region, siblings: list[Session]) -> None:
+        """Lock what the driver can lock; ask the other KREX-aware sessions to synchronise.
+
+        A session that is being locked is not also asked to synchronise: its sync call would
+        block on the very lock until release.
+        """
         arb = self.arb
         loop = asyncio.get_running_loop()
-        cooperative = [s for s in siblings if s.control is not None]
+        targets: set[int] = set()
+        lock_job = None
+        if arb.locker.can_lock:
+            targets = {p.pid for p in arb.backend.processes(region.gpu)}
+            if not arb.lock_foreign:
+                targets &= {p for s in arb.sessions for p in tree(s.pid)}
+            targets -= region.exempt
+            lock_job = arb.locker.lock_all(sorted(targets), region.drain, self._journal_lock(region))
+        cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
         for s in cooperative:
             region.acks[s.id] = loop.create_future()
             arb.send_control(s, "drain", region)
         for s in siblings:
-            if s.control is None:
-                region.drain.not_drained[s.pid] = "not KREX-aware (no control channel)"
-        lock_job = None
-        if arb.locker.can_lock:
-            pids = {p.pid for p in arb.backend.processes(region.gpu)}
-            known = {p for s in arb.sessions for p in tree(s.pid)}
-            if not arb.lock_foreign:
-                pids &= known
-            pids -= region.exempt
-            lock_job = arb.locker.lock_all(sorted(pids), region.drain, self._journal_lock(region))
+            if s.control is None and s.pid not in targets:
+                region.drain.not_drained[s.pid] = "not KREX-aware (no control channel) and not lockable"
         waits: list[Any] = []
         if region.acks:
             waits.append(asyncio.wait(list(region.acks.values()), timeout=arb.drain_timeout))
@@ -238,16 +261,12 @@ class Scheduler:
         await asyncio.gather(*waits)
         for s in cooperative:
             fut = region.acks.get(s.id)
-            if fut is not None and fut.done() and fut.exception() is None:
+            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
                 region.drain.acked.append(s.pid)
-                region.drain.not_drained.pop(s.pid, None)
-            elif s.pid not in region.drain.locked_pids:
+            else:
                 region.drain.not_drained[s.pid] = f"did not answer drain within {arb.drain_timeout:.2f} s"
             if fut is not None and not fut.done():
                 fut.cancel()
-        # A process the driver locked is drained whatever its session said.
-        for pid in region.drain.locked_pids:
-            region.drain.not_drained.pop(pid, None)
 
     def _journal_lock(self, region: Region) -> Callable[[list[tuple[int, int]]], None]:
         backend = self.arb.backend.name

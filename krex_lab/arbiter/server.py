@@ -193,12 +193,21 @@ class Arbiter(LoggingConfigurable):
 
     # -- requests -------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
+        # After each wake-up, take whatever else is queued without going back to the loop:
+        # the drain acks of many sessions arrive together.
+        sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
         while True:
-            frames = await self.router.recv_multipart(copy=True)
-            try:
-                self._handle(frames)
-            except Exception:  # the arbiter never dies of a message
-                log.exception("unexpected error handling a message")
+            batch = [await self.router.recv_multipart(copy=True)]
+            for _ in range(256):
+                try:
+                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            for frames in batch:
+                try:
+                    self._handle(frames)
+                except Exception:  # the arbiter never dies of a message
+                    log.exception("unexpected error handling a message")
 
     def _handle(self, frames: list[bytes]) -> None:
         identity, body = frames[0], frames[1:]

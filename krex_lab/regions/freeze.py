@@ -5,9 +5,12 @@ Two mechanisms:
 * **cgroup v2** (``cgroup.freeze``) for sessions the arbiter placed in a cgroup it manages
   (:mod:`krex_lab.regions.cgroups`); the kernel catches forks for us.
 * **SIGSTOP** otherwise. A process may fork while its tree is being stopped, so the tree is
-  walked again after every pass until a pass finds no new process; stopped processes cannot
-  fork, so this ends. Processes that were already stopped (a user's Ctrl-Z, a debugger) are
-  left alone and, above all, not resumed at thaw.
+  walked again after every pass until a pass finds no new process. The kernel aborts a
+  fork() that a signal interrupts, so once SIGSTOP is queued a process makes no new child;
+  a child it made just before shows up in the next walk. Signals land asynchronously, so
+  :meth:`Freezer.settle` (run right after the grant, off the critical path) waits for every
+  stop to show and walks the trees once more. Processes that were already stopped (a user's
+  Ctrl-Z, a debugger) are left alone and, above all, not resumed at thaw.
 
 Every pid is journaled (with its start time) before it is signalled.
 """
@@ -16,18 +19,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..procutil import proc_state, same_process, start_time, tree
+from ..procutil import proc_state, same_process, state_and_start, tree
 
 Record = Callable[..., None]  # Journal.record(kind, region, **data)
 
-# Waiting for SIGSTOP to land is usually microseconds; a process in uninterruptible sleep (D)
-# may take longer, but it cannot fork meanwhile either.
-_STOP_SETTLE_S = 0.05
 _MAX_PASSES = 50
 
 
@@ -62,21 +61,22 @@ class Freezer:
                     result.cgroups.append(path)
                 except OSError as exc:
                     result.failed.append(f"cgroup {path}: {exc}")
-        self.extend(region, result, list(roots), exempt)
+        # One walk on the critical path; settle() walks again once the stops have landed.
+        self.extend(region, result, list(roots), exempt, passes=1)
         return result
 
-    def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> None:
+    def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int],
+               passes: int = _MAX_PASSES) -> None:
         """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
         seen = set(result.pids) | set(result.skipped)
-        for _ in range(_MAX_PASSES):
+        for _ in range(passes):
             new: list[tuple[int, int]] = []
             for root in roots:
                 for pid in tree(root):
                     if pid in seen or pid in exempt:
                         continue
                     seen.add(pid)
-                    state = proc_state(pid)
-                    start = start_time(pid)
+                    state, start = state_and_start(pid)
                     if state is None or start is None or state == "Z":
                         continue
                     if state in ("T", "t"):
@@ -94,17 +94,19 @@ class Freezer:
                     continue
                 except PermissionError as exc:
                     result.failed.append(f"pid {pid}: {exc.strerror}")
-            _wait_stopped([p for p, _ in new])
-        result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
+        if passes == _MAX_PASSES:
+            result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
 
+    @staticmethod
+    def pending(result: FreezeResult) -> list[int]:
+        """Processes signalled but not yet seen stopped (a D-state sleeper can take a while)."""
+        return [p for p in result.pids if proc_state(p) not in ("T", "t", "Z", None)]
 
-def _wait_stopped(pids: list[int]) -> None:
-    deadline = time.monotonic() + _STOP_SETTLE_S
-    pending = list(pids)
-    while pending and time.monotonic() < deadline:
-        pending = [p for p in pending if proc_state(p) not in ("T", "t", "Z", None)]
-        if pending:
-            time.sleep(0.0002)
+    def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
+        """Once every stop has landed: walk the trees again; returns processes caught late."""
+        before = set(result.pids)
+        self.extend(region, result, roots, exempt)
+        return [p for p in result.pids if p not in before]
 
 
 def thaw_procs(procs: Iterable[tuple[int, int]]) -> int:

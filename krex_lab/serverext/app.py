@@ -23,7 +23,7 @@ from .metrics import RegionStats
 from .services import Options, Services
 
 
-class KrexExtensionApp(ExtensionApp):  # type: ignore[misc]
+class KrexExtensionApp(ExtensionApp):
     name = "krex_lab"
     description = "KREX Lab: region-granular GPU exclusivity for notebook kernels"
     version = __version__
@@ -43,7 +43,8 @@ class KrexExtensionApp(ExtensionApp):  # type: ignore[misc]
                         "(`krex arbiter --help-all`).")
     start_pool = Bool(True, config=True, help="Start this user's pool service (context workers for %%krex "
                       "cells); it is stopped with the server.")
-    pool_size = Int(1, config=True, help="Context workers per GPU the pool keeps warm.")
+    pool_size = Int(1, config=True, help="Active context workers per GPU in the pool (it also keeps warm "
+                    "spares: see pool_args and `python -m krex_lab.workers.pool --help-all`).")
     pool_endpoint = Unicode("", config=True, help="The pool's endpoint. Default: $KREX_POOL_ENDPOINT, else "
                             "ipc://<runtime dir>/pool.sock.")
     pool_args = List(Unicode(), config=True, help="Extra command-line options of the pool service.")
@@ -59,15 +60,13 @@ class KrexExtensionApp(ExtensionApp):  # type: ignore[misc]
     _watch: PeriodicCallback | None = None
 
     def initialize_settings(self) -> None:
-        pool_args = list(self.pool_args)
-        if self.pool_size != 1 and not any(a.startswith("--size") for a in pool_args):
-            pool_args += ["--size", str(self.pool_size)]
+        pool_args = [f"--workers-per-gpu={self.pool_size}", *self.pool_args]
         options = Options(endpoint=self.endpoint, embedded=self.embedded, backend=self.backend,
                           fake_gpus=self.fake_gpus, runtime_dir=self.runtime_dir,
                           arbiter_args=list(self.arbiter_args), start_pool=self.start_pool,
                           pool_endpoint=self.pool_endpoint, pool_args=pool_args,
                           startup_timeout=self.startup_timeout, stop_timeout=self.stop_timeout)
-        self.services = Services(options)
+        self.services = Services(options, logger=self.log)
         self.services.start()
         self.region_stats = RegionStats()
         self.log.info("KREX: arbiter %s, pool %s", self.services.endpoint, self.services.pool_endpoint)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -49,13 +49,12 @@ def fetch_status(endpoint: str) -> dict[str, Any]:
     return status(endpoint, timeout=5.0)
 
 
-class KrexHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
+class KrexHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = "krex"
 
     @property
     def krex(self) -> KrexExtensionApp:
-        app: KrexExtensionApp = self.extensionapp
-        return app
+        return cast("KrexExtensionApp", self.extensionapp)
 
     async def arbiter_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking client call in the executor; 503 with the client's message when it fails."""
@@ -65,8 +64,7 @@ class KrexHandler(ExtensionHandlerMixin, APIHandler):  # type: ignore[misc]
             raise web.HTTPError(503, str(exc)) from None
 
     def write_json(self, data: Any) -> None:
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data, default=str))
+        self.finish(json.dumps(data, default=str), set_content_type="application/json")
 
 
 class StatusHandler(KrexHandler):
@@ -117,8 +115,7 @@ class MetricsHandler(KrexHandler):
         except web.HTTPError:
             status = regions = None  # scrapes still answer: krex_arbiter_up 0
         body = metrics.render(self.krex.region_stats, status, regions, self.krex.services.describe())
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(body)
+        self.finish(body, set_content_type=CONTENT_TYPE_LATEST)
 
 
 default_handlers: list[tuple[str, type[KrexHandler]]] = [

@@ -30,7 +30,7 @@ import psutil
 from .. import paths
 from ..errors import KrexError
 
-log = logging.getLogger("krex.serverext")
+Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 POOL_MODULE = "krex_lab.workers.pool"
 
@@ -55,7 +55,9 @@ class Options:
 class ManagedProcess:
     """A child process of the server (its own session, so the terminal's Ctrl-C is ours to relay)."""
 
-    def __init__(self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path,
+                 logger: Logger) -> None:
+        self.log = logger
         self.name = name
         self.module = module
         self.args = args
@@ -71,7 +73,7 @@ class ManagedProcess:
         cmd = [sys.executable, "-m", "krex_lab.serverext._guard", str(os.getpid()), self.module, *self.args]
         self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+        self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
     @property
     def pid(self) -> int | None:
@@ -101,7 +103,8 @@ class ManagedProcess:
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if proc.poll() is None:
-                log.warning("KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid, timeout)
+                self.log.warning("KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid,
+                                 timeout)
                 proc.kill()
                 proc.wait()
         # Grace for children that exit on their own once their parent is gone, then no mercy.
@@ -110,7 +113,7 @@ class ManagedProcess:
             await asyncio.sleep(0.05)
         for p in descendants:
             if _running(p):
-                log.warning("KREX: killing pid %d left behind by %s", p.pid, self.name)
+                self.log.warning("KREX: killing pid %d left behind by %s", p.pid, self.name)
                 try:
                     p.send_signal(signal.SIGCONT)
                     p.kill()
@@ -119,7 +122,7 @@ class ManagedProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-        log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
+        self.log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
 
 
 def _running(p: psutil.Process) -> bool:
@@ -140,9 +143,11 @@ def pool_available() -> bool:
 class Services:
     """Finds or starts the arbiter, starts the pool, exports the endpoints; :meth:`stop` undoes it."""
 
-    def __init__(self, options: Options, hello: Callable[[str, float], dict[str, Any]] | None = None) -> None:
+    def __init__(self, options: Options, logger: Logger | None = None,
+                 hello: Callable[[str, float], dict[str, Any]] | None = None) -> None:
         from ..client import hello as client_hello
 
+        self.log: Logger = logger or logging.getLogger("krex.serverext")
         self.options = options
         self._hello = hello or client_hello
         self.endpoint = ""
@@ -164,7 +169,7 @@ class Services:
         if info is not None:
             self.endpoint = self.endpoint or paths.default_endpoint()
             self.info = info
-            log.info("KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"],
+            self.log.info("KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"],
                      info.get("backend"))
         elif o.embedded:
             self._start_arbiter()
@@ -173,7 +178,7 @@ class Services:
             self._problem(f"no KREX arbiter answers at {self.endpoint} and the embedded one is off "
                           "(KrexExtensionApp.embedded): kernels start without a GPU placement")
         if self.info.get("simulated"):
-            log.warning("KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
+            self.log.warning("KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
                         "(timings are not protected on any real device)", self.info.get("gpus"))
         self._export(paths.ENDPOINT_ENV, self.endpoint)
         if self.private_runtime is not None:
@@ -192,7 +197,7 @@ class Services:
 
     def _problem(self, message: str) -> None:
         self.problems.append(message)
-        log.warning("KREX: %s", message)
+        self.log.warning("KREX: %s", message)
 
     def _runtime(self) -> Path:
         if self.runtime is None:
@@ -212,7 +217,8 @@ class Services:
         args = ["arbiter", "--backend", o.backend, "--fake-gpus", str(o.fake_gpus), "--endpoint", endpoint,
                 "--runtime-dir", str(runtime), *o.arbiter_args]
         env = {**os.environ, paths.RUNTIME_DIR_ENV: str(runtime), paths.ENDPOINT_ENV: endpoint}
-        self.arbiter = ManagedProcess("embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log")
+        self.arbiter = ManagedProcess("embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log",
+                                      self.log)
         self.arbiter.start()
         self.endpoint = endpoint
         info = self._wait_ready(self.arbiter, lambda: self._probe(endpoint, 0.5))
@@ -220,7 +226,7 @@ class Services:
             self._problem(f"the embedded arbiter did not answer at {endpoint}:\n{self.arbiter.log_tail()}")
             return
         self.info = info
-        log.info("KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)", info["pid"], endpoint,
+        self.log.info("KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)", info["pid"], endpoint,
                  info.get("backend"), info.get("gpus"))
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
@@ -240,8 +246,9 @@ class Services:
                           "until it is")
             return
         env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
-        args = ["--endpoint", self.pool_endpoint, *self.options.pool_args]
-        self.pool = ManagedProcess("pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log")
+        args = [f"--endpoint={self.pool_endpoint}", f"--arbiter={self.endpoint}", *self.options.pool_args]
+        self.pool = ManagedProcess("pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log",
+                                   self.log)
         self.pool.start()
         if not self._wait_ready(self.pool, lambda: _pool_answers(self.pool_endpoint)):
             self._problem(f"the pool service did not answer at {self.pool_endpoint}:\n{self.pool.log_tail()}")
@@ -258,13 +265,13 @@ class Services:
             return
         if self.arbiter is not None and not self.arbiter.alive():
             assert self.arbiter.proc is not None
-            log.error("KREX: the embedded arbiter exited (status %s); starting it again:\n%s",
+            self.log.error("KREX: the embedded arbiter exited (status %s); starting it again:\n%s",
                       self.arbiter.proc.returncode, self.arbiter.log_tail())
             self.endpoint = self.arbiter.env[paths.ENDPOINT_ENV]
             self._start_arbiter()
         if self.pool is not None and not self.pool.alive():
             assert self.pool.proc is not None
-            log.error("KREX: the pool service exited (status %s); starting it again:\n%s",
+            self.log.error("KREX: the pool service exited (status %s); starting it again:\n%s",
                       self.pool.proc.returncode, self.pool.log_tail())
             self.start_pool()
 

@@ -152,7 +152,7 @@ def _numba_context() -> Any:
     try:
         from numba import config
 
-        if config.ENABLE_CUDASIM:
+        if getattr(config, "ENABLE_CUDASIM", False):
             return None
         from numba.cuda.cudadrv import devices
 
@@ -264,7 +264,7 @@ class Baseline:
                 signal.signal(getattr(signal, name), handler)
             except (OSError, ValueError, TypeError):
                 pass
-        warnings.filters[:] = self.warnings
+        warnings.filters[:] = self.warnings  # type: ignore[index]
         root = logging.getLogger()
         root.handlers[:] = self.logging[0]
         root.setLevel(self.logging[1])

@@ -23,7 +23,7 @@ from typing import Any
 
 from .jobs import INTERRUPT_EXIT
 
-_INTERNAL = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
+_INTERNAL = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _cells = itertools.count(1)
 
 #: Messages of CUDA errors after which a context is unusable ("sticky"): the worker is recycled.
@@ -70,7 +70,8 @@ def sticky_cuda_error(exc: BaseException | None) -> str | None:
 def format_exception(exc: BaseException) -> str:
     """The traceback as ``python`` prints it, without the worker's own frames."""
     tb = exc.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _INTERNAL:
+    while tb is not None and (tb.tb_frame.f_code.co_filename in _INTERNAL
+                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in _INTERNAL):
         tb = tb.tb_next
     exc.__traceback__ = tb
     return "".join(traceback.format_exception(type(exc), exc, tb))
@@ -186,7 +187,9 @@ class Runner:
             tree = ast.parse(code, filename, "exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+                expr = tree.body.pop()
+                assert isinstance(expr, ast.Expr)
+                last = ast.Expression(expr.value)
             body = compile(tree, filename, "exec")
             tail = compile(last, filename, "eval") if last is not None else None
 
@@ -260,6 +263,6 @@ def _safe_repr(value: Any) -> str:
 
 def clear_tracebacks() -> None:
     """Drop the references a finished job's exception keeps to its frames (and their tensors)."""
-    sys.last_type = sys.last_value = sys.last_traceback = None  # type: ignore[assignment]
-    if hasattr(sys, "last_exc"):
-        sys.last_exc = None  # type: ignore[attr-defined]
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)

@@ -1,0 +1,139 @@
+"""Acquire + release round trip of a region, p50 and p99, against the number of sibling sessions.
+
+    python benchmarks/arbiter_latency.py                       # fake backend, 0/4/16 idle siblings
+    python benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle,busy
+
+Starts its own arbiter (a real ``krex arbiter`` process on a private runtime dir), N sibling
+sessions on GPU 0 (idle: asleep; busy: spinning on the CPU, or with ``--cuda`` looping 4096^2
+matmuls on the GPU) and a separate holder process (siblings must not be in the holder's
+process tree, which a region exempts) that takes ``--rounds`` regions with freeze and isolate
+on. Every round's acquire, release and total times come back to this process; the JSON holds
+p50/p99 per configuration with the machine and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import machine, percentile, write_result
+
+SIBLING = """
+import sys, time, krex_lab
+cuda, busy = sys.argv[1] == "1", sys.argv[2] == "1"
+if cuda:
+    import torch
+    x = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+krex_lab.attach(gpu=0, name="latency-sibling")
+print("ready", flush=True)
+i = 0
+while True:
+    if not busy:
+        time.sleep(3600)
+    elif cuda:
+        y = x @ x
+        i += 1
+        if i % 8 == 0:
+            torch.cuda.synchronize()
+    else:
+        pass
+"""
+
+HOLDER = """
+import json, sys, time, krex_lab
+rounds = int(sys.argv[1])
+krex_lab.attach(gpu=0, name="latency-holder")
+for _ in range(3):
+    with krex_lab.exclusive(gpu=0):
+        pass
+out = []
+for _ in range(rounds):
+    t0 = time.perf_counter()
+    region = krex_lab.exclusive(gpu=0)
+    region.acquire()
+    t1 = time.perf_counter()
+    region.release()
+    t2 = time.perf_counter()
+    r = region.report
+    out.append([t1 - t0, t2 - t1, t2 - t0, r.get("acquire_s", 0.0), len(r.get("frozen", [])),
+                r.get("drain_s", 0.0), r.get("freeze_s", 0.0), r.get("isolate_s", 0.0)])
+print(json.dumps(out), flush=True)
+"""
+
+
+def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int) -> dict[str, Any]:
+    siblings = [subprocess.Popen([sys.executable, "-c", SIBLING, str(int(cuda)), str(int(busy))], env=env,
+                                 stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    try:
+        for s in siblings:
+            assert s.stdout is not None and s.stdout.readline().startswith("ready")
+        time.sleep(0.5 if busy else 0.1)
+        holder = subprocess.run([sys.executable, "-c", HOLDER, str(rounds)], env=env, capture_output=True,
+                                text=True, timeout=600)
+        if holder.returncode != 0:
+            raise RuntimeError(holder.stderr)
+        rows = json.loads(holder.stdout.strip().splitlines()[-1])
+    finally:
+        for s in siblings:
+            s.send_signal(signal.SIGCONT)
+            s.kill()
+            s.wait()
+    keys = ["acquire", "release", "round_trip", "arbiter_acquire", None, "drain", "freeze", "isolate"]
+    ms = {k: [r[i] * 1e3 for r in rows] for i, k in enumerate(keys) if k}
+    result: dict[str, Any] = {"siblings": n, "mode": "busy" if busy else "idle", "cuda_siblings": cuda,
+                              "rounds": rounds, "frozen_per_region": rows[-1][4]}
+    for k, xs in ms.items():
+        result[f"{k}_p50_ms"] = round(percentile(xs, 0.5), 4)
+        result[f"{k}_p99_ms"] = round(percentile(xs, 0.99), 4)
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="fake", choices=["fake", "nvidia", "amd", "auto"])
+    p.add_argument("--counts", default="0,4,16", help="sibling counts, comma-separated")
+    p.add_argument("--modes", default="idle", help="idle,busy")
+    p.add_argument("--cuda", action="store_true", help="siblings hold a CUDA context (torch)")
+    p.add_argument("--rounds", type=int, default=300)
+    args = p.parse_args()
+    runtime = Path(tempfile.mkdtemp(prefix="krex-latency-"))
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")]))}
+    arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
+                               env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (runtime / "arbiter.sock").exists():
+            if arbiter.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
+            time.sleep(0.05)
+        results = []
+        for mode in args.modes.split(","):
+            for n in [int(c) for c in args.counts.split(",")]:
+                r = run_config(env, n, mode == "busy", args.cuda, args.rounds)
+                results.append(r)
+                print(f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
+                      f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
+                      f"frozen {r['frozen_per_region']}; drain {r['drain_p50_ms']:.2f}, "
+                      f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f})", flush=True)
+    finally:
+        arbiter.send_signal(signal.SIGTERM)
+        arbiter.wait(10)
+    name = f"arbiter_latency-{args.backend}" + ("-cuda" if args.cuda else "")
+    write_result(name, {"benchmark": "arbiter_latency", "backend": args.backend, "machine": machine(),
+                        "command": " ".join(sys.argv), "results": results,
+                        "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""What every benchmark shares: machine description and where results go."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10)
+        if gpus.returncode == 0:
+            info["gpus"] = [line.strip() for line in gpus.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    """Write ``benchmarks/results/<name>-<date>.json`` (and a copy under $OUT when set)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M")
+    path = RESULTS / f"{name}-{stamp}.json"
+    text = json.dumps(data, indent=2)
+    path.write_text(text)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, path.name).write_text(text)
+    print(f"wrote {path}")
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

@@ -1,0 +1,297 @@
+"""The ``krex_lab`` IPython extension: ``%%krex_exclusive``, ``%%krex`` and ``%krex_status``.
+
+    %load_ext krex_lab                 # the krex kernelspec loads it for you
+    %%krex_exclusive [--gpu N] [--max-hold S] [--no-freeze] [--no-isolate] [--cores N] [--quiet]
+    %%krex [--exclusive] [--timeout S] [--quiet]
+    %krex_status
+
+``%%krex_exclusive`` runs the cell in this kernel as a region (the GPU alone) and prints the
+region's one-line report. ``%%krex`` runs the cell on this kernel's context worker (the pool
+service), with live output; its namespace persists from one ``%%krex`` cell to the next, and a
+crash there costs a worker, never this kernel. Failures of KREX itself (no arbiter, lease
+expired, a dead worker) show as a short message, not as a traceback from inside KREX; errors
+of the cell's own code show as usual.
+
+In a kernel of the ``krex`` kernelspec (``KREX_KERNEL_ID`` is set) loading the extension
+registers the kernel as a session on its GPU (``KREX_GPU``), so the session ends with it.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import os
+import sys
+import threading
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import paths
+from .errors import KrexError, UnknownSession
+
+RED, RESET = "\x1b[0;31m", "\x1b[0m"
+
+
+class KrexCellError(Exception):
+    """A failure of KREX (not of the cell's code), shown as a short message, not a traceback."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"{RED}KREX: {self}{RESET}"]
+        if self.detail:
+            lines += ["  " + line for line in self.detail.rstrip().splitlines()]
+        return lines
+
+
+class RemoteCellError(Exception):
+    """The cell raised on the context worker: shows the worker's traceback as a traceback."""
+
+    def __init__(self, summary: str, traceback: str) -> None:
+        super().__init__(summary)
+        self.traceback = traceback
+
+    def _render_traceback_(self) -> list[str]:
+        return [*self.traceback.rstrip().splitlines(), f"{RED}(raised on the context worker){RESET}"]
+
+
+class _Repr:
+    """Shows a repr computed elsewhere (the worker's ``Out``) as this cell's ``Out``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _explain(exc: KrexError) -> KrexCellError:
+    return KrexCellError(f"{type(exc).__name__}: {exc}")
+
+
+def session_name() -> str:
+    kernel = os.environ.get("KREX_KERNEL_ID", "")
+    notebook = os.environ.get("JPY_SESSION_NAME", "")
+    if notebook:
+        return f"{notebook} [{kernel[:8]}]" if kernel else notebook
+    return f"kernel {kernel[:8]}" if kernel else f"ipython-{os.getpid()}"
+
+
+@magics_class
+class KrexMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self._pool: Any = None
+        self._lease = f"kernel-{os.environ.get('KREX_KERNEL_ID', 'ipython')[:8]}-{os.getpid()}"
+
+    # -- sessions -------------------------------------------------------------------------
+    def session(self, fresh: bool = False) -> Any:
+        from . import client
+
+        current = client.current_session()
+        if current is not None and fresh:
+            current.close()
+            current = None
+        if current is None:
+            kernel = bool(os.environ.get("KREX_KERNEL_ID"))
+            current = client.attach(role="kernel" if kernel else "client", name=session_name())
+        return current
+
+    # -- %%krex_exclusive -----------------------------------------------------------------
+    @magic_arguments()
+    @argument("--gpu", type=int, default=None, help="GPU to hold (default: this kernel's)")
+    @argument("--max-hold", type=float, default=None, help="lease in seconds (default: the arbiter's)")
+    @argument("--no-freeze", action="store_true", help="do not stop the GPU's other processes")
+    @argument("--no-isolate", action="store_true", help="do not reserve CPU cores for this kernel")
+    @argument("--cores", type=int, default=None, help="how many cores to reserve")
+    @argument("--quiet", action="store_true", help="do not print the region report")
+    @cell_magic
+    def krex_exclusive(self, line: str, cell: str) -> Any:
+        """Run the cell with the GPU to this kernel alone (a KREX region); print its report."""
+        __tracebackhide__ = True
+        from .client import Exclusive
+
+        args = parse_argstring(self.krex_exclusive, line)
+        for attempt in (0, 1):
+            try:
+                region = Exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze,
+                                   isolate=not args.no_isolate, cores=args.cores,
+                                   session=self.session(fresh=attempt == 1))
+                region.acquire()
+                break
+            except UnknownSession:  # the arbiter restarted: register again, once
+                if attempt:
+                    raise KrexCellError("the arbiter forgot this kernel's session twice; try again") from None
+            except KrexError as exc:
+                raise _explain(exc) from None
+        try:
+            value = self.run_here(cell)
+        except BaseException:
+            self._release(region, args.quiet, failed=True)
+            raise
+        self._release(region, args.quiet, failed=False)
+        return value
+
+    def _release(self, region: Any, quiet: bool, failed: bool) -> None:
+        __tracebackhide__ = True
+        try:
+            report = region.release()
+        except KrexError as exc:
+            if failed:  # the cell's own exception matters more
+                print(f"KREX: releasing the region failed too: {exc}", file=sys.stderr)
+                return
+            raise _explain(exc) from None
+        if not quiet:
+            print(report.summary(), flush=True)
+        if report.get("expired") and not failed:
+            raise KrexCellError(
+                f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
+                "arbiter before the cell ended: timings taken after that are not protected")
+
+    def run_here(self, cell: str) -> Any:
+        """Run ``cell`` in the user namespace; returns its last expression's value, like a cell."""
+        __tracebackhide__ = True
+        shell: Any = self.shell
+        source = shell.transform_cell(cell)
+        tree = shell.transform_ast(shell.compile.ast_parse(source))
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        filename = shell.compile.cache(source, max(shell.execution_count - 1, 0), raw_code=cell)
+        exec(shell.compile(tree, filename, "exec"), shell.user_global_ns, shell.user_ns)
+        if last is not None:
+            return eval(shell.compile(last, filename, "eval"), shell.user_global_ns, shell.user_ns)
+        return None
+
+    # -- %%krex ---------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("--exclusive", action="store_true", help="run it as a region on the worker's GPU")
+    @argument("--timeout", type=float, default=None, help="seconds before the job is stopped")
+    @argument("--quiet", action="store_true", help="do not print the region report (with --exclusive)")
+    @cell_magic
+    def krex(self, line: str, cell: str) -> Any:
+        """Run the cell on this kernel's context worker (warm, on this kernel's GPU), with live output."""
+        __tracebackhide__ = True
+        args = parse_argstring(self.krex, line)
+        pool = self.pool()
+        current = _current_session()
+        gpu = current.gpu if current is not None else _env_gpu()
+        try:
+            result = pool.run_code(cell, gpu=gpu, lease=self._lease, exclusive=args.exclusive,
+                                   timeout=args.timeout, on_output=_write_live)
+        except KrexError as exc:
+            raise _explain(exc) from None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if result.notice:
+            print(f"KREX: {result.notice}", file=sys.stderr, flush=True)
+        if args.exclusive and result.region and not args.quiet:
+            from .client import RegionReport
+
+            print(RegionReport(result.region).summary(), flush=True)
+        if not result.ok:
+            raise _job_error(result)
+        return _Repr(result.value) if result.value is not None else None
+
+    def pool(self) -> Any:
+        if self._pool is None:
+            try:
+                from .workers.client import PoolClient
+            except ImportError as exc:
+                raise KrexCellError(f"%%krex needs the pool service (krex_lab.workers), which is not available "
+                                    f"here: {exc}") from None
+            try:
+                self._pool = PoolClient.connect()
+            except KrexError as exc:
+                raise _explain(exc) from None
+            atexit.register(self._release_lease)
+        return self._pool
+
+    def _release_lease(self) -> None:
+        pool = self._pool
+        if pool is None:
+            return
+        t = threading.Thread(target=_quietly, args=(pool.release_lease, self._lease), daemon=True)
+        t.start()
+        t.join(1.0)
+
+    # -- %krex_status ---------------------------------------------------------------------
+    @line_magic
+    def krex_status(self, line: str = "") -> None:
+        """Print the node's GPUs, holders, queues and sessions."""
+        __tracebackhide__ = True
+        from .arbiter.status import format_table
+        from .client import status
+
+        try:
+            table = status(timeout=5.0)
+        except KrexError as exc:
+            raise _explain(exc) from None
+        print(format_table(table))
+
+
+def _job_error(result: Any) -> Exception:
+    status = getattr(result, "status", "")
+    error = result.error or "the job failed"
+    if status == "exception" and result.traceback:
+        return RemoteCellError(error, result.traceback)
+    if status == "died":
+        detail = "\n".join((result.traceback or "").rstrip().splitlines()[-10:])
+        return KrexCellError(f"%%krex: the context worker (pid {result.worker_pid}) died: {error}. This kernel "
+                             "is fine; the worker's namespace is lost and the next %%krex cell gets a fresh "
+                             "worker.", detail)
+    return KrexCellError(f"%%krex: {error}", result.traceback or "")
+
+
+def _write_live(stream: str, text: str) -> None:
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    out.write(text)
+    out.flush()
+
+
+def _quietly(fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+def _current_session() -> Any:
+    from .client import current_session
+
+    return current_session()
+
+
+def _env_gpu() -> int | None:
+    value = os.environ.get(paths.GPU_ENV, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def _exit_with(pid: int) -> None:
+    """End this process when ``pid`` exits (a :class:`~krex_lab.provisioner.SiblingKernel`'s owner)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        os._exit(0)
+    select.select([fd], [], [])
+    os._exit(0)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(KrexMagics)
+    owner = os.environ.get("KREX_EXIT_WITH", "")
+    if owner.isdigit():
+        threading.Thread(target=_exit_with, args=(int(owner),), name="krex-exit-with", daemon=True).start()
+    if os.environ.get("KREX_KERNEL_ID"):  # a kernel of the krex kernelspec: register it now
+        magics = ipython.magics_manager.registry["KrexMagics"]
+        try:
+            magics.session()
+        except KrexError as exc:
+            print(f"KREX: this kernel is not registered with an arbiter ({exc}); %%krex_exclusive will try "
+                  "again", file=sys.stderr)

@@ -1,0 +1,77 @@
+"""``krex lab``: JupyterLab with the KREX extension, an arbiter (embedded when none answers) and
+the ``krex`` kernelspec, from an installed package or straight from a source checkout.
+
+    krex lab [--backend auto|nvidia|amd|fake] [--fake-gpus N] [--no-pool] [JUPYTERLAB OPTIONS...]
+
+From a checkout (``pip install -e .``) the repository's ``extension/`` directories are put
+first on ``JUPYTER_PATH`` and ``JUPYTER_CONFIG_PATH``, so the kernelspec and the extension's
+config in the tree are the ones used, whatever the install copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .. import paths
+from ..errors import KrexError
+
+REPO_EXTENSION = Path(__file__).resolve().parent.parent.parent / "extension"
+
+
+def jupyter_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default ``os.environ``) with the source tree's ``extension/`` dirs first, when they exist."""
+    env = dict(os.environ if base is None else base)
+    share, etc = REPO_EXTENSION / "share" / "jupyter", REPO_EXTENSION / "etc" / "jupyter"
+    for var, path in (("JUPYTER_PATH", share), ("JUPYTER_CONFIG_PATH", etc)):
+        if path.is_dir():
+            parts = [p for p in env.get(var, "").split(os.pathsep) if p and p != str(path)]
+            env[var] = os.pathsep.join([str(path), *parts])
+    return env
+
+
+def announce(backend: str, fake_gpus: int) -> str:
+    """One line saying which arbiter and backend the lab will use (the fake backend said loudly)."""
+    from ..client import hello
+
+    endpoint = os.environ.get(paths.ENDPOINT_ENV) or paths.default_endpoint()
+    try:
+        info = hello(endpoint, timeout=1.0)
+    except KrexError:
+        info = None
+    if info is not None:
+        kind = "FAKE backend, SIMULATED GPUs" if info.get("simulated") else f"backend {info.get('backend')}"
+        return f"krex lab: using the arbiter at {endpoint} (pid {info['pid']}): {info['gpus']} GPU(s), {kind}"
+    from ..gpu import make_backend
+
+    probe = make_backend(backend, fake_gpus)
+    try:
+        count, simulated, name = probe.gpu_count(), probe.simulated, probe.name
+    finally:
+        probe.close()
+    if simulated:
+        return (f"krex lab: no GPU found - the embedded arbiter uses the FAKE backend with {count} SIMULATED "
+                "GPU(s): regions, freezing and placement are real, timings are not on a real GPU")
+    return f"krex lab: the embedded arbiter will manage {count} GPU(s) with the {name} backend"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="krex lab", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--backend", default="auto", choices=["auto", "nvidia", "amd", "fake"],
+                        help="GPU backend of the embedded arbiter (default: auto)")
+    parser.add_argument("--fake-gpus", type=int, default=2, help="simulated GPUs when the backend is fake")
+    parser.add_argument("--no-pool", action="store_true", help="do not start the pool service")
+    args, rest = parser.parse_known_args(argv)
+    print(announce(args.backend, args.fake_gpus), file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "jupyterlab",
+           f"--KrexExtensionApp.backend={args.backend}",
+           f"--KrexExtensionApp.fake_gpus={args.fake_gpus}",
+           *(["--KrexExtensionApp.start_pool=False"] if args.no_pool else []),
+           *rest]
+    if os.geteuid() == 0 and "--allow-root" not in rest:
+        print("krex lab: running as root (a container?): passing --allow-root to JupyterLab", file=sys.stderr)
+        cmd.append("--allow-root")
+    os.execve(sys.executable, cmd, jupyter_env())
+    return 0  # not reached

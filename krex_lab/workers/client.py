@@ -1,0 +1,322 @@
+"""Talk to this user's pool: run code, functions and scripts on warm context workers.
+
+    from krex_lab.workers.client import PoolClient
+    pool = PoolClient.connect()                 # starts a pool on demand if none answers
+    r = pool.run_script("bench.py", ["--n", "4096"], on_output=lambda s, t: print(t, end=""))
+    r.exit_code, r.error, r.traceback
+    pool.call(fn, x, gpu=0)                     # fn's return value, or its exception re-raised
+    krex_lab.submit(fn, x)                      # a concurrent.futures.Future
+
+Each thread uses its own DEALER socket, so one client serves many threads (``submit`` runs
+each call in a thread of a shared executor). A job's output arrives while it runs and is handed
+to ``on_output(stream, text)`` (default: this process's stdout/stderr). Ctrl-C while waiting
+interrupts the remote job (KeyboardInterrupt in it; the worker survives); a second Ctrl-C kills
+its worker; a third gives up waiting.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from .. import paths
+from .jobs import (
+    JobResult,
+    JobTimeout,
+    PoolUnavailable,
+    RemoteError,
+    RemoteTraceback,
+    WorkerDied,
+    decode,
+    default_endpoint,
+    encode,
+    ipc_path,
+    lock_path,
+)
+
+Output = Callable[[str, str], None]
+
+#: how long connect() waits for a pool it started to answer
+START_TIMEOUT = 60.0
+
+
+def print_output(stream: str, text: str) -> None:
+    """The default ``on_output``: write to this process's stdout or stderr, as it arrives."""
+    target = sys.stderr if stream == "stderr" else sys.stdout
+    target.write(text)
+    target.flush()
+
+
+class PoolClient:
+    """A connection to this user's pool service (see :meth:`connect`)."""
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint or default_endpoint()
+        self.info: dict[str, Any] = {}
+        self._local = threading.local()
+        self._sockets: list[zmq.Socket[bytes]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def connect(cls, endpoint: str | None = None, start: bool = True) -> PoolClient:
+        """The pool at ``endpoint`` (default: ``KREX_POOL_ENDPOINT``, else this user's runtime dir).
+
+        With ``start`` a pool is started on demand (detached; it exits after its idle time) when
+        none answers. Raises :class:`PoolUnavailable` otherwise.
+        """
+        client = cls(endpoint)
+        try:
+            if client._lock_free():
+                raise PoolUnavailable("no pool holds its lock")
+            client.info = client._request("ping", timeout=2.0)
+        except PoolUnavailable as exc:
+            if not start:
+                client.close()
+                raise PoolUnavailable(f"no KREX pool answers at {client.endpoint} ({exc}); start one with "
+                                      "`krex pool`, or let `krex run` start it") from None
+            client._start_pool()
+        if client.info.get("uid") not in (os.getuid(), None):
+            client.close()
+            raise PoolUnavailable(f"the pool at {client.endpoint} belongs to uid {client.info.get('uid')}, not you")
+        return client
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _socket(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] | None = getattr(self._local, "socket", None)
+        if sock is None:
+            if self._closed:
+                raise PoolUnavailable("this PoolClient is closed")
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(self.endpoint)
+            self._local.socket = sock
+            with self._lock:
+                self._sockets.append(sock)
+        return sock
+
+    def _lock_free(self) -> bool:
+        """True when no pool holds the endpoint's lock (so pinging would only wait)."""
+        path = lock_path(self.endpoint)
+        if path is None:
+            return False
+        sock = ipc_path(self.endpoint)
+        if sock is None or not os.path.exists(sock) or not os.path.exists(path):
+            return True
+        try:
+            with open(path, "a+") as f:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            return False
+
+    def _pool_alive(self) -> bool:
+        pid = self.info.get("pid")
+        return pid is None or os.path.exists(f"/proc/{pid}")
+
+    def _request(self, op: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+        sock = self._socket()
+        rid = uuid.uuid4().hex
+        sock.send(encode({"op": op, "rid": rid, **fields}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sock.poll(100):
+                msg = decode(sock.recv())
+                if msg.get("rid") != rid:
+                    continue
+                if msg.get("kind") == "error":
+                    raise RemoteError(str(msg.get("message")))
+                return msg
+            if not self._pool_alive():
+                break
+        raise PoolUnavailable(f"no reply from the pool at {self.endpoint} within {timeout:g} s")
+
+    def _start_pool(self) -> None:
+        """Start a detached pool on demand and wait until it answers."""
+        sock = ipc_path(self.endpoint)
+        log_dir = Path(sock).parent if sock else paths.runtime_dir()
+        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "krex_lab.workers.pool", "--on-demand", f"--endpoint={self.endpoint}"]
+
+        def spawn() -> subprocess.Popen[bytes]:
+            with open(log_dir / "pool.log", "ab") as log:
+                return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True, cwd="/")
+
+        proc = spawn()
+        spawned = 1
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if not self._lock_free():
+                try:
+                    self.info = self._request("ping", timeout=1.0)
+                    return
+                except PoolUnavailable:
+                    pass
+            code = proc.poll()
+            if code is not None and self._lock_free():
+                if code != 0:
+                    tail = _tail(log_dir / "pool.log")
+                    raise PoolUnavailable(f"the pool started on demand exited with code {code}:\n{tail}")
+                if spawned < 5:  # it lost a race with a pool that has since exited: try again
+                    proc, spawned = spawn(), spawned + 1
+            time.sleep(0.05)
+        raise PoolUnavailable(f"the pool started on demand did not answer within {START_TIMEOUT:g} s "
+                              f"(see {log_dir / 'pool.log'})")
+
+    def _run(self, job: dict[str, Any], on_output: Output | None) -> JobResult:
+        """Submit one job, stream its output, return its one result."""
+        out = on_output or print_output
+        sock = self._socket()
+        rid = uuid.uuid4().hex
+        sock.send(encode({"op": "submit", "rid": rid, "pid": os.getpid(), "job": job}))
+        job_id: str | None = None
+        interrupts = 0
+        while True:
+            try:
+                if sock.poll(200):
+                    msg = decode(sock.recv())
+                    if msg.get("rid") != rid:
+                        continue  # a late message of an abandoned job
+                    kind = msg.get("kind")
+                    if kind == "output":
+                        out(str(msg["stream"]), str(msg["text"]))
+                    elif kind == "accepted":
+                        job_id = msg["job"]
+                    elif kind == "result":
+                        return JobResult.from_wire(msg["result"])
+                    elif kind == "error":
+                        raise RemoteError(f"the pool refused the job: {msg.get('message')}")
+                elif not self._pool_alive():
+                    return JobResult(ok=False, status="died", job_id=job_id,
+                                     exit_code=1 if job.get("kind") == "script" else None,
+                                     error=f"the pool (pid {self.info.get('pid')}) exited while the job ran")
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts >= 3:
+                    raise
+                sock.send(encode({"op": "interrupt", "job": job_id, "target": rid, "force": interrupts >= 2,
+                                  "rid": uuid.uuid4().hex}))
+
+    # -- the interface ------------------------------------------------------------------------------
+    def run_code(self, code: str, *, gpu: int | None = None, lease: str | None = None, exclusive: bool = False,
+                 timeout: float | None = None, on_output: Output | None = None) -> JobResult:
+        """Run ``code`` like a notebook cell. With ``lease`` the namespace persists across calls (the
+        same worker serves the lease until :meth:`release_lease` or its idle timeout); without, each
+        call starts from an empty namespace. ``value`` is the repr of the last expression."""
+        return self._run({"kind": "code", "code": code, "gpu": gpu, "lease": lease, "exclusive": exclusive,
+                          "timeout": timeout}, on_output)
+
+    def release_lease(self, lease: str) -> None:
+        """End a lease: its worker's namespace is cleared and GPU memory checked, then it serves others."""
+        self._request("release", lease=lease)
+
+    def run_script(self, path: str | os.PathLike[str], argv: Sequence[str] = (), *, gpu: int | None = None,
+                   exclusive: bool = False, cwd: str | os.PathLike[str] | None = None,
+                   env: dict[str, str] | None = None, timeout: float | None = None,
+                   on_output: Output | None = None) -> JobResult:
+        """Run a script as ``python PATH ARGV...`` would (runpy, ``__main__``); ``env`` replaces the
+        environment for the run (the worker's GPU placement variables stay). ``exit_code`` is set."""
+        cwd_s = os.fspath(cwd) if cwd is not None else os.getcwd()
+        return self._run({"kind": "script", "path": os.path.join(cwd_s, os.fspath(path)),
+                          "argv": [str(a) for a in argv], "cwd": cwd_s, "env": env, "gpu": gpu,
+                          "exclusive": exclusive, "timeout": timeout}, on_output)
+
+    def call(self, fn: Callable[..., Any], *args: Any, gpu: int | None = None, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on a worker (cloudpickle). Returns its value or raises its exception
+        (with the remote traceback as ``__cause__``); :class:`WorkerDied`, :class:`JobTimeout` or
+        :class:`RemoteError` when there is no exception to re-raise."""
+        import cloudpickle
+
+        payload = cloudpickle.dumps((fn, args, kwargs))
+        result = self._run({"kind": "call", "payload": payload, "gpu": gpu}, None)
+        if result.ok:
+            return cloudpickle.loads(result.value)
+        raise exception_of(result)
+
+    def status(self) -> dict[str, Any]:
+        """Workers per GPU (state, pid, lease, jobs run), gates, queue, leases, counters."""
+        status: dict[str, Any] = self._request("status")["status"]
+        return status
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(Exception):
+                    sock.close(linger=0)
+            self._sockets.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def exception_of(result: JobResult) -> BaseException:
+    """The exception a failed call stands for: the remote one if it unpickles, else a RemoteError."""
+    if result.exc_pickle:
+        try:
+            import cloudpickle
+
+            exc: BaseException = cloudpickle.loads(result.exc_pickle)
+            if result.traceback:
+                exc.__cause__ = RemoteTraceback(result.traceback)
+            return exc
+        except Exception:
+            pass
+    message = result.error or "the job failed"
+    if result.status == "died":
+        return WorkerDied(message, result.traceback, result)
+    if result.status == "timeout":
+        return JobTimeout(message, result.traceback, result)
+    return RemoteError(message, result.traceback, result)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+_default: PoolClient | None = None
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> PoolClient:
+    """The process-wide PoolClient (connected on first use, starting a pool on demand)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = PoolClient.connect()
+        return _default
+
+
+def submit(fn: Callable[..., Any], *args: Any, gpu: int | None = None, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    """Run ``fn(*args, **kwargs)`` on a warm context worker; a Future of its value (or exception)."""
+    global _executor
+    client = default_client()
+    with _default_lock:
+        if _executor is None:
+            _executor = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="krex-submit")
+    return _executor.submit(client.call, fn, *args, gpu=gpu, **kwargs)

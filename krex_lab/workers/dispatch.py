@@ -1,0 +1,454 @@
+"""The pool's bookkeeping: the job queue, sticky leases, and how many workers each GPU keeps.
+
+Per GPU the pool keeps ``workers_per_gpu`` *active* workers (they take jobs) and
+``spares_per_gpu`` warm *spares* (they wait, context created, to replace an active worker that
+dies or is recycled: promotion is instant; a new spare is then started). Leases bind an active
+worker; while every active worker of a GPU is leased, one more is made active (up to
+``max_workers_per_gpu``) so that plain jobs still have one. Workers start at most
+``start_concurrency`` at a time, and never on a GPU whose gate is closed.
+
+Every job gets exactly one result: :meth:`Dispatcher.finish` is the only place that sends one,
+and it refuses a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .jobs import INTERRUPT_EXIT, TIMEOUT_EXIT, JobResult, describe_exit, shell_status
+from .nanny import WorkerHandle
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+log = logging.getLogger("krex.pool")
+
+
+@dataclass
+class Job:
+    id: str
+    rid: str
+    client: bytes
+    client_pid: int | None
+    kind: str
+    body: dict[str, Any]
+    gpu: int | None = None
+    lease: str | None = None
+    exclusive: bool = False
+    timeout: float | None = None
+    submitted: float = field(default_factory=time.time)
+    dispatched: float | None = None
+    worker: WorkerHandle | None = None
+    finished: bool = False
+    timed_out: bool = False
+    forced: bool = False
+    notice: str | None = None
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+
+@dataclass
+class Lease:
+    key: str
+    owner_pid: int | None
+    worker: WorkerHandle | None = None
+    gpu: int | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    notice: str | None = None
+    pending: int = 0  # jobs queued or running
+
+
+class Dispatcher:
+    def __init__(self, pool: Pool, gpus: list[int], emit: Callable[[Job, dict[str, Any]], None],
+                 spawn_args: Callable[[int, int], tuple[list[str], dict[str, str], dict[str, Any]]]) -> None:
+        self.pool = pool
+        self.gpus = gpus
+        self.emit = emit
+        self.spawn_args = spawn_args
+        self.workers: dict[int, WorkerHandle] = {}
+        self.queue: list[Job] = []
+        self.jobs: dict[str, Job] = {}
+        self.by_rid: dict[str, Job] = {}
+        self.leases: dict[str, Lease] = {}
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._ids = 0
+        self._wids = 0
+        self._failures: dict[int, int] = dict.fromkeys(gpus, 0)
+        self._retry_at: dict[int, float] = dict.fromkeys(gpus, 0.0)
+        self._retry_handle: asyncio.TimerHandle | None = None
+        self.closing = False
+        #: GPUs where one of our jobs runs with exclusive=True: closed to our other jobs at once,
+        #: before the arbiter's gate event could arrive
+        self.exclusive_gpus: dict[int, str] = {}
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def new_id(self) -> str:
+        self._ids += 1
+        return f"j{self._ids}"
+
+    def submit(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        self.by_rid[job.rid] = job
+        if job.lease is not None:
+            lease = self.leases.get(job.lease)
+            if lease is None:
+                lease = self.leases[job.lease] = Lease(job.lease, job.client_pid)
+            lease.pending += 1
+        self.queue.append(job)
+        self.counters["submitted"] += 1
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        if self.closing:
+            return
+        for job in list(self.queue):
+            worker = self._pick(job)
+            if worker is not None:
+                self.queue.remove(job)
+                self._start(job, worker)
+
+    def gpu_open(self, gpu: int) -> bool:
+        """No region on ``gpu`` (the arbiter's gate), and no exclusive job of ours running or waiting there."""
+        return self.pool.gates.is_open(gpu) and gpu not in self.exclusive_gpus
+
+    def _eligible(self, w: WorkerHandle, gpu: int | None) -> bool:
+        return (w.state == "idle" and w.active and w.lease is None and w.expected is None
+                and self.gpu_open(w.gpu) and (gpu is None or w.gpu == gpu))
+
+    def _pick(self, job: Job) -> WorkerHandle | None:
+        gpu = job.gpu
+        if job.lease is not None:
+            lease = self.leases[job.lease]
+            if lease.worker is not None:
+                w = lease.worker
+                return w if w.state == "idle" and w.expected is None and self.gpu_open(w.gpu) else None
+            if gpu is None:
+                gpu = lease.gpu
+        candidates = [w for w in self.workers.values() if self._eligible(w, gpu)]
+        if not candidates:
+            return None
+        busy = collections.Counter(w.gpu for w in self.workers.values() if w.state == "busy")
+        return min(candidates, key=lambda w: (busy[w.gpu], w.gpu, w.id))
+
+    def _start(self, job: Job, w: WorkerHandle) -> None:
+        loop = asyncio.get_running_loop()
+        if job.lease is not None:
+            lease = self.leases[job.lease]
+            if lease.worker is None:
+                lease.worker, lease.gpu, w.lease = w, w.gpu, lease
+                job.notice, lease.notice = lease.notice, None
+                self.rebalance()
+        w.state, w.job, w.job_stderr = "busy", job, ""
+        if job.exclusive:
+            self.exclusive_gpus[w.gpu] = job.id
+        job.worker, job.dispatched = w, time.time()
+        msg = {"op": "run", "job": job.id, "kind": job.kind, "lease": job.lease is not None,
+               "exclusive": job.exclusive, **job.body}
+        if job.kind == "script":
+            msg["keep_env"] = self.pool.placement_vars()
+        w.send(msg)
+        if job.timeout:
+            job.timers.append(loop.call_later(job.timeout, self._timeout, job))
+        log.debug("job %s -> worker %s (GPU %d)", job.id, w.id, w.gpu)
+
+    def _timeout(self, job: Job) -> None:
+        w = job.worker
+        if job.finished or w is None:
+            return
+        holder = self.pool.gates.holder_pid(w.gpu)
+        if not self.pool.gates.is_open(w.gpu) and holder != w.pid:
+            # Frozen by someone else's region: that time is not the job's.
+            job.timers.append(asyncio.get_running_loop().call_later(0.5, self._timeout, job))
+            return
+        job.timed_out = True
+        w.interrupt()
+        job.timers.append(asyncio.get_running_loop().call_later(
+            self.pool.interrupt_grace, lambda: self._force(job, w, "timeout")))
+
+    def _force(self, job: Job, w: WorkerHandle, reason: str) -> None:
+        if not job.finished and job.worker is w:
+            job.forced = True
+            w.kill(reason)
+
+    def interrupt(self, job: Job, force: bool) -> None:
+        if job.finished:
+            return
+        if job.worker is None:
+            self.queue.remove(job)
+            self.finish(job, {"ok": False, "status": "cancelled", "error": "cancelled before it started",
+                              "exit_code": INTERRUPT_EXIT if job.kind == "script" else None})
+        elif force:
+            self._force(job, job.worker, "interrupt")
+        else:
+            job.worker.interrupt()
+
+    def client_gone(self, pid: int) -> None:
+        """The process that submitted these jobs and owns these leases exited."""
+        for job in [j for j in self.jobs.values() if j.client_pid == pid]:
+            self.interrupt(job, force=False)
+            if job.worker is not None:
+                w = job.worker
+                job.timers.append(asyncio.get_running_loop().call_later(
+                    self.pool.interrupt_grace, lambda j=job, w=w: self._force(j, w, "interrupt")))  # type: ignore[misc]
+        for lease in [le for le in self.leases.values() if le.owner_pid == pid]:
+            self.release_lease(lease.key)
+
+    def finish(self, job: Job, fields: dict[str, Any]) -> None:
+        """Send the job's one result (a second call for the same job does nothing)."""
+        if job.finished:
+            return
+        job.finished = True
+        for t in job.timers:
+            t.cancel()
+        w = job.worker
+        if w is not None and self.exclusive_gpus.get(w.gpu) == job.id:
+            del self.exclusive_gpus[w.gpu]
+        result = JobResult.from_wire(fields)
+        result.job_id = job.id
+        result.worker_pid = w.pid if w is not None else None
+        result.gpu = w.gpu if w is not None else job.gpu
+        result.submitted_at, result.dispatched_at, result.finished_at = job.submitted, job.dispatched, time.time()
+        result.notice = job.notice
+        if job.timed_out and result.status in ("interrupted", "died", "exception", "exit"):
+            result.ok, result.status = False, "timeout"
+            extra = (f"; it ignored the interrupt for {self.pool.interrupt_grace:g} s and its worker was killed"
+                     if job.forced else "")
+            result.error = f"timed out after {job.timeout:g} s{extra}"
+            if job.kind == "script":
+                result.exit_code = TIMEOUT_EXIT
+        self.jobs.pop(job.id, None)
+        self.by_rid.pop(job.rid, None)
+        if job.lease is not None and job.lease in self.leases:
+            lease = self.leases[job.lease]
+            lease.pending -= 1
+            lease.last_used = time.monotonic()
+        self.counters[result.status] += 1
+        self.counters["finished"] += 1
+        self.emit(job, {"kind": "result", "result": result.to_wire()})
+
+    # -- leases -----------------------------------------------------------------------------------
+    def release_lease(self, key: str) -> bool:
+        lease = self.leases.pop(key, None)
+        if lease is None:
+            return False
+        for job in [j for j in self.queue if j.lease == key]:
+            self.queue.remove(job)
+            self.finish(job, {"ok": False, "status": "cancelled", "error": f"lease {key!r} was released"})
+        w = lease.worker
+        if w is not None:
+            w.lease = None
+            if w.state == "idle":
+                self._reset(w)
+            else:
+                w.reset_pending = True
+        self.rebalance()
+        return True
+
+    def _reset(self, w: WorkerHandle) -> None:
+        w.state = "resetting"
+        w.reset_pending = False
+        w.send({"op": "reset"})
+
+    def expire_leases(self, idle: float) -> None:
+        now = time.monotonic()
+        for lease in list(self.leases.values()):
+            if lease.pending == 0 and idle > 0 and now - lease.last_used > idle:
+                log.info("lease %s idle for %.0f s: released", lease.key, now - lease.last_used)
+                self.release_lease(lease.key)
+
+    # -- worker events ----------------------------------------------------------------------------
+    def on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        if op == "done":
+            job = w.job
+            w.drain_output()  # what the job printed goes out before its result
+            w.job, w.state = None, "resetting"
+            w.jobs_run += 1
+            if job is not None:
+                self.finish(job, msg.get("result") or {})
+            if msg.get("recycle"):
+                self.recycle(w, str(msg["recycle"]))
+        elif op == "ready":
+            w.drain_output()
+            if msg.get("first"):
+                w.info, w.session, w.ready_at = msg, msg.get("session"), time.time()
+                self._failures[w.gpu] = 0
+                if msg.get("session_error"):
+                    log.warning("worker %s not registered with the arbiter: %s", w.id, msg["session_error"])
+                log.info("worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s", w.id, w.pid, w.gpu,
+                         msg.get("start_s", 0), msg.get("preloaded"))
+            if not msg.get("clean", True):
+                self.recycle(w, f"reset incomplete: {msg.get('reason')}")
+            elif w.reset_pending:
+                self._reset(w)
+            elif w.lease is None and 0 < self.pool.max_jobs_per_worker <= w.jobs_run:
+                self.recycle(w, f"ran {w.jobs_run} jobs")
+            else:
+                w.state = "idle"
+            self.rebalance()
+            self.dispatch()
+
+    def on_output(self, w: WorkerHandle, stream: str, text: str) -> None:
+        job = w.job
+        if job is not None and not job.finished:
+            self.emit(job, {"kind": "output", "stream": stream, "text": text})
+        else:
+            log.debug("worker %s %s: %s", w.id, stream, text.rstrip())
+
+    def on_exit(self, w: WorkerHandle, code: int) -> None:
+        self.workers.pop(w.id, None)
+        cause = describe_exit(code)
+        job = w.job
+        if job is not None and not job.finished:
+            tail = w.last_stderr()
+            if w.expected == "interrupt":
+                status, error = "interrupted", f"interrupted: the worker was killed ({cause})"
+            else:
+                status, error = "died", f"worker died: {cause} [pid {w.pid}, GPU {w.gpu}]"
+            self.finish(job, {"ok": False, "status": status, "error": error, "exit_code": shell_status(code),
+                              "traceback": f"last lines of the worker's stderr:\n{tail}\n" if tail else None})
+        if w.lease is not None:
+            lease = w.lease
+            lease.worker = None
+            if lease.key in self.leases:
+                lease.notice = (f"the worker of lease {lease.key!r} ended ({w.expected or cause}): this job "
+                                "ran in a fresh worker, and the lease's earlier namespace is gone")
+        if w.expected is None:
+            self.counters["deaths"] += 1
+            if w.state == "starting" or w.ready_at is None:
+                self._start_failed(w, cause)
+            else:
+                log.warning("worker %s (pid %s, GPU %d) died: %s", w.id, w.pid, w.gpu, cause)
+        w.state = "dead"
+        self.rebalance()
+        self.dispatch()
+
+    def recycle(self, w: WorkerHandle, reason: str) -> None:
+        log.info("recycling worker %s (pid %s): %s", w.id, w.pid, reason)
+        self.counters["recycled"] += 1
+        w.kill(reason)
+
+    def _start_failed(self, w: WorkerHandle, cause: str) -> None:
+        n = self._failures[w.gpu] = self._failures[w.gpu] + 1
+        self._retry_at[w.gpu] = time.monotonic() + min(30.0, 0.5 * 2 ** (n - 1))
+        tail = w.last_stderr(40)
+        log.error("worker %s on GPU %d failed to start (%s):\n%s", w.id, w.gpu, cause, tail)
+        if n < 3:
+            return
+        failing = {g for g in self.gpus if self._failures[g] >= 3}
+        for job in list(self.queue):
+            if (job.gpu if job.gpu is not None else -1) in failing or failing >= set(self.gpus):
+                self.queue.remove(job)
+                self.finish(job, {"ok": False, "status": "failed", "traceback": tail or None,
+                                  "error": f"no worker could start on GPU {w.gpu} ({cause}); see the pool log"})
+
+    # -- sizing -----------------------------------------------------------------------------------
+    def _alive(self, gpu: int) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.gpu == gpu and w.state != "dead" and w.expected is None]
+
+    def target_active(self, gpu: int) -> int:
+        leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
+        return min(self.pool.max_workers_per_gpu, max(self.pool.workers_per_gpu, leased + 1))
+
+    def rebalance(self) -> None:
+        if self.closing:
+            return
+        want: dict[int, int] = {}
+        for g in self.gpus:
+            alive = self._alive(g)
+            active = [w for w in alive if w.active]
+            spares = [w for w in alive if not w.active]
+            target = self.target_active(g)
+            spares.sort(key=lambda w: (w.state != "idle", w.id))
+            while len(active) < target and spares:
+                s = spares.pop(0)
+                s.active = True
+                active.append(s)
+            surplus = len(active) - target
+            for w in [w for w in active if w.state == "idle" and w.lease is None][:max(0, surplus)]:
+                w.active = False
+                active.remove(w)
+                spares.append(w)
+            extra = len(spares) - self.pool.spares_per_gpu
+            for w in [w for w in spares if w.state == "idle"][:max(0, extra)]:
+                self.recycle(w, "more workers than needed")
+                spares.remove(w)
+            want[g] = max(0, target + self.pool.spares_per_gpu - len(active) - len(spares))
+        self._spawn(want)
+
+    def _spawn(self, want: dict[int, int]) -> None:
+        loop = asyncio.get_running_loop()
+        starting = sum(1 for w in self.workers.values() if w.state == "starting")
+        now = time.monotonic()
+        later = [self._retry_at[g] for g, n in want.items() if n and self._retry_at[g] > now]
+        order = sorted((g for g, n in want.items() if n), key=lambda g: -want[g])
+        while starting < self.pool.start_concurrency and order:
+            for g in list(order):
+                if starting >= self.pool.start_concurrency:
+                    break
+                if want[g] <= 0 or self._retry_at[g] > now or not self.gpu_open(g):
+                    order.remove(g)
+                    continue
+                want[g] -= 1
+                starting += 1
+                active = sum(1 for w in self._alive(g) if w.active) < self.target_active(g)
+                self._new_worker(g, active)
+        if later and self._retry_handle is None:
+            def retry() -> None:
+                self._retry_handle = None
+                self.rebalance()
+
+            self._retry_handle = loop.call_later(max(0.05, min(later) - now), retry)
+
+    def _new_worker(self, gpu: int, active: bool) -> None:
+        self._wids += 1
+        cmd, env, init = self.spawn_args(self._wids, gpu)
+        w = WorkerHandle(self._wids, gpu, cmd, env, init, self, active)
+        self.workers[w.id] = w
+        self.counters["started"] += 1
+
+        async def start() -> None:
+            try:
+                await w.start()
+            except Exception as exc:
+                log.exception("could not start worker %s", w.id)
+                self.workers.pop(w.id, None)
+                w.state = "dead"
+                self._start_failed(w, f"{type(exc).__name__}: {exc}")
+                self.rebalance()
+
+        w.start_task = asyncio.get_running_loop().create_task(start())
+
+    # -- status -----------------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return bool(self.jobs or self.leases)
+
+    def ready(self) -> bool:
+        """Every GPU has its active workers up (used by tests and ``krex pool --wait``)."""
+        return all(sum(1 for w in self._alive(g) if w.active and w.state != "starting") >= self.target_active(g)
+                   and len(self._alive(g)) >= self.target_active(g) + self.pool.spares_per_gpu
+                   and all(w.state != "starting" for w in self._alive(g)) for g in self.gpus)
+
+    def status(self) -> dict[str, Any]:
+        gates = self.pool.gates
+        return {
+            "gpus": [{"index": g, "gate": "open" if gates.is_open(g) else "closed",
+                      "holder_pid": gates.holder_pid(g), "exclusive_job": self.exclusive_gpus.get(g),
+                      "workers": [w.public() for w in self.workers.values() if w.gpu == g],
+                      "queued": sum(1 for j in self.queue if j.gpu == g)} for g in self.gpus],
+            "queue": [{"job": j.id, "kind": j.kind, "gpu": j.gpu, "lease": j.lease,
+                       "waiting_s": round(time.time() - j.submitted, 3)} for j in self.queue],
+            "running": [{"job": j.id, "kind": j.kind, "worker": j.worker.id, "pid": j.worker.pid,
+                         "gpu": j.worker.gpu, "lease": j.lease,
+                         "running_s": round(time.time() - (j.dispatched or 0), 3)}
+                        for j in self.jobs.values() if j.worker is not None],
+            "leases": [{"lease": le.key, "owner_pid": le.owner_pid, "worker": le.worker.id if le.worker else None,
+                        "gpu": le.gpu, "pending": le.pending} for le in self.leases.values()],
+            "counters": dict(self.counters),
+            "ready": self.ready(),
+        }

@@ -1,0 +1,136 @@
+"""The pool's link to the arbiter: which GPUs exist, and which gates are closed right now.
+
+The arbiter publishes ``krex.gate`` events (``{gpu, closed, region, holder_pid}``) on its PUB
+socket when a region starts and ends; the pool subscribes and, while the gate of a GPU is
+closed, starts no job (and no worker) there. Events can be missed (a subscription takes a
+moment to connect; the arbiter may restart), so the state is also re-read from ``status``
+every ``resync`` seconds; an arbiter that stops answering leaves every gate open (its guardian
+has undone the regions).
+
+The pool never registers a session of its own: a session belongs to one GPU, and a region
+held by someone else on that GPU would freeze the pool, and with it every GPU's jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from .. import client, paths
+
+log = logging.getLogger("krex.pool")
+
+
+class GateWatcher:
+    def __init__(self, endpoint: str | None, on_change: Callable[[], None], resync: float = 2.0) -> None:
+        self.endpoint = endpoint or paths.default_endpoint()
+        self.on_change = on_change
+        self.resync = resync
+        self.info: dict[str, Any] | None = None
+        self.gpus: list[dict[str, Any]] = []
+        #: gpu -> (region, holder pid) for closed gates
+        self.closed: dict[int, tuple[str | None, int | None]] = {}
+        self._sub: zmq.asyncio.Socket | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def connected(self) -> bool:
+        return self.info is not None
+
+    def is_open(self, gpu: int) -> bool:
+        return gpu not in self.closed
+
+    def holder_pid(self, gpu: int) -> int | None:
+        return self.closed.get(gpu, (None, None))[1]
+
+    async def start(self) -> bool:
+        """Connect to the arbiter (once); True if it answered. Keeps trying in the background."""
+        ok = await self._connect()
+        self._tasks.append(asyncio.ensure_future(self._resync_loop()))
+        return ok
+
+    async def _connect(self) -> bool:
+        try:
+            info = await asyncio.to_thread(client.hello, self.endpoint, 2.0)
+        except Exception as exc:
+            log.debug("arbiter at %s: %s", self.endpoint, exc)
+            return False
+        self._ctx = zmq.asyncio.Context()
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"krex.gate")
+        sub.connect(info["events"])
+        self._sub = sub
+        self.info = info
+        self._tasks.append(asyncio.ensure_future(self._event_loop(sub)))
+        await self._read_status()
+        return True
+
+    async def _read_status(self) -> bool:
+        try:
+            table = await asyncio.to_thread(client.status, self.endpoint, 5.0)
+        except Exception as exc:
+            log.debug("arbiter status: %s", exc)
+            return False
+        self.gpus = [{"index": g["index"], "uuid": g.get("uuid", ""), "name": g.get("name", "")}
+                     for g in table["gpus"]]
+        closed: dict[int, tuple[str | None, int | None]] = {}
+        for g in table["gpus"]:
+            if g.get("gate") == "closed":
+                holder = g.get("holder") or {}
+                closed[g["index"]] = (holder.get("region"), holder.get("pid"))
+        self._apply(closed)
+        return True
+
+    def _apply(self, closed: dict[int, tuple[str | None, int | None]]) -> None:
+        changed = set(closed) != set(self.closed)
+        self.closed = closed
+        if changed:
+            self.on_change()
+
+    async def _event_loop(self, sub: zmq.asyncio.Socket) -> None:
+        decoder = msgspec.msgpack.Decoder(dict)
+        while True:
+            _topic, data = await sub.recv_multipart()
+            try:
+                event = decoder.decode(data)
+                gpu = int(event["gpu"])
+            except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+                continue
+            closed = dict(self.closed)
+            if event.get("closed"):
+                closed[gpu] = (event.get("region"), event.get("holder_pid"))
+            else:
+                closed.pop(gpu, None)
+            log.debug("gate of GPU %d %s", gpu, "closed" if event.get("closed") else "open")
+            self._apply(closed)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync)
+            if self.info is None:
+                if await self._connect():
+                    log.info("arbiter at %s answered: gates honoured from now on", self.endpoint)
+                    self.on_change()
+                continue
+            if not await self._read_status() and self.closed:
+                log.warning("the arbiter does not answer: treating every gate as open")
+                self._apply({})
+
+    def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                self._sub.close(linger=0)
+        if self._ctx is not None:
+            with contextlib.suppress(Exception):
+                self._ctx.term()

@@ -1,0 +1,423 @@
+"""The pool service: one per user per node, owning that user's context workers.
+
+``krex pool`` (or ``python -m krex_lab.workers.pool``) runs it in the foreground; the Jupyter
+server extension runs it as a subprocess and stops it with SIGTERM; ``krex run`` starts one on
+demand (``--on-demand``: it then exits after ``on_demand_idle_exit`` seconds without work).
+
+It binds a ZeroMQ ROUTER at ``KREX_POOL_ENDPOINT`` (default ``ipc://<runtime dir>/pool.sock``).
+**Never shared between users**: the runtime directory is the user's own (0700, refused if
+someone else owns it) and the socket file is made 0600 under a 0077 umask, so only this user (and
+root) can connect; tcp endpoints, which any local user could reach, are refused unless
+``allow_tcp``. Workers are this process's children, run as this user and are never handed to
+another pool; so a worker that ran one user's code never runs another's. A lock file next to
+the socket keeps a second pool off the same endpoint. On SIGTERM/SIGINT every job in flight
+gets a "pool shutting down" result and every worker (with everything it started) is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from traitlets import Bool, Dict, Float, Int, List, Unicode, default
+from traitlets.config import Application, LoggingConfigurable
+
+from .. import __version__, paths
+from ..errors import KrexError
+from .dispatch import Dispatcher, Job
+from .gates import GateWatcher
+from .jobs import decode, default_endpoint, encode, ipc_path, lock_path
+
+log = logging.getLogger("krex.pool")
+
+#: environment variables that place a worker; a job's environment never overrides them
+PLACEMENT = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+             paths.GPU_ENV, paths.ENDPOINT_ENV, "KREX_WORKER", "KREX_WORKER_REAL", "NUMBA_ENABLE_CUDASIM")
+
+
+class Pool(LoggingConfigurable):
+    endpoint = Unicode("", help="ROUTER endpoint to serve (default: $KREX_POOL_ENDPOINT, else "
+                       "ipc://<runtime dir>/pool.sock).").tag(config=True)
+    arbiter = Unicode("", help="Arbiter endpoint (default: $KREX_ENDPOINT, else the runtime dir's).").tag(config=True)
+    workers_per_gpu = Int(1, help="Active workers per GPU (they take jobs).").tag(config=True)
+    spares_per_gpu = Int(1, help="Warm spare workers per GPU, promoted at once when an active one dies "
+                         "or is recycled.").tag(config=True)
+    max_workers_per_gpu = Int(8, help="Most active workers per GPU: leases may add active workers up to "
+                              "this many, so that plain jobs keep one.").tag(config=True)
+    gpus = List(Int(), help="Serve only these GPUs (arbiter indices); empty: all of them.").tag(config=True)
+    fallback_gpus = Int(1, help="GPUs to assume when no arbiter answers at start.").tag(config=True)
+    preload = List(Unicode(), default_value=["numba.cuda", "cupy", "torch"],
+                   help="Modules each worker imports before it takes jobs (on a real GPU also creating "
+                   "their CUDA context); each is optional and skipped if it does not import.").tag(config=True)
+    warmup = Bool(True, help="On a real GPU, run one tiny operation per framework at start (loads cuBLAS "
+                  "and friends), so that no job pays it.").tag(config=True)
+    start_concurrency = Int(2, help="Workers starting (creating contexts) at the same time: context "
+                            "creation is serialized node-wide, so starting all at once is slower.").tag(config=True)
+    job_timeout = Float(0.0, help="Default timeout of a job in seconds (0: none); a job may set its own.").tag(
+        config=True)
+    interrupt_grace = Float(5.0, help="Seconds a job has to stop after its interrupt (timeout, client gone) "
+                            "before its worker is killed.").tag(config=True)
+    lease_idle_timeout = Float(3600.0, help="A lease unused for this many seconds is released (its worker "
+                               "reset); 0: never.").tag(config=True)
+    idle_exit = Float(0.0, help="Exit after this many seconds without jobs or leases (0: never).").tag(config=True)
+    on_demand = Bool(False, help="Started on demand by a client (krex run): exit after on_demand_idle_exit "
+                     "seconds without work.").tag(config=True)
+    on_demand_idle_exit = Float(help="idle_exit of a pool started on demand (default: "
+                                "$KREX_POOL_IDLE_EXIT, else 600 s).").tag(config=True)
+    max_jobs_per_worker = Int(0, help="Recycle a worker after this many jobs (0: never).").tag(config=True)
+    memory_slack_mb = Int(256, help="A reset leaves GPU memory at most this much above the worker's "
+                          "baseline, else the worker is recycled.").tag(config=True)
+    python = Unicode("", help="Interpreter for workers (default: the pool's own).").tag(config=True)
+    worker_env = Dict(help="Extra environment variables for workers.").tag(config=True)
+    allow_tcp = Bool(False, help="Serve a tcp:// endpoint. Anyone who can reach it runs code as you: "
+                     "leave off unless the network is yours alone.").tag(config=True)
+    resync = Float(2.0, help="Seconds between re-reads of the arbiter's gates (events are the fast path).").tag(
+        config=True)
+
+    @default("on_demand_idle_exit")
+    def _default_idle(self) -> float:
+        return float(os.environ.get("KREX_POOL_IDLE_EXIT", "600"))
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bound = self.endpoint or default_endpoint()
+        self.arbiter_endpoint = self.arbiter or paths.default_endpoint()
+        self.started = time.time()
+        self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
+        self.backend: dict[str, Any] = {"backend": "unknown", "simulated": True}
+        self.gpu_uuids: dict[int, str] = {}
+        self._stopping: asyncio.Event | None = None
+        self._client_fds: dict[int, int] = {}
+        self._last_busy = time.monotonic()
+        self._lockfile: Any = None
+        self.dispatcher: Dispatcher | None = None
+
+    # -- workers ------------------------------------------------------------------------------------
+    def placement_vars(self) -> list[str]:
+        return list(PLACEMENT)
+
+    def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        python = self.python or sys.executable
+        real = not self.backend.get("simulated", True)
+        env = {**os.environ, **{str(k): str(v) for k, v in self.worker_env.items()}}
+        env.update({paths.GPU_ENV: str(gpu), paths.ENDPOINT_ENV: self.arbiter_endpoint, "KREX_WORKER": "1",
+                    "KREX_WORKER_REAL": "1" if real else "0"})
+        if real and self.backend.get("backend") == "amd":
+            env["HIP_VISIBLE_DEVICES"] = str(gpu)
+        elif real:
+            uuid = self.gpu_uuids.get(gpu, "")
+            env["CUDA_VISIBLE_DEVICES"] = uuid if uuid.startswith(("GPU-", "MIG-")) else str(gpu)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        init = {"gpu": gpu, "parent": os.getpid(), "preload": list(self.preload), "warmup": self.warmup,
+                "real": real, "memory_slack": self.memory_slack_mb << 20,
+                "arbiter": self.arbiter_endpoint if self.gates.connected else None,
+                "name": f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})"}
+        return [python, "-u", "-m", "krex_lab.workers.worker"], env, init
+
+    def _gates_changed(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.rebalance()
+            self.dispatcher.dispatch()
+
+    async def _discover(self) -> list[int]:
+        if await self.gates.start():
+            assert self.gates.info is not None
+            self.backend = {k: self.gates.info.get(k) for k in ("backend", "simulated")}
+            self.gpu_uuids = {g["index"]: g["uuid"] for g in self.gates.gpus}
+            count = int(self.gates.info["gpus"])
+        else:
+            log.warning("no arbiter answers at %s: workers run unregistered, regions are unavailable and "
+                        "no gate is honoured until one answers", self.arbiter_endpoint)
+            count = self._local_gpus()
+        gpus = [g for g in range(count) if not self.gpus or g in self.gpus]
+        if not gpus:
+            raise KrexError(f"no GPU to serve: the node has {count}, the pool was asked for {list(self.gpus)}")
+        return gpus
+
+    def _local_gpus(self) -> int:
+        try:
+            from ..gpu import make_backend
+
+            backend = make_backend("auto", self.fallback_gpus)
+            try:
+                self.backend = {"backend": backend.name, "simulated": backend.simulated}
+                self.gpu_uuids = {g.index: g.uuid for g in backend.inventory()}
+                return backend.gpu_count()
+            finally:
+                backend.close()
+        except Exception as exc:
+            log.warning("no GPU backend either (%s): assuming %d simulated GPU(s)", exc, self.fallback_gpus)
+            return self.fallback_gpus
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def _take_lock(self) -> bool:
+        path = lock_path(self.bound)
+        if path is None:
+            if not self.allow_tcp:
+                raise KrexError(f"refusing to serve {self.bound}: any local user could run code as you there. "
+                                "Use an ipc:// endpoint, or set Pool.allow_tcp if the network is yours alone.")
+            return True
+        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lockfile = open(path, "a+")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockfile.close()
+            return False
+        return True
+
+    def _bind(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, 0)  # never drop a job's output or result
+        self.router.setsockopt(zmq.RCVHWM, 0)
+        old = os.umask(0o077)
+        try:
+            self.router.bind(self.bound)
+        finally:
+            os.umask(old)
+        sock = ipc_path(self.bound)
+        if sock:
+            os.chmod(sock, 0o600)
+
+    async def serve(self, ready: asyncio.Event | None = None) -> int:
+        if not self._take_lock():
+            log.info("another pool already serves %s", self.bound)
+            return 0
+        gpus = await self._discover()
+        self._bind()
+        self.dispatcher = Dispatcher(self, gpus, self._emit, self.spawn_args)
+        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._stopping.set)
+        sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
+        log.info("krex pool %s (pid %d) on %s: GPUs %s, backend %s%s", __version__, os.getpid(), self.bound,
+                 gpus, self.backend.get("backend"), sim)
+        self.dispatcher.rebalance()
+        tasks = [asyncio.ensure_future(self._recv_loop()), asyncio.ensure_future(self._housekeeping())]
+        if ready is not None:
+            ready.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await self.shutdown()
+        return 0
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def shutdown(self) -> None:
+        d = self.dispatcher
+        assert d is not None
+        d.closing = True
+        for job in list(d.jobs.values()):
+            d.finish(job, {"ok": False, "status": "cancelled", "error": "the pool is shutting down",
+                           "exit_code": 143 if job.kind == "script" else None})
+        workers = list(d.workers.values())
+        for w in workers:
+            w.kill("pool shutting down")
+        await asyncio.gather(*(w.wait_dead(5.0) for w in workers))
+        self.gates.close()
+        for fd in self._client_fds.values():
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+                os.close(fd)
+        self.router.close(linger=0)
+        self.ctx.term()
+        sock = ipc_path(self.bound)
+        if sock:  # the lock file stays: unlinking it would let two pools lock two different files
+            with contextlib.suppress(OSError):
+                os.unlink(sock)
+        log.info("krex pool stopped")
+
+    async def _housekeeping(self) -> None:
+        d = self.dispatcher
+        assert d is not None
+        while True:
+            await asyncio.sleep(0.5)
+            d.expire_leases(self.lease_idle_timeout)
+            limit = self.on_demand_idle_exit if self.on_demand else self.idle_exit
+            if d.busy():
+                self._last_busy = time.monotonic()
+            elif limit > 0 and time.monotonic() - self._last_busy > limit:
+                log.info("idle for %.0f s: exiting", limit)
+                self.stop()
+
+    # -- clients ------------------------------------------------------------------------------------
+    def _emit(self, job: Job, msg: dict[str, Any]) -> None:
+        self._send(job.client, {"rid": job.rid, "job": job.id, **msg})
+
+    def _send(self, identity: bytes, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.router.send_multipart([identity, encode(msg)])
+
+    async def _recv_loop(self) -> None:
+        while True:
+            frames = await self.router.recv_multipart()
+            if len(frames) != 2:
+                continue
+            identity, data = frames
+            try:
+                msg = decode(data)
+            except Exception:
+                continue
+            try:
+                reply = self._handle(identity, msg)
+            except (KrexError, KeyError, TypeError, ValueError) as exc:
+                reply = {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}
+            except Exception as exc:  # the pool never dies of a message
+                log.exception("handling %s failed", msg.get("op"))
+                reply = {"kind": "error", "message": f"internal error: {exc}"}
+            if reply is not None:
+                self._send(identity, {"rid": msg.get("rid"), **reply})
+
+    def _handle(self, identity: bytes, msg: dict[str, Any]) -> dict[str, Any] | None:
+        d = self.dispatcher
+        assert d is not None
+        op = msg.get("op")
+        if op == "ping":
+            return {"kind": "pong", "pid": os.getpid(), "uid": os.getuid(), "version": __version__,
+                    "endpoint": self.bound, "gpus": d.gpus, **self.backend}
+        if op == "status":
+            return {"kind": "status", "status": self.status()}
+        if op == "release":
+            return {"kind": "released", "released": d.release_lease(str(msg["lease"]))}
+        if op == "interrupt":
+            job = d.jobs.get(str(msg.get("job"))) or d.by_rid.get(str(msg.get("target")))
+            if job is not None:
+                d.interrupt(job, bool(msg.get("force")))
+            return None
+        if op == "submit":
+            return self._submit(identity, msg)
+        raise KrexError(f"unknown op {op!r}")
+
+    def _submit(self, identity: bytes, msg: dict[str, Any]) -> dict[str, Any] | None:
+        d = self.dispatcher
+        assert d is not None
+        spec = msg["job"]
+        kind = spec["kind"]
+        body: dict[str, Any]
+        if kind == "code":
+            body = {"code": str(spec["code"])}
+        elif kind == "call":
+            body = {"payload": bytes(spec["payload"])}
+        elif kind == "script":
+            body = {"path": str(spec["path"]), "argv": [str(a) for a in spec.get("argv") or ()],
+                    "cwd": spec.get("cwd"), "env": spec.get("env")}
+        else:
+            raise KrexError(f"unknown job kind {kind!r}: code, call or script")
+        gpu = spec.get("gpu")
+        if gpu is not None and gpu not in d.gpus:
+            raise KrexError(f"GPU {gpu} is not served by this pool (GPUs {d.gpus})")
+        timeout = spec.get("timeout")
+        if timeout is None and self.job_timeout > 0:
+            timeout = self.job_timeout
+        pid = msg.get("pid")
+        job = Job(id=d.new_id(), rid=str(msg["rid"]), client=identity, client_pid=pid, kind=kind, body=body,
+                  gpu=gpu, lease=spec.get("lease"), exclusive=bool(spec.get("exclusive")),
+                  timeout=float(timeout) if timeout else None)
+        if isinstance(pid, int):
+            self._watch_client(pid)
+        self._send(identity, {"rid": job.rid, "kind": "accepted", "job": job.id, "queued": len(d.queue)})
+        d.submit(job)
+        return None
+
+    def _watch_client(self, pid: int) -> None:
+        if pid in self._client_fds or pid == os.getpid():
+            return
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return
+        self._client_fds[pid] = fd
+
+        def gone() -> None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(fd)
+            os.close(fd)
+            self._client_fds.pop(pid, None)
+            if self.dispatcher is not None:
+                self.dispatcher.client_gone(pid)
+
+        asyncio.get_running_loop().add_reader(fd, gone)
+
+    def status(self) -> dict[str, Any]:
+        assert self.dispatcher is not None
+        return {
+            "pool": {"pid": os.getpid(), "uid": os.getuid(), "endpoint": self.bound, "started": self.started,
+                     "on_demand": self.on_demand, "arbiter": self.arbiter_endpoint if self.gates.connected else None,
+                     "preload": list(self.preload), "workers_per_gpu": self.workers_per_gpu,
+                     "spares_per_gpu": self.spares_per_gpu, **self.backend},
+            **self.dispatcher.status(),
+        }
+
+
+class PoolApp(Application):
+    name = "krex-pool"
+    description = "This user's KREX pool of warm context workers (krex run, %%krex, krex_lab.submit)."
+    version = __version__
+    classes = [Pool]
+    config_file = Unicode("", help="A config file to load (Python or JSON).").tag(config=True)
+    aliases = {
+        "endpoint": "Pool.endpoint",
+        "arbiter": "Pool.arbiter",
+        "workers-per-gpu": "Pool.workers_per_gpu",
+        "spares": "Pool.spares_per_gpu",
+        "preload": "Pool.preload",
+        "job-timeout": "Pool.job_timeout",
+        "idle-exit": "Pool.idle_exit",
+        "config": "PoolApp.config_file",
+        "log-level": "Application.log_level",
+    }
+    flags = {
+        "on-demand": ({"Pool": {"on_demand": True}}, "Started by a client: exit when idle (on_demand_idle_exit)."),
+        "no-preload": ({"Pool": {"preload": []}}, "Preload no framework."),
+        "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
+    }
+
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(argv)
+        try:
+            from jupyter_core.paths import jupyter_config_path
+
+            search = [".", *jupyter_config_path()]
+        except ImportError:
+            search = ["."]
+        self.load_config_file("krex_pool_config", path=search)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+        level = int(self.log_level)  # type: ignore[call-overload]
+        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        logging.getLogger("krex").setLevel(level)
+
+    def start(self) -> None:
+        pool = Pool(parent=self)
+        try:
+            code = asyncio.run(pool.serve())
+        except KrexError as exc:
+            log.error("%s", exc)
+            code = 1
+        sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    PoolApp.launch_instance(argv)
+
+
+if __name__ == "__main__":
+    main()
