@@ -266,7 +266,8 @@ class Exclusive:
 
     def __init__(self, gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
                  isolate: bool = True, cores: int | None = None, session: Session | None = None) -> None:
-        self.options: dict[str, Any] = {"gpu": gpu, "max_hold": max_hold, "freeze": freeze, "isolate": isolate, "cores": cores}
+        self.options: dict[str, Any] = {"gpu": gpu, "max_hold": max_hold, "freeze": freeze, "isolate": isolate,
+                                        "cores": cores}
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
