@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--no-control", action="store_true")
     p.add_argument("--max-hold", type=float, default=None)
     p.add_argument("--hold", type=float, default=None)
+    p.add_argument("--no-freeze", action="store_true")
     args = p.parse_args()
     if args.no_control:
         krex_lab.client.Session(gpu=args.gpu, control=False)
@@ -52,7 +53,7 @@ def main() -> None:
             while True:
                 time.sleep(3600)
         spin()
-    region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold)
+    region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze)
     try:
         with region:
             print("granted", json.dumps({**region.report, "t": time.time()}), flush=True)

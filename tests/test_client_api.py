@@ -1,0 +1,98 @@
+"""The public client API: attach placement, exclusive as sync/async context manager and decorator,
+clear errors without an arbiter, and arbiter configuration from a file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import krex_lab
+import krex_lab.client
+
+from .conftest import ROOT, ArbiterProc, Procs
+
+
+def test_no_arbiter_says_how_to_start_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KREX_ENDPOINT", f"ipc://{tmp_path}/nothing.sock")
+    with pytest.raises(krex_lab.ArbiterUnavailable, match="krex arbiter"):
+        krex_lab.client.Session()
+
+
+def test_attach_places_on_fewest_sessions(arbiter: ArbiterProc, procs: Procs) -> None:
+    procs.start("sibling", "0", "--sleep")
+    session = krex_lab.attach()
+    assert session.gpu == 1 and session.simulated
+    assert krex_lab.attach() is session, "attach is idempotent"
+
+
+def test_exclusive_async_and_decorator(arbiter: ArbiterProc) -> None:
+    async def main() -> dict:
+        async with krex_lab.exclusive(gpu=1) as region:
+            assert arbiter.status()["gpus"][1]["gate"] == "closed"
+        return region.report
+
+    report = asyncio.run(main())
+    assert report["released_by"] == "released by holder" and report["gpu"] == 1
+
+    calls = []
+
+    @krex_lab.exclusive(gpu=0)
+    def timed(x: int) -> int:
+        calls.append(arbiter.status()["gpus"][0]["holder"]["pid"])
+        return x * 2
+
+    assert timed(3) == 6 and timed(4) == 8
+    assert calls == [os.getpid(), os.getpid()]
+    assert arbiter.status()["gpus"][0]["holder"] is None
+
+
+def test_summary_line_says_simulated(arbiter: ArbiterProc) -> None:
+    with krex_lab.exclusive(gpu=0) as region:
+        pass
+    line = region.report.summary()
+    assert line.startswith(f"KREX region {region.id} on GPU 0 [simulated GPU]") and "held" in line
+
+
+def test_config_file_sets_the_default_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    config = tmp_path / "krex_arbiter_config.json"
+    config.write_text(json.dumps({"Arbiter": {"max_hold": 0.3, "fake_gpus": 3}}))
+    arb = ArbiterProc(runtime, gpus=3, extra=("--config", str(config)))
+    monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
+    arb.start()
+    try:
+        assert len(arb.status()["gpus"]) == 3
+        code = ("import krex_lab, time\nr = krex_lab.exclusive(gpu=2)\n"
+                "try:\n    with r: time.sleep(0.8)\nexcept krex_lab.LeaseExpired as e: print('expired', e)")
+        out = subprocess.run([sys.executable, "-c", code], env=arb.env(), capture_output=True, text=True,
+                             timeout=30, cwd=ROOT)
+        assert out.stdout.startswith("expired") and "max_hold=0.3" in out.stdout, out.stderr
+    finally:
+        arb.stop()
+
+
+def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: Procs) -> None:
+    # Without freezing, so that the waiter (a sibling on GPU 0) can run and be interrupted.
+    procs.start("holder", "0", "--no-freeze", wait_line="granted")
+    code = "import krex_lab\nprint('waiting', flush=True)\nwith krex_lab.exclusive(gpu=0): pass"
+    waiter = subprocess.Popen([sys.executable, "-c", code], env=arbiter.env(), stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    assert waiter.stdout is not None and waiter.stdout.readline().startswith("waiting")
+    deadline = time.monotonic() + 10
+    while not arbiter.status()["gpus"][0]["queue"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    waiter.send_signal(2)  # Ctrl-C while queued
+    assert waiter.wait(10) != 0
+    deadline = time.monotonic() + 5
+    while arbiter.status()["gpus"][0]["queue"]:
+        assert time.monotonic() < deadline, "the dead waiter's request is withdrawn"
+        time.sleep(0.05)
