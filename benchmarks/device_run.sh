@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything that needs the GPU machine, in one batch (device time is scarce).
+# Usage on the device, from the repo root, with .whl carried:
+#   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
+# Stages: info gputests fidelity latency warm quickstart multigpu (default: all but multigpu).
+# Logs and JSON go to $OUT (and benchmarks/results/ on that machine).
+set -uo pipefail
+OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+stages=("$@"); [ ${#stages[@]} -gt 0 ] || stages=(info gputests fidelity latency warm quickstart)
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+for stage in "${stages[@]}"; do
+  stamp "$stage"
+  case $stage in
+    info)
+      nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$OUT/info.txt"
+      python3 -c "import sys, torch; print(sys.version, torch.__version__, torch.cuda.device_count())" | tee -a "$OUT/info.txt"
+      nproc | tee -a "$OUT/info.txt" ;;
+    gputests)
+      timeout 300 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu -o addopts="" 2>&1 | tail -80 > "$OUT/gpu_tests.log"
+      tail -25 "$OUT/gpu_tests.log" ;;
+    fidelity)
+      timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
+    latency)
+      timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle,busy \
+        --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -20 | tee "$OUT/latency.log" ;;
+    warm)
+      timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
+    quickstart)
+      timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
+    multigpu)
+      timeout 300 python3 benchmarks/multi_gpu.py 2>&1 | tail -40 | tee "$OUT/multigpu.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+stamp done
