@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class ArbiterProc:
-    def __init__(self, runtime: Path, gpus: int = 2, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, runtime: Path, gpus: int = 2, extra: tuple[str, ...] = (), backend: str = "fake") -> None:
         self.runtime = runtime
+        self.backend = backend
         self.endpoint = f"ipc://{runtime / 'arbiter.sock'}"
         self.gpus = gpus
         self.extra = extra
@@ -31,7 +32,7 @@ class ArbiterProc:
 
     def start(self) -> ArbiterProc:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "fake", "--fake-gpus", str(self.gpus),
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.backend, "--fake-gpus", str(self.gpus),
              *self.extra],
             env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )

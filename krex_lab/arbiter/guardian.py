@@ -10,12 +10,16 @@ shutdown leaves an empty journal and the guardian exits quietly.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import logging
 import os
 import select
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from ..gpu import GpuBackend, make_backend
+from ..procutil import same_process
 from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
 from .journal import undo_outstanding
 
@@ -35,24 +39,37 @@ def _wait_for_exit(pid: int) -> None:
         os.close(fd)
 
 
-def _unlocker(backend: str, procs: list[tuple[int, int]]) -> list[str]:
-    from ..gpu import make_backend
-    from ..procutil import same_process
+class _Unlocker:
+    """Unlocks journaled processes with a backend loaded *before* the arbiter dies (cuInit and
+    NVML take a while; the 1 s budget starts at the arbiter's death), in parallel threads."""
 
-    try:
-        be = make_backend(backend)
-    except Exception as exc:
-        return [f"cannot load backend {backend} to unlock {len(procs)} processes: {exc}"]
-    errors = []
-    for pid, start in procs:
-        if not same_process(pid, start):
-            continue
+    def __init__(self, backend: str) -> None:
+        self.name = backend
+        self.backend: GpuBackend | None = None
+        self.error = ""
+        if backend == "fake":
+            return
         try:
-            be.unlock(pid)
+            self.backend = make_backend(backend)
         except Exception as exc:
-            errors.append(f"unlock {pid}: {exc}")
-    be.close()
-    return errors
+            self.error = f"cannot load backend {backend}: {exc}"
+
+    def __call__(self, backend: str, procs: list[tuple[int, int]]) -> list[str]:
+        be = self.backend
+        if be is None or backend != self.name:
+            return [self.error or f"no {backend} backend in this guardian: {len(procs)} processes left locked"]
+        live = [pid for pid, start in procs if same_process(pid, start)]
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(16, len(live)))) as pool:
+            outcomes = list(pool.map(lambda pid: _try(be.unlock, pid), live))
+        return [f"unlock {pid}: {err}" for pid, err in zip(live, outcomes) if err]
+
+
+def _try(fn: Callable[[int], None], pid: int) -> str:
+    try:
+        fn(pid)
+        return ""
+    except Exception as exc:
+        return str(exc)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,10 +79,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="fake")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s krex-guardian %(message)s")
+    unlocker = _Unlocker(args.backend)
     _wait_for_exit(args.pid)
-    summary = undo_outstanding(args.journal, _unlocker)
+    summary = undo_outstanding(args.journal, unlocker)
     if any(summary[k] for k in ("restored", "thawed", "unlocked")) or summary["errors"]:
         log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
+    if unlocker.backend is not None:
+        unlocker.backend.close()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KrexError, RegionCancelled
-from ..procutil import lineage, tree
+from ..procutil import ancestors, lineage, tree
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult, thaw
 from ..regions.isolate import IsolateResult
@@ -56,7 +56,13 @@ class Region:
     watcher: asyncio.Future[Any] | None = None
     acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     release_wanted: str = ""
+    locking: bool = False
+    watch_errors: list[str] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def exempts(self, pid: int) -> bool:
+        """Never stop or lock the holder's lineage, including what it started after the grant."""
+        return pid in self.exempt or self.session.pid in ancestors(pid)
 
     def report(self, backend: dict[str, Any]) -> dict[str, Any]:
         degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
@@ -71,7 +77,8 @@ class Region:
             "max_hold_s": self.max_hold,
             **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
             "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
-            "locked": self.drain.locked_pids,
+            "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],
+            "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
             "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
             "intruders": self.drain.intruders,
             "frozen": self.frozen.pids,
@@ -79,7 +86,7 @@ class Region:
             "skipped_stopped": self.frozen.skipped,
             "moved": self.isolated.moved_pids,
             "cores": self.isolated.cores,
-            "failures": self.frozen.failed + self.isolated.failed,
+            "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
             "degraded": degraded,
             "expired": self.released_by == "lease expired",
             "released_by": self.released_by,
@@ -276,25 +283,49 @@ class Scheduler:
     async def _watch_intruders(self, region: Region) -> None:
         """Lock processes that appear on the GPU while the region is held."""
         arb = self.arb
+        loop = asyncio.get_running_loop()
         while region.state == "held":
             await asyncio.sleep(arb.poll_interval)
-            known = set(region.drain.locked_pids) | set(region.drain.not_drained) | region.exempt
-            new = [p.pid for p in arb.backend.processes(region.gpu) if p.pid not in known]
+            try:
+                listed = await loop.run_in_executor(None, arb.backend.processes, region.gpu)
+            except Exception as exc:  # NVML hiccup: say so, keep watching
+                region.watch_errors.append(str(exc))
+                log.warning("region %s: listing GPU %d processes failed: %s", region.id, region.gpu, exc)
+                continue
+            known = set(region.drain.locked_pids) | set(region.drain.not_drained) | {p for p, _ in region.drain.late}
+            known |= {p for p, why in region.drain.unlocked_ok.items() if why != "not-cuda"}
+            new = [p.pid for p in listed if p.pid not in known and not region.exempts(p.pid)]
             if new and region.state == "held":
-                await arb.locker.lock_all(new, region.drain, self._journal_lock(region))
-                region.drain.intruders.extend(new)
-                arb.publish("region", {"event": "intruder", "region": region.id, "pids": new})
+                region.locking = True
+                try:
+                    await arb.locker.lock_all(new, region.drain, self._journal_lock(region))
+                finally:
+                    region.locking = False
+                fresh = [p for p in new if p in region.drain.locked_pids and p not in region.drain.intruders]
+                if fresh:
+                    region.drain.intruders.extend(fresh)
+                    arb.publish("region", {"event": "intruder", "region": region.id, "pids": fresh})
 
     def intruder_session(self, session: Session) -> None:
-        """A session that registers on a GPU mid-region is drained (cooperatively) and frozen."""
+        """A session that registers on a GPU mid-region is drained and frozen (lock first)."""
         region = self.active.get(session.gpu)
-        if region is None or region.state != "held" or session.pid in region.exempt:
+        if region is None or region.state != "held" or region.exempts(session.pid):
             return
         region.drain.intruders.append(session.pid)
-        if session.control is not None:
-            self.arb.send_control(session, "drain", region)
-        if region.freeze:
-            self.arb.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
+        self._spawn(self._intrude(region, session))
+
+    async def _intrude(self, region: Region, session: Session) -> None:
+        arb = self.arb
+        if arb.locker.can_lock:
+            region.locking = True
+            try:
+                await arb.locker.lock_all(tree(session.pid), region.drain, self._journal_lock(region))
+            finally:
+                region.locking = False
+        elif session.control is not None:
+            arb.send_control(session, "drain", region)
+        if region.freeze and region.state == "held":
+            arb.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
 
     def _expire(self, region: Region) -> None:
         if region.state != "held":
@@ -311,11 +342,15 @@ class Scheduler:
         if region.lease:
             region.lease.cancel()
         if region.watcher:
+            # A watcher inside lock_all must finish: the locks it is making have to be undone.
+            while region.locking:
+                await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
             arb.cores.release(region.id)
             thaw(region.frozen)
-            errors = await arb.locker.unlock_all(region.drain.locked)
+            region.drain.closed = True
+            errors = await arb.locker.unlock_all(region.drain.locked + region.drain.late)
             region.isolated.failed.extend(errors)
             for s in arb.sessions.on_gpu(region.gpu):
                 if s.pid in region.drain.acked or s.pid in region.drain.intruders:

@@ -75,8 +75,13 @@ class GpuBackend(abc.ABC):
     def capabilities(self) -> Capabilities:
         return Capabilities(lock=False, reason="this backend cannot drain other processes")
 
-    def lock(self, pid: int, timeout_s: float) -> None:
-        """Block ``pid``'s next GPU call and wait for its submitted work. Raises BackendError."""
+    def lock(self, pid: int, timeout_s: float) -> str:
+        """Block ``pid``'s next GPU call and wait for its submitted work. Raises BackendError.
+
+        Returns what happened: ``"locked"`` (KREX must unlock it), or why nothing was needed:
+        ``"already-locked"`` (someone else's lock: not ours to undo), ``"checkpointed"``,
+        ``"not-cuda"`` (no context yet: look again later), ``"gone"``.
+        """
         raise NotImplementedError(self.capabilities.reason)
 
     def unlock(self, pid: int) -> None:

@@ -343,11 +343,12 @@ class NvidiaBackend(GpuBackend):
             raise self._explain(pid, exc) from exc
         return LockOutcome.LOCKED
 
-    def lock(self, pid: int, timeout_s: float) -> None:
+    def lock(self, pid: int, timeout_s: float) -> str:
         """Drain ``pid``; a process that is gone, already locked or not using CUDA is fine as is."""
         outcome = self.lock_pid(pid, timeout_s)
         if outcome is not LockOutcome.LOCKED:
             log.debug("lock pid %d: %s", pid, outcome.value)
+        return outcome.value
 
     def unlock(self, pid: int) -> None:
         """Undo :meth:`lock`. Safe (a no-op) when the process is gone or not locked."""

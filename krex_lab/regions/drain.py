@@ -39,6 +39,12 @@ class DrainResult:
     acked: list[int] = field(default_factory=list)
     not_drained: dict[int, str] = field(default_factory=dict)
     intruders: list[int] = field(default_factory=list)
+    #: processes that needed no lock, with why ("already-locked", "checkpointed", "not-cuda")
+    unlocked_ok: dict[int, str] = field(default_factory=dict)
+    #: locks whose driver call returned after the deadline: undone at release (or at once if
+    #: the region is over), never left behind
+    late: list[tuple[int, int]] = field(default_factory=list)
+    closed: bool = False
 
     @property
     def locked_pids(self) -> list[int]:
@@ -71,24 +77,29 @@ class Locker:
             return
         journal(targets)
         loop = asyncio.get_running_loop()
-        futures = {
-            pid: loop.run_in_executor(self._pool, self.backend.lock, pid, self.lock_timeout)
-            for pid, _ in targets
-        }
-        _, pending = await asyncio.wait(futures.values(), timeout=self.lock_timeout + 0.5)
-        for (pid, start), fut in zip(targets, futures.values()):
+        futures = [loop.run_in_executor(self._pool, self.backend.lock, pid, self.lock_timeout) for pid, _ in targets]
+        _, pending = await asyncio.wait(futures, timeout=self.lock_timeout + 0.5)
+        for target, fut in zip(targets, futures):
+            pid = target[0]
             if fut in pending:
                 result.not_drained[pid] = f"lock did not return within {self.lock_timeout:.1f} s"
-                # If the driver call finishes later, undo it: nobody will unlock it otherwise.
-                fut.add_done_callback(functools.partial(self._late_unlock, pid=pid))
+                # If the driver call finishes later, it must still be undone.
+                fut.add_done_callback(functools.partial(self._late, result=result, target=target))
             elif fut.exception() is not None:
                 result.not_drained[pid] = str(fut.exception())
+            elif fut.result() == "locked":
+                result.locked.append(target)
+                result.not_drained.pop(pid, None)
             else:
-                result.locked.append((pid, start))
+                result.unlocked_ok[pid] = str(fut.result())
 
-    def _late_unlock(self, fut: asyncio.Future[None], *, pid: int) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self._pool.submit(self.backend.unlock, pid)
+    def _late(self, fut: asyncio.Future[str], *, result: DrainResult, target: tuple[int, int]) -> None:
+        if fut.cancelled() or fut.exception() is not None or fut.result() != "locked":
+            return
+        if result.closed:
+            self._pool.submit(self.backend.unlock, target[0])
+        else:
+            result.late.append(target)
 
     async def unlock_all(self, procs: list[tuple[int, int]]) -> list[str]:
         if not procs:
