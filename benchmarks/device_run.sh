@@ -3,9 +3,11 @@
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
 # Stages: info gputests fidelity latency warm quickstart multigpu (default: all but multigpu).
-# Logs and JSON go to $OUT (and benchmarks/results/ on that machine).
+# Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
+# most 8 files), and benchmarks/results/ on that machine.
 set -uo pipefail
-OUT=${OUT:-/tmp/krex-out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/krex-final}; mkdir -p "$FINAL"
+export OUT=/tmp/krex-out; rm -rf "$OUT"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 stages=("$@"); [ ${#stages[@]} -gt 0 ] || stages=(info gputests fidelity latency warm quickstart)
 t0=$(date +%s)
@@ -18,8 +20,9 @@ for stage in "${stages[@]}"; do
       python3 -c "import sys, torch; print(sys.version, torch.__version__, torch.cuda.device_count())" | tee -a "$OUT/info.txt"
       nproc | tee -a "$OUT/info.txt" ;;
     gputests)
-      timeout 300 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu -o addopts="" 2>&1 | tail -80 > "$OUT/gpu_tests.log"
-      tail -25 "$OUT/gpu_tests.log" ;;
+      KREX_GPU_DIAG="$OUT/diag" timeout 420 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu \
+        -o addopts="" > "$OUT/gpu_tests.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40 ;;
     fidelity)
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
     latency)
@@ -30,8 +33,9 @@ for stage in "${stages[@]}"; do
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
     multigpu)
-      timeout 300 python3 benchmarks/multi_gpu.py 2>&1 | tail -40 | tee "$OUT/multigpu.log" ;;
+      timeout 300 python3 benchmarks/multi_gpu.py ${MULTIGPU_ARGS:-} 2>&1 | grep -v "IPKernelApp.*without encryption" | tail -90 | tee "$OUT/multigpu.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
 stamp done
+tar czf "$FINAL/device-results.tgz" -C "$OUT" . && ls -la "$FINAL"

@@ -66,8 +66,9 @@ CONDITIONS = ("alone", "contended", "krex", "alone_after")
 class Child:
     """A role process with a line reader, so that reads can time out."""
 
-    def __init__(self, role: str, env: dict[str, str], quick: bool = False) -> None:
-        argv = [sys.executable, str(HERE / "fidelity_roles.py"), role] + (["--quick"] if quick else [])
+    def __init__(self, role: str, env: dict[str, str], quick: bool = False, argv: list[str] | None = None) -> None:
+        if argv is None:
+            argv = [sys.executable, str(HERE / "fidelity_roles.py"), role] + (["--quick"] if quick else [])
         self.role = role
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -94,10 +95,13 @@ class Child:
                 except ValueError:
                     continue
 
-    def call(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def send(self, cmd: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
+
+    def call(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.send(cmd)
         return self.read(timeout, MSG)
 
     def kill(self) -> None:
@@ -107,8 +111,8 @@ class Child:
         self.proc.wait()
 
 
-def gpu_info() -> dict[str, Any] | None:
-    """NVML's view of GPU 0, or None without a usable NVIDIA GPU."""
+def gpu_info(index: int = 0) -> dict[str, Any] | None:
+    """NVML's view of GPU ``index``, or None without a usable NVIDIA GPU (or without that one)."""
     try:
         from krex_lab.gpu.nvml import PynvmlApi, decode_throttle_reasons
 
@@ -117,13 +121,13 @@ def gpu_info() -> dict[str, Any] | None:
         print(f"fidelity: NVML: {exc}", file=sys.stderr)
         return None
     try:
-        if nvml.device_count() < 1:
+        if nvml.device_count() <= index:
             return None
-        sm, mem = nvml.clocks(0)
-        mask = nvml.clock_event_reasons(0)
-        return {"name": nvml.name(0), "uuid": nvml.uuid(0), "driver": nvml.driver_version(),
+        sm, mem = nvml.clocks(index)
+        mask = nvml.clock_event_reasons(index)
+        return {"name": nvml.name(index), "uuid": nvml.uuid(index), "driver": nvml.driver_version(),
                 "gpus": nvml.device_count(), "sm_clock_mhz": sm, "mem_clock_mhz": mem,
-                "utilization": nvml.utilization(0), "memory_used": nvml.memory(0)[1],
+                "utilization": nvml.utilization(index), "memory_used": nvml.memory(index)[1],
                 "throttle_reasons": decode_throttle_reasons(mask) if mask is not None else []}
     except Exception as exc:
         print(f"fidelity: NVML: {exc}", file=sys.stderr)
@@ -138,11 +142,12 @@ def stats(samples: list[float]) -> dict[str, Any]:
     return {"median_ms": s[len(s) // 2], "p95_ms": p95, "min_ms": s[0], "max_ms": s[-1], "samples": len(s)}
 
 
-def start_arbiter(env: dict[str, str], backend: str, log_path: Path) -> tuple[subprocess.Popen[bytes], Any]:
+def start_arbiter(env: dict[str, str], backend: str, log_path: Path,
+                  extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Any]:
     from krex_lab import client
 
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", backend],
+        proc = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", backend, *extra],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while True:

@@ -136,11 +136,14 @@ class Victim:
         times, _ = self.timer.samples(graph.replay, 12, 12)
         return sorted(times)[len(times) // 2] / k
 
-    def calibrate(self) -> dict[str, Any]:
-        """Square sizes (multiples of 64) whose matmul lands near each class's target."""
+    def calibrate(self, classes: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+        """Square sizes (multiples of 64) whose matmul lands near each class's target.
+
+        ``classes``: a subset of :data:`CLASSES` (default: all of them, in order).
+        """
         out: dict[str, Any] = {}
         n = 2048
-        for name, target in CLASSES:
+        for name, target in CLASSES if classes is None else classes:
             tried: list[tuple[int, float]] = []
             for _ in range(6):
                 t = self._time_one(n)
@@ -167,9 +170,10 @@ class Victim:
             n = n_best
         return out
 
-    def measure(self, quick: bool) -> dict[str, Any]:
+    def measure(self, quick: bool, classes: list[tuple[str, float]] | None = None) -> dict[str, Any]:
+        """Samples of every calibrated class (or of ``classes``), both methods."""
         res: dict[str, Any] = {}
-        for name, _ in CLASSES:
+        for name, _ in CLASSES if classes is None else classes:
             kern = self.kernels[name]
             n_launch, n_graph = SAMPLES[quick][name]
             # the same warm-up in every condition: one untimed batch
@@ -233,12 +237,13 @@ def victim_main(quick: bool) -> None:
 
 
 def _attach(name: str) -> str | None:
+    """Register on GPU ``$KREX_GPU`` (0 when unset: fidelity.py clears it; multi_gpu.py sets it)."""
     if not os.environ.get("KREX_ENDPOINT"):
         return None
     try:
         import krex_lab
 
-        return str(krex_lab.attach(gpu=0, name=name).id)
+        return str(krex_lab.attach(gpu=int(os.environ.get("KREX_GPU") or 0), name=name).id)
     except Exception as exc:  # contention still matters without a session: say so, go on
         print(f"{name}: attach failed: {exc!r}", file=sys.stderr, flush=True)
         return None
