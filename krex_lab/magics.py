@@ -6,11 +6,11 @@
     %krex_status
 
 ``%%krex_exclusive`` runs the cell in this kernel as a region (the GPU alone) and prints the
-region's one-line report. ``%%krex`` runs the cell on this kernel's context worker (the pool
-service), with live output; its namespace persists from one ``%%krex`` cell to the next, and a
-crash there costs a worker, never this kernel. Failures of KREX itself (no arbiter, lease
-expired, a dead worker) show as a short message, not as a traceback from inside KREX; errors
-of the cell's own code show as usual.
+region's one-line report (the whole report is then ``_krex_report``). ``%%krex`` runs the cell
+on this kernel's context worker (the pool service), with live output; its namespace persists
+from one ``%%krex`` cell to the next, and a crash there costs a worker, never this kernel.
+Failures of KREX itself (no arbiter, lease expired, a dead worker) show as a short message, not
+as a traceback from inside KREX; errors of the cell's own code show as usual.
 
 In a kernel of the ``krex`` kernelspec (``KREX_KERNEL_ID`` is set) loading the extension
 registers the kernel as a session on its GPU (``KREX_GPU``), so the session ends with it.
@@ -75,7 +75,8 @@ def _explain(exc: KrexError) -> KrexCellError:
 
 def session_name() -> str:
     kernel = os.environ.get("KREX_KERNEL_ID", "")
-    notebook = os.environ.get("JPY_SESSION_NAME", "")
+    notebook = os.environ.get("JPY_SESSION_NAME", "")  # the notebook's path, set by jupyter_server
+    notebook = os.path.basename(notebook.rstrip("/")) or notebook
     if notebook:
         return f"{notebook} [{kernel[:8]}]" if kernel else notebook
     return f"kernel {kernel[:8]}" if kernel else f"ipython-{os.getpid()}"
@@ -86,6 +87,7 @@ class KrexMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self._pool: Any = None
+        self._atexit = False
         self._lease = f"kernel-{os.environ.get('KREX_KERNEL_ID', 'ipython')[:8]}-{os.getpid()}"
 
     # -- sessions -------------------------------------------------------------------------
@@ -145,6 +147,8 @@ class KrexMagics(Magics):
                 print(f"KREX: releasing the region failed too: {exc}", file=sys.stderr)
                 return
             raise _explain(exc) from None
+        if self.shell is not None:  # the last region's report, like ``_`` for values
+            self.shell.user_ns["_krex_report"] = report
         if not quiet:
             print(report.summary(), flush=True)
         if report.get("expired") and not failed:
@@ -198,26 +202,32 @@ class KrexMagics(Magics):
         return _Repr(result.value) if result.value is not None else None
 
     def pool(self) -> Any:
+        try:
+            from .workers.client import PoolClient
+            from .workers.jobs import default_endpoint
+        except ImportError as exc:
+            raise KrexCellError(f"%%krex needs the pool service (krex_lab.workers), which is not available "
+                                f"here: {exc}") from None
+        endpoint = default_endpoint()
+        if self._pool is not None and self._pool.endpoint != endpoint:  # KREX_POOL_ENDPOINT changed
+            threading.Thread(target=_release_and_close, args=(self._pool, self._lease), daemon=True).start()
+            self._pool = None
         if self._pool is None:
             try:
-                from .workers.client import PoolClient
-            except ImportError as exc:
-                raise KrexCellError(f"%%krex needs the pool service (krex_lab.workers), which is not available "
-                                    f"here: {exc}") from None
-            try:
-                self._pool = PoolClient.connect()
+                self._pool = PoolClient.connect(endpoint)
             except KrexError as exc:
                 raise _explain(exc) from None
-            atexit.register(self._release_lease)
+            if not self._atexit:
+                atexit.register(self._release_lease)
+                self._atexit = True
         return self._pool
 
     def _release_lease(self) -> None:
-        pool = self._pool
-        if pool is None:
-            return
-        t = threading.Thread(target=_quietly, args=(pool.release_lease, self._lease), daemon=True)
-        t.start()
-        t.join(1.0)
+        """At exit: give the lease back (its worker is reset for others), waiting at most 1 s."""
+        if self._pool is not None:
+            t = threading.Thread(target=_release_and_close, args=(self._pool, self._lease), daemon=True)
+            t.start()
+            t.join(1.0)
 
     # -- %krex_status ---------------------------------------------------------------------
     @line_magic
@@ -239,11 +249,9 @@ def _job_error(result: Any) -> Exception:
     error = result.error or "the job failed"
     if status == "exception" and result.traceback:
         return RemoteCellError(error, result.traceback)
-    if status == "died":
-        detail = "\n".join((result.traceback or "").rstrip().splitlines()[-10:])
-        return KrexCellError(f"%%krex: the context worker (pid {result.worker_pid}) died: {error}. This kernel "
-                             "is fine; the worker's namespace is lost and the next %%krex cell gets a fresh "
-                             "worker.", detail)
+    if status == "died":  # what the worker printed as it died was already streamed to the cell
+        return KrexCellError(f"%%krex: the context worker died ({error}). This kernel is fine; the worker's "
+                             "namespace is lost and the next %%krex cell gets a fresh worker.")
     return KrexCellError(f"%%krex: {error}", result.traceback or "")
 
 
@@ -253,11 +261,14 @@ def _write_live(stream: str, text: str) -> None:
     out.flush()
 
 
-def _quietly(fn: Any, *args: Any) -> None:
+def _release_and_close(pool: Any, lease: str) -> None:
+    """In a thread of its own: the client's sockets are used and closed by that thread alone."""
     try:
-        fn(*args)
+        pool.release_lease(lease)
     except Exception:
         pass
+    finally:
+        pool.close()
 
 
 def _current_session() -> Any:

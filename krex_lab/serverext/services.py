@@ -33,6 +33,8 @@ from ..errors import KrexError
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 POOL_MODULE = "krex_lab.workers.pool"
+#: how often a child that died is started again before the extension gives up on it
+MAX_RESTARTS = 5
 
 
 @dataclass
@@ -160,6 +162,7 @@ class Services:
         self.problems: list[str] = []
         self._saved_env: dict[str, str | None] = {}
         self._stopped = False
+        self._restarts: dict[str, int] = {}
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -170,7 +173,7 @@ class Services:
             self.endpoint = self.endpoint or paths.default_endpoint()
             self.info = info
             self.log.info("KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"],
-                     info.get("backend"))
+                          info.get("backend"))
         elif o.embedded:
             self._start_arbiter()
         else:
@@ -179,7 +182,7 @@ class Services:
                           "(KrexExtensionApp.embedded): kernels start without a GPU placement")
         if self.info.get("simulated"):
             self.log.warning("KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
-                        "(timings are not protected on any real device)", self.info.get("gpus"))
+                             "(timings are not protected on any real device)", self.info.get("gpus"))
         self._export(paths.ENDPOINT_ENV, self.endpoint)
         if self.private_runtime is not None:
             self._export(paths.RUNTIME_DIR_ENV, str(self.private_runtime))
@@ -227,7 +230,7 @@ class Services:
             return
         self.info = info
         self.log.info("KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)", info["pid"], endpoint,
-                 info.get("backend"), info.get("gpus"))
+                      info.get("backend"), info.get("gpus"))
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
         deadline = time.monotonic() + self.options.startup_timeout
@@ -260,20 +263,25 @@ class Services:
 
     # -- watch and stop -------------------------------------------------------------------
     def check(self) -> None:
-        """Restart a child that died while the server runs (called periodically)."""
+        """Restart a child that died while the server runs (called periodically, at most
+        ``MAX_RESTARTS`` times each: a child that keeps dying is reported, not looped on)."""
         if self._stopped:
             return
-        if self.arbiter is not None and not self.arbiter.alive():
-            assert self.arbiter.proc is not None
-            self.log.error("KREX: the embedded arbiter exited (status %s); starting it again:\n%s",
-                      self.arbiter.proc.returncode, self.arbiter.log_tail())
-            self.endpoint = self.arbiter.env[paths.ENDPOINT_ENV]
-            self._start_arbiter()
-        if self.pool is not None and not self.pool.alive():
-            assert self.pool.proc is not None
-            self.log.error("KREX: the pool service exited (status %s); starting it again:\n%s",
-                      self.pool.proc.returncode, self.pool.log_tail())
-            self.start_pool()
+        for name, child in (("arbiter", self.arbiter), ("pool", self.pool)):
+            if child is None or child.alive() or self._restarts.get(name, 0) >= MAX_RESTARTS:
+                continue
+            assert child.proc is not None
+            self._restarts[name] = self._restarts.get(name, 0) + 1
+            give_up = self._restarts[name] >= MAX_RESTARTS
+            self.log.error("KREX: the %s (pid %d) exited with status %s; %s:\n%s", child.name, child.proc.pid,
+                           child.proc.returncode, "giving up" if give_up else "starting it again", child.log_tail())
+            if give_up:
+                self._problem(f"the {child.name} keeps exiting: see {child.log_path}")
+            elif name == "arbiter":
+                self.endpoint = child.env[paths.ENDPOINT_ENV]
+                self._start_arbiter()
+            else:
+                self.start_pool()
 
     def describe(self) -> dict[str, Any]:
         return {
