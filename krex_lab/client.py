@@ -124,8 +124,10 @@ class Session:
             proof = _make_proof(Path(self.info["proof_dir"]))
             if gpu is None and os.environ.get(paths.GPU_ENV, "").strip():
                 gpu = int(os.environ[paths.GPU_ENV])
+            # A process started inside a region by its holder (krex exclusive) is part of it.
+            within = os.environ.get("KREX_REGION", "") if self.pid == os.getpid() else ""
             reply = control_conn.request("register", pid=self.pid, uid=os.getuid(), proof=proof,
-                                         role=role, name=name, gpu=gpu, control=control)
+                                         role=role, name=name, gpu=gpu, control=control, within=within)
         except BaseException:
             control_conn.close()
             raise

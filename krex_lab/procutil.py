@@ -119,6 +119,18 @@ def ancestors(pid: int) -> list[int]:
     return chain
 
 
+def tree_until(pid: int, stop: set[int]) -> list[int]:
+    """``pid`` and its descendants, not descending into (nor including) the pids in ``stop``."""
+    if not os.path.exists(f"/proc/{pid}"):
+        return []
+    found = [pid]
+    i = 0
+    while i < len(found):
+        found.extend(c for c in children(found[i]) if c not in stop and c not in found)
+        i += 1
+    return found
+
+
 def lineage(pid: int) -> set[int]:
     """The process, its descendants and its ancestors: what a region must never stop."""
     return set(tree(pid)) | set(ancestors(pid))

@@ -58,6 +58,7 @@ class Register(_Request, tag="register"):
     name: str = ""
     gpu: int | None = None
     control: bool = True
+    within: str = ""  # a region this process belongs to (its holder started it): KREX_REGION
 
 
 class Unregister(_SessionRequest, tag="unregister"):

@@ -96,3 +96,32 @@ def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: P
     while arbiter.status()["gpus"][0]["queue"]:
         assert time.monotonic() < deadline, "the dead waiter's request is withdrawn"
         time.sleep(0.05)
+
+
+def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> None:
+    """A session the holder starts is frozen like any other, unless it is part of the region
+    (started under ``krex exclusive``, KREX_REGION): then its own exclusive() nests."""
+    spin = "import krex_lab, sys\nkrex_lab.attach(gpu=0)\nprint('ready', flush=True)\nwhile True: pass"
+    holder_code = (
+        "import subprocess, sys, time, json, krex_lab\n"
+        "from krex_lab.procutil import proc_state\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {spin!r}], stdout=subprocess.PIPE, text=True)\n"
+        "child.stdout.readline()\n"
+        "with krex_lab.exclusive(gpu=0) as r:\n"
+        "    time.sleep(0.3)\n"
+        "    print(json.dumps({'state': proc_state(child.pid), 'frozen': r.report['frozen'], 'child': child.pid}))\n"
+        "child.kill()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", holder_code], env=arbiter.env(), capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["state"] == "T" and seen["child"] in seen["frozen"], out.stderr
+    nested = ("import krex_lab, json\nwith krex_lab.exclusive(gpu=0) as r:\n"
+              "    print(json.dumps(r.report))")
+    out = subprocess.run([sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--quiet", "--",
+                          sys.executable, "-c", nested], env=arbiter.env(), capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["nested"] is True and report["state"] == "held"
+    assert arbiter.status()["gpus"][0]["holder"] is None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KrexError, RegionCancelled
-from ..procutil import ancestors, lineage, tree
+from ..procutil import ancestors, tree, tree_until
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult, thaw
 from ..regions.isolate import IsolateResult
@@ -60,9 +60,17 @@ class Region:
     watch_errors: list[str] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def exempts(self, pid: int) -> bool:
-        """Never stop or lock the holder's lineage, including what it started after the grant."""
-        return pid in self.exempt or self.session.pid in ancestors(pid)
+    def exempts(self, pid: int, sessions: set[int]) -> bool:
+        """Is ``pid`` part of the holder (decided when it is found, so what the holder starts
+        after the grant counts too)? A registered session below the holder is not: it is a
+        session of its own, frozen like any other (``sessions``: pids of the other sessions)."""
+        if pid in self.exempt:
+            return True
+        chain = [pid, *ancestors(pid)]
+        if self.session.pid not in chain:
+            return False
+        below = chain[: chain.index(self.session.pid)]
+        return not any(p in sessions for p in below)
 
     def report(self, backend: dict[str, Any]) -> dict[str, Any]:
         degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
@@ -179,7 +187,11 @@ class Scheduler:
         t0 = time.monotonic()
         region.times["wait"] = t0 - region.requested
         holder = region.session
-        region.exempt = lineage(holder.pid) | arb.own_pids()
+        # The holder's ancestors and its own process tree, where the tree stops at processes
+        # that are sessions of their own (a kernel started from a notebook, a pool on demand),
+        # except those that registered as part of this very region (KREX_REGION).
+        apart = self._other_session_pids(region)
+        region.exempt = set(ancestors(holder.pid)) | set(tree_until(holder.pid, apart)) | arb.own_pids()
         try:
             arb.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in arb.sessions.on_gpu(region.gpu)
@@ -294,7 +306,8 @@ class Scheduler:
                 continue
             known = set(region.drain.locked_pids) | set(region.drain.not_drained) | {p for p, _ in region.drain.late}
             known |= {p for p, why in region.drain.unlocked_ok.items() if why != "not-cuda"}
-            new = [p.pid for p in listed if p.pid not in known and not region.exempts(p.pid)]
+            sessions = self._other_session_pids(region)
+            new = [p.pid for p in listed if p.pid not in known and not region.exempts(p.pid, sessions)]
             if new and region.state == "held":
                 region.locking = True
                 try:
@@ -309,7 +322,9 @@ class Scheduler:
     def intruder_session(self, session: Session) -> None:
         """A session that registers on a GPU mid-region is drained and frozen (lock first)."""
         region = self.active.get(session.gpu)
-        if region is None or region.state != "held" or region.exempts(session.pid):
+        if region is None or region.state != "held":
+            return
+        if session.within == region.id or region.exempts(session.pid, self._other_session_pids(region)):
             return
         region.drain.intruders.append(session.pid)
         self._spawn(self._intrude(region, session))
@@ -326,6 +341,9 @@ class Scheduler:
             arb.send_control(session, "drain", region)
         if region.freeze and region.state == "held":
             arb.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
+
+    def _other_session_pids(self, region: Region) -> set[int]:
+        return {s.pid for s in self.arb.sessions if s.id != region.session.id and s.within != region.id}
 
     def _expire(self, region: Region) -> None:
         if region.state != "held":

@@ -28,6 +28,7 @@ from traitlets.config import LoggingConfigurable
 from .. import __version__, paths, protocol
 from ..errors import InvalidRequest, KrexError, NotHolder, ProtocolError
 from ..gpu import BACKENDS, GpuBackend, make_backend
+from ..procutil import ancestors
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
@@ -301,8 +302,15 @@ class Arbiter(LoggingConfigurable):
         gpu = self.place() if req.gpu is None else req.gpu
         self._check_gpu(gpu)
         self.sessions.verify_uid(req.uid, req.proof)
+        within = ""
+        if req.within:
+            region = self.scheduler.find(req.within)
+            # Only a descendant of a live region's holder is part of it; a stale or false
+            # claim (an inherited KREX_REGION) just makes an ordinary session.
+            if region is not None and region.session.pid in ancestors(req.pid):
+                within = req.within
         session = self.sessions.add(req.pid, req.uid, req.role, req.name, gpu,
-                                    identity if req.control else None)
+                                    identity if req.control else None, within)
         self.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
         return {"session": session.id, "token": session.token, "gpu": gpu, **self.backend_info}
@@ -330,6 +338,11 @@ class Arbiter(LoggingConfigurable):
         cores = self.isolate_cores if req.cores is None else req.cores
         if not 0 <= cores <= 1024:
             raise InvalidRequest(f"cores must be between 0 and 1024, not {cores}")
+        parent = self.scheduler.active[gpu]
+        if parent is not None and session.within == parent.id and parent.state == "held":
+            # Started by the holder inside its region (krex exclusive -- CMD): the region is
+            # already theirs; queueing behind it would wait for ourselves.
+            return {"region": parent.id, "gpu": gpu, "report": {**parent.report(self.backend_info), "nested": True}}
         mine = [r for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
                 if r is not None and r.session.id == session.id]
         if mine:
@@ -345,6 +358,8 @@ class Arbiter(LoggingConfigurable):
             if past is not None and past["session"] == session.id:
                 return past  # already released (lease expiry): the report says why
             raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
+        if session.within == region.id and region.session.id != session.id:
+            return {**region.report(self.backend_info), "nested": True}  # the holder releases it
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         return self.scheduler.release(region, "released by holder")

@@ -38,6 +38,7 @@ class Session:
     name: str
     gpu: int
     control: bytes | None  # ROUTER identity of the socket that registered, for control messages
+    within: str = ""  # the region this session is part of (started by its holder: KREX_REGION)
     created: float = field(default_factory=time.time)
 
     @property
@@ -58,6 +59,7 @@ class Session:
             "role": self.role,
             "name": self.name,
             "gpu": self.gpu,
+            "within": self.within,
             "since": self.created,
         }
 
@@ -108,7 +110,7 @@ class SessionTable:
             raise PermissionDenied(f"you claimed uid {uid} but your proof file belongs to uid {st.st_uid}")
 
     def add(
-        self, pid: int, uid: int, role: str, name: str, gpu: int, control: bytes | None
+        self, pid: int, uid: int, role: str, name: str, gpu: int, control: bytes | None, within: str = ""
     ) -> Session:
         start = start_time(pid)
         owner = proc_uid(pid)
@@ -127,6 +129,7 @@ class SessionTable:
             name=name or f"{role}-{pid}",
             gpu=gpu,
             control=control,
+            within=within,
         )
         self._sessions[session.id] = session
         self._watch(session)
