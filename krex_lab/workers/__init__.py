@@ -3,7 +3,7 @@
 Processes (one user, one node)::
 
     clients (krex run, notebook kernels, krex_lab.submit)
-        │  DEALER ──msgpack──▶ ROUTER  KREX_POOL_ENDPOINT (ipc, the user's 0700 runtime dir, socket 0600)
+        │  DEALER ──JSON──▶ ROUTER  KREX_POOL_ENDPOINT (ipc, the user's 0700 runtime dir, socket 0600)
         ▼
     pool service  (krex_lab.workers.pool: asyncio; gate watcher SUB ◀── arbiter PUB krex.gate)
         │  per worker: a socketpair (jobs, results), two pipes (the worker's fd 1 and 2), a pidfd

@@ -16,7 +16,6 @@ its worker; a third gives up waiting.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import fcntl
 import os
@@ -24,10 +23,9 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -45,6 +43,9 @@ from .jobs import (
     ipc_path,
     lock_path,
 )
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 Output = Callable[[str, str], None]
 
@@ -132,12 +133,12 @@ class PoolClient:
 
     def _request(self, op: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
         sock = self._socket()
-        rid = uuid.uuid4().hex
-        sock.send(encode({"op": op, "rid": rid, **fields}))
+        rid = _rid()
+        sock.send_multipart(encode({"op": op, "rid": rid, **fields}))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if sock.poll(100):
-                msg = decode(sock.recv())
+                msg = decode(sock.recv_multipart())
                 if msg.get("rid") != rid:
                     continue
                 if msg.get("kind") == "error":
@@ -184,19 +185,24 @@ class PoolClient:
         """Submit one job, stream its output, return its one result."""
         out = on_output or print_output
         sock = self._socket()
-        rid = uuid.uuid4().hex
-        sock.send(encode({"op": "submit", "rid": rid, "pid": os.getpid(), "job": job}))
+        rid = _rid()
+        sock.send_multipart(encode({"op": "submit", "rid": rid, "pid": os.getpid(), "job": job}))
         job_id: str | None = None
         interrupts = 0
         while True:
             try:
                 if sock.poll(200):
-                    msg = decode(sock.recv())
+                    msg = decode(sock.recv_multipart())
                     if msg.get("rid") != rid:
                         continue  # a late message of an abandoned job
                     kind = msg.get("kind")
                     if kind == "output":
-                        out(str(msg["stream"]), str(msg["text"]))
+                        try:
+                            out(str(msg["stream"]), str(msg["text"]))
+                        except Exception:  # nobody to write to (a closed pipe): the job ends too
+                            sock.send_multipart(encode({"op": "interrupt", "job": job_id, "target": rid,
+                                                        "force": True, "rid": _rid()}))
+                            raise
                     elif kind == "accepted":
                         job_id = msg["job"]
                     elif kind == "result":
@@ -211,8 +217,8 @@ class PoolClient:
                 interrupts += 1
                 if interrupts >= 3:
                     raise
-                sock.send(encode({"op": "interrupt", "job": job_id, "target": rid, "force": interrupts >= 2,
-                                  "rid": uuid.uuid4().hex}))
+                sock.send_multipart(encode({"op": "interrupt", "job": job_id, "target": rid,
+                                            "force": interrupts >= 2, "rid": _rid()}))
 
     # -- the interface ------------------------------------------------------------------------------
     def run_code(self, code: str, *, gpu: int | None = None, lease: str | None = None, exclusive: bool = False,
@@ -291,6 +297,10 @@ def exception_of(result: JobResult) -> BaseException:
     return RemoteError(message, result.traceback, result)
 
 
+def _rid() -> str:
+    return os.urandom(12).hex()
+
+
 def _tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -315,6 +325,8 @@ def default_client() -> PoolClient:
 def submit(fn: Callable[..., Any], *args: Any, gpu: int | None = None, **kwargs: Any) -> concurrent.futures.Future[Any]:
     """Run ``fn(*args, **kwargs)`` on a warm context worker; a Future of its value (or exception)."""
     global _executor
+    import concurrent.futures
+
     client = default_client()
     with _default_lock:
         if _executor is None:

@@ -137,13 +137,13 @@ class Dispatcher:
 
     def _start(self, job: Job, w: WorkerHandle) -> None:
         loop = asyncio.get_running_loop()
+        w.state, w.job, w.job_stderr = "busy", job, ""
         if job.lease is not None:
             lease = self.leases[job.lease]
             if lease.worker is None:
                 lease.worker, lease.gpu, w.lease = w, w.gpu, lease
                 job.notice, lease.notice = lease.notice, None
-                self.rebalance()
-        w.state, w.job, w.job_stderr = "busy", job, ""
+                self.rebalance()  # one more active worker, so that plain jobs keep one
         if job.exclusive:
             self.exclusive_gpus[w.gpu] = job.id
         job.worker, job.dispatched = w, time.time()
@@ -275,6 +275,8 @@ class Dispatcher:
                 self.recycle(w, str(msg["recycle"]))
         elif op == "ready":
             w.drain_output()
+            if "reset_s" in msg:
+                w.last_reset = {"s": msg["reset_s"], **msg.get("reset_parts_s", {})}
             if msg.get("first"):
                 w.info, w.session, w.ready_at = msg, msg.get("session"), time.time()
                 self._failures[w.gpu] = 0
@@ -288,6 +290,8 @@ class Dispatcher:
                 self._reset(w)
             elif w.lease is None and 0 < self.pool.max_jobs_per_worker <= w.jobs_run:
                 self.recycle(w, f"ran {w.jobs_run} jobs")
+            elif w.lease is None and self.pool.stale(w):
+                self.recycle(w, "its arbiter session is gone: a new worker registers")
             else:
                 w.state = "idle"
             self.rebalance()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,15 +46,24 @@ class GateWatcher:
     def connected(self) -> bool:
         return self.info is not None
 
+    @property
+    def arbiter_pid(self) -> int | None:
+        return self.info.get("pid") if self.info is not None else None
+
     def is_open(self, gpu: int) -> bool:
         return gpu not in self.closed
 
     def holder_pid(self, gpu: int) -> int | None:
         return self.closed.get(gpu, (None, None))[1]
 
-    async def start(self) -> bool:
-        """Connect to the arbiter (once); True if it answered. Keeps trying in the background."""
+    async def start(self, wait: float = 0.0) -> bool:
+        """Connect to the arbiter (trying for up to ``wait`` s); True if it answered. Keeps trying in the
+        background otherwise."""
+        deadline = time.monotonic() + wait
         ok = await self._connect()
+        while not ok and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            ok = await self._connect()
         self._tasks.append(asyncio.ensure_future(self._resync_loop()))
         return ok
 
@@ -82,6 +92,11 @@ class GateWatcher:
             return False
         self.gpus = [{"index": g["index"], "uuid": g.get("uuid", ""), "name": g.get("name", "")}
                      for g in table["gpus"]]
+        pid = table.get("arbiter", {}).get("pid")
+        if self.info is not None and pid is not None and pid != self.info.get("pid"):
+            log.warning("the arbiter restarted (pid %s, was %s): workers register anew", pid, self.info.get("pid"))
+            self.info["pid"] = pid
+            self.on_change()
         closed: dict[int, tuple[str | None, int | None]] = {}
         for g in table["gpus"]:
             if g.get("gate") == "closed":

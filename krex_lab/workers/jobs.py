@@ -2,6 +2,8 @@
 
 Client <-> pool (ZeroMQ DEALER/ROUTER, one msgpack map per message):
 
+Each message is a JSON object (frame 1) plus one frame per binary value (:func:`encode`).
+
 * client: ``{"op": "submit", "rid", "pid", "job": {kind, gpu, lease, exclusive, timeout, ...}}``;
   ``{"op": "interrupt", "job", "force"}``, ``{"op": "release", "lease"}``, ``{"op": "status"}``,
   ``{"op": "ping"}``.
@@ -10,20 +12,17 @@ Client <-> pool (ZeroMQ DEALER/ROUTER, one msgpack map per message):
   exactly one ``{"rid", "kind": "result", "result": {...JobResult...}}``. Errors of a request:
   ``{"rid", "kind": "error", "message"}``.
 
-Pool <-> worker: length-prefixed msgpack frames over a socketpair (:func:`pack`,
-:func:`read_frame`); the worker's stdout and stderr are plain pipes the pool reads.
+Pool <-> worker: length-prefixed msgpack frames over a socketpair (:mod:`.wire`); the worker's
+stdout and stderr are plain pipes the pool reads.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import socket
-import struct
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-import msgspec
 
 from .. import paths
 from ..errors import KrexError
@@ -33,9 +32,7 @@ TIMEOUT_EXIT = 124
 #: exit status of a script stopped by KeyboardInterrupt (a shell shows 128 + SIGINT)
 INTERRUPT_EXIT = 128 + signal.SIGINT
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(dict)
-_HEADER = struct.Struct(">I")
+_BLOB = "__krex_frame__"
 
 
 class PoolUnavailable(KrexError):
@@ -117,50 +114,48 @@ class JobResult:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def encode(msg: Any) -> bytes:
-    return _encoder.encode(msg)
+def encode(msg: dict[str, Any]) -> list[bytes]:
+    """A client-protocol message as ZeroMQ frames: a JSON header, then one frame per bytes value.
+
+    JSON and not msgpack here so that a client (``krex run`` above all) starts without
+    importing msgspec: its start-up is on every command's critical path.
+    """
+    blobs: list[bytes] = []
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            blobs.append(bytes(value))
+            return {_BLOB: len(blobs)}
+        if isinstance(value, dict):
+            return {str(k): strip(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [strip(v) for v in value]
+        return value
+
+    header = json.dumps(strip(msg), ensure_ascii=False, separators=(",", ":")).encode()
+    return [header, *blobs]
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    msg: dict[str, Any] = _decoder.decode(data)
-    return msg
+def decode(frames: list[bytes]) -> dict[str, Any]:
+    """The inverse of :func:`encode`; raises ValueError on a malformed message."""
+    blobs = frames[1:]
 
-
-def pack(msg: dict[str, Any]) -> bytes:
-    body = _encoder.encode(msg)
-    return _HEADER.pack(len(body)) + body
-
-
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """Blocking read of one frame from a socketpair; None at EOF."""
-    header = _recv_exact(sock, _HEADER.size)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    body = _recv_exact(sock, size)
-    return None if body is None else decode(body)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
-async def read_frame(reader: Any) -> dict[str, Any] | None:
-    """Asyncio read of one frame (``reader`` is an asyncio.StreamReader); None at EOF."""
-    import asyncio
+    def fill(value: Any) -> Any:
+        if isinstance(value, dict):
+            if len(value) == 1 and _BLOB in value:
+                return blobs[int(value[_BLOB]) - 1]
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        return value
 
     try:
-        header = await reader.readexactly(_HEADER.size)
-        (size,) = _HEADER.unpack(header)
-        return decode(await reader.readexactly(size))
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
+        msg = fill(json.loads(frames[0]))
+    except (IndexError, TypeError, KeyError) as exc:
+        raise ValueError(f"malformed message: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ValueError("a message is a JSON object")
+    return msg
 
 
 _SIGNAL_WORDS = {

@@ -20,11 +20,13 @@ import time
 from typing import Any, Protocol
 
 from ..procutil import tree
-from .jobs import pack, read_frame
+from .wire import pack, read_frame
 
 log = logging.getLogger("krex.pool")
 
-TAIL_CHARS = 4000
+TAIL_CHARS = 8000
+#: lines of a faulthandler dump that show the worker's machinery, not the job
+_INTERNAL_FRAMES = (f"{os.sep}krex_lab{os.sep}workers{os.sep}", 'File "<frozen runpy>"')
 
 
 class Events(Protocol):
@@ -68,6 +70,7 @@ class WorkerHandle:
         self._poll_task: asyncio.Task[None] | None = None
         self._exit_seen = False
         self.start_task: asyncio.Task[None] | None = None
+        self.last_reset: dict[str, float] = {}
 
     def __repr__(self) -> str:
         return f"<worker {self.id} pid {self.pid} gpu {self.gpu} {self.state}{' spare' if not self.active else ''}>"
@@ -153,8 +156,11 @@ class WorkerHandle:
             self._read_pipe(stream)
 
     def last_stderr(self, lines: int = 20) -> str:
+        """The last lines of stderr (of the current job if one runs), without the worker's own frames."""
         text = self.job_stderr if self.job is not None else self.stderr_tail
-        return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+        kept = [line for line in text.rstrip("\n").splitlines()
+                if not any(mark in line for mark in _INTERNAL_FRAMES)]
+        return "\n".join(kept[-lines:])
 
     # -- signals --------------------------------------------------------------------------------
     def interrupt(self) -> None:
@@ -243,4 +249,5 @@ class WorkerHandle:
             "jobs_run": self.jobs_run, "since": self.created,
             "preloaded": self.info.get("preloaded", []), "skipped": self.info.get("skipped", {}),
             "start_s": self.info.get("start_s"), "import_s": self.info.get("import_s", {}),
+            "last_reset_s": self.last_reset,
         }

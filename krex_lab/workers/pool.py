@@ -81,6 +81,8 @@ class Pool(LoggingConfigurable):
     worker_env = Dict(help="Extra environment variables for workers.").tag(config=True)
     allow_tcp = Bool(False, help="Serve a tcp:// endpoint. Anyone who can reach it runs code as you: "
                      "leave off unless the network is yours alone.").tag(config=True)
+    arbiter_wait = Float(0.0, help="Seconds to wait at start for the arbiter to answer (it may be starting "
+                         "too); without one the pool serves unregistered workers until it appears.").tag(config=True)
     resync = Float(2.0, help="Seconds between re-reads of the arbiter's gates (events are the fast path).").tag(
         config=True)
 
@@ -101,6 +103,7 @@ class Pool(LoggingConfigurable):
         self._last_busy = time.monotonic()
         self._lockfile: Any = None
         self.dispatcher: Dispatcher | None = None
+        self._arbiter_known = False
 
     # -- workers ------------------------------------------------------------------------------------
     def placement_vars(self) -> list[str]:
@@ -121,19 +124,36 @@ class Pool(LoggingConfigurable):
         init = {"gpu": gpu, "parent": os.getpid(), "preload": list(self.preload), "warmup": self.warmup,
                 "real": real, "memory_slack": self.memory_slack_mb << 20,
                 "arbiter": self.arbiter_endpoint if self.gates.connected else None,
+                "arbiter_pid": self.gates.arbiter_pid,
                 "name": f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})"}
         return [python, "-u", "-m", "krex_lab.workers.worker"], env, init
 
     def _gates_changed(self) -> None:
+        if self.gates.connected and not self._arbiter_known:
+            self._learn_arbiter()
         if self.dispatcher is not None:
+            # Workers registered with no arbiter, or with one that has since restarted, have no
+            # session there: idle ones are replaced now, busy ones when their job ends.
+            for w in list(self.dispatcher.workers.values()):
+                if w.state == "idle" and w.lease is None and self.stale(w):
+                    self.dispatcher.recycle(w, "its arbiter session is gone: a new worker registers")
             self.dispatcher.rebalance()
             self.dispatcher.dispatch()
 
+    def stale(self, w: Any) -> bool:
+        """The worker has no session with the arbiter that answers now."""
+        return self.gates.connected and w.init.get("arbiter_pid") != self.gates.arbiter_pid
+
+    def _learn_arbiter(self) -> None:
+        assert self.gates.info is not None
+        self._arbiter_known = True
+        self.backend = {k: self.gates.info.get(k) for k in ("backend", "simulated")}
+        self.gpu_uuids = {g["index"]: g["uuid"] for g in self.gates.gpus}
+
     async def _discover(self) -> list[int]:
-        if await self.gates.start():
+        if await self.gates.start(self.arbiter_wait):
             assert self.gates.info is not None
-            self.backend = {k: self.gates.info.get(k) for k in ("backend", "simulated")}
-            self.gpu_uuids = {g["index"]: g["uuid"] for g in self.gates.gpus}
+            self._learn_arbiter()
             count = int(self.gates.info["gpus"])
         else:
             log.warning("no arbiter answers at %s: workers run unregistered, regions are unavailable and "
@@ -237,7 +257,7 @@ class Pool(LoggingConfigurable):
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
                 os.close(fd)
-        self.router.close(linger=0)
+        self.router.close(linger=1000)  # let the "shutting down" results reach their clients
         self.ctx.term()
         sock = ipc_path(self.bound)
         if sock:  # the lock file stays: unlinking it would let two pools lock two different files
@@ -264,17 +284,17 @@ class Pool(LoggingConfigurable):
 
     def _send(self, identity: bytes, msg: dict[str, Any]) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            self.router.send_multipart([identity, encode(msg)])
+            self.router.send_multipart([identity, *encode(msg)])
 
     async def _recv_loop(self) -> None:
         while True:
             frames = await self.router.recv_multipart()
-            if len(frames) != 2:
+            if len(frames) < 2:
                 continue
-            identity, data = frames
+            identity = frames[0]
             try:
-                msg = decode(data)
-            except Exception:
+                msg = decode(frames[1:])
+            except ValueError:
                 continue
             try:
                 reply = self._handle(identity, msg)

@@ -23,7 +23,7 @@ import time
 import warnings
 from typing import Any
 
-import psutil
+from ..procutil import proc_state, tree
 
 _SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE",
                         "SIGQUIT", "SIGVTALRM", "SIGPROF") if hasattr(signal, s)]
@@ -97,13 +97,29 @@ def gpu_memory() -> dict[str, int]:
     return used
 
 
-def _nvml_process_memory() -> int | None:
-    """This process's device memory as NVML sees it (None where NVML cannot say)."""
-    if "pynvml" not in sys.modules or os.environ.get("KREX_WORKER_REAL") != "1":
-        return None
+_nvml: Any = None
+
+
+def _nvml_init() -> None:
+    """Open NVML once, in workers on a real NVIDIA GPU (per-process memory for the reset check)."""
+    global _nvml
+    if _nvml is not None or os.environ.get("KREX_WORKER_REAL") != "1":
+        return
     try:
         import pynvml
 
+        pynvml.nvmlInit()
+        _nvml = pynvml
+    except Exception:
+        _nvml = False
+
+
+def _nvml_process_memory() -> int | None:
+    """This process's device memory as NVML sees it (None where NVML cannot say, e.g. another pid namespace)."""
+    if not _nvml:
+        return None
+    try:
+        pynvml = _nvml
         total, found = 0, False
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -235,12 +251,17 @@ class Baseline:
         self.logging = (list(root.handlers), root.level)
         self.recursion = sys.getrecursionlimit()
         self.torch = _torch_flags()
+        _nvml_init()
         empty_caches()
         gc.collect()
         self.memory = gpu_memory()
+        self.timings: dict[str, float] = {}
 
     def restore(self) -> list[str]:
-        """Put the process back; returns the reasons it cannot be trusted any more (empty: clean)."""
+        """Put the process back; returns the reasons it cannot be trusted any more (empty: clean).
+
+        ``self.timings`` says how long each part took (seconds)."""
+        t0 = time.perf_counter()
         problems: list[str] = []
         for fd, saved in self.fds.items():
             try:
@@ -274,23 +295,34 @@ class Baseline:
                 _restore_torch(self.torch)
             except Exception as exc:
                 problems.append(f"torch flags: {exc}")
+        t1 = time.perf_counter()
         self._drop_user_modules()
+        t_drop = time.perf_counter()
         importlib.invalidate_caches()
+        t2 = time.perf_counter()
         extra = [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]
         if extra:
             problems.append(f"threads left running: {', '.join(t.name for t in extra[:5])}")
         problems.extend(self._children())
+        t3 = time.perf_counter()
         problems.extend(self._memory())
+        t4 = time.perf_counter()
+        self.timings = {"state": t1 - t0, "modules": t_drop - t1, "import_caches": t2 - t_drop,
+                        "processes": t3 - t2, "memory": t4 - t3}
         return problems
 
     def _drop_user_modules(self) -> None:
-        """Forget modules a job imported from outside the installed packages (edited candidates reload)."""
+        """Forget modules a job imported from outside the installed packages (edited candidates reload).
+
+        Installed modules a job imported stay, and are remembered, so each is looked at once."""
         for name in [n for n in sys.modules if n not in self.modules]:
             module = sys.modules.get(name)
             where = getattr(module, "__file__", None)
             paths = [where] if where else list(getattr(module, "__path__", None) or [])
             if paths and not all(os.path.realpath(p).startswith(self.roots) for p in paths):
                 del sys.modules[name]
+            else:
+                self.modules.add(name)
 
     def _children(self) -> list[str]:
         try:
@@ -298,11 +330,8 @@ class Baseline:
                 pass
         except ChildProcessError:
             pass
-        try:
-            live = [c for c in psutil.Process().children() if c.status() != psutil.STATUS_ZOMBIE]
-        except psutil.Error:
-            return []
-        return [f"child processes left running: {[c.pid for c in live][:5]}"] if live else []
+        live = [p for p in tree(os.getpid())[1:] if proc_state(p) not in (None, "Z")]
+        return [f"child processes left running: {live[:5]}"] if live else []
 
     def _memory(self) -> list[str]:
         errors = empty_caches()

@@ -21,9 +21,7 @@ import sys
 import time
 from typing import Any
 
-import msgspec
-
-from .jobs import pack, recv_frame
+from .wire import EncodeError, pack, recv_frame
 
 _PR_SET_PDEATHSIG = 1
 
@@ -96,7 +94,7 @@ class Worker:
         recycle = result.pop("recycle", None)
         try:
             self.send({"op": "done", "job": msg["job"], "result": result, "recycle": recycle})
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:  # unencodable: report
+        except (TypeError, ValueError, OverflowError, EncodeError) as exc:  # unencodable: report
             self.send({"op": "done", "job": msg["job"], "recycle": recycle,
                        "result": {"ok": False, "status": "exception",
                                   "error": f"the result could not be sent: {exc}"}})
@@ -116,7 +114,8 @@ class Worker:
         problems = self.baseline.restore()
         flush_output()
         self.send({"op": "ready", "clean": not problems, "reason": "; ".join(problems) or None,
-                   "reset_s": round(time.perf_counter() - t0, 4)})
+                   "reset_s": round(time.perf_counter() - t0, 4),
+                   "reset_parts_s": {k: round(v, 4) for k, v in self.baseline.timings.items()}})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     if init is None:
         return
     _die_with_parent(int(init["parent"]))
-    faulthandler.enable()
+    faulthandler.enable(all_threads=False)  # a segfault's stack goes to stderr, and so to the error result
     # `python -m` put the pool's cwd first on sys.path: jobs must not import from there.
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]

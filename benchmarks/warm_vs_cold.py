@@ -1,0 +1,195 @@
+"""Cold ``python script.py`` versus warm ``krex run script.py`` for a one-small-matmul script.
+
+    python benchmarks/warm_vs_cold.py                     # torch on CUDA (the figure of issue 4)
+    python benchmarks/warm_vs_cold.py --framework numpy   # harness check on a machine without GPU
+
+Starts its own arbiter and pool (private runtime dir; the pool preloads torch and creates its
+workers' contexts), then measures, for the same script:
+
+* latency: ``--runs`` sequential commands each way, p50 / p90 / min of the command's wall time
+  (the process start to its exit, as an agent's shell sees it);
+* throughput: 16 (``--concurrent``) commands started at once, each way: commands per second
+  until the last one ends (median of ``--rounds`` rounds).
+
+Also the floor of ``krex run`` (an empty script) and the in-process API (PoolClient.run_script,
+no CLI start-up). Needs torch with a CUDA GPU for the default; exits with a clear message (status
+0, nothing written) where they are missing. JSON goes to benchmarks/results/ and $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import REPO, machine, percentile, write_result
+
+SCRIPTS = {
+    "torch": ("import torch\n"
+              "a = torch.randn(256, 256, device='{device}')\n"
+              "b = a @ a\n"
+              "{sync}"
+              "print(round(float(b.abs().sum()) / 1e6, 3))\n"),
+    "numpy": ("import numpy as np\n"
+              "a = np.random.rand(256, 256).astype(np.float32)\n"
+              "print(round(float(np.abs(a @ a).sum()) / 1e6, 3))\n"),
+}
+
+
+def check(framework: str, device: str) -> str | None:
+    """Why this machine cannot run the benchmark (None: it can)."""
+    probe = ("import importlib.util, sys\n"
+             f"if importlib.util.find_spec('{framework}') is None: sys.exit('{framework} is not installed')\n")
+    if framework == "torch" and device == "cuda":
+        probe += "import torch\nif not torch.cuda.is_available(): sys.exit('torch sees no CUDA GPU')\n"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["unknown"])[-1]
+
+
+def stats(xs: list[float]) -> dict[str, float]:
+    ms = [x * 1e3 for x in xs]
+    return {"p50_ms": round(percentile(ms, 0.5), 2), "p90_ms": round(percentile(ms, 0.9), 2),
+            "min_ms": round(min(ms), 2), "max_ms": round(max(ms), 2), "n": len(ms)}
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return dt
+
+
+def concurrent(cmd: list[str], env: dict[str, str], n: int) -> float:
+    """Seconds from starting n copies at once until the last has exited."""
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(n)]
+    for p in procs:
+        _, err = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"warm_vs_cold: {what} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", choices=sorted(SCRIPTS), default="torch")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--runs", type=int, default=15, help="sequential commands per side for latency")
+    p.add_argument("--concurrent", type=int, default=16, help="commands started at once for throughput")
+    p.add_argument("--rounds", type=int, default=2, help="throughput rounds per side (median reported)")
+    p.add_argument("--workers", type=int, default=4, help="active pool workers per GPU")
+    p.add_argument("--backend", default="auto", help="arbiter backend (auto: nvidia where present)")
+    args = p.parse_args()
+    device = "cpu" if args.framework == "numpy" else args.device
+    why = check(args.framework, device)
+    if why:
+        print(f"warm_vs_cold: skipped, this machine cannot run it: {why}. Run it on the GPU machine "
+              "(benchmarks/device_run.sh warm), or use --framework numpy to check the harness.")
+        return
+
+    runtime = Path(tempfile.mkdtemp(prefix="krex-warm-"))
+    os.chmod(runtime, 0o700)
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+           "KREX_POOL_ENDPOINT": f"ipc://{runtime}/pool.sock",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    os.environ.update({k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_POOL_ENDPOINT")})
+    script = runtime / "matmul.py"
+    sync = "torch.cuda.synchronize()\n" if device == "cuda" else ""
+    script.write_text(SCRIPTS[args.framework].format(device=device, sync=sync))
+    empty = runtime / "empty.py"
+    empty.write_text("pass\n")
+    krex = [shutil.which("krex")] if shutil.which("krex") else [sys.executable, "-m", "krex_lab.cli"]
+    cold_cmd = [sys.executable, str(script)]
+    warm_cmd = [*krex, "run", str(script)]  # type: ignore[list-item]
+
+    with open(runtime / "arbiter.log", "wb") as arb_log, open(runtime / "pool.log", "wb") as pool_log:
+        arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=arb_log)
+        pool = subprocess.Popen([sys.executable, "-m", "krex_lab.workers.pool", f"--Pool.preload={args.framework}",
+                                 f"--workers-per-gpu={args.workers}", "--spares=1", "--Pool.arbiter_wait=60"],
+                                env=env, stdout=pool_log, stderr=subprocess.STDOUT)
+    t_pool = time.perf_counter()
+    try:
+        from krex_lab.workers.client import PoolClient
+
+        wait_until(lambda: (runtime / "pool.sock").exists() or pool.poll() is not None, 60, "no pool socket")
+        client = PoolClient.connect(start=False)
+        wait_until(lambda: client.status()["ready"], 300, "the pool's workers were not ready")
+        pool_ready_s = time.perf_counter() - t_pool
+        status = client.status()
+        if not status["pool"]["arbiter"]:
+            raise SystemExit(f"warm_vs_cold: the arbiter did not answer: {(runtime / 'arbiter.log').read_text()}")
+        print(f"pool ready in {pool_ready_s:.1f} s: backend {status['pool']['backend']}, GPUs "
+              f"{[g['index'] for g in status['gpus']]}, preloaded {status['gpus'][0]['workers'][0]['preloaded']}",
+              flush=True)
+
+        for _ in range(2):  # first jobs on each path (file cache, worker warm-up) are not the figure
+            timed(warm_cmd, env)
+            timed(cold_cmd, env)
+        cold = [timed(cold_cmd, env) for _ in range(args.runs)]
+        print(f"cold  python script.py : p50 {stats(cold)['p50_ms']:.0f} ms", flush=True)
+        warm = [timed(warm_cmd, env) for _ in range(args.runs)]
+        print(f"warm  krex run script.py: p50 {stats(warm)['p50_ms']:.1f} ms", flush=True)
+        floor = [timed([*krex, "run", str(empty)], env) for _ in range(args.runs)]  # type: ignore[list-item]
+        api = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            r = client.run_script(script, on_output=lambda s, t: None)
+            api.append(time.perf_counter() - t0)
+            assert r.ok, r
+        print(f"warm  krex run empty.py : p50 {stats(floor)['p50_ms']:.1f} ms; in-process API p50 "
+              f"{stats(api)['p50_ms']:.1f} ms", flush=True)
+
+        n = args.concurrent
+        cold_tp = [concurrent(cold_cmd, env, n) for _ in range(args.rounds)]
+        warm_tp = [concurrent(warm_cmd, env, n) for _ in range(args.rounds)]
+        cold_wall, warm_wall = statistics.median(cold_tp), statistics.median(warm_tp)
+        print(f"{n} at once: cold {cold_wall:.2f} s ({n / cold_wall:.1f} cmd/s), warm {warm_wall:.2f} s "
+              f"({n / warm_wall:.1f} cmd/s)", flush=True)
+        final = client.status()
+        resets = [w["last_reset_s"] for g in final["gpus"] for w in g["workers"] if w["last_reset_s"]]
+        client.close()
+    finally:
+        for proc in (pool, arbiter):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    ratio = stats(cold)["p50_ms"] / stats(warm)["p50_ms"]
+    print(f"latency p50: warm is {ratio:.1f}x lower (target: 20x)")
+    write_result("warm_vs_cold", {
+        "benchmark": "warm_vs_cold", "command": " ".join(sys.argv), "machine": machine(),
+        "framework": args.framework, "device": device, "script": script.read_text(),
+        "pool": {"workers_per_gpu": args.workers, "spares_per_gpu": 1, "ready_s": round(pool_ready_s, 2),
+                 "backend": final["pool"]["backend"], "counters": final["counters"], "last_resets_s": resets},
+        "latency": {"cold_python": stats(cold), "warm_krex_run": stats(warm), "krex_run_empty_script": stats(floor),
+                    "warm_api_run_script": stats(api), "p50_ratio_cold_over_warm": round(ratio, 1)},
+        "throughput": {"concurrent": n, "rounds": args.rounds,
+                       "cold_wall_s": [round(x, 3) for x in cold_tp], "warm_wall_s": [round(x, 3) for x in warm_tp],
+                       "cold_cmds_per_s": round(n / cold_wall, 2), "warm_cmds_per_s": round(n / warm_wall, 2),
+                       "speedup": round(cold_wall / warm_wall, 1)},
+        "target": "warm latency p50 at least 20x lower than cold",
+    })
+
+
+if __name__ == "__main__":
+    main()
