@@ -8,6 +8,7 @@ initialised are touched: this never creates a CUDA context.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def synchronize_frameworks() -> list[str]:
@@ -28,16 +29,34 @@ def synchronize_frameworks() -> list[str]:
             done.append("cupy")
         except Exception:
             pass
-    numba_cuda = sys.modules.get("numba.cuda")
-    if numba_cuda is not None:
+    ctx = numba_context()
+    if ctx is not None:
         try:
-            # numba creates its context lazily per thread; only sync one that exists.
-            from numba.cuda.cudadrv import devices
-
-            if devices._runtime.gpus and getattr(devices._runtime, "_tls", None) is not None:
-                ctx = devices.get_context()
-                ctx.synchronize()
-                done.append("numba")
+            ctx.synchronize()
+            done.append("numba")
         except Exception:
             pass
     return done
+
+
+def numba_context() -> Any:
+    """numba's current CUDA context if one exists (never creates one; None in the simulator)."""
+    if "numba.cuda" not in sys.modules:
+        return None
+    try:
+        from numba import config
+
+        if getattr(config, "ENABLE_CUDASIM", False):
+            return None
+        from numba.cuda.cudadrv import devices
+
+        gpus = devices._runtime.gpus
+        if "lst" not in vars(gpus):  # numba never looked at the devices: no context
+            return None
+        for dev in gpus.lst:
+            ctx = getattr(dev._device, "primary_context", None)
+            if ctx is not None:
+                return ctx
+    except Exception:
+        return None
+    return None

@@ -23,6 +23,7 @@ import time
 import warnings
 from typing import Any
 
+from ..devsync import numba_context
 from ..procutil import proc_state, tree
 
 _SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE",
@@ -151,7 +152,7 @@ def empty_caches() -> list[str]:
             cupy.get_default_pinned_memory_pool().free_all_blocks()
         except Exception as exc:
             errors.append(f"cupy: {exc}")
-    ctx = _numba_context()
+    ctx = numba_context()
     if ctx is not None:
         try:
             ctx.deallocations.clear()
@@ -159,29 +160,6 @@ def empty_caches() -> list[str]:
         except Exception as exc:
             errors.append(f"numba: {exc}")
     return errors
-
-
-def _numba_context() -> Any:
-    """numba's current CUDA context if one exists (never creates one; None in the simulator)."""
-    if "numba.cuda" not in sys.modules:
-        return None
-    try:
-        from numba import config
-
-        if getattr(config, "ENABLE_CUDASIM", False):
-            return None
-        from numba.cuda.cudadrv import devices
-
-        gpus = devices._runtime.gpus
-        if "lst" not in vars(gpus):  # numba never looked at the devices: no context
-            return None
-        for dev in gpus.lst:
-            ctx = getattr(dev._device, "primary_context", None)
-            if ctx is not None:
-                return ctx
-    except Exception:
-        return None
-    return None
 
 
 def _torch_flags() -> dict[str, Any] | None:
