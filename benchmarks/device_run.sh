@@ -20,7 +20,7 @@ for stage in "${stages[@]}"; do
       python3 -c "import sys, torch; print(sys.version, torch.__version__, torch.cuda.device_count())" | tee -a "$OUT/info.txt"
       nproc | tee -a "$OUT/info.txt" ;;
     gputests)
-      KREX_GPU_DIAG="$OUT/diag" timeout 420 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu \
+      KREX_GPU_DIAG="$OUT/diag" timeout 260 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu \
         -o addopts="" > "$OUT/gpu_tests.log" 2>&1
       grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40 ;;
     fidelity)
