@@ -28,7 +28,7 @@ class ArbiterProc:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KREX_RUNTIME_DIR": str(self.runtime), "KREX_ENDPOINT": self.endpoint,
-                "PYTHONPATH": str(ROOT)}
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
     def start(self) -> ArbiterProc:
         self.proc = subprocess.Popen(
