@@ -28,12 +28,16 @@ from common import machine, percentile, write_result
 
 SIBLING = """
 import sys, time, krex_lab
-cuda, busy = sys.argv[1] == "1", sys.argv[2] == "1"
+cuda, busy, control = sys.argv[1] == "1", sys.argv[2] == "1", sys.argv[3] == "1"
 if cuda:
     import torch
     x = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
-krex_lab.attach(gpu=0, name="latency-sibling")
+if control:
+    krex_lab.attach(gpu=0, name="latency-sibling")
+else:  # registered, but without a control channel: frozen, never asked to drain
+    import krex_lab.client
+    keep = krex_lab.client.Session(gpu=0, name="latency-sibling", control=False)
 print("ready", flush=True)
 i = 0
 while True:
@@ -70,8 +74,9 @@ print(json.dumps(out), flush=True)
 """
 
 
-def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int) -> dict[str, Any]:
-    siblings = [subprocess.Popen([sys.executable, "-c", SIBLING, str(int(cuda)), str(int(busy))], env=env,
+def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int, control: bool) -> dict[str, Any]:
+    args = [str(int(cuda)), str(int(busy)), str(int(control))]
+    siblings = [subprocess.Popen([sys.executable, "-c", SIBLING, *args], env=env,
                                  stdout=subprocess.PIPE, text=True) for _ in range(n)]
     try:
         for s in siblings:
@@ -90,6 +95,7 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int)
     keys = ["acquire", "release", "round_trip", "arbiter_acquire", None, "drain", "freeze", "isolate"]
     ms = {k: [r[i] * 1e3 for r in rows] for i, k in enumerate(keys) if k}
     result: dict[str, Any] = {"siblings": n, "mode": "busy" if busy else "idle", "cuda_siblings": cuda,
+                              "cooperative_siblings": control,
                               "rounds": rounds, "frozen_per_region": rows[-1][4]}
     for k, xs in ms.items():
         result[f"{k}_p50_ms"] = round(percentile(xs, 0.5), 4)
@@ -104,6 +110,9 @@ def main() -> None:
     p.add_argument("--modes", default="idle", help="idle,busy")
     p.add_argument("--cuda", action="store_true", help="siblings hold a CUDA context (torch)")
     p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--plain-siblings", action="store_true",
+                   help="siblings without a control channel (frozen but not asked to drain): the floor "
+                        "without the cooperative drain's round trips")
     args = p.parse_args()
     runtime = Path(tempfile.mkdtemp(prefix="krex-latency-"))
     repo = Path(__file__).resolve().parents[1]
@@ -120,7 +129,7 @@ def main() -> None:
         results = []
         for mode in args.modes.split(","):
             for n in [int(c) for c in args.counts.split(",")]:
-                r = run_config(env, n, mode == "busy", args.cuda, args.rounds)
+                r = run_config(env, n, mode == "busy", args.cuda, args.rounds, not args.plain_siblings)
                 results.append(r)
                 print(f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
                       f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
@@ -129,7 +138,7 @@ def main() -> None:
     finally:
         arbiter.send_signal(signal.SIGTERM)
         arbiter.wait(10)
-    name = f"arbiter_latency-{args.backend}" + ("-cuda" if args.cuda else "")
+    name = "-".join(["arbiter_latency", args.backend] + ["cuda"] * args.cuda + ["plain"] * args.plain_siblings)
     write_result(name, {"benchmark": "arbiter_latency", "backend": args.backend, "machine": machine(),
                         "command": " ".join(sys.argv), "results": results,
                         "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import time
@@ -200,8 +201,9 @@ class Scheduler:
             t1 = time.monotonic()
             region.times["drain"] = t1 - t0
             if region.freeze:
-                region.frozen = arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt,
-                                                   arb.cgroups_of(siblings))
+                # Sessions that acknowledged the drain may already be stopped (see _drain).
+                arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt,
+                                   arb.cgroups_of(siblings), result=region.frozen)
                 # Grant only once the stops have landed: a sibling still running would share
                 # the holder's first milliseconds. (Re-walking the trees waits till after.)
                 while arb.freezer.pending(region.frozen) and time.monotonic() - t1 < 0.1:
@@ -210,7 +212,7 @@ class Scheduler:
             region.times["freeze"] = t2 - t1
             if region.isolate:
                 frozen = set(region.frozen.pids)
-                others = [p for s in arb.sessions if s.pid not in region.exempt
+                others = [p for s in arb.sessions if s.pid not in region.exempt and s.pid not in frozen
                           for p in tree(s.pid) if p not in frozen and p not in region.exempt]
                 region.isolated = arb.cores.isolate(
                     region.id, tree(holder.pid), sorted(set(others)), region.cores,
@@ -266,8 +268,13 @@ class Scheduler:
             targets -= region.exempt
             lock_job = arb.locker.lock_all(sorted(targets), region.drain, self._journal_lock(region))
         cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
+        # Without driver locks nothing can be stopped before it is locked, so a session is
+        # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
+        freeze_on_ack = region.freeze and not arb.locker.can_lock
         for s in cooperative:
-            region.acks[s.id] = loop.create_future()
+            ack = region.acks[s.id] = loop.create_future()
+            if freeze_on_ack:
+                ack.add_done_callback(functools.partial(self._freeze_acked, region, s.pid))
             arb.send_control(s, "drain", region)
         for s in siblings:
             if s.control is None and s.pid not in targets:
@@ -286,6 +293,10 @@ class Scheduler:
                 region.drain.not_drained[s.pid] = f"did not answer drain within {arb.drain_timeout:.2f} s"
             if fut is not None and not fut.done():
                 fut.cancel()
+
+    def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is None and region.state == "granting":
+            self.arb.freezer.extend(region.id, region.frozen, [pid], region.exempt, passes=1)
 
     def _journal_lock(self, region: Region) -> Callable[[list[tuple[int, int]]], None]:
         backend = self.arb.backend.name

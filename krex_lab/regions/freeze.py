@@ -49,9 +49,10 @@ class Freezer:
         self._record = record
 
     def freeze(
-        self, region: str, roots: Iterable[int], exempt: set[int], cgroups: Iterable[Path] = ()
+        self, region: str, roots: Iterable[int], exempt: set[int], cgroups: Iterable[Path] = (),
+        result: FreezeResult | None = None,
     ) -> FreezeResult:
-        result = FreezeResult()
+        result = result if result is not None else FreezeResult()
         groups = [str(p) for p in cgroups]
         if groups:
             self._record("cgfreeze", region, paths=groups)
@@ -61,8 +62,10 @@ class Freezer:
                     result.cgroups.append(path)
                 except OSError as exc:
                     result.failed.append(f"cgroup {path}: {exc}")
-        # One walk on the critical path; settle() walks again once the stops have landed.
-        self.extend(region, result, list(roots), exempt, passes=1)
+        # One walk on the critical path (trees stopped already, on drain ack, are not walked
+        # again here); settle() walks everything again once the stops have landed.
+        done = set(result.pids)
+        self.extend(region, result, [r for r in roots if r not in done], exempt, passes=1)
         return result
 
     def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int],
