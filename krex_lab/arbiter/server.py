@@ -89,12 +89,12 @@ class Arbiter(LoggingConfigurable):
 
     def publish(self, topic: str, data: dict[str, Any]) -> None:
         data.setdefault("time", time.time())
-        self.pub.send_multipart([f"krex.{topic}".encode(), protocol.encode(data)])
+        self._send(self._pub_sync, [f"krex.{topic}".encode(), protocol.encode(data)])
 
     def send_control(self, session: Session, kind: str, region: Any) -> None:
         if session.control is not None:
             msg = protocol.Control(kind=kind, region=region.id, gpu=region.gpu)  # type: ignore[arg-type]
-            self.router.send_multipart([session.control, protocol.encode(msg)])
+            self._send(self._router_sync, [session.control, protocol.encode(msg)])
 
     def cgroups_of(self, sessions: list[Session]) -> list[Path]:
         return []
@@ -138,6 +138,8 @@ class Arbiter(LoggingConfigurable):
         self.pub.setsockopt(zmq.LINGER, 0)
         self.router.bind(self.bound)
         self.pub.bind(self.events)
+        self._router_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
+        self._pub_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.pub.underlying)
         if self.multi_user:
             for ep in (self.bound, self.events):
                 if ep.startswith("ipc://"):
@@ -196,7 +198,7 @@ class Arbiter(LoggingConfigurable):
     async def _recv_loop(self) -> None:
         # After each wake-up, take whatever else is queued without going back to the loop:
         # the drain acks of many sessions arrive together.
-        sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
+        sync = self._router_sync
         while True:
             batch = [await self.router.recv_multipart(copy=True)]
             for _ in range(256):
@@ -260,7 +262,16 @@ class Arbiter(LoggingConfigurable):
                                   error=protocol.ErrorBody(type(error).__name__, str(error)))
         else:
             body = protocol.Reply(id=rid, result=result)
-        self.router.send_multipart([identity, *envelope, protocol.encode(body)])
+        self._send(self._router_sync, [identity, *envelope, protocol.encode(body)])
+
+    @staticmethod
+    def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        # Plain non-blocking sends: ROUTER and PUB never block (they drop for a gone or slow
+        # peer), and the asyncio socket's per-send futures cost more than the message itself.
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("dropped a message to a peer that is not reading")
 
     def _check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < self.gpu_count:
