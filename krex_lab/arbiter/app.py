@@ -32,6 +32,7 @@ class ArbiterApp(Application):
         "isolate-cores": "Arbiter.isolate_cores",
         "drain-timeout": "Arbiter.drain_timeout",
         "config": "ArbiterApp.config_file",
+        "cgroups": "Arbiter.cgroups",
         "log-level": "Application.log_level",
     }
     flags = {

@@ -90,7 +90,7 @@ class Region:
             "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
             "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
             "intruders": self.drain.intruders,
-            "frozen": self.frozen.pids,
+            "frozen": self.frozen.all_pids(),
             "frozen_cgroups": self.frozen.cgroups,
             "skipped_stopped": self.frozen.skipped,
             "moved": self.isolated.moved_pids,
@@ -202,8 +202,7 @@ class Scheduler:
             region.times["drain"] = t1 - t0
             if region.freeze:
                 # Sessions that acknowledged the drain may already be stopped (see _drain).
-                arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt,
-                                   arb.cgroups_of(siblings), result=region.frozen)
+                arb.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt, result=region.frozen)
                 # Grant only once the stops have landed: a sibling still running would share
                 # the holder's first milliseconds. (Re-walking the trees waits till after.)
                 while arb.freezer.pending(region.frozen) and time.monotonic() - t1 < 0.1:

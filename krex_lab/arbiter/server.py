@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from .. import __version__, paths, protocol
 from ..errors import InvalidRequest, KrexError, NotHolder, ProtocolError
 from ..gpu import BACKENDS, GpuBackend, make_backend
 from ..procutil import ancestors
+from ..regions.cgroups import CgroupPlacer
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
@@ -62,8 +64,16 @@ class Arbiter(LoggingConfigurable):
         config=True)
     multi_user = Bool(False, help="Let other users reach the socket (runtime dir 0755, socket 0666). A "
                       "multi-user arbiter runs as root.").tag(config=True)
+    cgroups = Enum(["off", "auto"], default_value="off", help="Place each session in a cgroup v2 of its own "
+                   "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
+                   "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
+                   "between cgroups can fight a host's own cgroup management.").tag(config=True)
     guardian = Bool(True, help="Start a guardian process that undoes every lock, freeze and re-pin if "
                     "the arbiter dies.").tag(config=True)
+    telemetry_interval = Float(1.0, help="Seconds between `krex.telemetry` events (the node status with the GPU "
+                               "readings, holders, queues and sessions, the GPU processes' memory and the recent "
+                               "regions), computed once per period however many dashboards subscribe; 0 disables."
+                               ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -96,8 +106,8 @@ class Arbiter(LoggingConfigurable):
             msg = protocol.Control(kind=kind, region=region.id, gpu=region.gpu)  # type: ignore[arg-type]
             self._send(self._router_sync, [session.control, protocol.encode(msg)])
 
-    def cgroups_of(self, sessions: list[Session]) -> list[Path]:
-        return []
+    def cgroup_of_session(self, pid: int) -> str:
+        return next((s.cgroup for s in self.sessions if s.pid == pid and s.cgroup), "")
 
     # -- lifecycle ------------------------------------------------------------------------
     def _take_lock(self) -> None:
@@ -153,7 +163,9 @@ class Arbiter(LoggingConfigurable):
         if any(summary[k] for k in ("restored", "thawed", "unlocked")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal = Journal(self.journal_path)
-        self.freezer = Freezer(self.journal.record)
+        self.placer = CgroupPlacer(self.cgroups == "auto")
+        self.freezer = Freezer(self.journal.record, self.cgroup_of_session,
+                               self.placer.relative if self.placer.enabled else None)
         self.cores = CoreBook()
         self._bind()
         self.gate = Gate(self.publish)
@@ -170,6 +182,8 @@ class Arbiter(LoggingConfigurable):
         tasks = [asyncio.ensure_future(self._recv_loop())]
         if self.guardian:
             tasks.append(asyncio.ensure_future(self._keep_guardian()))
+        if self.telemetry_interval > 0:
+            tasks.append(asyncio.ensure_future(self._telemetry()))
         if ready is not None:
             ready.set()
         try:
@@ -179,6 +193,7 @@ class Arbiter(LoggingConfigurable):
                 t.cancel()
             await self.scheduler.shutdown()
             self.sessions.close()
+            self.placer.sweep()
             self.journal.close()
             self.locker.shutdown()
             self.router.close()
@@ -189,6 +204,26 @@ class Arbiter(LoggingConfigurable):
                 self._guardian.wait()
             self.backend.close()
             log.info("krex arbiter stopped")
+
+    async def _telemetry(self) -> None:
+        """Publish ``krex.telemetry`` every ``telemetry_interval`` s for dashboards: one backend query per
+        period, whatever the number of subscribers (``seq`` numbers the events)."""
+        from .status import node_status
+
+        loop = asyncio.get_running_loop()
+        for seq in itertools.count(1):
+            await asyncio.sleep(self.telemetry_interval)
+            try:
+                data = node_status(self)
+                # Per-process GPU memory (NVML lists it; the fake backend has none), off the loop.
+                procs = await loop.run_in_executor(
+                    None, lambda: [{"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
+                                   for g in range(self.gpu_count) for p in self.backend.processes(g)])
+            except Exception:
+                log.exception("telemetry failed")
+                continue
+            self.publish("telemetry", {**data, "seq": seq, "interval": self.telemetry_interval,
+                                       "processes": procs, "regions": list(self.scheduler.history)[-20:]})
 
     def stop(self) -> None:
         if self._stopping is not None:
@@ -322,6 +357,7 @@ class Arbiter(LoggingConfigurable):
                 within = req.within
         session = self.sessions.add(req.pid, req.uid, req.role, req.name, gpu,
                                     identity if req.control else None, within)
+        session.cgroup = self.placer.place(session.id, session.pid)
         self.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
         return {"session": session.id, "token": session.token, "gpu": gpu, **self.backend_info}
@@ -337,6 +373,7 @@ class Arbiter(LoggingConfigurable):
 
     def _session_gone(self, session: Session, reason: str) -> None:
         self.scheduler.session_gone(session, reason)
+        self.placer.remove(session.cgroup)
         self.publish("session", {"event": "left", **session.public()})
 
     def _op_acquire(self, req: protocol.Acquire, identity: bytes, reply: Any) -> Any:

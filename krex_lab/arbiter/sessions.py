@@ -39,6 +39,7 @@ class Session:
     gpu: int
     control: bytes | None  # ROUTER identity of the socket that registered, for control messages
     within: str = ""  # the region this session is part of (started by its holder: KREX_REGION)
+    cgroup: str = ""  # the cgroup v2 the arbiter placed it in (--cgroups auto), else ""
     created: float = field(default_factory=time.time)
 
     @property
@@ -60,6 +61,7 @@ class Session:
             "name": self.name,
             "gpu": self.gpu,
             "within": self.within,
+            "cgroup": self.cgroup,
             "since": self.created,
         }
 

@@ -3,7 +3,9 @@
 Two mechanisms:
 
 * **cgroup v2** (``cgroup.freeze``) for sessions the arbiter placed in a cgroup it manages
-  (:mod:`krex_lab.regions.cgroups`); the kernel catches forks for us.
+  (:mod:`krex_lab.regions.cgroups`); the kernel catches forks for us. Processes of such a
+  tree that live outside the cgroup (children from before the session was placed) still get
+  SIGSTOP.
 * **SIGSTOP** otherwise. A process may fork while its tree is being stopped, so the tree is
   walked again after every pass until a pass finds no new process. The kernel aborts a
   fork() that a signal interrupts, so once SIGSTOP is queued a process makes no new child;
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..procutil import proc_state, same_process, state_and_start, tree
+from .cgroups import cgroup_of, is_frozen
 
 Record = Callable[..., None]  # Journal.record(kind, region, **data)
 
@@ -36,41 +39,65 @@ class FreezeResult:
     cgroups: list[str] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)  # already stopped by someone else
     failed: list[str] = field(default_factory=list)
+    inside: set[str] = field(default_factory=set)  # frozen cgroups, as /proc/PID/cgroup names them
+    roots: set[int] = field(default_factory=set)  # session roots already walked
 
     @property
     def pids(self) -> list[int]:
+        """Processes stopped with SIGSTOP."""
         return [p for p, _ in self.procs]
+
+    def all_pids(self) -> list[int]:
+        """Every frozen process: stopped ones and the members of frozen cgroups."""
+        members: list[int] = []
+        for path in self.cgroups:
+            try:
+                members.extend(int(x) for x in Path(path, "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+        return sorted(set(self.pids) | set(members))
 
 
 class Freezer:
-    """Stops process trees; the journal callback runs before any signal is sent."""
+    """Stops process trees; the journal callback runs before any signal is sent.
 
-    def __init__(self, record: Record) -> None:
+    ``cgroup_of_session(pid)`` names the cgroup the arbiter placed a session root in (""
+    for none); ``relative`` turns such a path into the name /proc/PID/cgroup uses.
+    """
+
+    def __init__(self, record: Record, cgroup_of_session: Callable[[int], str] | None = None,
+                 relative: Callable[[str], str] | None = None) -> None:
         self._record = record
+        self._cgroup_of_session = cgroup_of_session or (lambda pid: "")
+        self._relative = relative or (lambda path: path)
 
-    def freeze(
-        self, region: str, roots: Iterable[int], exempt: set[int], cgroups: Iterable[Path] = (),
-        result: FreezeResult | None = None,
-    ) -> FreezeResult:
+    def freeze(self, region: str, roots: Iterable[int], exempt: set[int],
+               result: FreezeResult | None = None) -> FreezeResult:
         result = result if result is not None else FreezeResult()
-        groups = [str(p) for p in cgroups]
-        if groups:
-            self._record("cgfreeze", region, paths=groups)
-            for path in groups:
-                try:
-                    Path(path, "cgroup.freeze").write_text("1")
-                    result.cgroups.append(path)
-                except OSError as exc:
-                    result.failed.append(f"cgroup {path}: {exc}")
         # One walk on the critical path (trees stopped already, on drain ack, are not walked
         # again here); settle() walks everything again once the stops have landed.
-        done = set(result.pids)
+        done = set(result.pids) | set(result.roots)
         self.extend(region, result, [r for r in roots if r not in done], exempt, passes=1)
         return result
+
+    def _freeze_cgroups(self, region: str, result: FreezeResult, roots: list[int]) -> None:
+        groups = [g for g in (self._cgroup_of_session(r) for r in roots) if g and g not in result.cgroups]
+        if not groups:
+            return
+        self._record("cgfreeze", region, paths=groups)
+        for path in groups:
+            try:
+                Path(path, "cgroup.freeze").write_text("1")
+                result.cgroups.append(path)
+                result.inside.add(self._relative(path))
+            except OSError as exc:
+                result.failed.append(f"cgroup {path}: {exc}")
 
     def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int],
                passes: int = _MAX_PASSES) -> None:
         """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
+        self._freeze_cgroups(region, result, roots)
+        result.roots.update(roots)
         seen = set(result.pids) | set(result.skipped)
         for _ in range(passes):
             new: list[tuple[int, int]] = []
@@ -79,6 +106,8 @@ class Freezer:
                     if pid in seen or pid in exempt:
                         continue
                     seen.add(pid)
+                    if result.inside and cgroup_of(pid) in result.inside:
+                        continue  # the kernel freezes it with its cgroup, forks included
                     state, start = state_and_start(pid)
                     if state is None or start is None or state == "Z":
                         continue
@@ -101,9 +130,10 @@ class Freezer:
             result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
 
     @staticmethod
-    def pending(result: FreezeResult) -> list[int]:
-        """Processes signalled but not yet seen stopped (a D-state sleeper can take a while)."""
-        return [p for p in result.pids if proc_state(p) not in ("T", "t", "Z", None)]
+    def pending(result: FreezeResult) -> list[str]:
+        """What was told to stop but has not yet (a D-state sleeper can take a while)."""
+        late = [str(p) for p in result.pids if proc_state(p) not in ("T", "t", "Z", None)]
+        return late + [c for c in result.cgroups if not is_frozen(c)]
 
     def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
         """Once every stop has landed: walk the trees again; returns processes caught late."""

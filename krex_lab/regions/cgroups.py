@@ -1,0 +1,121 @@
+"""Sessions in cgroups that the arbiter manages, so that a freeze catches every fork.
+
+cgroup v2's ``cgroup.freeze`` stops every process of a cgroup, and everything forked there
+afterwards, in the kernel; no tree walk can race it. The arbiter (``--cgroups auto``) moves
+each session's process into ``<v2 root>/krex/<session>`` when it registers; children it
+starts later are born inside. Children it had before stay outside and are stopped with
+SIGSTOP as usual. Opt-in: moving processes between cgroups can fight a host's own cgroup
+management (systemd units, Kubernetes pods), so SIGSTOP is the default.
+
+Works on a pure v2 hierarchy (``/sys/fs/cgroup``) and on the hybrid layout, whose v2
+hierarchy (``/sys/fs/cgroup/unified``) freezes without any controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("krex.cgroups")
+
+
+def v2_root() -> Path | None:
+    """Mount point of the cgroup v2 hierarchy, if there is one."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return None
+    found = [Path(m[1]) for m in mounts if len(m) > 2 and m[2] == "cgroup2"]
+    return min(found, key=lambda p: len(p.parts)) if found else None
+
+
+def cgroup_of(pid: int) -> str | None:
+    """The process's v2 cgroup, relative to the hierarchy's root (``/krex/s1-…``)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        return None
+    return None
+
+
+def is_frozen(path: str | Path) -> bool:
+    try:
+        return "frozen 1" in Path(path, "cgroup.events").read_text()
+    except OSError:
+        return False
+
+
+class CgroupPlacer:
+    """Creates ``<root>/krex/<session>`` and moves a session's process into it."""
+
+    def __init__(self, enabled: bool, name: str = "krex") -> None:
+        self.base: Path | None = None
+        self.root: Path | None = None
+        self.reason = "disabled (--cgroups off)"
+        if not enabled:
+            return
+        root = v2_root()
+        if root is None:
+            self.reason = "no cgroup v2 hierarchy is mounted"
+            return
+        base = root / name
+        try:
+            base.mkdir(exist_ok=True)
+            if not (base / "cgroup.freeze").exists():
+                raise OSError("no cgroup.freeze (kernel older than 5.2)")
+            probe = base / ".probe"
+            probe.mkdir(exist_ok=True)
+            probe.rmdir()
+        except OSError as exc:
+            self.reason = f"cannot manage cgroups under {root}: {exc}"
+            return
+        self.root, self.base, self.reason = root, base, f"sessions placed under {base}"
+        self.sweep()
+
+    @property
+    def enabled(self) -> bool:
+        return self.base is not None
+
+    def place(self, session: str, pid: int) -> str:
+        """Move ``pid`` into the session's cgroup; returns its path, or "" where that failed."""
+        if self.base is None:
+            return ""
+        path = self.base / session
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            log.info("session %s stays in its cgroup (%s): SIGSTOP will freeze it", session, exc)
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return ""
+        return str(path)
+
+    def relative(self, path: str) -> str:
+        """``path`` as /proc/PID/cgroup names it."""
+        assert self.root is not None
+        return "/" + str(Path(path).relative_to(self.root))
+
+    def remove(self, path: str) -> None:
+        """Drop a session's cgroup once it is empty (a live child keeps it until the next sweep).
+
+        Never thaws: a region may hold it frozen; the region's release (or the journal) thaws.
+        """
+        if path:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
+    def sweep(self) -> None:
+        """Remove empty cgroups left by sessions of an earlier arbiter (its journal has been
+        replayed by then, so nothing of it is still frozen)."""
+        if self.base is None:
+            return
+        for child in self.base.iterdir():
+            if child.is_dir():
+                self.remove(str(child))

@@ -1,0 +1,86 @@
+"""Freezing through cgroup v2 (`krex arbiter --cgroups auto`): the kernel catches every fork."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_lab.procutil import proc_state, tree
+from krex_lab.regions.cgroups import CgroupPlacer, cgroup_of, is_frozen
+
+from .conftest import ArbiterProc, Procs, cpu_gain, wait_for
+
+if not CgroupPlacer(True).enabled:
+    pytest.skip(f"cgroup v2 not manageable here: {CgroupPlacer(True).reason}", allow_module_level=True)
+
+
+@pytest.fixture
+def cg_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    arb = ArbiterProc(runtime, extra=("--cgroups", "auto"))
+    monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
+    arb.start()
+    yield arb
+    arb.stop()
+
+
+@pytest.fixture
+def cg_procs(cg_arbiter: ArbiterProc) -> Iterator[Procs]:
+    p = Procs(cg_arbiter.env())
+    yield p
+    p.cleanup()
+
+
+def _session(arb: ArbiterProc, pid: int) -> dict:
+    return next(s for g in arb.status()["gpus"] for s in g["sessions"] if s["pid"] == pid)
+
+
+def test_forking_session_frozen_by_its_cgroup(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
+    forker = cg_procs.start("sibling", "0", "--forker")
+    path = _session(cg_arbiter, forker.pid)["cgroup"]
+    assert path and cgroup_of(forker.pid) == "/" + str(Path(path).relative_to(Path(path).parents[1]))
+    wait_for(lambda: len(tree(forker.pid)) > 3)
+    holder = cg_procs.start("holder", "0", "--hold", "1.0", wait_line="granted")
+    assert is_frozen(path)
+    assert cpu_gain(forker.pid) == pytest.approx(0.0, abs=0.02), "no process of the tree runs"
+    before = set(tree(forker.pid))
+    assert set(tree(forker.pid)) == before, "no fork while frozen"
+    assert proc_state(forker.pid) != "T", "frozen by its cgroup, not by SIGSTOP"
+    released = cg_procs.report(cg_procs.readline(holder))
+    assert path in released["frozen_cgroups"] and forker.pid in released["frozen"]
+    assert not released["degraded"]
+    wait_for(lambda: not is_frozen(path))
+    wait_for(lambda: bool(set(tree(forker.pid)) - before), timeout=2.0)  # forking again
+
+
+def test_children_from_before_placement_get_sigstop(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
+    # The child exists before the session registers, so it stays outside the session's cgroup.
+    code = ("import subprocess, sys, time, krex_lab\n"
+            "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\ntime.sleep(0.3)\n"
+            "krex_lab.attach(gpu=0)\nprint('ready', flush=True)\nwhile True: pass\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], env=cg_arbiter.env(), stdout=subprocess.PIPE, text=True)
+    cg_procs.procs.append(parent)
+    assert parent.stdout is not None and parent.stdout.readline().startswith("ready")
+    child = tree(parent.pid)[1]
+    assert cgroup_of(child) != cgroup_of(parent.pid)
+    cg_procs.start("holder", "0", wait_line="granted")
+    wait_for(lambda: proc_state(child) == "T", timeout=2.0)
+    assert cpu_gain(parent.pid) == pytest.approx(0.0, abs=0.02)
+
+
+def test_guardian_thaws_cgroups_when_the_arbiter_dies(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
+    sib = cg_procs.start("sibling", "0")
+    path = _session(cg_arbiter, sib.pid)["cgroup"]
+    cg_procs.start("holder", "0", wait_line="granted")
+    assert is_frozen(path)
+    assert cg_arbiter.proc is not None
+    cg_arbiter.proc.kill()
+    took = wait_for(lambda: not is_frozen(path), timeout=1.0)
+    assert took < 1.0 and cpu_gain(sib.pid) > 0.02
+    cg_arbiter.proc.wait()
