@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
-
-from traitlets import Unicode
-from traitlets.config import Application
 
 from .. import __version__
+from ..application import KrexApplication
 from .server import Arbiter
 
 
-class ArbiterApp(Application):
+class ArbiterApp(KrexApplication):
     name = "krex-arbiter"
     description = "The KREX node arbiter: region-granular GPU exclusivity for every session on this node."
     version = __version__
     classes = [Arbiter]
 
-    config_file = Unicode("", help="A config file to load (Python or JSON).").tag(config=True)
+    config_basename = "krex_arbiter_config"
 
     aliases = {
         "backend": "Arbiter.backend_name",
@@ -41,21 +38,6 @@ class ArbiterApp(Application):
         "no-lock-foreign": ({"Arbiter": {"lock_foreign": False}}, "Lock only KREX sessions' GPU processes."),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }
-
-    def initialize(self, argv: Any = None) -> None:
-        super().initialize(argv)
-        try:
-            from jupyter_core.paths import jupyter_config_path
-
-            search = [".", *jupyter_config_path()]
-        except ImportError:
-            search = ["."]
-        self.load_config_file("krex_arbiter_config", path=search)
-        if self.config_file:
-            self.load_config_file(self.config_file)
-        level = int(self.log_level)  # type: ignore[call-overload]
-        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        logging.getLogger("krex").setLevel(level)
 
     def start(self) -> None:
         arbiter = Arbiter(parent=self)

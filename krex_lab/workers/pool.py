@@ -30,9 +30,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
-from traitlets.config import Application, LoggingConfigurable
+from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths
+from ..application import KrexApplication
 from ..errors import KrexError
 from .dispatch import Dispatcher, Job
 from .gates import GateWatcher
@@ -387,12 +388,12 @@ class Pool(LoggingConfigurable):
         }
 
 
-class PoolApp(Application):
+class PoolApp(KrexApplication):
     name = "krex-pool"
     description = "This user's KREX pool of warm context workers (krex run, %%krex, krex_lab.submit)."
     version = __version__
     classes = [Pool]
-    config_file = Unicode("", help="A config file to load (Python or JSON).").tag(config=True)
+    config_basename = "krex_pool_config"
     aliases = {
         "endpoint": "Pool.endpoint",
         "arbiter": "Pool.arbiter",
@@ -409,21 +410,6 @@ class PoolApp(Application):
         "no-preload": ({"Pool": {"preload": []}}, "Preload no framework."),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }
-
-    def initialize(self, argv: Any = None) -> None:
-        super().initialize(argv)
-        try:
-            from jupyter_core.paths import jupyter_config_path
-
-            search = [".", *jupyter_config_path()]
-        except ImportError:
-            search = ["."]
-        self.load_config_file("krex_pool_config", path=search)
-        if self.config_file:
-            self.load_config_file(self.config_file)
-        level = int(self.log_level)  # type: ignore[call-overload]
-        logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-        logging.getLogger("krex").setLevel(level)
 
     def start(self) -> None:
         pool = Pool(parent=self)
