@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency warm quickstart multigpu (default: all but multigpu).
+# Stages: info gputests fidelity latency warm quickstart throughput multigpu bench (default: all but multigpu).
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
 # most 8 files), and benchmarks/results/ on that machine.
 set -uo pipefail
@@ -32,6 +32,8 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
+    throughput)
+      timeout 200 python3 benchmarks/throughput.py --backend nvidia --seconds ${THROUGHPUT_SECONDS:-30} 2>&1 | tail -8 | tee "$OUT/throughput.log" ;;
     multigpu)
       timeout 300 python3 benchmarks/multi_gpu.py ${MULTIGPU_ARGS:-} 2>&1 | grep -v "IPKernelApp.*without encryption" | tail -90 | tee "$OUT/multigpu.log" ;;
     *) echo "unknown stage $stage" ;;
