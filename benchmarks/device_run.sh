@@ -34,6 +34,10 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
     throughput)
       timeout 200 python3 benchmarks/throughput.py --backend nvidia --seconds ${THROUGHPUT_SECONDS:-30} 2>&1 | tail -8 | tee "$OUT/throughput.log" ;;
+    bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
+      timeout 240 python3 benchmarks/bench_vs_do_bench.py ${BENCH_ARGS:-} 2>&1 | tail -70 | tee "$OUT/bench.log"
+      timeout 300 python3 benchmarks/notebook_device.py notebooks/02_optimize_a_kernel.ipynb 2>&1 \
+        | grep -v "IPKernelApp.*without encryption" | tail -60 | tee "$OUT/notebook02.log" ;;
     multigpu)
       timeout 300 python3 benchmarks/multi_gpu.py ${MULTIGPU_ARGS:-} 2>&1 | grep -v "IPKernelApp.*without encryption" | tail -90 | tee "$OUT/multigpu.log" ;;
     *) echo "unknown stage $stage" ;;

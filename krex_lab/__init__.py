@@ -35,6 +35,7 @@ __all__ = [
     "InvalidRequest",
     "KrexError",
     "LeaseExpired",
+    "Measurement",
     "NotHolder",
     "PermissionDenied",
     "ProtocolError",
@@ -43,12 +44,17 @@ __all__ = [
     "UnknownSession",
     "__version__",
     "attach",
+    "bench",
+    "check",
+    "dashboard",
     "exclusive",
     "submit",
 ]
 
 if TYPE_CHECKING:
+    from .bench import Measurement, bench, check
     from .client import attach, exclusive
+    from .dashboard import dashboard
     from .workers.client import submit
 
 
@@ -58,6 +64,15 @@ def __getattr__(name: str) -> Any:
         from . import client
 
         return getattr(client, name)
+    if name == "dashboard":  # the (callable) package; ipywidgets loads only when a dashboard is made
+        import importlib
+
+        return importlib.import_module(".dashboard", __name__)
+    if name in ("bench", "check", "Measurement"):  # bench is the (callable) package: krex_lab.bench(fn, *args)
+        import importlib
+
+        harness = importlib.import_module(".bench", __name__)
+        return harness if name == "bench" else getattr(harness, name)
     if name == "submit":
         from .workers.client import submit
 

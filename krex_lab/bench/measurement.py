@@ -1,0 +1,200 @@
+"""``Measurement``: what :func:`krex_lab.bench` returns (times in milliseconds), and ``compare``."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .stats import CONVERGED, summarize
+
+
+def fmt_ms(ms: float) -> str:
+    """A time in a readable unit: ``12.3 µs``, ``1.234 ms``, ``1.20 s``."""
+    if not math.isfinite(ms):
+        return "n/a"
+    if ms < 1.0:
+        return f"{ms * 1e3:.4g} µs"
+    if ms < 1000.0:
+        return f"{ms:.4g} ms"
+    return f"{ms / 1e3:.3g} s"
+
+
+@dataclass
+class Measurement:
+    """One timed callable. Times (``median``, ``p5``, ``p95``, ``mean``, ``min``, ``max``,
+    ``samples``) are in milliseconds; ``rel_stdev`` is the noise (0.004 = 0.4 %)."""
+
+    name: str
+    framework: str
+    method: str
+    samples: list[float]
+    median: float
+    p5: float
+    p95: float
+    mean: float
+    min: float
+    max: float
+    rel_stdev: float
+    #: samples taken while the GPU was throttled, left out of everything above
+    discarded: int = 0
+    discard_reasons: dict[str, int] = field(default_factory=dict)
+    #: batches taken again because the spin kernel ended before the batch was enqueued
+    redone_batches: int = 0
+    stop_reason: str = ""
+    converged: bool = False
+    simulated: bool = False
+    l2_flush: bool = True
+    batch: int = 1
+    wall_s: float = 0.0
+    warmup: dict[str, Any] = field(default_factory=dict)
+    clocks: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    #: the region's report (``krex_lab.RegionReport``), None with ``exclusive=False``
+    region: dict[str, Any] | None = None
+    criterion: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    unit: str = "ms"
+
+    @classmethod
+    def from_samples(cls, name: str, framework: str, method: str, samples: list[float],
+                     **fields: Any) -> Measurement:
+        s = summarize(samples)
+        reason = fields.get("stop_reason", "")
+        return cls(name=name, framework=framework, method=method, samples=list(samples), median=s.median,
+                   p5=s.p5, p95=s.p95, mean=s.mean, min=s.min, max=s.max, rel_stdev=s.rel_stdev,
+                   converged=reason in CONVERGED, **fields)
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def noise(self) -> float:
+        return self.rel_stdev
+
+    def speedup_over(self, other: Measurement) -> float:
+        """How many times faster this is than ``other`` (ratio of medians)."""
+        return other.median / self.median if self.median > 0 else math.nan
+
+    def to_dict(self, samples: bool = True) -> dict[str, Any]:
+        """Plain JSON-able data (for agents and result files); ``samples=False`` leaves the raw samples out."""
+        out: dict[str, Any] = {
+            "name": self.name, "unit": self.unit, "median": self.median, "p5": self.p5, "p95": self.p95,
+            "mean": self.mean, "min": self.min, "max": self.max, "rel_stdev": self.rel_stdev,
+            "n_samples": self.n, "discarded": self.discarded, "discard_reasons": dict(self.discard_reasons),
+            "redone_batches": self.redone_batches, "converged": self.converged, "stop_reason": self.stop_reason,
+            "framework": self.framework, "method": self.method, "simulated": self.simulated,
+            "l2_flush": self.l2_flush, "batch": self.batch, "wall_s": self.wall_s, "warmup": dict(self.warmup),
+            "clocks": dict(self.clocks), "device": dict(self.device),
+            "region": dict(self.region) if self.region is not None else None,
+            "criterion": dict(self.criterion), "warnings": list(self.warnings),
+        }
+        if samples:
+            out["samples"] = list(self.samples)
+        return out
+
+    def _stop_text(self) -> str:
+        if self.converged:
+            return f"converged ({self.stop_reason})"
+        return f"NOT converged ({self.stop_reason})" if self.stop_reason else "not converged"
+
+    def _region_text(self) -> str:
+        if self.region is None:
+            return "no region (exclusive=False)"
+        r = self.region
+        if r.get("nested"):
+            return f"inside region {r.get('region')} (already held)"
+        sim = " [simulated GPU]" if r.get("simulated") else ""
+        return (f"region {r.get('region')} on GPU {r.get('gpu')}{sim}: frozen {len(r.get('frozen', []))}, "
+                f"drained {len(r.get('drained', []))}, cores {r.get('cores', [])}")
+
+    def summary(self) -> str:
+        sim = " [SIMULATED: host time of numba's CUDA simulator, not a GPU time]" if self.simulated else ""
+        return (f"{self.name}: median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
+                f"noise {self.rel_stdev:.2%}, {self.n} samples, {self.discarded} discarded (throttled), "
+                f"{self._stop_text()}; {self.framework}, {self.method}{sim}")
+
+    def __repr__(self) -> str:
+        return f"<Measurement {self.summary()}>"
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        rows = [
+            ("median", fmt_ms(self.median)), ("p5 / p95", f"{fmt_ms(self.p5)} / {fmt_ms(self.p95)}"),
+            ("mean", fmt_ms(self.mean)), ("noise (rel. stdev)", f"{self.rel_stdev:.2%}"),
+            ("samples", f"{self.n} kept, {self.discarded} discarded (throttled)"),
+            ("stopped", self._stop_text()), ("timing", f"{self.framework}: {self.method}"),
+            ("L2 flush", "between samples" if self.l2_flush else "off"),
+            ("device", str(self.device.get("name", ""))), ("region", self._region_text()),
+        ]
+        if self.clocks.get("sm_mhz_median"):
+            rows.append(("SM clock", f"{self.clocks.get('sm_mhz_min')}-{self.clocks.get('sm_mhz_max')} MHz"))
+        body = "".join(f"<tr><th style='text-align:left'>{e(k)}</th><td style='text-align:left'>{e(str(v))}</td>"
+                       "</tr>" for k, v in rows)
+        notes = list(self.warnings)
+        if self.simulated:
+            notes.insert(0, "SIMULATED: host time of numba's CUDA simulator, not a GPU time")
+        warn = "".join(f"<div style='color:#b00'>⚠ {e(w)}</div>" for w in notes)
+        return (f"<div><b>{e(self.name)}</b><table>{body}</table>{warn}</div>")
+
+
+class Comparison:
+    """Several measurements side by side, with speed-ups against the first (the baseline)."""
+
+    def __init__(self, measurements: Mapping[str, Measurement]) -> None:
+        if not measurements:
+            raise ValueError("compare() needs at least one measurement")
+        self.measurements = dict(measurements)
+        self.baseline = next(iter(self.measurements))
+
+    def rows(self) -> list[dict[str, Any]]:
+        base = self.measurements[self.baseline]
+        return [{"name": k, "median_ms": m.median, "p5_ms": m.p5, "p95_ms": m.p95, "noise": m.rel_stdev,
+                 "samples": m.n, "discarded": m.discarded, "speedup": m.speedup_over(base),
+                 "simulated": m.simulated, "converged": m.converged} for k, m in self.measurements.items()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"baseline": self.baseline, "rows": self.rows()}
+
+    def __repr__(self) -> str:
+        lines = [f"{'':24s} {'median':>12s} {'p95':>12s} {'noise':>7s} {'vs ' + self.baseline[:12]:>16s}"]
+        for r in self.rows():
+            lines.append(f"{r['name'][:24]:24s} {fmt_ms(r['median_ms']):>12s} {fmt_ms(r['p95_ms']):>12s} "
+                         f"{r['noise']:>7.2%} {r['speedup']:>15.2f}x")
+        if any(r["simulated"] for r in self.rows()):
+            lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        head = "".join(f"<th>{h}</th>" for h in ("", "median", "p5", "p95", "noise", "samples",
+                                                  f"speed-up vs {e(self.baseline)}"))
+        body = "".join(
+            f"<tr><th style='text-align:left'>{e(r['name'])}</th><td>{fmt_ms(r['median_ms'])}</td>"
+            f"<td>{fmt_ms(r['p5_ms'])}</td><td>{fmt_ms(r['p95_ms'])}</td><td>{r['noise']:.2%}</td>"
+            f"<td>{r['samples']}</td><td>{r['speedup']:.2f}x</td></tr>" for r in self.rows())
+        sim = ("<div style='color:#b00'>simulated: host times of numba's CUDA simulator, not GPU times</div>"
+               if any(r["simulated"] for r in self.rows()) else "")
+        return f"<table><tr>{head}</tr>{body}</table>{sim}"
+
+
+def compare(*measurements: Measurement | Mapping[str, Measurement] | Iterable[Measurement]) -> Comparison:
+    """``compare(naive, mine, reference)`` or ``compare({"naive": a, "mine": b})``: a table with
+    speed-ups against the first one."""
+    named: dict[str, Measurement] = {}
+    for item in measurements:
+        if isinstance(item, Measurement):
+            items: Iterable[tuple[str, Measurement]] = [(item.name, item)]
+        elif isinstance(item, Mapping):
+            items = item.items()
+        else:
+            items = [(m.name, m) for m in item]
+        for key, m in items:
+            k, i = key, 2
+            while k in named:
+                k, i = f"{key} ({i})", i + 1
+            named[k] = m
+    return Comparison(named)
