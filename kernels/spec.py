@@ -20,6 +20,12 @@ from typing import Any
 import numpy as np
 from numba import cuda as numba_cuda
 
+# Some numba-cuda releases register an overload for np.row_stack, which NumPy 2.4 removed,
+# when their first kernel compiles (seen on the H200 image: every compile failed with
+# "module 'numpy' has no attribute 'row_stack'"). The alias lets them compile there.
+if not hasattr(np, "row_stack"):
+    setattr(np, "row_stack", np.vstack)  # noqa: B010 - numpy stubs may lack it
+
 cuda: Any = numba_cuda  # numba's own annotations do not describe kernel code
 
 #: numba.cuda is its simulator (decided when it was imported)
