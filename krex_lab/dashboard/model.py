@@ -1,0 +1,342 @@
+"""The dashboard's state: a pure reducer of the arbiter's events, with no widgets and no sockets.
+
+    state = NodeState()
+    state = reduce(state, Event("snapshot", {"hello": ..., "status": ..., "regions": [...]}, time.time()))
+    state = reduce(state, Event("region", {"event": "granted", ...}, time.time()))
+
+Events are what the arbiter publishes (``krex.session``, ``krex.gate``, ``krex.region``,
+``krex.telemetry``; the topic without ``krex.``) plus two made by the feed: ``snapshot`` (the
+``status`` and ``regions`` replies read on (re)connect) and ``lost`` (the arbiter stopped
+answering). :func:`reduce` never mutates its input: it returns a new :class:`NodeState` that
+shares what did not change. Every event is idempotent where it can be (a snapshot may already
+contain what a queued event says), and a telemetry event replaces the whole picture, so a
+missed event is healed within one telemetry period.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: regions kept per GPU for the timeline
+MAX_REGIONS = 24
+
+
+@dataclass(frozen=True)
+class Event:
+    """One input of the reducer: ``topic`` (session, gate, region, telemetry, snapshot, lost), its data, and
+    the wall time it happened (the arbiter's ``time`` field where it has one)."""
+
+    topic: str
+    data: Mapping[str, Any]
+    at: float
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: str
+    pid: int
+    user: str
+    role: str
+    name: str
+    gpu: int
+    within: str = ""
+    since: float = 0.0
+    memory: int | None = None  # bytes on the GPU, where the backend lists the process
+
+
+@dataclass(frozen=True)
+class Holder:
+    region: str
+    session: str
+    pid: int
+    user: str
+    name: str
+    role: str
+    since: float  # wall time of the grant
+    max_hold_s: float
+    state: str = "held"
+    degraded: bool = False
+    intruders: int = 0
+    frozen: tuple[int, ...] = ()  # pids the grant stopped (from the granted event)
+
+
+@dataclass(frozen=True)
+class Waiter:
+    region: str
+    session: str
+    pid: int
+    user: str
+    name: str
+    since: float  # wall time of the request
+
+
+@dataclass(frozen=True)
+class RegionRecord:
+    """A finished region, as its final report tells it."""
+
+    region: str
+    session: str
+    user: str
+    name: str
+    wait_s: float
+    hold_s: float | None  # None: withdrawn before its grant
+    acquire_s: float
+    drained: int
+    frozen: int
+    degraded: bool
+    expired: bool
+    released_by: str
+    not_drained: int = 0
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    name: str
+    uuid: str = ""
+    simulated: bool = False
+    utilization: float | None = None
+    memory_used: int = 0
+    memory_total: int = 0
+    sm_clock_mhz: int | None = None
+    gate_closed: bool = False
+    holder: Holder | None = None
+    queue: tuple[Waiter, ...] = ()
+    sessions: tuple[SessionInfo, ...] = ()
+    regions: tuple[RegionRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeState:
+    connected: bool = False
+    message: str = "connecting to the arbiter"
+    arbiter_pid: int | None = None
+    endpoint: str = ""
+    backend: str = ""
+    simulated: bool = False
+    lock_capable: bool = False
+    gpus: tuple[GpuState, ...] = ()
+    telemetry_seq: int = 0
+    telemetry_interval: float = 0.0
+    last_message: float = 0.0  # wall time of the last thing heard from the arbiter
+    lost_since: float | None = None
+    events: int = 0  # events applied (all topics)
+
+    def gpu(self, index: int) -> GpuState | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def session(self, session_id: str) -> SessionInfo | None:
+        return next((s for g in self.gpus for s in g.sessions if s.id == session_id), None)
+
+
+# -- the reducer ----------------------------------------------------------------------------
+def reduce(state: NodeState, event: Event) -> NodeState:
+    """The state after ``event`` (``state`` is left as it was)."""
+    handler = _HANDLERS.get(event.topic)
+    if handler is None:
+        return state
+    new = handler(state, event.data, event.at)
+    return dataclasses.replace(new, events=state.events + 1)
+
+
+def reduce_all(state: NodeState, events: Iterable[Event]) -> NodeState:
+    for event in events:
+        state = reduce(state, event)
+    return state
+
+
+def _heard(state: NodeState, at: float) -> NodeState:
+    return dataclasses.replace(state, last_message=max(state.last_message, at))
+
+
+def _snapshot(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    return _from_status(state, data.get("status") or {}, data.get("regions") or [], None, at)
+
+
+def _telemetry(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    new = _from_status(state, data, data.get("regions") or [], data.get("processes"), at)
+    return dataclasses.replace(new, telemetry_seq=int(data.get("seq", 0)),
+                               telemetry_interval=float(data.get("interval", 0.0)))
+
+
+def _from_status(state: NodeState, status: Mapping[str, Any], regions: Iterable[Mapping[str, Any]],
+                 processes: Iterable[Mapping[str, Any]] | None, at: float) -> NodeState:
+    """The whole picture from a status table (a snapshot or a telemetry event taken at ``at``)."""
+    arb = status.get("arbiter") or {}
+    pid = arb.get("pid")
+    restarted = state.arbiter_pid is not None and pid is not None and pid != state.arbiter_pid
+    memory: dict[int, int] = {}
+    for p in processes or ():
+        if p.get("used_memory") is not None:
+            memory[int(p["pid"])] = memory.get(int(p["pid"]), 0) + int(p["used_memory"])
+    finished: dict[int, list[RegionRecord]] = {}
+    for r in regions:
+        finished.setdefault(int(r.get("gpu", -1)), []).append(_record(r))
+    gpus = []
+    for g in status.get("gpus") or ():
+        index = int(g["index"])
+        old = None if restarted else state.gpu(index)
+        sessions = tuple(
+            SessionInfo(id=s["id"], pid=int(s["pid"]), user=str(s.get("user", "")), role=str(s.get("role", "")),
+                        name=str(s.get("name", "")), gpu=index, within=str(s.get("within", "")),
+                        since=float(s.get("since", 0.0)),
+                        memory=memory.get(int(s["pid"])) if processes is not None else _old_memory(old, s["id"]))
+            for s in g.get("sessions") or ()
+        )
+        h = g.get("holder")
+        holder = None
+        if h:
+            prior = old.holder if old is not None and old.holder and old.holder.region == h["region"] else None
+            holder = Holder(region=h["region"], session=h["session"], pid=int(h["pid"]), user=str(h.get("user", "")),
+                            name=str(h.get("name", "")), role=str(h.get("role", "")),
+                            since=prior.since if prior else at - float(h.get("held_s", 0.0)),
+                            max_hold_s=float(h.get("max_hold_s", 0.0)), state=str(h.get("state", "held")),
+                            degraded=prior.degraded if prior else False,
+                            intruders=prior.intruders if prior else 0, frozen=prior.frozen if prior else ())
+        queue = tuple(
+            Waiter(region=q["region"], session=q["session"], pid=int(q["pid"]), user=str(q.get("user", "")),
+                   name=str(q.get("name", "")), since=at - float(q.get("waiting_s", 0.0)))
+            for q in g.get("queue") or ()
+        )
+        util = g.get("utilization_gpu")
+        gpus.append(GpuState(
+            index=index, name=str(g.get("name", f"GPU {index}")), uuid=str(g.get("uuid", "")),
+            simulated=bool(g.get("simulated", arb.get("simulated", False))),
+            utilization=None if util is None else float(util),
+            memory_used=int(g.get("memory_used") or 0), memory_total=int(g.get("memory_total") or 0),
+            sm_clock_mhz=None if g.get("sm_clock_mhz") is None else int(g["sm_clock_mhz"]),
+            gate_closed=g.get("gate") == "closed", holder=holder, queue=queue, sessions=sessions,
+            regions=_merge(old.regions if old is not None else (), finished.get(index, [])),
+        ))
+    caps = arb.get("capabilities") or {}
+    return dataclasses.replace(
+        state, connected=True, message="live", arbiter_pid=pid, endpoint=str(arb.get("endpoint", state.endpoint)),
+        backend=str(arb.get("backend", "")), simulated=bool(arb.get("simulated", False)),
+        lock_capable=bool(caps.get("lock", False)), gpus=tuple(gpus), lost_since=None,
+        last_message=max(state.last_message, at),
+        telemetry_seq=0 if restarted else state.telemetry_seq,
+    )
+
+
+def _old_memory(old: GpuState | None, session_id: str) -> int | None:
+    if old is None:
+        return None
+    return next((s.memory for s in old.sessions if s.id == session_id), None)
+
+
+def _record(r: Mapping[str, Any]) -> RegionRecord:
+    return RegionRecord(
+        region=str(r.get("region", "?")), session=str(r.get("session", "")), user=str(r.get("user", "")),
+        name=str(r.get("name", "")), wait_s=float(r.get("wait_s", 0.0)),
+        hold_s=None if r.get("hold_s") is None else float(r["hold_s"]), acquire_s=float(r.get("acquire_s", 0.0)),
+        drained=len(r.get("drained") or ()), frozen=len(r.get("frozen") or ()),
+        degraded=bool(r.get("degraded", False)), expired=bool(r.get("expired", False)),
+        released_by=str(r.get("released_by", "")), not_drained=len(r.get("not_drained") or ()),
+    )
+
+
+_ID = re.compile(r"r(\d+)$")
+
+
+def _order(region: str) -> int:
+    m = _ID.match(region)
+    return int(m.group(1)) if m else -1
+
+
+def _merge(old: Iterable[RegionRecord], new: Iterable[RegionRecord]) -> tuple[RegionRecord, ...]:
+    """Old and new records of one arbiter, by region id (a later record of an id wins), oldest first."""
+    by_id = {r.region: r for r in old}
+    by_id.update((r.region, r) for r in new)
+    return tuple(sorted(by_id.values(), key=lambda r: _order(r.region))[-MAX_REGIONS:])
+
+
+def _replace_gpu(state: NodeState, index: int, **changes: Any) -> NodeState:
+    gpus = tuple(dataclasses.replace(g, **changes) if g.index == index else g for g in state.gpus)
+    return dataclasses.replace(state, gpus=gpus)
+
+
+def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    state = _heard(state, at)
+    sid = str(data.get("id", ""))
+    if data.get("event") == "joined":
+        g = state.gpu(int(data.get("gpu", -1)))
+        if g is None or any(s.id == sid for s in g.sessions):
+            return state
+        info = SessionInfo(id=sid, pid=int(data["pid"]), user=str(data.get("user", "")),
+                           role=str(data.get("role", "")), name=str(data.get("name", "")), gpu=g.index,
+                           within=str(data.get("within", "")), since=float(data.get("since", at)))
+        return _replace_gpu(state, g.index, sessions=(*g.sessions, info))
+    if data.get("event") == "left":
+        # The arbiter withdraws what the session queued (a withdrawn request publishes no event).
+        gpus = tuple(dataclasses.replace(g, sessions=tuple(s for s in g.sessions if s.id != sid),
+                                         queue=tuple(w for w in g.queue if w.session != sid))
+                     for g in state.gpus)
+        return dataclasses.replace(state, gpus=gpus)
+    return state
+
+
+def _gate_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    state = _heard(state, at)
+    g = state.gpu(int(data.get("gpu", -1)))
+    if g is None:
+        return state
+    return _replace_gpu(state, g.index, gate_closed=bool(data.get("closed")))
+
+
+def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    state = _heard(state, at)
+    kind = data.get("event")
+    rid = str(data.get("region", ""))
+    if kind == "intruder":
+        for held in state.gpus:
+            if held.holder is not None and held.holder.region == rid:
+                more = held.holder.intruders + len(data.get("pids") or ())
+                return _replace_gpu(state, held.index, holder=dataclasses.replace(held.holder, intruders=more))
+        return state
+    g = state.gpu(int(data.get("gpu", -1)))
+    if g is None:
+        return state
+    if kind == "requested":
+        known = ({w.region for w in g.queue} | {r.region for r in g.regions}
+                 | ({g.holder.region} if g.holder else set()))
+        if rid in known:
+            return state
+        s = state.session(str(data.get("session", "")))
+        waiter = Waiter(region=rid, session=str(data.get("session", "")), pid=s.pid if s else 0,
+                        user=s.user if s else "", name=s.name if s else str(data.get("session", "")), since=at)
+        return _replace_gpu(state, g.index, queue=(*g.queue, waiter))
+    queue = tuple(w for w in g.queue if w.region != rid)
+    if kind == "granted":
+        if any(r.region == rid for r in g.regions):
+            return _replace_gpu(state, g.index, queue=queue)  # a late event of a region already over
+        s = state.session(str(data.get("session", "")))
+        granted = Holder(region=rid, session=str(data.get("session", "")), pid=int(data.get("holder_pid", 0)),
+                         user=str(data.get("user", "")), name=str(data.get("name", "")),
+                         role=s.role if s else "", since=at, max_hold_s=float(data.get("max_hold_s", 0.0)),
+                         degraded=bool(data.get("degraded", False)), intruders=len(data.get("intruders") or ()),
+                         frozen=tuple(int(p) for p in data.get("frozen") or ()))
+        return _replace_gpu(state, g.index, queue=queue, holder=granted, gate_closed=True)
+    if kind == "released":
+        still = None if g.holder is not None and g.holder.region == rid else g.holder
+        return _replace_gpu(state, g.index, queue=queue, holder=still, regions=_merge(g.regions, [_record(data)]))
+    return state
+
+
+def _lost(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
+    since = state.lost_since if state.lost_since is not None else at
+    return dataclasses.replace(state, connected=False, lost_since=since,
+                               message=str(data.get("reason", "the arbiter does not answer")))
+
+
+_HANDLERS = {
+    "snapshot": _snapshot,
+    "telemetry": _telemetry,
+    "session": _session_event,
+    "gate": _gate_event,
+    "region": _region_event,
+    "lost": _lost,
+}
