@@ -441,3 +441,12 @@ def test_snapshot_script_writes_the_dashboard_page(tmp_path: Path) -> None:
     for text in ("SIMULATED GPUs", "held by", "region-loop-a", "region-loop-b", "idle-neighbour", "<svg"):
         assert text in page, text
     assert "r1" in page and "max_hold" in page, "a held region and a finished one"
+
+
+def test_withdrawn_request_leaves_the_queue_at_once() -> None:
+    events = script()
+    before = reduce_all(NodeState(), events[:10])  # r2 and r3 queued behind r1
+    assert [w.region for w in before.gpu(0).queue] == ["r2", "r3"]  # type: ignore[union-attr]
+    after = reduce(before, Event("region", {"event": "withdrawn", "region": "r2", "gpu": 0}, events[9].at + 1))
+    assert [w.region for w in after.gpu(0).queue] == ["r3"]  # type: ignore[union-attr]
+    assert after.gpu(0).holder == before.gpu(0).holder  # type: ignore[union-attr]

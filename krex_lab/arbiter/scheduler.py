@@ -152,7 +152,9 @@ class Scheduler:
             region.state = "released"
             region.released_by = reason
             region.reply(None, RegionCancelled(f"region {region.id} was withdrawn before its grant ({reason})"))
-            return self._finish_report(region)
+            report = self._finish_report(region)
+            self.arb.publish("region", {"event": "withdrawn", **report})
+            return report
         if region.state == "granting":
             region.release_wanted = reason
             await region.done.wait()

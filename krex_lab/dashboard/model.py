@@ -271,7 +271,7 @@ def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> Node
                            within=str(data.get("within", "")), since=float(data.get("since", at)))
         return _replace_gpu(state, g.index, sessions=(*g.sessions, info))
     if data.get("event") == "left":
-        # The arbiter withdraws what the session queued (a withdrawn request publishes no event).
+        # The arbiter withdraws what the session queued (and publishes "withdrawn" for each).
         gpus = tuple(dataclasses.replace(g, sessions=tuple(s for s in g.sessions if s.id != sid),
                                          queue=tuple(w for w in g.queue if w.session != sid))
                      for g in state.gpus)
@@ -320,6 +320,8 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
                          degraded=bool(data.get("degraded", False)), intruders=len(data.get("intruders") or ()),
                          frozen=tuple(int(p) for p in data.get("frozen") or ()))
         return _replace_gpu(state, g.index, queue=queue, holder=granted, gate_closed=True)
+    if kind == "withdrawn":  # left the queue before its grant (Ctrl-C, its session ended)
+        return _replace_gpu(state, g.index, queue=queue)
     if kind == "released":
         still = None if g.holder is not None and g.holder.region == rid else g.holder
         return _replace_gpu(state, g.index, queue=queue, holder=still, regions=_merge(g.regions, [_record(data)]))
