@@ -37,6 +37,7 @@ AGENT = r"""
 import json, os, sys, time, krex_lab
 mode, gpu = sys.argv[1], sys.argv[5] == "1"
 prepare, timing, until = (float(x) for x in sys.argv[2:5])
+start = until - float(sys.argv[6])
 krex_lab.attach(gpu=0, name="agent")
 if gpu:
     import torch
@@ -59,6 +60,7 @@ def timed():
         time.sleep(timing)
 done = 0
 waits = []
+time.sleep(max(0.0, start - time.time()))  # a common start line for every agent
 while time.time() < until:
     if mode == "command":
         t0 = time.time()
@@ -79,7 +81,8 @@ print(json.dumps({"done": done, "mean_wait_s": sum(waits) / len(waits) if waits 
 def run_mode(env: dict[str, str], mode: str, args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     until = time.time() + 3 + args.seconds  # every agent has attached well before the 3 s are up
     agents = [subprocess.Popen([sys.executable, "-c", AGENT, mode, str(args.prepare), str(args.timing),
-                                str(until), str(int(gpu))], env=env, stdout=subprocess.PIPE, text=True)
+                                str(until), str(int(gpu)), str(args.seconds)], env=env, stdout=subprocess.PIPE,
+                               text=True)
               for _ in range(args.agents)]
     out = [json.loads(a.communicate(timeout=args.seconds + 120)[0].strip().splitlines()[-1]) for a in agents]
     done = sum(o["done"] for o in out)
