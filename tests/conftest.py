@@ -114,11 +114,12 @@ class Procs:
             proc.wait()
 
 
-@pytest.fixture
-def arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+def running_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = ()
+                    ) -> Iterator[ArbiterProc]:
+    """A started arbiter on a private runtime dir, made this process's default; stopped after."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
-    arb = ArbiterProc(runtime)
+    arb = ArbiterProc(runtime, extra=extra)
     monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime))
     monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
     arb.start()
@@ -131,11 +132,20 @@ def arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Arbiter
     arb.stop()
 
 
-@pytest.fixture
-def procs(arbiter: ArbiterProc) -> Iterator[Procs]:
-    p = Procs(arbiter.env())
+def session_processes(arb: ArbiterProc) -> Iterator[Procs]:
+    p = Procs(arb.env())
     yield p
     p.cleanup()
+
+
+@pytest.fixture
+def arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+    yield from running_arbiter(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def procs(arbiter: ArbiterProc) -> Iterator[Procs]:
+    yield from session_processes(arbiter)
 
 
 def cpu_gain(pid: int, seconds: float = 0.3) -> float:

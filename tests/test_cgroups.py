@@ -12,7 +12,7 @@ import pytest
 from krex_lab.procutil import proc_state, tree
 from krex_lab.regions.cgroups import CgroupPlacer, cgroup_of, is_frozen
 
-from .conftest import ArbiterProc, Procs, cpu_gain, wait_for
+from .conftest import ArbiterProc, Procs, cpu_gain, running_arbiter, session_processes, wait_for
 
 if not CgroupPlacer(True).enabled:
     pytest.skip(f"cgroup v2 not manageable here: {CgroupPlacer(True).reason}", allow_module_level=True)
@@ -20,21 +20,12 @@ if not CgroupPlacer(True).enabled:
 
 @pytest.fixture
 def cg_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
-    runtime = tmp_path / "rt"
-    runtime.mkdir(mode=0o700)
-    arb = ArbiterProc(runtime, extra=("--cgroups", "auto"))
-    monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime))
-    monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
-    arb.start()
-    yield arb
-    arb.stop()
+    yield from running_arbiter(tmp_path, monkeypatch, extra=("--cgroups", "auto"))
 
 
 @pytest.fixture
 def cg_procs(cg_arbiter: ArbiterProc) -> Iterator[Procs]:
-    p = Procs(cg_arbiter.env())
-    yield p
-    p.cleanup()
+    yield from session_processes(cg_arbiter)
 
 
 def _session(arb: ArbiterProc, pid: int) -> dict:
