@@ -20,7 +20,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -267,9 +267,10 @@ class Exclusive:
     """A region: the GPU alone for the code inside. Context manager (sync/async) and decorator."""
 
     def __init__(self, gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
-                 isolate: bool = True, cores: int | None = None, session: Session | None = None) -> None:
+                 isolate: bool = True, cores: int | None = None, session: Session | None = None,
+                 exempt: Sequence[int] = ()) -> None:
         self.options: dict[str, Any] = {"gpu": gpu, "max_hold": max_hold, "freeze": freeze, "isolate": isolate,
-                                        "cores": cores}
+                                        "cores": cores, "exempt": list(exempt)}
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
@@ -352,6 +353,10 @@ class Exclusive:
 
 
 def exclusive(gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
-              isolate: bool = True, cores: int | None = None) -> Exclusive:
-    """The GPU alone inside the block (or decorated function); ``region.report`` says what was enforced."""
-    return Exclusive(gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores)
+              isolate: bool = True, cores: int | None = None, exempt: Sequence[int] = ()) -> Exclusive:
+    """The GPU alone inside the block (or decorated function); ``region.report`` says what was enforced.
+
+    ``exempt``: pids (with their trees) of this user that the region leaves running, such as
+    the notebook waiting for this job's output.
+    """
+    return Exclusive(gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores, exempt=exempt)

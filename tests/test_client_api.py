@@ -125,3 +125,23 @@ def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> N
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["nested"] is True and report["state"] == "held"
     assert arbiter.status()["gpus"][0]["holder"] is None
+
+
+def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> None:
+    """A worker's region leaves the notebook that waits for its output running (exempt=...)."""
+    from krex_lab.procutil import proc_state
+
+    waiting = procs.start("sibling", "0")
+    other = procs.start("sibling", "0")
+    code = ("import json, sys, time, krex_lab\n"
+            "with krex_lab.exclusive(gpu=0, exempt=[int(sys.argv[1])]) as r:\n"
+            "    time.sleep(0.3)\n"
+            "    print(json.dumps(r.report), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(waiting.pid)], env=arbiter.env(), capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["exempted"] == [waiting.pid]
+    assert other.pid in report["frozen"] and waiting.pid not in report["frozen"]
+    assert proc_state(waiting.pid) in ("R", "S")
+    with pytest.raises(krex_lab.InvalidRequest, match="does not exist"):
+        krex_lab.attach(gpu=1).request("acquire", exempt=[2**22 + 12345])

@@ -58,6 +58,7 @@ class Region:
     acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     release_wanted: str = ""
     locking: bool = False
+    asked_exempt: list[int] = field(default_factory=list)
     watch_errors: list[str] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -83,6 +84,7 @@ class Region:
             "user": self.session.user,
             "name": self.session.name,
             "state": self.state,
+            "exempted": self.asked_exempt,
             "max_hold_s": self.max_hold,
             **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
             "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
@@ -195,6 +197,7 @@ class Scheduler:
         # except those that registered as part of this very region (KREX_REGION).
         apart = self._other_session_pids(region)
         region.exempt = set(ancestors(holder.pid)) | set(tree_until(holder.pid, apart)) | arb.own_pids()
+        region.exempt |= {p for pid in region.asked_exempt for p in tree(pid)}
         try:
             arb.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in arb.sessions.on_gpu(region.gpu)

@@ -27,9 +27,9 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
-from ..errors import InvalidRequest, KrexError, NotHolder, ProtocolError
+from ..errors import InvalidRequest, KrexError, NotHolder, PermissionDenied, ProtocolError
 from ..gpu import BACKENDS, GpuBackend, make_backend
-from ..procutil import ancestors
+from ..procutil import ancestors, proc_uid
 from ..regions.cgroups import CgroupPlacer
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer
@@ -395,7 +395,16 @@ class Arbiter(LoggingConfigurable):
                 if r is not None and r.session.id == session.id]
         if mine:
             raise InvalidRequest(f"session {session.id} already holds or waits for {mine[0].id} on GPU {gpu}")
-        self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, reply)
+        if len(req.exempt) > 16:
+            raise InvalidRequest("at most 16 exempt processes")
+        for pid in req.exempt:
+            owner = proc_uid(pid)
+            if owner is None:
+                raise InvalidRequest(f"exempt process {pid} does not exist")
+            if session.uid != 0 and owner != session.uid:
+                raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
+        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, reply)
+        region.asked_exempt = list(req.exempt)
         return _DEFERRED
 
     def _op_release(self, req: protocol.Release, identity: bytes, reply: Any) -> Any:

@@ -148,7 +148,7 @@ class Dispatcher:
             self.exclusive_gpus[w.gpu] = job.id
         job.worker, job.dispatched = w, time.time()
         msg = {"op": "run", "job": job.id, "kind": job.kind, "lease": job.lease is not None,
-               "exclusive": job.exclusive, **job.body}
+               "exclusive": job.exclusive, "client_pid": job.client_pid, **job.body}
         if job.kind == "script":
             msg["keep_env"] = self.pool.placement_vars()
         w.send(msg)

@@ -124,7 +124,9 @@ class Runner:
             if msg.get("exclusive"):
                 from ..client import exclusive
 
-                excl = exclusive()
+                # The client that waits for this job (a notebook, `krex run`) keeps running: it
+                # only relays output, and freezing it would hold that output until the end.
+                excl = exclusive(exempt=[msg["client_pid"]] if msg.get("client_pid") else [])
                 _guarded(excl.acquire)
             try:
                 if kind == "code":
