@@ -68,13 +68,29 @@ def sticky_cuda_error(exc: BaseException | None) -> str | None:
 
 
 def format_exception(exc: BaseException) -> str:
-    """The traceback as ``python`` prints it, without the worker's own frames."""
-    tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename in _INTERNAL
-                              or os.path.abspath(tb.tb_frame.f_code.co_filename) in _INTERNAL):
-        tb = tb.tb_next
-    exc.__traceback__ = tb
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback as ``python`` prints it, without the worker's own frames: those that ran
+    the job (first) and the SIGINT handler that raised KeyboardInterrupt (last)."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    _trim(te, set())
+    return "".join(te.format())
+
+
+def _internal(filename: str) -> bool:
+    return filename in _INTERNAL or os.path.abspath(filename) in _INTERNAL
+
+
+def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    stack = te.stack
+    while stack and _internal(stack[0].filename):
+        del stack[0]
+    while stack and _internal(stack[-1].filename):
+        del stack[-1]
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _trim(chained, seen)
 
 
 def _error_line(exc: BaseException) -> str:
