@@ -73,7 +73,6 @@ class Acquire(_SessionRequest, tag="acquire"):
     freeze: bool = True
     isolate: bool = True
     cores: int | None = None
-    pid: int | None = None
     #: processes (with their trees) the region must leave running, e.g. the notebook that
     #: submitted the job this worker runs; they must belong to the session's user
     exempt: list[int] = []
