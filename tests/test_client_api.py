@@ -145,3 +145,12 @@ def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> No
     assert proc_state(waiting.pid) in ("R", "S")
     with pytest.raises(krex_lab.InvalidRequest, match="does not exist"):
         krex_lab.attach(gpu=1).request("acquire", exempt=[2**22 + 12345])
+
+
+def test_stopped_arbiter_leaves_no_socket_behind(arbiter: ArbiterProc) -> None:
+    sock = arbiter.runtime / "arbiter.sock"
+    assert sock.exists()
+    arbiter.stop()
+    assert not sock.exists() and not (arbiter.runtime / "arbiter-events.sock").exists()
+    with pytest.raises(krex_lab.ArbiterUnavailable, match="socket file does not exist"):
+        krex_lab.client.Session()

@@ -10,6 +10,7 @@ its guardian (:mod:`krex_lab.arbiter.guardian`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import itertools
 import logging
@@ -199,6 +200,11 @@ class Arbiter(LoggingConfigurable):
             self.router.close()
             self.pub.close()
             self.ctx.term()
+            # A socket file left behind would make clients wait for a hello that never comes.
+            for ep in (self.bound, self.events):
+                if ep.startswith("ipc://"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(ep[len("ipc://"):])
             if self._guardian is not None:
                 self._guardian.terminate()
                 self._guardian.wait()
