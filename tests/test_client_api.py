@@ -80,6 +80,13 @@ def test_config_file_sets_the_default_lease(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: Procs) -> None:
+    import zmq
+
+    from krex_lab import paths, protocol
+
+    events = zmq.Context.instance().socket(zmq.SUB)
+    events.connect(paths.events_endpoint(arbiter.endpoint))
+    events.setsockopt(zmq.SUBSCRIBE, b"krex.region")
     # Without freezing, so that the waiter (a sibling on GPU 0) can run and be interrupted.
     procs.start("holder", "0", "--no-freeze", wait_line="granted")
     code = "import krex_lab\nprint('waiting', flush=True)\nwith krex_lab.exclusive(gpu=0): pass"
@@ -96,6 +103,11 @@ def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: P
     while arbiter.status()["gpus"][0]["queue"]:
         assert time.monotonic() < deadline, "the dead waiter's request is withdrawn"
         time.sleep(0.05)
+    seen = []
+    while events.poll(1000):
+        seen.append(protocol._envelope_decoder.decode(events.recv_multipart()[1])["event"])
+    assert "withdrawn" in seen, seen
+    events.close()
 
 
 def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> None:
