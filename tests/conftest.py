@@ -114,12 +114,12 @@ class Procs:
             proc.wait()
 
 
-def running_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = ()
-                    ) -> Iterator[ArbiterProc]:
+def running_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = (),
+                    gpus: int = 2) -> Iterator[ArbiterProc]:
     """A started arbiter on a private runtime dir, made this process's default; stopped after."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
-    arb = ArbiterProc(runtime, extra=extra)
+    arb = ArbiterProc(runtime, gpus=gpus, extra=extra)
     monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime))
     monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
     arb.start()

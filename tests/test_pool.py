@@ -23,22 +23,16 @@ from krex_lab.procutil import proc_state
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.jobs import JobResult, RemoteTraceback, WorkerDied
 
-from .conftest import ArbiterProc, Procs, cpu_gain, wait_for
+from .conftest import ArbiterProc, Procs, cpu_gain, running_arbiter, wait_for
 from .pool_support import PoolProc, alive, krex_run, python_run, shell_code
 
 
 @pytest.fixture(scope="module")
 def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
-    runtime = tmp_path_factory.mktemp("rt")
-    os.chmod(runtime, 0o700)
-    arbiter = ArbiterProc(runtime, gpus=2)
+    base = tmp_path_factory.mktemp("arb")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KREX_RUNTIME_DIR", str(runtime))
-        mp.setenv("KREX_ENDPOINT", arbiter.endpoint)
-        mp.setenv("KREX_POOL_ENDPOINT", f"ipc://{runtime / 'pool.sock'}")
-        arbiter.start()
-        yield arbiter
-        arbiter.stop()
+        mp.setenv("KREX_POOL_ENDPOINT", f"ipc://{base / 'rt' / 'pool.sock'}")
+        yield from running_arbiter(base, mp, gpus=2)
 
 
 @pytest.fixture(scope="module")

@@ -20,21 +20,14 @@ import pytest
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.jobs import JobResult
 
-from .conftest import ROOT, ArbiterProc, wait_for
+from .conftest import ROOT, ArbiterProc, running_arbiter, wait_for
 from .pool_support import PoolProc, alive, krex_run
 
 
 @pytest.fixture(scope="module")
 def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
-    runtime = tmp_path_factory.mktemp("rt")
-    os.chmod(runtime, 0o700)
-    arbiter = ArbiterProc(runtime, gpus=1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KREX_RUNTIME_DIR", str(runtime))
-        mp.setenv("KREX_ENDPOINT", arbiter.endpoint)
-        arbiter.start()
-        yield arbiter
-        arbiter.stop()
+        yield from running_arbiter(tmp_path_factory.mktemp("arb"), mp, gpus=1)
 
 
 NUMBA_KERNEL = """
