@@ -5,38 +5,42 @@ does not reach it), it waits on a pidfd for the arbiter to exit. If the arbiter 
 outstanding journal entries (it crashed or was killed inside a region), the guardian
 restores affinities, thaws and unlocks everything named there, then exits. A clean arbiter
 shutdown leaves an empty journal and the guardian exits quietly.
+
+The guardian replays a journal only from a runtime directory that no other user could have
+written (:func:`krex_lab.paths.check_private_dir`), and only while no live arbiter holds the
+directory's ``arbiter.lock`` (a new arbiter, started by the supervisor or systemd, owns the
+journal from then on).
+
+SIGTERM does not cut an undo short. It means "exit once there is nothing left to undo": if
+the arbiter is already dead (systemd's ``KillMode=control-group`` sends SIGTERM to every
+process of the unit after its main process crashed) the guardian undoes, then exits; if the
+arbiter is alive and its journal empty (a clean shutdown) it exits at once; otherwise it keeps
+guarding for up to ``--term-grace`` seconds, while the arbiter shuts its regions down. SIGINT
+and SIGHUP are ignored: the guardian lives in a session of its own, and a terminal going away
+must not take it.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import logging
 import os
 import select
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import KrexError
 from ..gpu import GpuBackend, make_backend
+from ..paths import check_private_dir
 from ..procutil import same_process
 from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
-from .journal import undo_outstanding
+from .journal import read_outstanding, undo_outstanding
 
 log = logging.getLogger("krex.guardian")
-
-
-def _wait_for_exit(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, ProcessLookupError, OSError):
-        while os.path.exists(f"/proc/{pid}"):
-            time.sleep(0.02)
-        return
-    try:
-        select.select([fd], [], [])
-    finally:
-        os.close(fd)
 
 
 class _Unlocker:
@@ -72,20 +76,84 @@ def _try(fn: Callable[[int], None], pid: int) -> str:
         return str(exc)
 
 
+def _outstanding(journal: Path) -> bool:
+    try:
+        return bool(read_outstanding(journal))
+    except (OSError, KrexError):
+        return True
+
+
+def _catch_signals() -> tuple[int, list[float]]:
+    """SIGTERM only records its time (and wakes the wait through a pipe); SIGINT, SIGHUP ignored."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    terms: list[float] = []
+    signal.signal(signal.SIGTERM, lambda *_: terms.append(time.monotonic()))
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    return wake_r, terms
+
+
+def _guard(pidfd: int | None, pid: int, journal: Path, term_grace: float, wake_r: int, terms: list[float]) -> bool:
+    """Wait until the arbiter is dead (True) or SIGTERM says to leave with nothing to undo (False)."""
+
+    def dead() -> bool:
+        if pidfd is None:
+            return not os.path.exists(f"/proc/{pid}")
+        return bool(select.select([pidfd], [], [], 0)[0])
+
+    while True:
+        waitables = [wake_r] + ([pidfd] if pidfd is not None else [])
+        timeout = 0.05 if terms or pidfd is None else None
+        select.select(waitables, [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 64)
+        if dead():
+            return True
+        if terms:
+            if not _outstanding(journal):
+                log.info("SIGTERM with nothing outstanding: exiting")
+                return False
+            if time.monotonic() - terms[0] > term_grace:
+                log.error("SIGTERM: arbiter %d still alive with outstanding entries after %.1f s; leaving them "
+                          "to it (or to its supervisor)", pid, term_grace)
+                return False
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="KREX guardian: undo a dead arbiter's enforcement")
     parser.add_argument("--pid", type=int, required=True, help="the arbiter's pid")
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--backend", default="fake")
+    parser.add_argument("--term-grace", type=float, default=5.0,
+                        help="after SIGTERM, how long to keep guarding a live arbiter with outstanding entries")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s krex-guardian %(message)s")
+    wake_r, terms = _catch_signals()
+    journal: Path = args.journal
+    try:
+        check_private_dir(journal.parent)
+    except (OSError, KrexError) as exc:
+        log.error("refusing to guard %s: %s", journal, exc)
+        raise SystemExit(2) from None
+    pidfd: int | None = None
+    try:
+        pidfd = os.pidfd_open(args.pid)
+        gone = False
+    except ProcessLookupError:
+        gone = True  # already gone: undo at once
+    except OSError:
+        gone = not os.path.exists(f"/proc/{args.pid}")  # no pidfd: poll /proc
     unlocker = _Unlocker(args.backend)
-    _wait_for_exit(args.pid)
-    summary = undo_outstanding(args.journal, unlocker)
-    if any(summary[k] for k in ("restored", "thawed", "unlocked")) or summary["errors"]:
-        log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
-    if unlocker.backend is not None:
-        unlocker.backend.close()
+    try:
+        arbiter_dead = gone or _guard(pidfd, args.pid, journal, args.term_grace, wake_r, terms)
+        if arbiter_dead:
+            summary = undo_outstanding(journal, unlocker, lock_path=journal.parent / "arbiter.lock")
+            if any(summary[k] for k in ("restored", "thawed", "unlocked")) or summary["errors"]:
+                log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
+    finally:
+        if unlocker.backend is not None:
+            unlocker.backend.close()
 
 
 if __name__ == "__main__":

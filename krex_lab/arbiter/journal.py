@@ -11,34 +11,82 @@ frozen processes with it, so no fsync). Entries:
     {"t": "end",      "region": R}                                     all of R undone
 
 A region without ``end`` is *outstanding*: :func:`undo_outstanding` (run by the guardian when
-the arbiter dies, and by a new arbiter before it serves) restores affinities, thaws and
-unlocks everything it names. Every undo step is idempotent and checks the start time, so a
-reused pid is never touched.
+the arbiter dies, by the supervisor when both die, and by a new arbiter before it serves)
+restores affinities, thaws and unlocks everything it names. Every undo step is idempotent and
+checks the start time, so a reused pid is never touched.
+
+The journal is opened without following links (:func:`krex_lab.paths.open_private`, mode
+0600) and every line is validated against the schema below: a malformed line (torn, not an
+object, an unknown kind, a missing or wrongly typed field) is skipped with a warning, and
+undo never raises on bad data. A ``cgfreeze`` path is written only if it is a cgroup KREX
+manages (:func:`krex_lab.paths.krex_cgroup_fd`).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import fcntl
 import logging
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
+
+from ..paths import UnsafePath, open_private
 
 log = logging.getLogger("krex.journal")
 
 UnlockFn = Callable[[str, list[tuple[int, int]]], list[str]]
 
+_MAX_JOURNAL = 64 * 1024 * 1024  # an arbiter truncates after every region; more is not a journal
+
+Pid = Annotated[int, msgspec.Meta(gt=0, le=2**22)]
+Tick = Annotated[int, msgspec.Meta(ge=0)]
+Cpu = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Name = Annotated[str, msgspec.Meta(max_length=4096)]
+
+
+class Stop(msgspec.Struct, tag_field="t", tag="stop"):
+    region: Name
+    procs: list[tuple[Pid, Tick]]
+
+
+class CgFreeze(msgspec.Struct, tag_field="t", tag="cgfreeze"):
+    region: Name
+    paths: list[Name]
+
+
+class Affinity(msgspec.Struct, tag_field="t", tag="affinity"):
+    region: Name
+    threads: list[tuple[Pid, Tick | None, list[Cpu]]]
+
+
+class Lock(msgspec.Struct, tag_field="t", tag="lock"):
+    region: Name
+    backend: Name
+    procs: list[tuple[Pid, Tick]]
+
+
+class End(msgspec.Struct, tag_field="t", tag="end"):
+    region: Name
+
+
+Entry = Stop | CgFreeze | Affinity | Lock | End
+_decoder: msgspec.json.Decoder[Entry] = msgspec.json.Decoder(Entry)
+
 
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._open: set[str] = set()
 
     def record(self, kind: str, region: str, **data: Any) -> None:
-        line = json.dumps({"t": kind, "region": region, **data}, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode())
+        line = msgspec.json.encode({"t": kind, "region": region, **data}) + b"\n"
+        os.write(self._fd, line)
         self._open.add(region)
 
     def end(self, region: str) -> None:
@@ -53,61 +101,146 @@ class Journal:
         os.close(self._fd)
 
 
-def read_outstanding(path: Path) -> list[dict[str, Any]]:
+def parse(data: bytes, source: str = "journal") -> list[Entry]:
+    """Every valid entry of a journal's bytes; each malformed line is skipped with a warning."""
+    entries: list[Entry] = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(_decoder.decode(line))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # A torn last line is an action that was never started; anything else is not ours.
+            log.warning("%s line %d skipped: %s (%r)", source, n, exc, line[:200])
+    return entries
+
+
+def outstanding(entries: list[Entry]) -> list[Entry]:
     """Entries of regions that have no ``end``, in the order they were written."""
+    ended = {e.region for e in entries if isinstance(e, End)}
+    return [e for e in entries if e.region not in ended and not isinstance(e, End)]
+
+
+def read_outstanding(path: Path) -> list[dict[str, Any]]:
+    """Entries of regions that have no ``end``, as plain dicts (``t`` included)."""
     try:
-        text = path.read_text()
+        fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return []
-    entries: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line: the action it announced was never started
-    ended = {e["region"] for e in entries if e.get("t") == "end"}
-    return [e for e in entries if e.get("region") not in ended and e.get("t") != "end"]
+    try:
+        return [msgspec.to_builtins(e) for e in outstanding(parse(_read(fd), str(path)))]
+    finally:
+        os.close(fd)
 
 
-def undo_outstanding(path: Path, unlock: UnlockFn | None = None) -> dict[str, Any]:
+def undo_outstanding(path: Path, unlock: UnlockFn | None = None, *, lock_path: Path | None = None,
+                     wait: float = 1.0) -> dict[str, Any]:
     """Undo every outstanding action in reverse order of kind: affinity, thaw, unlock.
 
-    Returns a summary (what was restored, thawed, unlocked, and what failed). Truncates the
-    journal afterwards.
+    Returns a summary (what was restored, thawed, unlocked, and what failed); never raises on
+    what the journal holds. Truncates the journal afterwards, through the same no-follow fd.
+    With ``lock_path`` (the runtime dir's ``arbiter.lock``; the guardian and the supervisor
+    pass it), the undo runs only while that lock is free, holding it: a live arbiter owns its
+    journal and is never undone under its feet. Journal readers also serialize on the
+    journal's own lock, so two undoers never interleave.
     """
+    from ..procutil import same_process
     from ..regions.freeze import thaw_cgroups, thaw_procs
     from ..regions.isolate import restore_threads
 
-    entries = read_outstanding(path)
     summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "errors": []}
-    threads = [t for e in entries if e["t"] == "affinity" for t in e["threads"]]
-    # The first record of a thread holds its true original affinity.
-    first: dict[int, list[Any]] = {}
-    for tid, start, cpus in threads:
-        first.setdefault(tid, [tid, start, cpus])
-    summary["restored"] = restore_threads(first.values())
-    summary["thawed"] = thaw_cgroups(_flat(e["paths"] for e in entries if e["t"] == "cgfreeze"))
-    summary["thawed"] += thaw_procs(_pairs(e["procs"] for e in entries if e["t"] == "stop"))
-    locks: dict[str, list[tuple[int, int]]] = {}
-    for e in entries:
-        if e["t"] == "lock":
-            locks.setdefault(e["backend"], []).extend(tuple(p) for p in e["procs"])
-    for backend, procs in locks.items():
-        if unlock is None:
-            summary["errors"].append(f"no unlocker for backend {backend}: {len(procs)} processes")
-            continue
-        errors = unlock(backend, procs)
-        summary["unlocked"] += len(procs) - len(errors)
-        summary["errors"].extend(errors)
-    path.write_text("")
-    if entries:
-        log.warning("undid an interrupted region: %s", summary)
+    with contextlib.ExitStack() as stack:
+        if lock_path is not None:
+            try:
+                guard = open_private(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            except (OSError, UnsafePath) as exc:
+                summary["errors"].append(f"cannot open {lock_path}: {exc}")
+                return summary
+            stack.callback(os.close, guard)
+            if not _flock(guard, wait):
+                summary["errors"].append(f"a live arbiter holds {lock_path}: its journal is left to it")
+                return summary
+        try:
+            fd = open_private(path, os.O_RDWR)
+        except FileNotFoundError:
+            return summary
+        stack.callback(os.close, fd)
+        if not _flock(fd, max(wait, 5.0)):
+            summary["errors"].append(f"{path} stayed locked by another undoer")
+            return summary
+        entries = outstanding(parse(_read(fd), str(path)))
+        first: dict[int, list[Any]] = {}  # the first record of a thread holds its true original affinity
+        cgroups: list[str] = []
+        stopped: list[tuple[int, int]] = []
+        locks: dict[str, list[tuple[int, int]]] = {}
+        for e in entries:
+            if isinstance(e, Affinity):
+                for tid, start, cpus in e.threads:
+                    first.setdefault(tid, [tid, start, cpus])
+            elif isinstance(e, CgFreeze):
+                cgroups.extend(e.paths)
+            elif isinstance(e, Stop):
+                stopped.extend(e.procs)
+            elif isinstance(e, Lock):
+                locks.setdefault(e.backend, []).extend(e.procs)
+        summary["restored"] = _safely(summary, "restore affinities", restore_threads, list(first.values()))
+        summary["thawed"] = _safely(summary, "thaw cgroups", thaw_cgroups, cgroups)
+        summary["thawed"] += _safely(summary, "thaw processes", thaw_procs, stopped)
+        for backend, procs in locks.items():
+            live = [(pid, start) for pid, start in procs if same_process(pid, start)]
+            if not live:
+                continue
+            if unlock is None:
+                summary["errors"].append(f"no unlocker for backend {backend}: {len(live)} processes")
+                continue
+            try:
+                errors = unlock(backend, live)
+            except Exception as exc:
+                errors = [f"unlock ({backend}) failed: {exc}"] * len(live)
+            summary["unlocked"] += len(live) - len(errors)
+            summary["errors"].extend(errors)
+        os.ftruncate(fd, 0)
+        if entries:
+            log.warning("undid an interrupted region: %s", summary)
     return summary
 
 
-def _flat(groups: Iterable[list[str]]) -> list[str]:
-    return [x for g in groups for x in g]
+def _safely(summary: dict[str, Any], what: str, fn: Callable[[Any], int], arg: Any) -> int:
+    try:
+        return fn(arg)
+    except Exception as exc:  # never let bad data stop an undo half-way
+        summary["errors"].append(f"{what}: {exc}")
+        return 0
 
 
-def _pairs(groups: Iterable[list[list[int]]]) -> list[tuple[int, int]]:
-    return [(int(p[0]), int(p[1])) for g in groups for p in g]
+def _read(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    for chunk in _chunks(fd):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > _MAX_JOURNAL:
+            log.warning("journal larger than %d bytes: the rest is ignored", _MAX_JOURNAL)
+            break
+    return b"".join(chunks)
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _flock(fd: int, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)

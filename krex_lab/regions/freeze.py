@@ -19,6 +19,7 @@ Every pid is journaled (with its start time) before it is signalled.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Callable, Iterable
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from ..procutil import proc_state, same_process, state_and_start, tree
 from .cgroups import cgroup_of, is_frozen
+
+log = logging.getLogger("krex.freeze")
 
 Record = Callable[..., None]  # Journal.record(kind, region, **data)
 
@@ -156,13 +159,29 @@ def thaw_procs(procs: Iterable[tuple[int, int]]) -> int:
 
 
 def thaw_cgroups(paths: Iterable[str]) -> int:
+    """Write 0 to ``cgroup.freeze`` of every cgroup KREX manages among ``paths``. Any other path
+    (a journal may be crafted) is refused before anything is written, and the file is opened
+    from the cgroup's directory fd without following a link."""
+    from ..paths import UnsafePath, krex_cgroup_fd
+
     n = 0
     for path in paths:
         try:
-            Path(path, "cgroup.freeze").write_text("0")
+            dirfd = krex_cgroup_fd(path)
+        except (OSError, UnsafePath) as exc:
+            log.warning("not thawing %r: %s", path, exc)
+            continue
+        try:
+            fd = os.open("cgroup.freeze", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
             n += 1
         except OSError:
             continue
+        finally:
+            os.close(dirfd)
     return n
 
 
