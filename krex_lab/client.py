@@ -25,10 +25,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
 import zmq
 
 from . import devsync, paths, protocol
-from .errors import ArbiterUnavailable, KrexError, LeaseExpired, RegionCancelled, error_from_wire
+from .errors import ArbiterUnavailable, KrexError, LeaseExpired, ProtocolError, RegionCancelled, error_from_wire
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,14 +57,19 @@ class Connection:
         self.socket.connect(self.endpoint)
         self.arbiter_pid: int | None = None
 
-    def send(self, op: str, **fields: Any) -> int:
-        rid = next(_ids)
-        self.socket.send(protocol.encode({"v": protocol.VERSION, "id": rid, "op": op, **fields}))
-        return rid
+    def send(self, request: protocol.Request) -> int:
+        """Send ``request`` (its ``id`` is set here); returns the id to :meth:`wait` for."""
+        request.id = next(_ids)
+        data = protocol.encode(request)
+        if len(data) > protocol.MAX_MESSAGE:  # the arbiter's socket would drop it unanswered
+            raise ProtocolError(f"a {type(request).__name__} request of {len(data)} bytes exceeds the limit of "
+                                f"{protocol.MAX_MESSAGE}")
+        self.socket.send(data)
+        return request.id
 
     def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT,
              cancelled: threading.Event | None = None) -> Any:
-        """The result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
+        """The raw result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             slice_ms = 200
@@ -76,7 +82,7 @@ class Connection:
                 if msg.ok:
                     return msg.result
                 assert msg.error is not None
-                raise error_from_wire(msg.error.type, msg.error.message)
+                raise error_from_wire(msg.error.type, msg.error.message, msg.error.traceback)
             if cancelled is not None and cancelled.is_set():
                 raise RegionCancelled("cancelled while waiting")
             if self.arbiter_pid is not None and not os.path.exists(f"/proc/{self.arbiter_pid}"):
@@ -84,18 +90,20 @@ class Connection:
             if deadline is not None and time.monotonic() >= deadline:
                 raise _unavailable(self.endpoint, f"no reply within {timeout:.0f} s")
 
-    def request(self, op: str, timeout: float | None = REQUEST_TIMEOUT, **fields: Any) -> Any:
-        return self.wait(self.send(op, **fields), timeout)
+    def call(self, request: protocol.Request, timeout: float | None = REQUEST_TIMEOUT) -> Any:
+        """Send ``request`` and return its result as the struct ``request.reply`` names."""
+        return protocol.result_as(request, self.wait(self.send(request), timeout))
 
     def close(self) -> None:
         self.socket.close(linger=0)
 
 
 def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
+    """Who the arbiter at ``endpoint`` is (:class:`~krex_lab.protocol.Info`, as a dict)."""
     conn = Connection(endpoint)
     try:
-        info: dict[str, Any] = conn.request("hello", timeout=timeout)
-        return info
+        info: protocol.Info = conn.call(protocol.Hello(), timeout=timeout)
+        return msgspec.structs.asdict(info)
     finally:
         conn.close()
 
@@ -103,7 +111,7 @@ def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
 def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
     conn = Connection(endpoint)
     try:
-        result: dict[str, Any] = conn.request("status", timeout=timeout)
+        result: dict[str, Any] = conn.call(protocol.Status(), timeout=timeout)
         return result
     finally:
         conn.close()
@@ -119,22 +127,23 @@ class Session:
         self.owner_pid = os.getpid()
         control_conn = Connection(self.endpoint)
         try:
-            self.info: dict[str, Any] = control_conn.request("hello", timeout=2.0)
-            control_conn.arbiter_pid = self.info["pid"]
-            proof = _make_proof(Path(self.info["proof_dir"]))
+            self.info: protocol.Info = control_conn.call(protocol.Hello(), timeout=2.0)
+            control_conn.arbiter_pid = self.info.pid
+            proof = _make_proof(Path(self.info.proof_dir))
             if gpu is None and os.environ.get(paths.GPU_ENV, "").strip():
                 gpu = int(os.environ[paths.GPU_ENV])
             # A process started inside a region by its holder (krex exclusive) is part of it.
             within = os.environ.get("KREX_REGION", "") if self.pid == os.getpid() else ""
-            reply = control_conn.request("register", pid=self.pid, uid=os.getuid(), proof=proof,
-                                         role=role, name=name, gpu=gpu, control=control, within=within)
+            reply: protocol.Registered = control_conn.call(protocol.Register(
+                pid=self.pid, uid=os.getuid(), proof=proof, role=role, name=name, gpu=gpu, control=control,
+                within=within))
         except BaseException:
             control_conn.close()
             raise
-        self.id: str = reply["session"]
-        self.token: str = reply["token"]
-        self.gpu: int = reply["gpu"]
-        self.simulated: bool = reply["simulated"]
+        self.id = reply.session
+        self.token = reply.token
+        self.gpu = reply.gpu
+        self.simulated = reply.simulated
         #: set while the arbiter has asked this session to stay off the GPU (another's region)
         self.paused = threading.Event()
         self.expired: set[str] = set()
@@ -150,19 +159,22 @@ class Session:
         conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = Connection(self.endpoint)
-            conn.arbiter_pid = self.info["pid"]
+            conn.arbiter_pid = self.info.pid
             self._local.conn = conn
         return conn
 
-    def request(self, op: str, timeout: float | None = REQUEST_TIMEOUT, **fields: Any) -> Any:
-        return self.connection().request(op, timeout, session=self.id, token=self.token, **fields)
+    def call(self, request: protocol.Request, timeout: float | None = REQUEST_TIMEOUT) -> Any:
+        """A request of this session (``session`` and ``token`` are filled in)."""
+        if isinstance(request, protocol.SessionRequest):
+            request.session, request.token = self.id, self.token
+        return self.connection().call(request, timeout)
 
     def close(self) -> None:
         if self._closed.is_set():
             return
         try:
             if os.getpid() == self.owner_pid:
-                self.request("unregister", timeout=2.0)
+                self.call(protocol.Unregister(), timeout=2.0)
         except KrexError:
             pass
         self._closed.set()
@@ -199,7 +211,7 @@ class Session:
                     hook()
                 except Exception:
                     pass
-            self._control.send("drain_ack", session=self.id, token=self.token, region=msg.region)
+            self._control.send(protocol.DrainAck(session=self.id, token=self.token, region=msg.region))
         elif msg.kind == "resume":
             self.paused.clear()
         elif msg.kind == "lease_expired":
@@ -286,32 +298,34 @@ class Exclusive:
         self._session = session
         devsync.synchronize_frameworks()
         conn = session.connection()
-        rid = conn.send("acquire", session=session.id, token=session.token, **self.options)
+        request = protocol.Acquire(session=session.id, token=session.token, **self.options)
+        rid = conn.send(request)
         try:
-            result = conn.wait(rid, timeout=None, cancelled=self._cancel)
+            granted: protocol.Granted = protocol.result_as(request, conn.wait(rid, timeout=None,
+                                                                              cancelled=self._cancel))
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
             raise
-        self.id = result["region"]
-        self.gpu = result["gpu"]
-        self.report = RegionReport(result["report"])
+        self.id = granted.region
+        self.gpu = granted.gpu
+        self.report = RegionReport(granted.report)
         return self
 
     def _withdraw(self, session: Session, conn: Connection) -> None:
         # We do not know the region id before the grant; releasing by session withdraws it.
-        status_ = conn.request("status", timeout=2.0)
+        status_ = conn.call(protocol.Status(), timeout=2.0)
         for g in status_["gpus"]:
             for r in ([g["holder"]] if g["holder"] else []) + g["queue"]:
                 if r["session"] == session.id:
                     try:
-                        session.request("release", region=r["region"], timeout=5.0)
+                        session.call(protocol.Release(region=r["region"]), timeout=5.0)
                     except KrexError:
                         pass
 
     def release(self) -> RegionReport:
         assert self._session is not None and self.id is not None, "release() before acquire()"
-        result = self._session.request("release", region=self.id, timeout=60.0)
+        result = self._session.call(protocol.Release(region=self.id), timeout=60.0)
         self.report = RegionReport(result or self.report)
         return self.report
 

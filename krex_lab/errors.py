@@ -1,22 +1,29 @@
-"""The errors KREX raises, one small hierarchy.
+"""The errors KREX raises, one hierarchy for every process and every link.
 
     KrexError                       anything KREX reports
     ├── ArbiterUnavailable          no arbiter answers at the endpoint (says how to start one)
+    ├── PoolUnavailable             no pool answers (and none could be started), or it is not yours
     ├── ProtocolError               a message broke the protocol (bad bytes, schema, version, size)
-    ├── RequestRejected             the arbiter refused a well-formed request
+    ├── RequestRejected             a server refused a well-formed request
     │   ├── PermissionDenied        the request touches another user's process or region
     │   ├── NotHolder               release of a region this session does not hold
     │   ├── UnknownSession          the session id/token is not (or no longer) registered
     │   └── InvalidRequest          a value is out of range (a GPU that does not exist, ...)
     ├── LeaseExpired                the region was force-released at its max_hold
     ├── RegionCancelled             the request was withdrawn or the arbiter shut down before grant
-    └── BackendError                the GPU backend failed (driver, NVML, amdsmi)
+    ├── BackendError                the GPU backend failed (driver, NVML, amdsmi)
+    └── RemoteError                 a job failed in its context worker (``traceback``: the remote one)
+        ├── WorkerDied              the worker running the job died (segfault, ``os._exit``, killed)
+        └── JobTimeout              the job ran past its timeout
 
-Every error the arbiter sends has a ``type`` that names one of these classes, so a client
-re-raises the same class the arbiter meant (:func:`error_from_wire`).
+Every error a server (arbiter or pool) sends carries the name of its class, so a client
+re-raises the very class the server meant (:func:`error_from_wire`); the name map is derived
+from the classes below, so a new class crosses the wire the moment it is defined here.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class KrexError(Exception):
@@ -27,12 +34,16 @@ class ArbiterUnavailable(KrexError):
     """No arbiter answered at the endpoint."""
 
 
+class PoolUnavailable(KrexError):
+    """No pool answers at the endpoint (and none could be started), or it belongs to another user."""
+
+
 class ProtocolError(KrexError):
     """A message that breaks the protocol."""
 
 
 class RequestRejected(KrexError):
-    """A well-formed request the arbiter refused."""
+    """A well-formed request the server refused."""
 
 
 class PermissionDenied(RequestRejected):
@@ -63,24 +74,45 @@ class BackendError(KrexError):
     """The GPU backend failed."""
 
 
-_BY_NAME: dict[str, type[KrexError]] = {
-    cls.__name__: cls
-    for cls in (
-        KrexError,
-        ArbiterUnavailable,
-        ProtocolError,
-        RequestRejected,
-        PermissionDenied,
-        NotHolder,
-        UnknownSession,
-        InvalidRequest,
-        LeaseExpired,
-        RegionCancelled,
-        BackendError,
-    )
-}
+class RemoteError(KrexError):
+    """A job failed in its worker; ``traceback`` is the remote traceback (or the worker's last stderr),
+    ``result`` the job's :class:`~krex_lab.workers.results.JobResult` when there is one."""
+
+    def __init__(self, message: str, traceback: str | None = None, result: Any = None) -> None:
+        super().__init__(message)
+        self.traceback = traceback
+        self.result = result
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}\n{self.traceback}" if self.traceback else base
 
 
-def error_from_wire(type_name: str, message: str) -> KrexError:
+class WorkerDied(RemoteError):
+    """The worker running the job died (segfault, ``os._exit``, killed)."""
+
+
+class JobTimeout(RemoteError):
+    """The job ran past its timeout."""
+
+
+def _descendants(cls: type[KrexError]) -> list[type[KrexError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_descendants(sub))
+    return found
+
+
+def error_classes() -> dict[str, type[KrexError]]:
+    """Every error class that may cross a link, by name (this module's classes only: a subclass
+    defined elsewhere must not shadow one of these)."""
+    return {c.__name__: c for c in _descendants(KrexError) if c.__module__ == __name__}
+
+
+_BY_NAME = error_classes()
+
+
+def error_from_wire(type_name: str, message: str, traceback: str | None = None) -> KrexError:
     """The exception an error reply stands for (unknown names fall back to :class:`KrexError`)."""
-    return _BY_NAME.get(type_name, KrexError)(message)
+    cls = _BY_NAME.get(type_name, KrexError)
+    return cls(message, traceback) if issubclass(cls, RemoteError) else cls(message)

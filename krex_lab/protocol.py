@@ -1,116 +1,51 @@
-"""The wire protocol between KREX clients and the arbiter.
+"""The wire: one msgpack map per ZeroMQ message, typed by msgspec structs on both ends.
 
-Every message is one msgpack map, at most :data:`MAX_MESSAGE` bytes, carrying the protocol
-version ``v``. Requests name an ``op`` and carry an ``id`` chosen by the client; the arbiter
-answers each request with exactly one :class:`Reply` with the same ``id``: ``ok`` and a
-``result``, or an ``error`` whose ``type`` names a class of :mod:`krex_lab.errors`.
+This module holds what every link shares (the version, the size limit, :class:`Reply` with its
+:class:`ErrorBody`, encoding and the request decoder) and the arbiter's own requests and reply
+bodies. The pool's requests and messages are in :mod:`krex_lab.workers.wire`, built on the same
+pieces.
+
+Requests carry the protocol version ``v``, an ``id`` chosen by the client and an ``op`` that
+tags their struct; a server answers each request with exactly one :class:`Reply` with the same
+``id``: ``ok`` and a ``result`` (the struct named by the request's ``reply`` class variable), or
+an ``error`` whose ``type`` names a class of :mod:`krex_lab.errors`, which the client re-raises.
 
 The arbiter also sends *control* messages (:class:`Control`) to the socket a session
 registered from: ``drain`` (synchronise your GPU work and pause), ``resume`` and
 ``lease_expired``. Events for observers go out on the PUB socket as ``[topic, msgpack]``.
 
-Schemas are msgspec structs, so decoding validates types; :func:`decode_request` turns every
-failure into a :class:`~krex_lab.errors.ProtocolError` with a readable message.
+Every failure to decode (bad bytes, a wrong type, a wrong version, nesting too deep) becomes a
+:class:`~krex_lab.errors.ProtocolError` with a readable message; messages over
+:data:`MAX_MESSAGE` never reach the decoder (the socket's ``MAXMSGSIZE``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, TypeVar, Union
 
 import msgspec
 
-from .errors import ProtocolError
+from .errors import KrexError, ProtocolError, RemoteError
 
-VERSION = 1
+VERSION = 2
 MAX_MESSAGE = 64 * 1024
 ROLES = ("kernel", "worker", "pool", "client", "cli")
 
-
-class _Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
-    v: int
-    id: int
+T = TypeVar("T")
 
 
-class _SessionRequest(_Request, kw_only=True):
-    session: str
-    token: str
-
-
-class Hello(_Request, tag="hello"):
-    """Who is the arbiter: version, backend, GPUs, its pid."""
-
-
-class Status(_Request, tag="status"):
-    """The node's table: GPUs, holders, queues, sessions."""
-
-
-class Place(_Request, tag="place"):
-    """Which GPU a new session would get (fewest sessions, then most free memory)."""
-
-
-class Register(_Request, tag="register"):
-    """Make ``pid`` a session. ``proof`` is a file the client created in the proof dir."""
-
-    pid: int
-    uid: int
-    proof: str
-    role: str = "client"
-    name: str = ""
-    gpu: int | None = None
-    control: bool = True
-    within: str = ""  # a region this process belongs to (its holder started it): KREX_REGION
-
-
-class Unregister(_SessionRequest, tag="unregister"):
-    """End a session (its queued requests are withdrawn, a held region released)."""
-
-
-class Acquire(_SessionRequest, tag="acquire"):
-    """Ask for a region on ``gpu`` (default: the session's). Answered when granted."""
-
-    gpu: int | None = None
-    max_hold: float | None = None
-    freeze: bool = True
-    isolate: bool = True
-    cores: int | None = None
-    #: processes (with their trees) the region must leave running, e.g. the notebook that
-    #: submitted the job this worker runs; they must belong to the session's user
-    exempt: list[int] = []
-
-
-class Release(_SessionRequest, tag="release"):
-    """Release a held region, or withdraw a queued request for it."""
-
-    region: str
-
-
-class DrainAck(_SessionRequest, tag="drain_ack"):
-    """A session's answer to a ``drain`` control message: its GPU work is synchronised."""
-
-    region: str
-
-
-class Regions(_Request, tag="regions"):
-    """Recent regions with their reports, newest last."""
-
-    limit: int = 50
-
-
-Request = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions]
-
-
-class Control(msgspec.Struct, kw_only=True):
-    """Arbiter -> session, unsolicited."""
+class Request(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
+    """Base of every request on every link; ``reply`` is the struct of its result."""
 
     v: int = VERSION
-    kind: Literal["drain", "resume", "lease_expired"]
-    region: str
-    gpu: int
+    id: int = 0
+    reply: ClassVar[Any] = dict
 
 
-class ErrorBody(msgspec.Struct):
+class ErrorBody(msgspec.Struct, omit_defaults=True):
     type: str
     message: str
+    traceback: str | None = None
 
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -122,52 +57,230 @@ class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
     kind: str = "reply"
 
 
-_request_decoder = msgspec.msgpack.Decoder(Request)
-_envelope_decoder = msgspec.msgpack.Decoder(dict)
+def error_reply(rid: int | None, error: KrexError) -> Reply:
+    """The reply that carries ``error`` as its class (and a remote traceback, if it has one)."""
+    tb = error.traceback if isinstance(error, RemoteError) else None
+    message = str(error.args[0]) if error.args else type(error).__name__
+    return Reply(id=rid, ok=False, error=ErrorBody(type(error).__name__, message, tb))
+
+
+# -- the arbiter's requests -------------------------------------------------------------------------
+class SessionRequest(Request, kw_only=True):
+    """A request of a registered session (the client's ``Session.call`` fills both in)."""
+
+    session: str = ""
+    token: str = ""
+
+
+class Info(msgspec.Struct, kw_only=True):
+    """Who the arbiter is (``hello``), also what a registration answers with."""
+
+    version: str
+    protocol: int
+    pid: int
+    gpus: int
+    proof_dir: str
+    events: str
+    backend: str
+    simulated: bool
+    capabilities: dict[str, Any]
+
+
+class Registered(msgspec.Struct, kw_only=True):
+    session: str
+    token: str
+    gpu: int
+    backend: str
+    simulated: bool
+    capabilities: dict[str, Any]
+
+
+class Placement(msgspec.Struct):
+    gpu: int
+
+
+class Granted(msgspec.Struct, kw_only=True):
+    region: str
+    gpu: int
+    report: dict[str, Any]
+
+
+class Ended(msgspec.Struct):
+    session: str
+
+
+class Hello(Request, tag="hello"):
+    """Who is the arbiter: version, backend, GPUs, its pid."""
+
+    reply = Info
+
+
+class Status(Request, tag="status"):
+    """The node's table: GPUs, holders, queues, sessions (:func:`krex_lab.arbiter.status.node_status`)."""
+
+
+class Place(Request, tag="place"):
+    """Which GPU a new session would get (fewest sessions, then most free memory)."""
+
+    reply = Placement
+
+
+class Register(Request, tag="register"):
+    """Make ``pid`` a session. ``proof`` is a file the client created in the proof dir."""
+
+    reply = Registered
+    pid: int
+    uid: int
+    proof: str
+    role: str = "client"
+    name: str = ""
+    gpu: int | None = None
+    control: bool = True
+    within: str = ""  # a region this process belongs to (its holder started it): KREX_REGION
+
+
+class Unregister(SessionRequest, tag="unregister"):
+    """End a session (its queued requests are withdrawn, a held region released)."""
+
+    reply = Ended
+
+
+class Acquire(SessionRequest, tag="acquire"):
+    """Ask for a region on ``gpu`` (default: the session's). Answered when granted."""
+
+    reply = Granted
+    gpu: int | None = None
+    max_hold: float | None = None
+    freeze: bool = True
+    isolate: bool = True
+    cores: int | None = None
+    #: processes (with their trees) the region must leave running, e.g. the notebook that
+    #: submitted the job this worker runs; they must belong to the session's user
+    exempt: list[int] = []
+
+
+class Release(SessionRequest, tag="release"):
+    """Release a held region, or withdraw a queued request for it; answers the final report."""
+
+    region: str
+
+
+class DrainAck(SessionRequest, tag="drain_ack"):
+    """A session's answer to a ``drain`` control message: its GPU work is synchronised."""
+
+    region: str
+
+
+class Regions(Request, tag="regions"):
+    """Recent regions with their reports, newest last."""
+
+    reply = list
+    limit: int = 50
+
+
+ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions]
+
+
+class Control(msgspec.Struct, kw_only=True):
+    """Arbiter -> session, unsolicited."""
+
+    v: int = VERSION
+    kind: Literal["drain", "resume", "lease_expired"]
+    region: str
+    gpu: int
+
+
+# -- encoding and decoding --------------------------------------------------------------------------
+class _Envelope(msgspec.Struct):
+    """The fields read before the whole message is trusted to be a request."""
+
+    v: Any = None
+    id: Any = None
+    op: Any = None
+    kind: Any = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _control_decoder = msgspec.msgpack.Decoder(Control)
-_encoder = msgspec.msgpack.Encoder()
 
 
 def encode(obj: Any) -> bytes:
     return _encoder.encode(obj)
 
 
-def decode_request(data: bytes) -> Request:
-    """Decode and validate one request, or raise :class:`ProtocolError` saying what is wrong."""
-    if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
+def _envelope(data: bytes) -> _Envelope:
     try:
-        envelope = _envelope_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+        return _envelope_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"not a msgpack map: {exc}") from None
-    version = envelope.get("v")
-    if version != VERSION:
-        raise ProtocolError(f"protocol version {version!r} is not supported (this arbiter speaks {VERSION})")
-    try:
-        return _request_decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        op = envelope.get("op")
-        raise ProtocolError(f"invalid {op!r} request: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("message nested too deeply") from None
+
+
+def request_decoder(union: Any, server: str = "arbiter") -> Any:
+    """A function decoding one request of ``union`` (a Union of :class:`Request` structs), raising
+    :class:`ProtocolError` that says what is wrong (version first, so an old client hears that)."""
+    decoder = msgspec.msgpack.Decoder(union)
+
+    def decode(data: bytes) -> Request:
+        if len(data) > MAX_MESSAGE:
+            raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
+        envelope = _envelope(data)
+        if envelope.v != VERSION:
+            raise ProtocolError(f"protocol version {envelope.v!r} is not supported: this {server} speaks "
+                                f"version {VERSION}; upgrade krex-lab on the client side")
+        try:
+            request: Request = decoder.decode(data)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"invalid {envelope.op!r} request: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"not a msgpack map: {exc}") from None
+        except RecursionError:
+            raise ProtocolError("message nested too deeply") from None
+        return request
+
+    return decode
+
+
+decode_request = request_decoder(ArbiterRequest)
 
 
 def request_id(data: bytes) -> int | None:
     """Best-effort ``id`` of a message that failed to decode, so its error reply can be matched."""
     try:
-        # Bounded by the socket's own size cap (the arbiter sets ZMQ_MAXMSGSIZE).
-        envelope = _envelope_decoder.decode(data)
-    except (msgspec.DecodeError, ValueError):
+        rid = _envelope(data).id
+    except ProtocolError:
         return None
-    rid = envelope.get("id")
     return rid if isinstance(rid, int) and not isinstance(rid, bool) and -(2**63) <= rid < 2**64 else None
 
 
 def decode_incoming(data: bytes) -> Reply | Control:
-    """Client side: a reply or a control message."""
+    """Client side of the arbiter link: a reply or a control message."""
     try:
-        envelope = _envelope_decoder.decode(data)
-        if "kind" in envelope and envelope["kind"] != "reply":
+        if _envelope(data).kind not in (None, "reply"):
             return _control_decoder.decode(data)
         return _reply_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(f"bad message from the arbiter: {exc}") from None
+
+
+_event_decoder = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def decode_event(body: bytes) -> dict[str, Any]:
+    """The body of an event from the arbiter's PUB socket (a map; its topic is the first frame)."""
+    try:
+        event: dict[str, Any] = _event_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise ProtocolError(f"bad event from the arbiter: {exc}") from None
+    return event
+
+
+def result_as(request: Request, result: Any) -> Any:
+    """A reply's ``result`` as the struct ``request.reply`` names (validated)."""
+    try:
+        return msgspec.convert(result, request.reply)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"bad {type(request).__name__} reply: {exc}") from None

@@ -32,7 +32,7 @@ from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from . import paths
+from . import paths, protocol
 from .errors import KrexError
 
 log = logging.getLogger("krex.provisioner")
@@ -61,9 +61,9 @@ class Placements:
             now = time.monotonic()
             self.pending = {k: p for k, p in self.pending.items() if now - p.since < PENDING_TTL and k != kernel_id}
             if not self.pending:
-                gpu = int(conn.request("place")["gpu"])
+                gpu = int(conn.call(protocol.Place()).gpu)
             else:
-                gpu = self._choose_with_pending(conn.request("status"))
+                gpu = self._choose_with_pending(conn.call(protocol.Status()))
             self.pending[kernel_id] = _Pending(gpu, now)
             return gpu
 
@@ -107,20 +107,20 @@ def place_kernel(kernel_id: str, env: dict[str, str]) -> dict[str, str]:
         log.warning("KREX: kernel %s starts without a GPU placement: %s", kernel_id, exc)
         return out
     try:
-        info = conn.request("hello", timeout=2.0)
+        info = conn.call(protocol.Hello(), timeout=2.0)
         pinned = env.get(paths.GPU_ENV, "").strip()
         if pinned:
             gpu = int(pinned)
-            if not 0 <= gpu < info["gpus"]:
-                raise KrexError(f"{paths.GPU_ENV}={pinned} but this node has GPUs 0..{info['gpus'] - 1}")
+            if not 0 <= gpu < info.gpus:
+                raise KrexError(f"{paths.GPU_ENV}={pinned} but this node has GPUs 0..{info.gpus - 1}")
         elif kernel_id in placements.sticky:
             gpu = placements.sticky[kernel_id]
         else:
             gpu = placements.choose(conn, kernel_id)
         placements.sticky[kernel_id] = gpu
         out[paths.GPU_ENV] = str(gpu)
-        if not info.get("simulated"):
-            out.update(_device_env(conn, info.get("backend", ""), gpu))
+        if not info.simulated:
+            out.update(_device_env(conn, info.backend, gpu))
     except (KrexError, ValueError) as exc:
         log.warning("KREX: kernel %s starts without a GPU placement: %s", kernel_id, exc)
     finally:
@@ -132,7 +132,7 @@ def place_kernel(kernel_id: str, env: dict[str, str]) -> dict[str, str]:
 def _device_env(conn: Any, backend: str, gpu: int) -> dict[str, str]:
     if backend == "amd":
         return {"HIP_VISIBLE_DEVICES": str(gpu), "ROCR_VISIBLE_DEVICES": str(gpu)}
-    uuid_ = next((g.get("uuid", "") for g in conn.request("status")["gpus"] if g["index"] == gpu), "")
+    uuid_ = next((g.get("uuid", "") for g in conn.call(protocol.Status())["gpus"] if g["index"] == gpu), "")
     if str(uuid_).startswith("GPU-"):
         return {"CUDA_VISIBLE_DEVICES": str(uuid_)}
     # NVML numbers GPUs in PCI bus order; make CUDA agree.

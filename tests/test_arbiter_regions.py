@@ -171,7 +171,7 @@ def test_dead_session_reaped_within_200ms(arbiter: ArbiterProc, procs: Procs) ->
     while True:
         assert sub.poll(2000), "no session event"
         _, body = sub.recv_multipart()
-        event = protocol._envelope_decoder.decode(body)
+        event = protocol.decode_event(body)
         if event["event"] == "left" and event["pid"] == sib.pid:
             break
     assert time.monotonic() - t0 < 0.2

@@ -11,10 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import krex_lab
 import krex_lab.client
+from krex_lab import protocol
 
 from .conftest import ROOT, ArbiterProc, Procs
 
@@ -82,7 +84,7 @@ def test_config_file_sets_the_default_lease(tmp_path: Path, monkeypatch: pytest.
 def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: Procs) -> None:
     import zmq
 
-    from krex_lab import paths, protocol
+    from krex_lab import paths
 
     events = zmq.Context.instance().socket(zmq.SUB)
     events.connect(paths.events_endpoint(arbiter.endpoint))
@@ -105,7 +107,7 @@ def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: P
         time.sleep(0.05)
     seen = []
     while events.poll(1000):
-        seen.append(protocol._envelope_decoder.decode(events.recv_multipart()[1])["event"])
+        seen.append(msgspec.msgpack.decode(events.recv_multipart()[1])["event"])
     assert "withdrawn" in seen, seen
     events.close()
 
@@ -156,7 +158,7 @@ def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> No
     assert other.pid in report["frozen"] and waiting.pid not in report["frozen"]
     assert proc_state(waiting.pid) in ("R", "S")
     with pytest.raises(krex_lab.InvalidRequest, match="does not exist"):
-        krex_lab.attach(gpu=1).request("acquire", exempt=[2**22 + 12345])
+        krex_lab.attach(gpu=1).call(protocol.Acquire(exempt=[2**22 + 12345]))
 
 
 def test_stopped_arbiter_leaves_no_socket_behind(arbiter: ArbiterProc) -> None:

@@ -12,6 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+from krex_lab import protocol
 from krex_lab.magics import KrexCellError, RemoteCellError
 from krex_lab.procutil import proc_state
 
@@ -38,7 +39,7 @@ def last_region(arbiter: ArbiterProc) -> dict[str, Any]:
 
     conn = Connection(arbiter.endpoint)
     try:
-        regions: list[dict[str, Any]] = conn.request("regions", limit=1)
+        regions: list[dict[str, Any]] = conn.call(protocol.Regions(limit=1))
         return regions[-1]
     finally:
         conn.close()
@@ -174,7 +175,7 @@ def test_krex_without_pool_is_a_short_message(ip: Any, arbiter: ArbiterProc, mon
     from krex_lab.workers.client import PoolClient
 
     def refuse(cls: Any, endpoint: str | None = None, start: bool = True) -> Any:
-        from krex_lab.workers.jobs import PoolUnavailable
+        from krex_lab.errors import PoolUnavailable
 
         raise PoolUnavailable(f"no KREX pool answers at {endpoint}")
 

@@ -1,34 +1,30 @@
 """The node arbiter: one per node, the only process that signals, locks or re-pins others.
 
-asyncio + pyzmq: a ROUTER socket answers requests (exactly one reply each, see
-:mod:`krex_lab.protocol`) and sends control messages to sessions; a PUB socket publishes
-events (sessions, gates, regions) for pools and dashboards. Before it serves, it takes the
-runtime directory's lock, undoes whatever an earlier arbiter left in the journal, and starts
-its guardian (:mod:`krex_lab.arbiter.guardian`).
+The arbiter is its parts, built when it is constructed: a :class:`~krex_lab.service.Service`
+(ROUTER for requests, each answered exactly once, and PUB for events), the session table, the
+enforcement steps and the journal bundled for the :class:`~.scheduler.Scheduler`, and a
+handler per request type. :meth:`Arbiter.serve` takes the runtime directory's lock, undoes
+whatever an earlier arbiter left in the journal, binds, starts its guardian
+(:mod:`krex_lab.arbiter.guardian`) and serves until it is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import itertools
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import zmq
-import zmq.asyncio
 from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
-from ..errors import InvalidRequest, KrexError, NotHolder, PermissionDenied, ProtocolError
+from ..errors import InvalidRequest, KrexError, NotHolder, PermissionDenied
 from ..gpu import BACKENDS, GpuBackend, make_backend
 from ..procutil import ancestors, proc_uid
 from ..regions.cgroups import CgroupPlacer
@@ -36,11 +32,30 @@ from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
+from ..service import DEFERRED, Peer, Service
 from .journal import Journal, undo_outstanding
-from .scheduler import Scheduler
+from .region import Region, RegionState
+from .scheduler import Enforcement, Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
+from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
+
+
+class _Notifier:
+    """Events on the PUB socket, control messages to the socket a session registered from."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def publish(self, topic: str, data: dict[str, Any]) -> None:
+        data.setdefault("time", time.time())
+        self.service.publish(f"krex.{topic}", data)
+
+    def control(self, session: Session, kind: str, region: Region) -> None:
+        if session.control is not None:
+            self.service.send(session.control, protocol.Control(kind=kind, region=region.id,  # type: ignore[arg-type]
+                                                                gpu=region.gpu))
 
 
 class Arbiter(LoggingConfigurable):
@@ -64,7 +79,12 @@ class Arbiter(LoggingConfigurable):
     history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(
         config=True)
     multi_user = Bool(False, help="Let other users reach the socket (runtime dir 0755, socket 0666). A "
-                      "multi-user arbiter runs as root.").tag(config=True)
+                      "multi-user arbiter runs as root: without root it refuses to start (see "
+                      "allow_unprivileged_multi_user).").tag(config=True)
+    allow_unprivileged_multi_user = Bool(False, help="Let a non-root arbiter serve other users anyway. Other "
+                                         "users can then stop this user's processes in their regions, and this "
+                                         "user's regions cannot freeze or lock theirs (every region is "
+                                         "degraded). For trusted test setups only.").tag(config=True)
     cgroups = Enum(["off", "auto"], default_value="off", help="Place each session in a cgroup v2 of its own "
                    "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
                    "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
@@ -76,52 +96,55 @@ class Arbiter(LoggingConfigurable):
                                "regions), computed once per period however many dashboards subscribe; 0 disables."
                                ).tag(config=True)
 
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if self.multi_user and os.geteuid() != 0 and not self.allow_unprivileged_multi_user:
+            raise KrexError("--multi-user needs root: run by an ordinary user, other users could stop this "
+                            "user's processes and its regions could not hold against theirs. Run it as root "
+                            "(a system service), or set Arbiter.allow_unprivileged_multi_user for a trusted test.")
         self.started = time.time()
         self.backend: GpuBackend = make_backend(self.backend_name, self.fake_gpus)
         self.gpu_count = self.backend.gpu_count()
         self.backend_info = self.backend.describe()
-        self.root = Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir()
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.multi_user:
-            os.chmod(self.root, 0o755)
-        self.bound = self.endpoint or os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{self.root / 'arbiter.sock'}"
-        self.events = paths.events_endpoint(self.bound)
+        self.root = paths.prepare_runtime_dir(Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir(),
+                                              multi_user=self.multi_user)
+        endpoint = self.endpoint or os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{self.root / 'arbiter.sock'}"
+        self.bound = endpoint
+        self.events = paths.events_endpoint(endpoint)
+        self.service = Service(
+            "arbiter", endpoint, {
+                protocol.Hello: self._hello, protocol.Status: self._status, protocol.Regions: self._regions,
+                protocol.Place: self._place, protocol.Register: self._register,
+                protocol.Unregister: self._unregister, protocol.Acquire: self._acquire,
+                protocol.Release: self._release, protocol.DrainAck: self._drain_ack,
+            }, protocol.decode_request, events=self.events, lock=self.root / "arbiter.lock",
+            socket_mode=0o666 if self.multi_user else 0o600)
+        self.notify = _Notifier(self.service)
+        self.journal_path = self.root / "journal.jsonl"
+        self.journal = Journal(self.journal_path)
+        self.locker = Locker(self.backend, self.lock_timeout)
+        self.placer = CgroupPlacer(self.cgroups == "auto")
+        self.gate = Gate(self.notify.publish)
+        self.sessions = SessionTable(paths.proof_dir(self.root), self._session_died)
+        self.freezer = Freezer(self.journal.record, self.sessions.cgroup_of,
+                               self.placer.relative if self.placer.enabled else None)
+        steps = Enforcement(gate=self.gate, locker=self.locker, freezer=self.freezer, cores=CoreBook(),
+                            journal=self.journal, gpu_processes=self.backend.processes,
+                            backend_name=self.backend.name, own_pids=self.own_pids)
+        config = SchedulerConfig(drain_timeout=self.drain_timeout, lock_foreign=self.lock_foreign,
+                                 poll_interval=self.poll_interval, history=self.history,
+                                 backend_info=self.backend_info)
+        self.scheduler = Scheduler(self.gpu_count, self.sessions, steps, self.notify, config)
         self._guardian: subprocess.Popen[bytes] | None = None
-        self._stopping: asyncio.Event | None = None
 
-    # -- shared by the scheduler --------------------------------------------------------
     def own_pids(self) -> set[int]:
         pids = {os.getpid()}
         if self._guardian is not None:
             pids.add(self._guardian.pid)
         return pids
 
-    def publish(self, topic: str, data: dict[str, Any]) -> None:
-        data.setdefault("time", time.time())
-        self._send(self._pub_sync, [f"krex.{topic}".encode(), protocol.encode(data)])
-
-    def send_control(self, session: Session, kind: str, region: Any) -> None:
-        if session.control is not None:
-            msg = protocol.Control(kind=kind, region=region.id, gpu=region.gpu)  # type: ignore[arg-type]
-            self._send(self._router_sync, [session.control, protocol.encode(msg)])
-
-    def cgroup_of_session(self, pid: int) -> str:
-        return next((s.cgroup for s in self.sessions if s.pid == pid and s.cgroup), "")
-
     # -- lifecycle ------------------------------------------------------------------------
-    def _take_lock(self) -> None:
-        self._lockfile = open(self.root / "arbiter.lock", "a+")  # noqa: SIM115 - held for life
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise KrexError(f"another arbiter is running on {self.root} (see its arbiter.lock)") from None
-        self._lockfile.seek(0)
-        self._lockfile.truncate()
-        self._lockfile.write(f"{os.getpid()}\n")
-        self._lockfile.flush()
-
     def unlock_journaled(self, backend: str, procs: list[tuple[int, int]]) -> list[str]:
         if backend != self.backend.name or not self.backend.capabilities.lock:
             return [f"cannot unlock {len(procs)} processes of backend {backend} from {self.backend.name}"]
@@ -139,88 +162,53 @@ class Arbiter(LoggingConfigurable):
                 log.error("guardian exited with %s: starting a new one", self._guardian.returncode)
                 self._start_guardian()
 
-    def _bind(self) -> None:
-        self.ctx = zmq.asyncio.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        # zmq drops (without a reply) what exceeds this; up to it, we answer with an error.
-        self.router.setsockopt(zmq.MAXMSGSIZE, 4 * 1024 * 1024)
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.router.bind(self.bound)
-        self.pub.bind(self.events)
-        self._router_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
-        self._pub_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.pub.underlying)
-        if self.multi_user:
-            for ep in (self.bound, self.events):
-                if ep.startswith("ipc://"):
-                    os.chmod(ep[len("ipc://"):], 0o666)
-
     async def serve(self, ready: asyncio.Event | None = None) -> None:
-        self._take_lock()
-        self.journal_path = self.root / "journal.jsonl"
-        self.locker = Locker(self.backend, self.lock_timeout)
+        if not self.service.take_lock(note=f"{os.getpid()}\n"):
+            raise KrexError(f"another arbiter is running on {self.root} (see its arbiter.lock)")
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
         if any(summary[k] for k in ("restored", "thawed", "unlocked")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
-        self.journal = Journal(self.journal_path)
-        self.placer = CgroupPlacer(self.cgroups == "auto")
-        self.freezer = Freezer(self.journal.record, self.cgroup_of_session,
-                               self.placer.relative if self.placer.enabled else None)
-        self.cores = CoreBook()
-        self._bind()
-        self.gate = Gate(self.publish)
-        self.sessions = SessionTable(paths.proof_dir(self.root), self._session_died)
-        self.scheduler = Scheduler(self)
+        self.service.bind()
+        background = []
         if self.guardian:
             self._start_guardian()
-        self._stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+            background.append(self._keep_guardian())
+        if self.telemetry_interval > 0:
+            background.append(self._telemetry())
         kind = "SIMULATED GPUs (fake backend)" if self.backend.simulated else self.backend.name
         log.info("krex arbiter %s on %s: %d GPU(s), %s", __version__, self.bound, self.gpu_count, kind)
-        tasks = [asyncio.ensure_future(self._recv_loop())]
-        if self.guardian:
-            tasks.append(asyncio.ensure_future(self._keep_guardian()))
-        if self.telemetry_interval > 0:
-            tasks.append(asyncio.ensure_future(self._telemetry()))
-        if ready is not None:
-            ready.set()
         try:
-            await self._stopping.wait()
+            await self.service.run(background, ready)
         finally:
-            for t in tasks:
-                t.cancel()
             await self.scheduler.shutdown()
             self.sessions.close()
             self.placer.sweep()
             self.journal.close()
             self.locker.shutdown()
-            self.router.close()
-            self.pub.close()
-            self.ctx.term()
-            # A socket file left behind would make clients wait for a hello that never comes.
-            for ep in (self.bound, self.events):
-                if ep.startswith("ipc://"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(ep[len("ipc://"):])
+            self.service.close()
             if self._guardian is not None:
                 self._guardian.terminate()
                 self._guardian.wait()
             self.backend.close()
             log.info("krex arbiter stopped")
 
+    def stop(self) -> None:
+        self.service.stop()
+
+    def status(self) -> dict[str, Any]:
+        """The node table (``krex status``)."""
+        me = {"pid": os.getpid(), "endpoint": self.bound, "events": self.events, "started": self.started,
+              **self.backend_info}
+        return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
+
     async def _telemetry(self) -> None:
         """Publish ``krex.telemetry`` every ``telemetry_interval`` s for dashboards: one backend query per
         period, whatever the number of subscribers (``seq`` numbers the events)."""
-        from .status import node_status
-
         loop = asyncio.get_running_loop()
         for seq in itertools.count(1):
             await asyncio.sleep(self.telemetry_interval)
             try:
-                data = node_status(self)
+                data = self.status()
                 # Per-process GPU memory (NVML lists it; the fake backend has none), off the loop.
                 procs = await loop.run_in_executor(
                     None, lambda: [{"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
@@ -228,107 +216,22 @@ class Arbiter(LoggingConfigurable):
             except Exception:
                 log.exception("telemetry failed")
                 continue
-            self.publish("telemetry", {**data, "seq": seq, "interval": self.telemetry_interval,
-                                       "processes": procs, "regions": list(self.scheduler.history)[-20:]})
-
-    def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+            self.notify.publish("telemetry", {**data, "seq": seq, "interval": self.telemetry_interval,
+                                              "processes": procs, "regions": list(self.scheduler.history)[-20:]})
 
     # -- requests -------------------------------------------------------------------------
-    async def _recv_loop(self) -> None:
-        # After each wake-up, take whatever else is queued without going back to the loop:
-        # the drain acks of many sessions arrive together.
-        sync = self._router_sync
-        while True:
-            batch = [await self.router.recv_multipart(copy=True)]
-            for _ in range(256):
-                try:
-                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
-            for frames in batch:
-                try:
-                    self._handle(frames)
-                except Exception:  # the arbiter never dies of a message
-                    log.exception("unexpected error handling a message")
-
-    def _handle(self, frames: list[bytes]) -> None:
-        identity, body = frames[0], frames[1:]
-        envelope: list[bytes] = []
-        if len(body) == 2 and body[0] == b"":  # a REQ client's delimiter
-            envelope, body = [b""], body[1:]
-        if len(body) != 1:
-            self._reply(identity, envelope, None, None,
-                        ProtocolError(f"expected one message frame, got {len(body)}"))
-            return
-        data = body[0]
-        try:
-            request = protocol.decode_request(data)
-        except ProtocolError as exc:
-            self._reply(identity, envelope, protocol.request_id(data), None, exc)
-            return
-
-        def reply(result: Any, error: KrexError | None = None) -> None:
-            self._reply(identity, envelope, request.id, result, error)
-
-        handler = getattr(self, f"_op_{type(request).__name__.lower()}")
-        try:
-            result = handler(request, identity, reply)
-        except KrexError as exc:
-            reply(None, exc)
-            return
-        if asyncio.iscoroutine(result):
-            task = asyncio.ensure_future(result)
-            task.add_done_callback(lambda t: self._finish_async(t, reply))
-        elif result is not _DEFERRED:
-            reply(result)
-
-    @staticmethod
-    def _finish_async(task: asyncio.Task[Any], reply: Any) -> None:
-        if task.cancelled():
-            reply(None, KrexError("the arbiter is shutting down"))
-        elif isinstance(task.exception(), KrexError):
-            reply(None, task.exception())
-        elif task.exception() is not None:
-            log.error("request failed", exc_info=task.exception())
-            reply(None, KrexError(f"internal error: {task.exception()}"))
-        else:
-            reply(task.result())
-
-    def _reply(self, identity: bytes, envelope: list[bytes], rid: int | None, result: Any,
-               error: KrexError | None) -> None:
-        if error is not None:
-            body = protocol.Reply(id=rid, ok=False,
-                                  error=protocol.ErrorBody(type(error).__name__, str(error)))
-        else:
-            body = protocol.Reply(id=rid, result=result)
-        self._send(self._router_sync, [identity, *envelope, protocol.encode(body)])
-
-    @staticmethod
-    def _send(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
-        # Plain non-blocking sends: ROUTER and PUB never block (they drop for a gone or slow
-        # peer), and the asyncio socket's per-send futures cost more than the message itself.
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("dropped a message to a peer that is not reading")
-
     def _check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < self.gpu_count:
             raise InvalidRequest(f"GPU {gpu} does not exist: this node has GPUs 0..{self.gpu_count - 1}")
 
-    def _op_hello(self, req: protocol.Hello, identity: bytes, reply: Any) -> Any:
-        return {"version": __version__, "protocol": protocol.VERSION, "pid": os.getpid(),
-                "gpus": self.gpu_count, "proof_dir": str(self.sessions.proof_dir),
-                "events": self.events, **self.backend_info}
+    def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:
+        return protocol.Info(version=__version__, protocol=protocol.VERSION, pid=os.getpid(), gpus=self.gpu_count,
+                             proof_dir=str(self.sessions.proof_dir), events=self.events, **self.backend_info)
 
-    def _op_status(self, req: protocol.Status, identity: bytes, reply: Any) -> Any:
-        from .status import node_status
+    def _status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
+        return self.status()
 
-        return node_status(self)
-
-    def _op_regions(self, req: protocol.Regions, identity: bytes, reply: Any) -> Any:
+    def _regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
         return list(self.scheduler.history)[-max(0, req.limit):]
 
     def place(self) -> int:
@@ -343,10 +246,10 @@ class Arbiter(LoggingConfigurable):
 
         return min(range(self.gpu_count), key=key)
 
-    def _op_place(self, req: protocol.Place, identity: bytes, reply: Any) -> Any:
-        return {"gpu": self.place()}
+    def _place(self, req: protocol.Place, peer: Peer) -> protocol.Placement:
+        return protocol.Placement(self.place())
 
-    def _op_register(self, req: protocol.Register, identity: bytes, reply: Any) -> Any:
+    def _register(self, req: protocol.Register, peer: Peer) -> protocol.Registered:
         if req.role not in protocol.ROLES:
             raise InvalidRequest(f"unknown role {req.role!r}; one of {', '.join(protocol.ROLES)}")
         if len(req.name) > 200:
@@ -362,17 +265,17 @@ class Arbiter(LoggingConfigurable):
             if region is not None and region.session.pid in ancestors(req.pid):
                 within = req.within
         session = self.sessions.add(req.pid, req.uid, req.role, req.name, gpu,
-                                    identity if req.control else None, within)
+                                    peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
-        self.publish("session", {"event": "joined", **session.public()})
+        self.notify.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
-        return {"session": session.id, "token": session.token, "gpu": gpu, **self.backend_info}
+        return protocol.Registered(session=session.id, token=session.token, gpu=gpu, **self.backend_info)
 
-    def _op_unregister(self, req: protocol.Unregister, identity: bytes, reply: Any) -> Any:
+    def _unregister(self, req: protocol.Unregister, peer: Peer) -> protocol.Ended:
         session = self.sessions.get(req.session, req.token)
         self.sessions.remove(session.id)
         self._session_gone(session, "session ended")
-        return {"session": session.id}
+        return protocol.Ended(session.id)
 
     def _session_died(self, session: Session) -> None:
         self._session_gone(session, "holder process exited")
@@ -380,9 +283,9 @@ class Arbiter(LoggingConfigurable):
     def _session_gone(self, session: Session, reason: str) -> None:
         self.scheduler.session_gone(session, reason)
         self.placer.remove(session.cgroup)
-        self.publish("session", {"event": "left", **session.public()})
+        self.notify.publish("session", {"event": "left", **session.public()})
 
-    def _op_acquire(self, req: protocol.Acquire, identity: bytes, reply: Any) -> Any:
+    def _acquire(self, req: protocol.Acquire, peer: Peer) -> Any:
         session = self.sessions.get(req.session, req.token)
         gpu = session.gpu if req.gpu is None else req.gpu
         self._check_gpu(gpu)
@@ -393,10 +296,11 @@ class Arbiter(LoggingConfigurable):
         if not 0 <= cores <= 1024:
             raise InvalidRequest(f"cores must be between 0 and 1024, not {cores}")
         parent = self.scheduler.active[gpu]
-        if parent is not None and session.within == parent.id and parent.state == "held":
+        if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
-            return {"region": parent.id, "gpu": gpu, "report": {**parent.report(self.backend_info), "nested": True}}
+            return protocol.Granted(region=parent.id, gpu=gpu,
+                                    report={**parent.report(self.backend_info), "nested": True})
         mine = [r for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
                 if r is not None and r.session.id == session.id]
         if mine:
@@ -409,11 +313,11 @@ class Arbiter(LoggingConfigurable):
                 raise InvalidRequest(f"exempt process {pid} does not exist")
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
-        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, reply)
+        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
         region.asked_exempt = list(req.exempt)
-        return _DEFERRED
+        return DEFERRED
 
-    def _op_release(self, req: protocol.Release, identity: bytes, reply: Any) -> Any:
+    def _release(self, req: protocol.Release, peer: Peer) -> Any:
         session = self.sessions.get(req.session, req.token)
         region = self.scheduler.find(req.region)
         if region is None:
@@ -427,13 +331,10 @@ class Arbiter(LoggingConfigurable):
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         return self.scheduler.release(region, "released by holder")
 
-    def _op_drainack(self, req: protocol.DrainAck, identity: bytes, reply: Any) -> Any:
+    def _drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)
         region = self.scheduler.find(req.region)
         fut = region.acks.get(session.id) if region is not None else None
         if fut is not None and not fut.done():
             fut.set_result(None)
         return {}
-
-
-_DEFERRED = object()

@@ -86,6 +86,10 @@ class SessionTable:
     def on_gpu(self, gpu: int) -> list[Session]:
         return [s for s in self._sessions.values() if s.gpu == gpu]
 
+    def cgroup_of(self, pid: int) -> str:
+        """The cgroup the arbiter placed session ``pid`` in ("" when none)."""
+        return next((s.cgroup for s in self._sessions.values() if s.pid == pid and s.cgroup), "")
+
     def get(self, session_id: str, token: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or not secrets.compare_digest(session.token, token):

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .server import Arbiter
+from ..gpu.base import GpuInfo
+from ..regions.gate import Gate
+from .scheduler import Scheduler
+from .sessions import SessionTable
 
 
-def node_status(arb: Arbiter) -> dict[str, Any]:
+def node_status(inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable,
+                arbiter: dict[str, Any]) -> dict[str, Any]:
+    """The table of every GPU (``inventory``) with its gate, holder, queue and sessions;
+    ``arbiter`` describes the arbiter itself (pid, endpoints, backend)."""
     now = time.monotonic()
     gpus = []
-    for info in arb.backend.inventory():
+    for info in inventory:
         g = info.index
-        active = arb.scheduler.active.get(g)
+        active = scheduler.active.get(g)
         holder = None
         if active is not None:
             holder = {
                 "region": active.id,
-                "state": active.state,
+                "state": active.state.value,
                 "session": active.session.id,
                 "pid": active.session.pid,
                 "user": active.session.user,
@@ -31,24 +35,17 @@ def node_status(arb: Arbiter) -> dict[str, Any]:
             }
         gpus.append({
             **info.to_dict(),
-            "gate": "closed" if not arb.gate.is_open(g) else "open",
+            "gate": "closed" if not gate.is_open(g) else "open",
             "holder": holder,
             "queue": [
                 {"region": r.id, "session": r.session.id, "pid": r.session.pid, "name": r.session.name,
                  "user": r.session.user, "waiting_s": round(now - r.requested, 3)}
-                for r in arb.scheduler.queues[g]
+                for r in scheduler.queues[g]
             ],
-            "sessions": [s.public() for s in arb.sessions.on_gpu(g)],
+            "sessions": [s.public() for s in sessions.on_gpu(g)],
         })
     return {
-        "arbiter": {
-            "pid": os.getpid(),
-            "endpoint": arb.bound,
-            "events": arb.events,
-            "started": arb.started,
-            "sessions": len(arb.sessions),
-            **arb.backend_info,
-        },
+        "arbiter": {**arbiter, "sessions": len(sessions)},
         "gpus": gpus,
     }
 

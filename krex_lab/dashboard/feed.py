@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import zmq
 
-from .. import paths
+from .. import paths, protocol
 from ..client import Connection, hello
 from ..errors import KrexError
 from .model import Event
@@ -48,7 +47,6 @@ class Feed:
         self.silence = silence
         self.connects = 0
         self._stop = threading.Event()
-        self._decoder = msgspec.msgpack.Decoder(dict)
         self._thread = threading.Thread(target=self._run, name="krex-dashboard-feed", daemon=True)
 
     def start(self) -> Feed:
@@ -94,8 +92,8 @@ class Feed:
             conn = Connection(self.endpoint)
             conn.arbiter_pid = info["pid"]
             try:
-                status = conn.request("status", timeout=5.0)
-                regions = conn.request("regions", timeout=5.0, limit=SNAPSHOT_REGIONS)
+                status = conn.call(protocol.Status(), timeout=5.0)
+                regions = conn.call(protocol.Regions(limit=SNAPSHOT_REGIONS), timeout=5.0)
             finally:
                 conn.close()
             self.connects += 1
@@ -137,8 +135,8 @@ class Feed:
 
     def _decode(self, topic: bytes, data: bytes) -> Event | None:
         try:
-            body = self._decoder.decode(data)
-        except msgspec.DecodeError:
+            body = protocol.decode_event(data)
+        except KrexError:
             return None
         name = topic.decode(errors="replace").removeprefix("krex.")
         return Event(name, body, float(body.get("time", time.time())))

@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 import pytest
 
+from krex_lab import protocol
 from krex_lab.gpu.nvidia import NvidiaBackend
 from tests.conftest import ROOT, ArbiterProc
 
@@ -351,7 +352,7 @@ def regions(endpoint: str) -> list[dict[str, Any]]:
 
     conn = Connection(endpoint)
     try:
-        return conn.request("regions", timeout=5.0, limit=5)  # type: ignore[no-any-return]
+        return conn.call(protocol.Regions(limit=5), timeout=5.0)  # type: ignore[no-any-return]
     finally:
         conn.close()
 

@@ -1,0 +1,125 @@
+"""A region: one session's claim on one GPU, from its request to its release.
+
+A region moves through :class:`RegionState` along :data:`TRANSITIONS`, written once here::
+
+    QUEUED ──▶ GRANTING ──▶ HELD ──▶ RELEASING ──▶ RELEASED
+       │           └──────────────────────▲
+       └───────────────── (withdrawn) ────────────────▶ RELEASED
+
+``GRANTING`` goes straight to ``RELEASING`` when an enforcement step fails (everything done so
+far is undone) or when the holder went away while it was being granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import KrexError
+from ..procutil import ancestors
+from ..regions.drain import DrainResult
+from ..regions.freeze import FreezeResult
+from ..regions.isolate import IsolateResult
+from .sessions import Session
+
+Reply = Callable[[Any, "KrexError | None"], None]
+
+
+class RegionState(enum.Enum):
+    QUEUED = "queued"  # waiting in its GPU's queue
+    GRANTING = "granting"  # gate closed, enforcement steps running
+    HELD = "held"  # granted: the holder has the GPU
+    RELEASING = "releasing"  # enforcement being undone
+    RELEASED = "released"  # done (granted and released, withdrawn, or failed)
+
+
+TRANSITIONS: dict[RegionState, frozenset[RegionState]] = {
+    RegionState.QUEUED: frozenset({RegionState.GRANTING, RegionState.RELEASED}),
+    RegionState.GRANTING: frozenset({RegionState.HELD, RegionState.RELEASING}),
+    RegionState.HELD: frozenset({RegionState.RELEASING}),
+    RegionState.RELEASING: frozenset({RegionState.RELEASED}),
+    RegionState.RELEASED: frozenset(),
+}
+
+
+@dataclass
+class Region:
+    id: str
+    gpu: int
+    session: Session
+    max_hold: float
+    freeze: bool
+    isolate: bool
+    cores: int
+    reply: Reply
+    requested: float = field(default_factory=time.monotonic)
+    state: RegionState = RegionState.QUEUED
+    granted_at: float = 0.0
+    released_by: str = ""
+    drain: DrainResult = field(default_factory=DrainResult)
+    frozen: FreezeResult = field(default_factory=FreezeResult)
+    isolated: IsolateResult = field(default_factory=IsolateResult)
+    exempt: set[int] = field(default_factory=set)
+    times: dict[str, float] = field(default_factory=dict)
+    lease: asyncio.TimerHandle | None = None
+    watcher: asyncio.Future[Any] | None = None
+    acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
+    release_wanted: str = ""
+    locking: bool = False
+    asked_exempt: list[int] = field(default_factory=list)
+    watch_errors: list[str] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def move(self, new: RegionState) -> None:
+        """Change state along one of :data:`TRANSITIONS` (anything else is a bug: raise)."""
+        if new not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"region {self.id}: no transition {self.state.value} -> {new.value}")
+        self.state = new
+
+    def exempts(self, pid: int, sessions: set[int]) -> bool:
+        """Is ``pid`` part of the holder (decided when it is found, so what the holder starts
+        after the grant counts too)? A registered session below the holder is not: it is a
+        session of its own, frozen like any other (``sessions``: pids of the other sessions)."""
+        if pid in self.exempt:
+            return True
+        chain = [pid, *ancestors(pid)]
+        if self.session.pid not in chain:
+            return False
+        below = chain[: chain.index(self.session.pid)]
+        return not any(p in sessions for p in below)
+
+    def report(self, backend: dict[str, Any]) -> dict[str, Any]:
+        degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
+        return {
+            "region": self.id,
+            "gpu": self.gpu,
+            "session": self.session.id,
+            "holder_pid": self.session.pid,
+            "user": self.session.user,
+            "name": self.session.name,
+            "state": self.state.value,
+            "exempted": self.asked_exempt,
+            "max_hold_s": self.max_hold,
+            **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
+            "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
+            "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],
+            "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
+            "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
+            "intruders": self.drain.intruders,
+            "frozen": self.frozen.all_pids(),
+            "frozen_cgroups": self.frozen.cgroups,
+            "skipped_stopped": self.frozen.skipped,
+            "moved": self.isolated.moved_pids,
+            "cores": self.isolated.cores,
+            "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
+            "degraded": degraded,
+            "expired": self.released_by == "lease expired",
+            "released_by": self.released_by,
+            "backend": backend["backend"],
+            "simulated": backend["simulated"],
+            "lock_capable": backend["capabilities"]["lock"],
+        }
