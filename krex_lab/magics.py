@@ -204,7 +204,7 @@ class KrexMagics(Magics):
     def pool(self) -> Any:
         try:
             from .workers.client import PoolClient
-            from .workers.jobs import default_endpoint
+            from .workers.endpoint import default_endpoint
         except ImportError as exc:
             raise KrexCellError(f"%%krex needs the pool service (krex_lab.workers), which is not available "
                                 f"here: {exc}") from None

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from krex_lab.workers.client import PoolClient
-from krex_lab.workers.jobs import JobResult
+from krex_lab.workers.results import JobResult
 
 from .conftest import ROOT, ArbiterProc, running_arbiter, wait_for
 from .pool_support import PoolProc, alive, krex_run

@@ -2,18 +2,16 @@
 
 Processes (one user, one node)::
 
-    clients (krex run, notebook kernels, krex_lab.submit)
-        │  DEALER ──JSON──▶ ROUTER  KREX_POOL_ENDPOINT (ipc, the user's 0700 runtime dir, socket 0600)
+    clients (krex run, notebook kernels, krex_lab.submit)          krex_lab.workers.client
+        │  DEALER ──msgpack──▶ ROUTER  KREX_POOL_ENDPOINT (ipc, the user's 0700 runtime dir, socket 0600)
         ▼
-    pool service  (krex_lab.workers.pool: asyncio; gate watcher SUB ◀── arbiter PUB krex.gate)
-        │  per worker: a socketpair (jobs, results), two pipes (the worker's fd 1 and 2), a pidfd
+    pool service  (asyncio; gate watcher SUB ◀── arbiter PUB krex.gate)  krex_lab.workers.pool
+        │  per worker: a socketpair (msgpack frames), two pipes (the worker's fd 1 and 2), a pidfd
         ▼
-    context workers (krex_lab.workers.worker: one per process, pinned to one GPU, sessions of the arbiter)
+    context workers (one per process, pinned to one GPU, sessions of the arbiter)  krex_lab.workers.context
 
-Modules: :mod:`.jobs` (wire types, JobResult), :mod:`.client` (PoolClient, submit),
-:mod:`.pool` (the service and its traitlets options), :mod:`.dispatch` (queue, leases, sizing),
-:mod:`.nanny` (one worker process, watched), :mod:`.gates` (the arbiter link),
-:mod:`.worker` and :mod:`.runner` / :mod:`.reset` (inside a worker), :mod:`.run_cli` (``krex run``).
+Shared by all three: :mod:`.wire` (every message, typed), :mod:`.results` (JobResult, exit
+statuses), :mod:`.endpoint` (where the pool listens, its lock file).
 """
 
 from __future__ import annotations
@@ -21,19 +19,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..errors import PoolUnavailable, RemoteError
     from .client import PoolClient, submit
-    from .jobs import JobResult, PoolUnavailable, RemoteError
+    from .results import JobResult
 
 __all__ = ["JobResult", "PoolClient", "PoolUnavailable", "RemoteError", "submit"]
 
 
 def __getattr__(name: str) -> Any:
+    # Lazy: `import krex_lab` must not pay for zmq and msgspec.
     if name in ("PoolClient", "submit"):
         from . import client
 
         return getattr(client, name)
-    if name in ("JobResult", "PoolUnavailable", "RemoteError"):
-        from . import jobs
+    if name == "JobResult":
+        from . import results
 
-        return getattr(jobs, name)
+        return results.JobResult
+    if name in ("PoolUnavailable", "RemoteError"):
+        from .. import errors
+
+        return getattr(errors, name)
     raise AttributeError(f"module 'krex_lab.workers' has no attribute {name!r}")

@@ -1,36 +1,265 @@
-"""Pool <-> worker framing: length-prefixed msgpack maps over the socketpair between them."""
+"""Every message of the pool, as typed msgspec structs: client <-> pool and pool <-> worker.
+
+Client <-> pool (ZeroMQ DEALER -> ROUTER, one msgpack map per message, built on
+:mod:`krex_lab.protocol`): each request is a :class:`~krex_lab.protocol.Request` (``v``, ``id``,
+``op``) and gets exactly one :class:`~krex_lab.protocol.Reply` with its ``id``; an error crosses
+as its class (:func:`krex_lab.errors.error_from_wire`). A :class:`Submit` is answered late: first
+an :class:`Accepted`, then any number of :class:`Output` while the job runs, then the reply,
+whose ``result`` is the job's one :class:`~krex_lab.workers.results.JobResult`. Binary values
+(pickled functions and results) are msgpack ``bin`` fields of the same message.
+
+Pool <-> worker (a socketpair): length-prefixed msgpack of the tagged structs below, ``op``
+naming each. Pool -> worker: :class:`Init` (once), :class:`Run`, :class:`Reset`, :class:`Exit`;
+worker -> pool: :class:`Ready` (after start and after each reset), :class:`Done` (a job's result).
+The worker's stdout and stderr are plain pipes the pool reads.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import struct
-from typing import Any
+from typing import Any, Literal, Union
 
 import msgspec
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(dict)
+from .. import protocol
+from ..errors import ProtocolError
+from ..protocol import VERSION, Request
+from .results import JobResult
+
+#: the pool's message size limit: a job's payload (a pickled function, its arguments) travels whole.
+#: The pool is one user's (its socket is 0600), so a large limit trusts no one new.
+MAX_MESSAGE = 256 << 20
+
+JobKind = Literal["code", "call", "script"]
+
+
+# -- client -> pool --------------------------------------------------------------------------------
+class PoolInfo(msgspec.Struct, kw_only=True):
+    """Who the pool is (the ``ping`` reply)."""
+
+    pid: int
+    uid: int
+    version: str
+    endpoint: str
+    gpus: list[int]
+    backend: str | None = None
+    simulated: bool | None = None
+
+
+class Released(msgspec.Struct):
+    released: bool
+
+
+class JobSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One job: ``code`` (a cell), ``call`` (a cloudpickled ``(fn, args, kwargs)``) or ``script``."""
+
+    kind: JobKind
+    gpu: int | None = None
+    lease: str | None = None
+    exclusive: bool = False
+    timeout: float | None = None
+    code: str | None = None
+    payload: bytes | None = None
+    path: str | None = None
+    argv: list[str] = []
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class Ping(Request, tag="ping"):
+    reply = PoolInfo
+
+
+class PoolStatus(Request, tag="status"):
+    """Workers per GPU, gates, queue, running jobs, leases, counters (a plain table)."""
+
+    reply = dict
+
+
+class ReleaseLease(Request, tag="release"):
+    reply = Released
+    lease: str
+
+
+class Interrupt(Request, tag="interrupt"):
+    """KeyboardInterrupt in a job (``force``: kill its worker); ``job`` is the pool's id, or
+    ``target`` the id of the :class:`Submit` request when the client has no job id yet."""
+
+    reply = type(None)
+    job: str | None = None
+    target: int | None = None
+    force: bool = False
+
+
+class Submit(Request, tag="submit"):
+    """Run a job; the reply is its :class:`JobResult` (after :class:`Accepted` and :class:`Output`)."""
+
+    reply = JobResult
+    job: JobSpec
+    pid: int | None = None  # the submitting process: its jobs and leases end when it exits
+
+
+PoolRequest = Union[Ping, PoolStatus, ReleaseLease, Interrupt, Submit]
+
+
+# -- pool -> client, besides the replies ------------------------------------------------------------
+class Accepted(msgspec.Struct, tag_field="kind", tag="accepted", kw_only=True):
+    v: int = VERSION
+    id: int
+    job: str
+    queued: int = 0
+
+
+class Output(msgspec.Struct, tag_field="kind", tag="output", kw_only=True):
+    v: int = VERSION
+    id: int
+    job: str
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+class _Kind(msgspec.Struct):
+    kind: str | None = None
+
+
+_kind_decoder = msgspec.msgpack.Decoder(_Kind)
+_reply_decoder = msgspec.msgpack.Decoder(protocol.Reply)
+_stream_decoder = msgspec.msgpack.Decoder(Union[Accepted, Output])
+
+
+def decode_incoming(data: bytes) -> protocol.Reply | Accepted | Output:
+    """Client side: a reply (no ``kind``, or ``"reply"``) or a message about a running job."""
+    try:
+        if _kind_decoder.decode(data).kind in (None, "reply"):
+            return _reply_decoder.decode(data)
+        return _stream_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"bad message from the pool: {exc}") from None
+
+
+# protocol.request_decoder checks the version and names what is wrong, but caps messages at the
+# arbiter's 64 KiB; above that, the same checks are made here (the socket's MAXMSGSIZE caps them).
+_decode_small = protocol.request_decoder(PoolRequest, server="pool")
+_decoder = msgspec.msgpack.Decoder(PoolRequest)
+
+
+class _Version(msgspec.Struct):
+    v: Any = None
+    op: Any = None
+
+
+_version_decoder = msgspec.msgpack.Decoder(_Version)
+
+
+def decode_request(data: bytes) -> Request:
+    """A client's request, or :class:`ProtocolError` saying what is wrong with it."""
+    if len(data) <= protocol.MAX_MESSAGE:
+        request: Request = _decode_small(data)
+        return request
+    try:
+        head = _version_decoder.decode(data)
+        if head.v != VERSION:
+            raise ProtocolError(f"protocol version {head.v!r} is not supported: this pool speaks "
+                                f"version {VERSION}; upgrade krex-lab on the client side")
+        request = _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not a msgpack map: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("message nested too deeply") from None
+    return request
+
+
+# -- pool <-> worker --------------------------------------------------------------------------------
+class Init(msgspec.Struct, tag_field="op", tag="init", kw_only=True):
+    gpu: int
+    parent: int  # the pool's pid: the worker dies with it
+    name: str
+    preload: list[str] = []
+    warmup: bool = True
+    real: bool = False
+    memory_slack: int = 256 << 20
+    arbiter: str | None = None  # register there as a worker session (None: no arbiter answered)
+    arbiter_pid: int | None = None
+
+
+class Run(msgspec.Struct, tag_field="op", tag="run", kw_only=True):
+    job: str
+    kind: JobKind
+    lease: bool = False  # keep the namespace afterwards (no reset)
+    exclusive: bool = False
+    client_pid: int | None = None  # left running by the job's region: it relays the output
+    code: str | None = None
+    payload: bytes | None = None
+    path: str | None = None
+    argv: list[str] = []
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    keep_env: list[str] = []  # placement variables a script's env never overrides
+
+
+class Reset(msgspec.Struct, tag_field="op", tag="reset"):
+    pass
+
+
+class Exit(msgspec.Struct, tag_field="op", tag="exit"):
+    pass
+
+
+class Ready(msgspec.Struct, tag_field="op", tag="ready", kw_only=True, omit_defaults=True):
+    """The worker takes jobs: after its start (``first``) and after each reset or leased job."""
+
+    clean: bool = True
+    reason: str | None = None  # why a reset was incomplete
+    reset_s: float | None = None
+    reset_parts_s: dict[str, float] = {}
+    first: bool = False
+    pid: int | None = None
+    session: str | None = None
+    session_error: str | None = None
+    preloaded: list[str] = []
+    skipped: dict[str, str] = {}
+    import_s: dict[str, float] = {}
+    register_s: float | None = None
+    start_s: float | None = None
+    memory: Any = None
+
+
+class Done(msgspec.Struct, tag_field="op", tag="done", kw_only=True):
+    job: str
+    result: JobResult
+    recycle: str | None = None  # the worker must not take another job (a sticky CUDA error)
+
+
+ToWorker = Union[Init, Run, Reset, Exit]
+FromWorker = Union[Ready, Done]
+
 _HEADER = struct.Struct(">I")
+_encoder = msgspec.msgpack.Encoder()
+_to_worker = msgspec.msgpack.Decoder(ToWorker)
+_from_worker = msgspec.msgpack.Decoder(FromWorker)
 
 EncodeError = msgspec.EncodeError
 
 
-def pack(msg: dict[str, Any]) -> bytes:
+def pack(msg: ToWorker | FromWorker) -> bytes:
+    """One frame: a 4-byte big-endian length, then the msgpack of ``msg``."""
     body = _encoder.encode(msg)
     return _HEADER.pack(len(body)) + body
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
+def recv_to_worker(sock: socket.socket) -> ToWorker | None:
     """Blocking read of one frame (the worker's side); None at EOF."""
     header = _recv_exact(sock, _HEADER.size)
     if header is None:
         return None
-    (size,) = _HEADER.unpack(header)
-    body = _recv_exact(sock, size)
+    body = _recv_exact(sock, _HEADER.unpack(header)[0])
     if body is None:
         return None
-    msg: dict[str, Any] = _decoder.decode(body)
+    msg: ToWorker = _to_worker.decode(body)
     return msg
 
 
@@ -44,12 +273,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+async def read_from_worker(reader: asyncio.StreamReader) -> FromWorker | None:
     """Asyncio read of one frame (the pool's side); None at EOF."""
     try:
         header = await reader.readexactly(_HEADER.size)
-        (size,) = _HEADER.unpack(header)
-        msg: dict[str, Any] = _decoder.decode(await reader.readexactly(size))
-        return msg
+        body = await reader.readexactly(_HEADER.unpack(header)[0])
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+    try:
+        msg: FromWorker = _from_worker.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(f"bad message from a worker: {exc}") from None
+    return msg

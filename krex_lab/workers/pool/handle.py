@@ -19,8 +19,9 @@ import subprocess
 import time
 from typing import Any, Protocol
 
-from ..procutil import tree
-from .wire import pack, read_frame
+from ...errors import ProtocolError
+from ...procutil import tree
+from ..wire import FromWorker, Init, ToWorker, pack, read_from_worker
 
 log = logging.getLogger("krex.pool")
 
@@ -30,7 +31,9 @@ _INTERNAL_FRAMES = (f"{os.sep}krex_lab{os.sep}workers{os.sep}", 'File "<frozen r
 
 
 class Events(Protocol):
-    def on_message(self, worker: WorkerHandle, msg: dict[str, Any]) -> None: ...
+    """Who hears of a worker's messages, output and death (the dispatcher)."""
+
+    def on_message(self, worker: WorkerHandle, msg: FromWorker) -> None: ...
     def on_output(self, worker: WorkerHandle, stream: str, text: str) -> None: ...
     def on_exit(self, worker: WorkerHandle, returncode: int) -> None: ...
 
@@ -38,7 +41,7 @@ class Events(Protocol):
 class WorkerHandle:
     """One worker process. ``state``: starting, idle, busy, resetting, dead."""
 
-    def __init__(self, wid: int, gpu: int, cmd: list[str], env: dict[str, str], init: dict[str, Any],
+    def __init__(self, wid: int, gpu: int, cmd: list[str], env: dict[str, str], init: Init,
                  events: Events, active: bool) -> None:
         self.id = wid
         self.gpu = gpu
@@ -50,7 +53,7 @@ class WorkerHandle:
         self.state = "starting"
         self.pid: int | None = None
         self.session: str | None = None
-        self.info: dict[str, Any] = {}
+        self.info: Any = None  # its first wire.Ready (what it preloaded, how long it took)
         self.job: Any = None  # the Job it runs (dispatch.Job)
         self.lease: Any = None  # the Lease holding it
         self.reset_pending = False
@@ -106,21 +109,26 @@ class WorkerHandle:
             self._poll_task = loop.create_task(self._poll())
         reader, self._writer = await asyncio.open_unix_connection(sock=parent)
         self._reader_task = loop.create_task(self._read_loop(reader))
-        self.send({"op": "init", **self.init})
+        self.send(self.init)
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: ToWorker) -> None:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(pack(msg))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         while True:
-            msg = await read_frame(reader)
+            try:
+                msg = await read_from_worker(reader)
+            except ProtocolError as exc:  # not our worker's protocol: it cannot be trusted with a job
+                log.error("worker %s: %s", self.id, exc)
+                self.kill(f"it broke the protocol: {exc}")
+                return
             if msg is None:
                 return
             try:
                 self.events.on_message(self, msg)
             except Exception:
-                log.exception("worker %s: handling %s failed", self.id, msg.get("op"))
+                log.exception("worker %s: handling %s failed", self.id, type(msg).__name__)
 
     # -- output ---------------------------------------------------------------------------------
     def _on_pipe(self, stream: str) -> None:
@@ -247,7 +255,7 @@ class WorkerHandle:
             "role": "active" if self.active else "spare", "session": self.session,
             "lease": getattr(self.lease, "key", None), "job": getattr(self.job, "id", None),
             "jobs_run": self.jobs_run, "since": self.created,
-            "preloaded": self.info.get("preloaded", []), "skipped": self.info.get("skipped", {}),
-            "start_s": self.info.get("start_s"), "import_s": self.info.get("import_s", {}),
+            "preloaded": self.info.preloaded if self.info else [], "skipped": self.info.skipped if self.info else {},
+            "start_s": self.info.start_s if self.info else None, "import_s": self.info.import_s if self.info else {},
             "last_reset_s": self.last_reset,
         }

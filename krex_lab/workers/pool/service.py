@@ -10,15 +10,17 @@ someone else owns it) and the socket file is made 0600 under a 0077 umask, so on
 root) can connect; tcp endpoints, which any local user could reach, are refused unless
 ``allow_tcp``. Workers are this process's children, run as this user and are never handed to
 another pool; so a worker that ran one user's code never runs another's. A lock file next to
-the socket keeps a second pool off the same endpoint. On SIGTERM/SIGINT every job in flight
+the socket keeps a second pool off the same endpoint. On SIGTERM/SIGINT/SIGHUP every job in flight
 gets a "pool shutting down" result and every worker (with everything it started) is killed.
+
+The server's lifecycle (lock, bind, receive, one reply per request, stop) is
+:class:`krex_lab.service.Service`'s; this module holds the pool's handlers, its traitlets options
+and how it discovers its GPUs. Messages: :mod:`krex_lab.workers.wire`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
 import os
 import signal
@@ -27,23 +29,42 @@ import time
 from pathlib import Path
 from typing import Any
 
-import zmq
-import zmq.asyncio
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from .. import __version__, paths
-from ..application import KrexApplication
-from ..errors import KrexError
-from .dispatch import Dispatcher, Job
+from ... import __version__, paths
+from ...application import KrexApplication
+from ...errors import InvalidRequest, KrexError
+from ...service import DEFERRED, Peer, Service
+from ..endpoint import default_endpoint, lock_path
+from ..results import JobResult
+from ..wire import (
+    MAX_MESSAGE,
+    Accepted,
+    Init,
+    Interrupt,
+    Output,
+    Ping,
+    PoolInfo,
+    PoolStatus,
+    Released,
+    ReleaseLease,
+    Run,
+    Submit,
+    decode_request,
+)
+from .clients import ClientWatch
+from .dispatcher import DispatchConfig, Dispatcher, Job
 from .gates import GateWatcher
-from .jobs import decode, default_endpoint, encode, ipc_path, lock_path
+from .handle import WorkerHandle
 
 log = logging.getLogger("krex.pool")
 
 #: environment variables that place a worker; a job's environment never overrides them
 PLACEMENT = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
              paths.GPU_ENV, paths.ENDPOINT_ENV, "KREX_WORKER", "KREX_WORKER_REAL", "NUMBA_ENABLE_CUDASIM")
+#: what a worker process runs (``python -u -m WORKER_MODULE FD``)
+WORKER_MODULE = "krex_lab.workers.context"
 
 
 class Pool(LoggingConfigurable):
@@ -96,21 +117,29 @@ class Pool(LoggingConfigurable):
         self.bound = self.endpoint or default_endpoint()
         self.arbiter_endpoint = self.arbiter or paths.default_endpoint()
         self.started = time.time()
-        self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
         self.backend: dict[str, Any] = {"backend": "unknown", "simulated": True}
         self.gpu_uuids: dict[int, str] = {}
-        self._stopping: asyncio.Event | None = None
-        self._client_fds: dict[int, int] = {}
         self._last_busy = time.monotonic()
-        self._lockfile: Any = None
-        self.dispatcher: Dispatcher | None = None
         self._arbiter_known = False
+        # Every component exists from here on; serve() only discovers the GPUs and starts them.
+        self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
+        config = DispatchConfig(
+            workers_per_gpu=self.workers_per_gpu, spares_per_gpu=self.spares_per_gpu,
+            max_workers_per_gpu=self.max_workers_per_gpu, start_concurrency=self.start_concurrency,
+            interrupt_grace=self.interrupt_grace, max_jobs_per_worker=self.max_jobs_per_worker,
+            keep_env=PLACEMENT)
+        self.dispatcher = Dispatcher(config, self.gates, self._emit, self.spawn_args, self.stale)
+        self.clients = ClientWatch(self.dispatcher.client_gone)
+        lock = lock_path(self.bound)
+        self.service = Service(
+            "pool", self.bound,
+            {Ping: self._ping, PoolStatus: self._status, ReleaseLease: self._release, Interrupt: self._interrupt,
+             Submit: self._submit},
+            decode_request, lock=Path(lock) if lock else None, max_message=MAX_MESSAGE, lossless=True,
+            signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
 
     # -- workers ------------------------------------------------------------------------------------
-    def placement_vars(self) -> list[str]:
-        return list(PLACEMENT)
-
-    def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], Init]:
         python = self.python or sys.executable
         real = not self.backend.get("simulated", True)
         env = {**os.environ, **{str(k): str(v) for k, v in self.worker_env.items()}}
@@ -122,28 +151,28 @@ class Pool(LoggingConfigurable):
             uuid = self.gpu_uuids.get(gpu, "")
             env["CUDA_VISIBLE_DEVICES"] = uuid if uuid.startswith(("GPU-", "MIG-")) else str(gpu)
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        init = {"gpu": gpu, "parent": os.getpid(), "preload": list(self.preload), "warmup": self.warmup,
-                "real": real, "memory_slack": self.memory_slack_mb << 20,
-                "arbiter": self.arbiter_endpoint if self.gates.connected else None,
-                "arbiter_pid": self.gates.arbiter_pid,
-                "name": f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})"}
-        return [python, "-u", "-m", "krex_lab.workers.worker"], env, init
+        init = Init(gpu=gpu, parent=os.getpid(), preload=list(self.preload), warmup=self.warmup, real=real,
+                    memory_slack=self.memory_slack_mb << 20,
+                    arbiter=self.arbiter_endpoint if self.gates.connected else None,
+                    arbiter_pid=self.gates.arbiter_pid,
+                    name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})")
+        return [python, "-u", "-m", WORKER_MODULE], env, init
 
     def _gates_changed(self) -> None:
         if self.gates.connected and not self._arbiter_known:
             self._learn_arbiter()
-        if self.dispatcher is not None:
-            # Workers registered with no arbiter, or with one that has since restarted, have no
-            # session there: idle ones are replaced now, busy ones when their job ends.
-            for w in list(self.dispatcher.workers.values()):
-                if w.state == "idle" and w.lease is None and self.stale(w):
-                    self.dispatcher.recycle(w, "its arbiter session is gone: a new worker registers")
-            self.dispatcher.rebalance()
-            self.dispatcher.dispatch()
+        d = self.dispatcher
+        # Workers registered with no arbiter, or with one that has since restarted, have no
+        # session there: idle ones are replaced now, busy ones when their job ends.
+        for w in list(d.workers.values()):
+            if w.state == "idle" and w.lease is None and self.stale(w):
+                d.recycle(w, "its arbiter session is gone: a new worker registers")
+        d.rebalance()
+        d.dispatch()
 
-    def stale(self, w: Any) -> bool:
+    def stale(self, w: WorkerHandle) -> bool:
         """The worker has no session with the arbiter that answers now."""
-        return self.gates.connected and w.init.get("arbiter_pid") != self.gates.arbiter_pid
+        return self.gates.connected and w.init.arbiter_pid != self.gates.arbiter_pid
 
     def _learn_arbiter(self) -> None:
         assert self.gates.info is not None
@@ -181,94 +210,56 @@ class Pool(LoggingConfigurable):
             return self.fallback_gpus
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def _take_lock(self) -> bool:
-        path = lock_path(self.bound)
-        if path is None:
-            if not self.allow_tcp:
-                raise KrexError(f"refusing to serve {self.bound}: any local user could run code as you there. "
-                                "Use an ipc:// endpoint, or set Pool.allow_tcp if the network is yours alone.")
-            return True
-        Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._lockfile = open(path, "a+")  # noqa: SIM115 - held for life
-        try:
-            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lockfile.close()
-            return False
-        return True
-
-    def _bind(self) -> None:
-        self.ctx = zmq.asyncio.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.SNDHWM, 0)  # never drop a job's output or result
-        self.router.setsockopt(zmq.RCVHWM, 0)
-        old = os.umask(0o077)
-        try:
-            self.router.bind(self.bound)
-        finally:
-            os.umask(old)
-        sock = ipc_path(self.bound)
-        if sock:
-            os.chmod(sock, 0o600)
-
     async def serve(self, ready: asyncio.Event | None = None) -> int:
-        if not self._take_lock():
+        if lock_path(self.bound) is None and not self.allow_tcp:
+            self.service.close()
+            raise KrexError(f"refusing to serve {self.bound}: any local user could run code as you there. "
+                            "Use an ipc:// endpoint, or set Pool.allow_tcp if the network is yours alone.")
+        lock = lock_path(self.bound)
+        if lock is not None:
+            Path(lock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not self.service.take_lock(note=str(os.getpid())):
             log.info("another pool already serves %s", self.bound)
+            self.service.close()
             return 0
-        gpus = await self._discover()
-        self._bind()
-        self.dispatcher = Dispatcher(self, gpus, self._emit, self.spawn_args)
-        self._stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self._stopping.set)
+        try:
+            gpus = await self._discover()
+            self.service.bind()
+        except BaseException:
+            self.gates.close()
+            self.service.close()
+            raise
+        self.dispatcher.set_gpus(gpus)
         sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
         log.info("krex pool %s (pid %d) on %s: GPUs %s, backend %s%s", __version__, os.getpid(), self.bound,
                  gpus, self.backend.get("backend"), sim)
         self.dispatcher.rebalance()
-        tasks = [asyncio.ensure_future(self._recv_loop()), asyncio.ensure_future(self._housekeeping())]
-        if ready is not None:
-            ready.set()
         try:
-            await self._stopping.wait()
+            await self.service.run([self._housekeeping()], ready)
         finally:
-            for t in tasks:
-                t.cancel()
             await self.shutdown()
         return 0
 
     def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
+        self.service.stop()
 
     async def shutdown(self) -> None:
         d = self.dispatcher
-        assert d is not None
         d.closing = True
         for job in list(d.jobs.values()):
-            d.finish(job, {"ok": False, "status": "cancelled", "error": "the pool is shutting down",
-                           "exit_code": 143 if job.kind == "script" else None})
+            d.finish(job, JobResult(ok=False, status="cancelled", error="the pool is shutting down",
+                                    exit_code=143 if job.kind == "script" else None))
         workers = list(d.workers.values())
         for w in workers:
             w.kill("pool shutting down")
         await asyncio.gather(*(w.wait_dead(5.0) for w in workers))
         self.gates.close()
-        for fd in self._client_fds.values():
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(fd)
-                os.close(fd)
-        self.router.close(linger=1000)  # let the "shutting down" results reach their clients
-        self.ctx.term()
-        sock = ipc_path(self.bound)
-        if sock:  # the lock file stays: unlinking it would let two pools lock two different files
-            with contextlib.suppress(OSError):
-                os.unlink(sock)
+        self.clients.close()
+        self.service.close(linger_ms=1000)  # let the "shutting down" results reach their clients
         log.info("krex pool stopped")
 
     async def _housekeeping(self) -> None:
         d = self.dispatcher
-        assert d is not None
         while True:
             await asyncio.sleep(0.5)
             d.expire_leases(self.lease_idle_timeout)
@@ -280,105 +271,55 @@ class Pool(LoggingConfigurable):
                 self.stop()
 
     # -- clients ------------------------------------------------------------------------------------
-    def _emit(self, job: Job, msg: dict[str, Any]) -> None:
-        self._send(job.client, {"rid": job.rid, "job": job.id, **msg})
-
-    def _send(self, identity: bytes, msg: dict[str, Any]) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self.router.send_multipart([identity, *encode(msg)])
-
-    async def _recv_loop(self) -> None:
-        while True:
-            frames = await self.router.recv_multipart()
-            if len(frames) < 2:
-                continue
-            identity = frames[0]
-            try:
-                msg = decode(frames[1:])
-            except ValueError:
-                continue
-            try:
-                reply = self._handle(identity, msg)
-            except (KrexError, KeyError, TypeError, ValueError) as exc:
-                reply = {"kind": "error", "message": f"{type(exc).__name__}: {exc}"}
-            except Exception as exc:  # the pool never dies of a message
-                log.exception("handling %s failed", msg.get("op"))
-                reply = {"kind": "error", "message": f"internal error: {exc}"}
-            if reply is not None:
-                self._send(identity, {"rid": msg.get("rid"), **reply})
-
-    def _handle(self, identity: bytes, msg: dict[str, Any]) -> dict[str, Any] | None:
-        d = self.dispatcher
-        assert d is not None
-        op = msg.get("op")
-        if op == "ping":
-            return {"kind": "pong", "pid": os.getpid(), "uid": os.getuid(), "version": __version__,
-                    "endpoint": self.bound, "gpus": d.gpus, **self.backend}
-        if op == "status":
-            return {"kind": "status", "status": self.status()}
-        if op == "release":
-            return {"kind": "released", "released": d.release_lease(str(msg["lease"]))}
-        if op == "interrupt":
-            job = d.jobs.get(str(msg.get("job"))) or d.by_rid.get(str(msg.get("target")))
-            if job is not None:
-                d.interrupt(job, bool(msg.get("force")))
-            return None
-        if op == "submit":
-            return self._submit(identity, msg)
-        raise KrexError(f"unknown op {op!r}")
-
-    def _submit(self, identity: bytes, msg: dict[str, Any]) -> dict[str, Any] | None:
-        d = self.dispatcher
-        assert d is not None
-        spec = msg["job"]
-        kind = spec["kind"]
-        body: dict[str, Any]
-        if kind == "code":
-            body = {"code": str(spec["code"])}
-        elif kind == "call":
-            body = {"payload": bytes(spec["payload"])}
-        elif kind == "script":
-            body = {"path": str(spec["path"]), "argv": [str(a) for a in spec.get("argv") or ()],
-                    "cwd": spec.get("cwd"), "env": spec.get("env")}
+    def _emit(self, job: Job, message: Output | JobResult) -> None:
+        peer: Peer = job.client
+        if isinstance(message, JobResult):
+            peer.reply(message)  # the submit's one reply: the job's one result
         else:
-            raise KrexError(f"unknown job kind {kind!r}: code, call or script")
-        gpu = spec.get("gpu")
-        if gpu is not None and gpu not in d.gpus:
-            raise KrexError(f"GPU {gpu} is not served by this pool (GPUs {d.gpus})")
-        timeout = spec.get("timeout")
+            peer.send(message)
+
+    def _ping(self, request: Ping, peer: Peer) -> PoolInfo:
+        return PoolInfo(pid=os.getpid(), uid=os.getuid(), version=__version__, endpoint=self.bound,
+                        gpus=list(self.dispatcher.gpus), backend=self.backend.get("backend"),
+                        simulated=self.backend.get("simulated"))
+
+    def _status(self, request: PoolStatus, peer: Peer) -> dict[str, Any]:
+        return self.status()
+
+    def _release(self, request: ReleaseLease, peer: Peer) -> Released:
+        return Released(self.dispatcher.release_lease(request.lease))
+
+    def _interrupt(self, request: Interrupt, peer: Peer) -> None:
+        d = self.dispatcher
+        job = d.jobs.get(request.job or "") or (d.by_rid.get(request.target) if request.target is not None else None)
+        if job is not None:
+            d.interrupt(job, request.force)
+
+    def _submit(self, request: Submit, peer: Peer) -> Any:
+        d = self.dispatcher
+        spec = request.job
+        if spec.kind == "code" and spec.code is None:
+            raise InvalidRequest("a code job needs its code")
+        if spec.kind == "call" and spec.payload is None:
+            raise InvalidRequest("a call job needs its payload")
+        if spec.kind == "script" and not spec.path:
+            raise InvalidRequest("a script job needs its path")
+        if spec.gpu is not None and spec.gpu not in d.gpus:
+            raise InvalidRequest(f"GPU {spec.gpu} is not served by this pool (GPUs {d.gpus})")
+        timeout = spec.timeout
         if timeout is None and self.job_timeout > 0:
             timeout = self.job_timeout
-        pid = msg.get("pid")
-        job = Job(id=d.new_id(), rid=str(msg["rid"]), client=identity, client_pid=pid, kind=kind, body=body,
-                  gpu=gpu, lease=spec.get("lease"), exclusive=bool(spec.get("exclusive")),
-                  timeout=float(timeout) if timeout else None)
-        if isinstance(pid, int):
-            self._watch_client(pid)
-        self._send(identity, {"rid": job.rid, "kind": "accepted", "job": job.id, "queued": len(d.queue)})
+        run = Run(job="", kind=spec.kind, code=spec.code, payload=spec.payload, path=spec.path, argv=spec.argv,
+                  cwd=spec.cwd, env=spec.env)
+        job = Job(id=d.new_id(), rid=request.id, client_pid=request.pid, spec=run, client=peer, gpu=spec.gpu,
+                  lease=spec.lease, exclusive=spec.exclusive, timeout=float(timeout) if timeout else None)
+        if request.pid is not None:
+            self.clients.watch(request.pid)
+        peer.send(Accepted(id=request.id, job=job.id, queued=len(d.queue)))
         d.submit(job)
-        return None
-
-    def _watch_client(self, pid: int) -> None:
-        if pid in self._client_fds or pid == os.getpid():
-            return
-        try:
-            fd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            return
-        self._client_fds[pid] = fd
-
-        def gone() -> None:
-            loop = asyncio.get_running_loop()
-            loop.remove_reader(fd)
-            os.close(fd)
-            self._client_fds.pop(pid, None)
-            if self.dispatcher is not None:
-                self.dispatcher.client_gone(pid)
-
-        asyncio.get_running_loop().add_reader(fd, gone)
+        return DEFERRED  # the reply is the job's result (Dispatcher.finish -> _emit)
 
     def status(self) -> dict[str, Any]:
-        assert self.dispatcher is not None
         return {
             "pool": {"pid": os.getpid(), "uid": os.getuid(), "endpoint": self.bound, "started": self.started,
                      "on_demand": self.on_demand, "arbiter": self.arbiter_endpoint if self.gates.connected else None,
@@ -424,6 +365,3 @@ class PoolApp(KrexApplication):
 def main(argv: list[str] | None = None) -> None:
     PoolApp.launch_instance(argv)
 
-
-if __name__ == "__main__":
-    main()

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .jobs import INTERRUPT_EXIT
+from ..results import INTERRUPT_EXIT
+from ..wire import Run
 
 _INTERNAL = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _cells = itertools.count(1)
@@ -130,19 +131,19 @@ class Runner:
         self.namespace.clear()
         self.namespace.update(new_namespace())
 
-    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def run(self, msg: Run) -> dict[str, Any]:
         """Run the job in ``msg``; returns the result's fields plus ``recycle`` (a reason or None)."""
-        kind = msg["kind"]
+        kind = msg.kind
         region: dict[str, Any] | None = None
         result: dict[str, Any]
         excl = None
         try:
-            if msg.get("exclusive"):
-                from ..client import exclusive
+            if msg.exclusive:
+                from ...client import exclusive
 
                 # The client that waits for this job (a notebook, `krex run`) keeps running: it
                 # only relays output, and freezing it would hold that output until the end.
-                excl = exclusive(exempt=[msg["client_pid"]] if msg.get("client_pid") else [])
+                excl = exclusive(exempt=[msg.client_pid] if msg.client_pid else [])
                 _guarded(excl.acquire)
             try:
                 if kind == "code":
@@ -194,12 +195,12 @@ class Runner:
         return {"ok": status == 0, "status": "ok" if status == 0 else "exit", "exit_code": status,
                 "error": None if status == 0 else f"SystemExit: {code}"}
 
-    def _code(self, msg: dict[str, Any]) -> dict[str, Any]:
-        code: str = msg["code"]
+    def _code(self, msg: Run) -> dict[str, Any]:
+        code = msg.code or ""
         filename = f"<krex-cell-{next(_cells)}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
         ns = self.namespace
-        if not msg.get("lease"):
+        if not msg.lease:
             self.clear()
         try:
             tree = ast.parse(code, filename, "exec")
@@ -224,11 +225,11 @@ class Runner:
             ns["_"] = value
         return {"ok": True, "status": "ok", "value": None if value is None else _safe_repr(value)}
 
-    def _call(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _call(self, msg: Run) -> dict[str, Any]:
         import cloudpickle
 
         try:
-            fn, args, kwargs = cloudpickle.loads(msg["payload"])
+            fn, args, kwargs = cloudpickle.loads(msg.payload or b"")
             value = _guarded(lambda: fn(*args, **kwargs))
         except BaseException as exc:
             out = self._failure(exc, "call")
@@ -244,14 +245,14 @@ class Runner:
                     "error": f"the function returned a value that cannot be pickled: {_error_line(exc)}",
                     "traceback": format_exception(exc)}
 
-    def _script(self, msg: dict[str, Any]) -> dict[str, Any]:
-        path = os.path.abspath(os.path.join(msg.get("cwd") or os.getcwd(), msg["path"]))
-        argv = [str(a) for a in msg.get("argv") or ()]
-        env = msg.get("env")
-        if msg.get("cwd"):
-            os.chdir(msg["cwd"])
+    def _script(self, msg: Run) -> dict[str, Any]:
+        path = os.path.abspath(os.path.join(msg.cwd or os.getcwd(), msg.path or ""))
+        argv = list(msg.argv)
+        env = msg.env
+        if msg.cwd:
+            os.chdir(msg.cwd)
         if env is not None:
-            keep = {k: os.environ[k] for k in msg.get("keep_env", ()) if k in os.environ}
+            keep = {k: os.environ[k] for k in msg.keep_env if k in os.environ}
             os.environ.clear()
             os.environ.update({str(k): str(v) for k, v in env.items()})
             os.environ.update(keep)

@@ -24,7 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from .. import client, paths
+from ... import client, paths
 
 log = logging.getLogger("krex.pool")
 

@@ -23,8 +23,8 @@ import time
 import warnings
 from typing import Any
 
-from ..devsync import numba_context
-from ..procutil import proc_state, tree
+from ...devsync import numba_context
+from ...procutil import proc_state, tree
 
 _SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE",
                         "SIGQUIT", "SIGVTALRM", "SIGPROF") if hasattr(signal, s)]

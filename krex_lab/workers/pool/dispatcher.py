@@ -19,25 +19,49 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Union
 
-from .jobs import INTERRUPT_EXIT, TIMEOUT_EXIT, JobResult, describe_exit, shell_status
-from .nanny import WorkerHandle
-
-if TYPE_CHECKING:
-    from .pool import Pool
+from ..results import INTERRUPT_EXIT, TIMEOUT_EXIT, JobResult, describe_exit, shell_status
+from ..wire import Done, FromWorker, Init, Output, Ready, Reset, Run
+from .handle import WorkerHandle
 
 log = logging.getLogger("krex.pool")
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """The pool's settings the dispatcher reads (see :class:`~.service.Pool` for each)."""
+
+    workers_per_gpu: int = 1
+    spares_per_gpu: int = 1
+    max_workers_per_gpu: int = 8
+    start_concurrency: int = 2
+    interrupt_grace: float = 5.0
+    max_jobs_per_worker: int = 0
+    #: environment variables that place a worker; a script's environment never overrides them
+    keep_env: tuple[str, ...] = ()
+
+
+class Gates(Protocol):
+    """Which GPUs are closed by a region right now (:class:`~.gates.GateWatcher`)."""
+
+    def is_open(self, gpu: int) -> bool: ...
+    def holder_pid(self, gpu: int) -> int | None: ...
+
+
+#: what to run for worker ``wid`` on ``gpu``: command, environment, its Init message
+SpawnArgs = Callable[[int, int], "tuple[list[str], dict[str, str], Init]"]
+#: a job's message to its client: an Output while it runs, then its one JobResult
+Emit = Callable[["Job", Union[Output, JobResult]], None]
 
 
 @dataclass
 class Job:
     id: str
-    rid: str
-    client: bytes
+    rid: int  # the id of the client's submit request
     client_pid: int | None
-    kind: str
-    body: dict[str, Any]
+    spec: Run  # what the worker gets (its ``job``, ``lease`` ... are set when it is dispatched)
+    client: Any = None  # how the pool answers the client (a service.Peer); opaque here
     gpu: int | None = None
     lease: str | None = None
     exclusive: bool = False
@@ -51,6 +75,10 @@ class Job:
     notice: str | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
 
 @dataclass
 class Lease:
@@ -63,28 +91,47 @@ class Lease:
     pending: int = 0  # jobs queued or running
 
 
+def _cancelled(error: str, exit_code: int | None = None) -> JobResult:
+    return JobResult(ok=False, status="cancelled", error=error, exit_code=exit_code)
+
+
 class Dispatcher:
-    def __init__(self, pool: Pool, gpus: list[int], emit: Callable[[Job, dict[str, Any]], None],
-                 spawn_args: Callable[[int, int], tuple[list[str], dict[str, str], dict[str, Any]]]) -> None:
-        self.pool = pool
-        self.gpus = gpus
+    """Queue, leases and sizing of one pool; it gets what it uses, never the pool itself.
+
+    ``emit`` sends a job's messages to its client, ``spawn_args`` says how to start a worker,
+    ``stale`` whether a worker's arbiter session is gone (it is then replaced when idle).
+    """
+
+    def __init__(self, config: DispatchConfig, gates: Gates, emit: Emit, spawn_args: SpawnArgs,
+                 stale: Callable[[WorkerHandle], bool] = lambda w: False, gpus: list[int] | None = None) -> None:
+        self.config = config
+        self.gates = gates
         self.emit = emit
         self.spawn_args = spawn_args
+        self.stale = stale
+        self.gpus: list[int] = []
         self.workers: dict[int, WorkerHandle] = {}
         self.queue: list[Job] = []
         self.jobs: dict[str, Job] = {}
-        self.by_rid: dict[str, Job] = {}
+        self.by_rid: dict[int, Job] = {}
         self.leases: dict[str, Lease] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self._ids = 0
         self._wids = 0
-        self._failures: dict[int, int] = dict.fromkeys(gpus, 0)
-        self._retry_at: dict[int, float] = dict.fromkeys(gpus, 0.0)
+        self._failures: dict[int, int] = {}
+        self._retry_at: dict[int, float] = {}
         self._retry_handle: asyncio.TimerHandle | None = None
         self.closing = False
         #: GPUs where one of our jobs runs with exclusive=True: closed to our other jobs at once,
         #: before the arbiter's gate event could arrive
         self.exclusive_gpus: dict[int, str] = {}
+        self.set_gpus(gpus or [])
+
+    def set_gpus(self, gpus: list[int]) -> None:
+        """The GPUs to serve (known once the pool has asked the arbiter, when it starts serving)."""
+        self.gpus = list(gpus)
+        self._failures = {g: self._failures.get(g, 0) for g in gpus}
+        self._retry_at = {g: self._retry_at.get(g, 0.0) for g in gpus}
 
     # -- jobs -------------------------------------------------------------------------------------
     def new_id(self) -> str:
@@ -114,7 +161,7 @@ class Dispatcher:
 
     def gpu_open(self, gpu: int) -> bool:
         """No region on ``gpu`` (the arbiter's gate), and no exclusive job of ours running or waiting there."""
-        return self.pool.gates.is_open(gpu) and gpu not in self.exclusive_gpus
+        return self.gates.is_open(gpu) and gpu not in self.exclusive_gpus
 
     def _eligible(self, w: WorkerHandle, gpu: int | None) -> bool:
         return (w.state == "idle" and w.active and w.lease is None and w.expected is None
@@ -147,11 +194,11 @@ class Dispatcher:
         if job.exclusive:
             self.exclusive_gpus[w.gpu] = job.id
         job.worker, job.dispatched = w, time.time()
-        msg = {"op": "run", "job": job.id, "kind": job.kind, "lease": job.lease is not None,
-               "exclusive": job.exclusive, "client_pid": job.client_pid, **job.body}
+        run = job.spec
+        run.job, run.lease, run.exclusive, run.client_pid = job.id, job.lease is not None, job.exclusive, job.client_pid
         if job.kind == "script":
-            msg["keep_env"] = self.pool.placement_vars()
-        w.send(msg)
+            run.keep_env = list(self.config.keep_env)
+        w.send(run)
         if job.timeout:
             job.timers.append(loop.call_later(job.timeout, self._timeout, job))
         log.debug("job %s -> worker %s (GPU %d)", job.id, w.id, w.gpu)
@@ -160,15 +207,15 @@ class Dispatcher:
         w = job.worker
         if job.finished or w is None:
             return
-        holder = self.pool.gates.holder_pid(w.gpu)
-        if not self.pool.gates.is_open(w.gpu) and holder != w.pid:
+        holder = self.gates.holder_pid(w.gpu)
+        if not self.gates.is_open(w.gpu) and holder != w.pid:
             # Frozen by someone else's region: that time is not the job's.
             job.timers.append(asyncio.get_running_loop().call_later(0.5, self._timeout, job))
             return
         job.timed_out = True
         w.interrupt()
         job.timers.append(asyncio.get_running_loop().call_later(
-            self.pool.interrupt_grace, lambda: self._force(job, w, "timeout")))
+            self.config.interrupt_grace, lambda: self._force(job, w, "timeout")))
 
     def _force(self, job: Job, w: WorkerHandle, reason: str) -> None:
         if not job.finished and job.worker is w:
@@ -180,8 +227,8 @@ class Dispatcher:
             return
         if job.worker is None:
             self.queue.remove(job)
-            self.finish(job, {"ok": False, "status": "cancelled", "error": "cancelled before it started",
-                              "exit_code": INTERRUPT_EXIT if job.kind == "script" else None})
+            code = INTERRUPT_EXIT if job.kind == "script" else None
+            self.finish(job, _cancelled("cancelled before it started", code))
         elif force:
             self._force(job, job.worker, "interrupt")
         else:
@@ -194,11 +241,11 @@ class Dispatcher:
             if job.worker is not None:
                 w = job.worker
                 job.timers.append(asyncio.get_running_loop().call_later(
-                    self.pool.interrupt_grace, lambda j=job, w=w: self._force(j, w, "interrupt")))  # type: ignore[misc]
+                    self.config.interrupt_grace, lambda j=job, w=w: self._force(j, w, "interrupt")))  # type: ignore[misc]
         for lease in [le for le in self.leases.values() if le.owner_pid == pid]:
             self.release_lease(lease.key)
 
-    def finish(self, job: Job, fields: dict[str, Any]) -> None:
+    def finish(self, job: Job, result: JobResult) -> None:
         """Send the job's one result (a second call for the same job does nothing)."""
         if job.finished:
             return
@@ -208,7 +255,6 @@ class Dispatcher:
         w = job.worker
         if w is not None and self.exclusive_gpus.get(w.gpu) == job.id:
             del self.exclusive_gpus[w.gpu]
-        result = JobResult.from_wire(fields)
         result.job_id = job.id
         result.worker_pid = w.pid if w is not None else None
         result.gpu = w.gpu if w is not None else job.gpu
@@ -216,7 +262,7 @@ class Dispatcher:
         result.notice = job.notice
         if job.timed_out and result.status in ("interrupted", "died", "exception", "exit"):
             result.ok, result.status = False, "timeout"
-            extra = (f"; it ignored the interrupt for {self.pool.interrupt_grace:g} s and its worker was killed"
+            extra = (f"; it ignored the interrupt for {self.config.interrupt_grace:g} s and its worker was killed"
                      if job.forced else "")
             result.error = f"timed out after {job.timeout:g} s{extra}"
             if job.kind == "script":
@@ -229,7 +275,7 @@ class Dispatcher:
             lease.last_used = time.monotonic()
         self.counters[result.status] += 1
         self.counters["finished"] += 1
-        self.emit(job, {"kind": "result", "result": result.to_wire()})
+        self.emit(job, result)
 
     # -- leases -----------------------------------------------------------------------------------
     def release_lease(self, key: str) -> bool:
@@ -238,7 +284,7 @@ class Dispatcher:
             return False
         for job in [j for j in self.queue if j.lease == key]:
             self.queue.remove(job)
-            self.finish(job, {"ok": False, "status": "cancelled", "error": f"lease {key!r} was released"})
+            self.finish(job, _cancelled(f"lease {key!r} was released"))
         w = lease.worker
         if w is not None:
             w.lease = None
@@ -252,7 +298,7 @@ class Dispatcher:
     def _reset(self, w: WorkerHandle) -> None:
         w.state = "resetting"
         w.reset_pending = False
-        w.send({"op": "reset"})
+        w.send(Reset())
 
     def expire_leases(self, idle: float) -> None:
         now = time.monotonic()
@@ -262,45 +308,48 @@ class Dispatcher:
                 self.release_lease(lease.key)
 
     # -- worker events ----------------------------------------------------------------------------
-    def on_message(self, w: WorkerHandle, msg: dict[str, Any]) -> None:
-        op = msg.get("op")
-        if op == "done":
+    def on_message(self, w: WorkerHandle, msg: FromWorker) -> None:
+        if isinstance(msg, Done):
             job = w.job
             w.drain_output()  # what the job printed goes out before its result
             w.job, w.state = None, "resetting"
             w.jobs_run += 1
             if job is not None:
-                self.finish(job, msg.get("result") or {})
-            if msg.get("recycle"):
-                self.recycle(w, str(msg["recycle"]))
-        elif op == "ready":
-            w.drain_output()
-            if "reset_s" in msg:
-                w.last_reset = {"s": msg["reset_s"], **msg.get("reset_parts_s", {})}
-            if msg.get("first"):
-                w.info, w.session, w.ready_at = msg, msg.get("session"), time.time()
-                self._failures[w.gpu] = 0
-                if msg.get("session_error"):
-                    log.warning("worker %s not registered with the arbiter: %s", w.id, msg["session_error"])
-                log.info("worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s", w.id, w.pid, w.gpu,
-                         msg.get("start_s", 0), msg.get("preloaded"))
-            if not msg.get("clean", True):
-                self.recycle(w, f"reset incomplete: {msg.get('reason')}")
-            elif w.reset_pending:
-                self._reset(w)
-            elif w.lease is None and 0 < self.pool.max_jobs_per_worker <= w.jobs_run:
-                self.recycle(w, f"ran {w.jobs_run} jobs")
-            elif w.lease is None and self.pool.stale(w):
-                self.recycle(w, "its arbiter session is gone: a new worker registers")
-            else:
-                w.state = "idle"
-            self.rebalance()
-            self.dispatch()
+                self.finish(job, msg.result)
+            if msg.recycle:
+                self.recycle(w, msg.recycle)
+        elif isinstance(msg, Ready):
+            self._on_ready(w, msg)
+
+    def _on_ready(self, w: WorkerHandle, msg: Ready) -> None:
+        w.drain_output()
+        if msg.reset_s is not None:
+            w.last_reset = {"s": msg.reset_s, **msg.reset_parts_s}
+        if msg.first:
+            w.info, w.session, w.ready_at = msg, msg.session, time.time()
+            self._failures[w.gpu] = 0
+            if msg.session_error:
+                log.warning("worker %s not registered with the arbiter: %s", w.id, msg.session_error)
+            log.info("worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s", w.id, w.pid, w.gpu,
+                     msg.start_s or 0, msg.preloaded)
+        if not msg.clean:
+            self.recycle(w, f"reset incomplete: {msg.reason}")
+        elif w.reset_pending:
+            self._reset(w)
+        elif w.lease is None and 0 < self.config.max_jobs_per_worker <= w.jobs_run:
+            self.recycle(w, f"ran {w.jobs_run} jobs")
+        elif w.lease is None and self.stale(w):
+            self.recycle(w, "its arbiter session is gone: a new worker registers")
+        else:
+            w.state = "idle"
+        self.rebalance()
+        self.dispatch()
 
     def on_output(self, w: WorkerHandle, stream: str, text: str) -> None:
         job = w.job
         if job is not None and not job.finished:
-            self.emit(job, {"kind": "output", "stream": stream, "text": text})
+            self.emit(job, Output(id=job.rid, job=job.id, stream="stderr" if stream == "stderr" else "stdout",
+                                  text=text))
         else:
             log.debug("worker %s %s: %s", w.id, stream, text.rstrip())
 
@@ -314,8 +363,8 @@ class Dispatcher:
                 status, error = "interrupted", f"interrupted: the worker was killed ({cause})"
             else:
                 status, error = "died", f"worker died: {cause} [pid {w.pid}, GPU {w.gpu}]"
-            self.finish(job, {"ok": False, "status": status, "error": error, "exit_code": shell_status(code),
-                              "traceback": f"last lines of the worker's stderr:\n{tail}\n" if tail else None})
+            self.finish(job, JobResult(ok=False, status=status, error=error, exit_code=shell_status(code),
+                                       traceback=f"last lines of the worker's stderr:\n{tail}\n" if tail else None))
         if w.lease is not None:
             lease = w.lease
             lease.worker = None
@@ -338,7 +387,7 @@ class Dispatcher:
         w.kill(reason)
 
     def _start_failed(self, w: WorkerHandle, cause: str) -> None:
-        n = self._failures[w.gpu] = self._failures[w.gpu] + 1
+        n = self._failures[w.gpu] = self._failures.get(w.gpu, 0) + 1
         self._retry_at[w.gpu] = time.monotonic() + min(30.0, 0.5 * 2 ** (n - 1))
         tail = w.last_stderr(40)
         log.error("worker %s on GPU %d failed to start (%s):\n%s", w.id, w.gpu, cause, tail)
@@ -348,8 +397,8 @@ class Dispatcher:
         for job in list(self.queue):
             if (job.gpu if job.gpu is not None else -1) in failing or failing >= set(self.gpus):
                 self.queue.remove(job)
-                self.finish(job, {"ok": False, "status": "failed", "traceback": tail or None,
-                                  "error": f"no worker could start on GPU {w.gpu} ({cause}); see the pool log"})
+                self.finish(job, JobResult(ok=False, status="failed", traceback=tail or None,
+                                           error=f"no worker could start on GPU {w.gpu} ({cause}); see the pool log"))
 
     # -- sizing -----------------------------------------------------------------------------------
     def _alive(self, gpu: int) -> list[WorkerHandle]:
@@ -357,7 +406,7 @@ class Dispatcher:
 
     def target_active(self, gpu: int) -> int:
         leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
-        return min(self.pool.max_workers_per_gpu, max(self.pool.workers_per_gpu, leased + 1))
+        return min(self.config.max_workers_per_gpu, max(self.config.workers_per_gpu, leased + 1))
 
     def rebalance(self) -> None:
         if self.closing:
@@ -378,11 +427,11 @@ class Dispatcher:
                 w.active = False
                 active.remove(w)
                 spares.append(w)
-            extra = len(spares) - self.pool.spares_per_gpu
+            extra = len(spares) - self.config.spares_per_gpu
             for w in [w for w in spares if w.state == "idle"][:max(0, extra)]:
                 self.recycle(w, "more workers than needed")
                 spares.remove(w)
-            want[g] = max(0, target + self.pool.spares_per_gpu - len(active) - len(spares))
+            want[g] = max(0, target + self.config.spares_per_gpu - len(active) - len(spares))
         self._spawn(want)
 
     def _spawn(self, want: dict[int, int]) -> None:
@@ -391,9 +440,9 @@ class Dispatcher:
         now = time.monotonic()
         later = [self._retry_at[g] for g, n in want.items() if n and self._retry_at[g] > now]
         order = sorted((g for g, n in want.items() if n), key=lambda g: -want[g])
-        while starting < self.pool.start_concurrency and order:
+        while starting < self.config.start_concurrency and order:
             for g in list(order):
-                if starting >= self.pool.start_concurrency:
+                if starting >= self.config.start_concurrency:
                     break
                 if want[g] <= 0 or self._retry_at[g] > now or not self.gpu_open(g):
                     order.remove(g)
@@ -435,11 +484,11 @@ class Dispatcher:
     def ready(self) -> bool:
         """Every GPU has its active workers up (used by tests and ``krex pool --wait``)."""
         return all(sum(1 for w in self._alive(g) if w.active and w.state != "starting") >= self.target_active(g)
-                   and len(self._alive(g)) >= self.target_active(g) + self.pool.spares_per_gpu
+                   and len(self._alive(g)) >= self.target_active(g) + self.config.spares_per_gpu
                    and all(w.state != "starting" for w in self._alive(g)) for g in self.gpus)
 
     def status(self) -> dict[str, Any]:
-        gates = self.pool.gates
+        gates = self.gates
         return {
             "gpus": [{"index": g, "gate": "open" if gates.is_open(g) else "closed",
                       "holder_pid": gates.holder_pid(g), "exclusive_job": self.exclusive_gpus.get(g),

@@ -7,6 +7,9 @@
     pool.call(fn, x, gpu=0)                     # fn's return value, or its exception re-raised
     krex_lab.submit(fn, x)                      # a concurrent.futures.Future
 
+Every request is a struct of :mod:`krex_lab.workers.wire`; an error the pool raises is re-raised
+here as its class (:func:`krex_lab.errors.error_from_wire`).
+
 Each thread uses its own DEALER socket, so one client serves many threads (``submit`` runs
 each call in a thread of a shared executor). A job's output arrives while it runs and is handed
 to ``on_output(stream, text)`` (default: this process's stdout/stderr). Ctrl-C while waiting
@@ -29,25 +32,28 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from .. import paths
-from .jobs import (
-    JobResult,
-    JobTimeout,
-    PoolUnavailable,
-    RemoteError,
-    RemoteTraceback,
-    WorkerDied,
-    decode,
-    default_endpoint,
-    encode,
-    ipc_path,
-    lock_path,
+from ... import paths, protocol
+from ...errors import JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
+from ...protocol import Request
+from ..endpoint import default_endpoint, ipc_path, lock_path
+from ..results import JobResult, RemoteTraceback
+from ..wire import (
+    Accepted,
+    Interrupt,
+    JobSpec,
+    Output,
+    Ping,
+    PoolInfo,
+    PoolStatus,
+    ReleaseLease,
+    Submit,
+    decode_incoming,
 )
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-Output = Callable[[str, str], None]
+OutputFn = Callable[[str, str], None]
 
 #: how long connect() waits for a pool it started to answer
 START_TIMEOUT = 60.0
@@ -65,7 +71,7 @@ class PoolClient:
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
-        self.info: dict[str, Any] = {}
+        self.info: PoolInfo | None = None
         self._local = threading.local()
         self._sockets: list[zmq.Socket[bytes]] = []
         self._lock = threading.Lock()
@@ -82,16 +88,16 @@ class PoolClient:
         try:
             if client._lock_free():
                 raise PoolUnavailable("no pool holds its lock")
-            client.info = client._request("ping", timeout=2.0)
+            client.info = client._request(Ping(), timeout=2.0)
         except PoolUnavailable as exc:
             if not start:
                 client.close()
                 raise PoolUnavailable(f"no KREX pool answers at {client.endpoint} ({exc}); start one with "
                                       "`krex pool`, or let `krex run` start it") from None
             client._start_pool()
-        if client.info.get("uid") not in (os.getuid(), None):
+        if client.info is not None and client.info.uid != os.getuid():
             client.close()
-            raise PoolUnavailable(f"the pool at {client.endpoint} belongs to uid {client.info.get('uid')}, not you")
+            raise PoolUnavailable(f"the pool at {client.endpoint} belongs to uid {client.info.uid}, not you")
         return client
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -128,22 +134,20 @@ class PoolClient:
             return False
 
     def _pool_alive(self) -> bool:
-        pid = self.info.get("pid")
-        return pid is None or os.path.exists(f"/proc/{pid}")
+        return self.info is None or os.path.exists(f"/proc/{self.info.pid}")
 
-    def _request(self, op: str, timeout: float = 10.0, **fields: Any) -> dict[str, Any]:
+    def _request(self, request: Request, timeout: float = 10.0) -> Any:
+        """Send ``request``, wait for its reply: the result as ``request.reply`` says, or its error raised."""
         sock = self._socket()
-        rid = _rid()
-        sock.send_multipart(encode({"op": op, "rid": rid, **fields}))
+        request.id = _rid()
+        sock.send(protocol.encode(request))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if sock.poll(100):
-                msg = decode(sock.recv_multipart())
-                if msg.get("rid") != rid:
-                    continue
-                if msg.get("kind") == "error":
-                    raise RemoteError(str(msg.get("message")))
-                return msg
+                msg = decode_incoming(sock.recv())
+                if msg.id != request.id or not isinstance(msg, protocol.Reply):
+                    continue  # a late message of an abandoned request
+                return _result(request, msg)
             if not self._pool_alive():
                 break
         raise PoolUnavailable(f"no reply from the pool at {self.endpoint} within {timeout:g} s")
@@ -166,7 +170,7 @@ class PoolClient:
         while time.monotonic() < deadline:
             if not self._lock_free():
                 try:
-                    self.info = self._request("ping", timeout=1.0)
+                    self.info = self._request(Ping(), timeout=1.0)
                     return
                 except PoolUnavailable:
                     pass
@@ -181,68 +185,69 @@ class PoolClient:
         raise PoolUnavailable(f"the pool started on demand did not answer within {START_TIMEOUT:g} s "
                               f"(see {log_dir / 'pool.log'})")
 
-    def _run(self, job: dict[str, Any], on_output: Output | None) -> JobResult:
-        """Submit one job, stream its output, return its one result."""
+    def _run(self, job: JobSpec, on_output: OutputFn | None) -> JobResult:
+        """Submit one job, stream its output, return its one result (the submit's reply)."""
         out = on_output or print_output
         sock = self._socket()
-        rid = _rid()
-        sock.send_multipart(encode({"op": "submit", "rid": rid, "pid": os.getpid(), "job": job}))
+        submit = Submit(id=_rid(), pid=os.getpid(), job=job)
+        sock.send(protocol.encode(submit))
         job_id: str | None = None
         interrupts = 0
+
+        def interrupt(force: bool) -> None:
+            sock.send(protocol.encode(Interrupt(id=_rid(), job=job_id, target=submit.id, force=force)))
+
         while True:
             try:
                 if sock.poll(200):
-                    msg = decode(sock.recv_multipart())
-                    if msg.get("rid") != rid:
-                        continue  # a late message of an abandoned job
-                    kind = msg.get("kind")
-                    if kind == "output":
+                    msg = decode_incoming(sock.recv())
+                    if msg.id != submit.id:
+                        continue  # a late message of an abandoned job, or an interrupt's reply
+                    if isinstance(msg, Output):
                         try:
-                            out(str(msg["stream"]), str(msg["text"]))
+                            out(msg.stream, msg.text)
                         except Exception:  # nobody to write to (a closed pipe): the job ends too
-                            sock.send_multipart(encode({"op": "interrupt", "job": job_id, "target": rid,
-                                                        "force": True, "rid": _rid()}))
+                            interrupt(True)
                             raise
-                    elif kind == "accepted":
-                        job_id = msg["job"]
-                    elif kind == "result":
-                        return JobResult.from_wire(msg["result"])
-                    elif kind == "error":
-                        raise RemoteError(f"the pool refused the job: {msg.get('message')}")
+                    elif isinstance(msg, Accepted):
+                        job_id = msg.job
+                    else:
+                        result: JobResult = _result(submit, msg)
+                        return result
                 elif not self._pool_alive():
                     return JobResult(ok=False, status="died", job_id=job_id,
-                                     exit_code=1 if job.get("kind") == "script" else None,
-                                     error=f"the pool (pid {self.info.get('pid')}) exited while the job ran")
+                                     exit_code=1 if job.kind == "script" else None,
+                                     error=f"the pool (pid {self.info.pid if self.info else '?'}) exited "
+                                     "while the job ran")
             except KeyboardInterrupt:
                 interrupts += 1
                 if interrupts >= 3:
                     raise
-                sock.send_multipart(encode({"op": "interrupt", "job": job_id, "target": rid,
-                                            "force": interrupts >= 2, "rid": _rid()}))
+                interrupt(interrupts >= 2)
 
     # -- the interface ------------------------------------------------------------------------------
     def run_code(self, code: str, *, gpu: int | None = None, lease: str | None = None, exclusive: bool = False,
-                 timeout: float | None = None, on_output: Output | None = None) -> JobResult:
+                 timeout: float | None = None, on_output: OutputFn | None = None) -> JobResult:
         """Run ``code`` like a notebook cell. With ``lease`` the namespace persists across calls (the
         same worker serves the lease until :meth:`release_lease` or its idle timeout); without, each
         call starts from an empty namespace. ``value`` is the repr of the last expression."""
-        return self._run({"kind": "code", "code": code, "gpu": gpu, "lease": lease, "exclusive": exclusive,
-                          "timeout": timeout}, on_output)
+        return self._run(JobSpec(kind="code", code=code, gpu=gpu, lease=lease, exclusive=exclusive,
+                                 timeout=timeout), on_output)
 
     def release_lease(self, lease: str) -> None:
         """End a lease: its worker's namespace is cleared and GPU memory checked, then it serves others."""
-        self._request("release", lease=lease)
+        self._request(ReleaseLease(lease=lease))
 
     def run_script(self, path: str | os.PathLike[str], argv: Sequence[str] = (), *, gpu: int | None = None,
                    exclusive: bool = False, cwd: str | os.PathLike[str] | None = None,
                    env: dict[str, str] | None = None, timeout: float | None = None,
-                   on_output: Output | None = None) -> JobResult:
+                   on_output: OutputFn | None = None) -> JobResult:
         """Run a script as ``python PATH ARGV...`` would (runpy, ``__main__``); ``env`` replaces the
         environment for the run (the worker's GPU placement variables stay). ``exit_code`` is set."""
         cwd_s = os.fspath(cwd) if cwd is not None else os.getcwd()
-        return self._run({"kind": "script", "path": os.path.join(cwd_s, os.fspath(path)),
-                          "argv": [str(a) for a in argv], "cwd": cwd_s, "env": env, "gpu": gpu,
-                          "exclusive": exclusive, "timeout": timeout}, on_output)
+        return self._run(JobSpec(kind="script", path=os.path.join(cwd_s, os.fspath(path)),
+                                 argv=[str(a) for a in argv], cwd=cwd_s, env=env, gpu=gpu,
+                                 exclusive=exclusive, timeout=timeout), on_output)
 
     def call(self, fn: Callable[..., Any], *args: Any, gpu: int | None = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker (cloudpickle). Returns its value or raises its exception
@@ -251,14 +256,14 @@ class PoolClient:
         import cloudpickle
 
         payload = cloudpickle.dumps((fn, args, kwargs))
-        result = self._run({"kind": "call", "payload": payload, "gpu": gpu}, None)
+        result = self._run(JobSpec(kind="call", payload=payload, gpu=gpu), None)
         if result.ok:
             return cloudpickle.loads(result.value)
         raise exception_of(result)
 
     def status(self) -> dict[str, Any]:
         """Workers per GPU (state, pid, lease, jobs run), gates, queue, leases, counters."""
-        status: dict[str, Any] = self._request("status")["status"]
+        status: dict[str, Any] = self._request(PoolStatus())
         return status
 
     def close(self) -> None:
@@ -297,8 +302,16 @@ def exception_of(result: JobResult) -> BaseException:
     return RemoteError(message, result.traceback, result)
 
 
-def _rid() -> str:
-    return os.urandom(12).hex()
+def _rid() -> int:
+    """A request id no other thread or process of this user will pick (63 random bits)."""
+    return int.from_bytes(os.urandom(8), "big") >> 1
+
+
+def _result(request: Request, reply: protocol.Reply) -> Any:
+    """The reply's result as ``request.reply`` says, or the error it carries, raised as its class."""
+    if reply.error is not None:
+        raise error_from_wire(reply.error.type, reply.error.message, reply.error.traceback)
+    return protocol.result_as(request, reply.result)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

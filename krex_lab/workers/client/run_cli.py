@@ -1,0 +1,75 @@
+"""``krex run [--gpu N] [--exclusive] SCRIPT.py [ARGS...]``: a script on a warm context worker.
+
+Behaves like ``python SCRIPT.py ARGS...`` run here: same arguments, working directory and
+environment; stdout and stderr stream as the script writes them; an uncaught exception prints
+its traceback to stderr and exits 1, ``sys.exit(n)`` exits ``n``, a KeyboardInterrupt exits 130,
+a worker killed by signal N exits 128 + N (as a shell reports it). Differences: the interpreter
+is warm (frameworks imported, CUDA context made), and a crash costs a worker, not the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..results import JobResult
+
+#: placement decided by the pool, never forwarded from the caller's environment
+_NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "KREX_GPU")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", type=int, default=None, help="run on this GPU (default: any with a free worker)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="run the whole script inside a region held by its worker")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the script is interrupted")
+    p.add_argument("--quiet", action="store_true", help="do not print the region report (--exclusive)")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _write(stream: str, text: str) -> None:
+    target = sys.stderr if stream == "stderr" else sys.stdout
+    target.write(text)
+    target.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    path = os.path.abspath(args.script)
+    if not os.path.exists(path):
+        print(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory", file=sys.stderr)
+        return 2
+    from .pool_client import PoolClient
+
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
+    client = PoolClient.connect(start=True)
+    try:
+        result = client.run_script(path, list(args.args), gpu=args.gpu, exclusive=args.exclusive,
+                                   cwd=os.getcwd(), env=env, timeout=args.timeout, on_output=_write)
+    finally:
+        client.close()
+    return report(result, quiet=args.quiet)
+
+
+def report(result: JobResult, quiet: bool = False) -> int:
+    """Print what ``python`` would have printed at the end, plus what only KREX knows; the exit code."""
+    if result.status in ("exception", "interrupted") and result.traceback:
+        sys.stderr.write(result.traceback)
+        if result.error and result.error.startswith("exclusive=True"):
+            print(f"krex: {result.error}", file=sys.stderr)
+    elif result.status in ("died", "timeout", "failed", "cancelled") or (not result.ok and result.exit_code is None):
+        print(f"krex: {result.error}", file=sys.stderr)
+    if result.notice:
+        print(f"krex: {result.notice}", file=sys.stderr)
+    if result.region and not quiet:
+        from ...client import RegionReport
+
+        print(RegionReport(result.region).summary(), file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if result.exit_code is not None:
+        return result.exit_code
+    return 0 if result.ok else 1

@@ -1,0 +1,27 @@
+"""Where this user's pool listens, and the lock file that says one serves there.
+
+Shared by the pool (binds and locks) and its clients (connect; test the lock to skip a ping that
+could only time out).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import paths
+
+
+def default_endpoint() -> str:
+    """``KREX_POOL_ENDPOINT`` when set, else ``ipc://<runtime dir>/pool.sock`` (this user's, 0700)."""
+    return os.environ.get(paths.POOL_ENDPOINT_ENV) or f"ipc://{paths.runtime_dir() / 'pool.sock'}"
+
+
+def ipc_path(endpoint: str) -> str | None:
+    """The socket file of an ``ipc://`` endpoint, else None."""
+    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+
+
+def lock_path(endpoint: str) -> str | None:
+    """The lock file a pool holds while it serves an ipc endpoint (None for tcp: no file to lock)."""
+    path = ipc_path(endpoint)
+    return None if path is None else path + ".lock"
