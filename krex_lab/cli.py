@@ -1,4 +1,14 @@
-"""The ``krex`` command: ``arbiter``, ``status``, ``exclusive``, ``run``, ``lab``."""
+"""The ``krex`` command, one argparse tree: ``krex {arbiter,pool,status,exclusive,run,lab}``.
+
+Each subcommand's parser owns its errors: ``krex status --bogus`` prints ``krex status``'s usage
+and exits 2. ``arbiter`` and ``pool`` are traitlets applications: their common options (the
+applications' ``aliases`` and ``flags``) are declared here from the applications themselves,
+and any ``--Class.trait=value`` goes through to the application unchanged (``krex arbiter
+--help-all`` lists them all). ``lab``'s own options are declared here; the rest go to JupyterLab.
+
+Importing this module is cheap: what a subcommand needs (jupyter, zmq, the pool) is imported
+when that subcommand's parser is first used, or when it runs.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +18,105 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from .errors import KrexError
 
+#: an application subcommand's entry point: ``main(argv)`` of a traitlets application
+AppMain = Callable[[list[str]], None]
+
+
+class AppOptions(Protocol):
+    """What the tree needs of an application class (see :class:`krex_lab.application.KrexApplication`)."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def argv_from(self, args: argparse.Namespace) -> list[str]: ...
+
+
+AppLoader = Callable[[], tuple[AppOptions, AppMain]]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is its own error (its usage, exit 2).
+
+    ``populate`` adds the arguments when the parser is first used (parsing or help), so that
+    building the tree imports nothing heavy. ``app_options`` (arbiter, pool): arguments of the
+    form ``--Class.trait=value`` are kept, in order, as the ``traitlets_options`` of the result.
+    ``keep_unknown``: the dest that unknown arguments are put in front of (``lab``: JupyterLab's).
+    """
+
+    def __init__(self, *args: Any, populate: Callable[[argparse.ArgumentParser], None] | None = None,
+                 app_options: bool = False, keep_unknown: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._populate = populate
+        self._app_options = app_options
+        self._keep_unknown = keep_unknown
+
+    def _ensure_populated(self) -> None:
+        populate, self._populate = self._populate, None
+        if populate is not None:
+            populate(self)
+
+    def format_usage(self) -> str:
+        self._ensure_populated()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._ensure_populated()
+        return super().format_help()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._ensure_populated()
+        result, rest = super().parse_known_args(args, namespace)
+        if self._keep_unknown is not None:
+            setattr(result, self._keep_unknown, [*rest, *getattr(result, self._keep_unknown, [])])
+            return result, []
+        if self._app_options:
+            from .application import PASSED_THROUGH, TRAITLETS_OPTION
+
+            passed = [a for a in rest if TRAITLETS_OPTION.match(a)]
+            rest = [a for a in rest if not TRAITLETS_OPTION.match(a)]
+            setattr(result, PASSED_THROUGH, [*getattr(result, PASSED_THROUGH, []), *passed])
+        if rest:
+            hint = " (options of the application: --Class.trait=value)" if self._app_options else ""
+            self.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+        return result, []
+
+
+# -- arbiter, pool: traitlets applications -----------------------------------------------------
+
+def _arbiter_app() -> tuple[AppOptions, AppMain]:
+    from .arbiter.app import ArbiterApp, main
+
+    return ArbiterApp, main
+
+
+def _pool_app() -> tuple[AppOptions, AppMain]:
+    from krex_lab.workers.pool import PoolApp, main
+
+    return PoolApp, main
+
+
+def _app_command(load: AppLoader) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        app, main = load()
+        main(app.argv_from(args))
+        return 0
+
+    return run
+
+
+def _app_populate(load: AppLoader) -> Callable[[argparse.ArgumentParser], None]:
+    def populate(parser: argparse.ArgumentParser) -> None:
+        load()[0].add_arguments(parser)
+
+    return populate
+
+
+# -- status, exclusive, run, lab ----------------------------------------------------------------
 
 def _status(args: argparse.Namespace) -> int:
     from .arbiter.status import format_table
@@ -45,60 +151,82 @@ def _exclusive(args: argparse.Namespace) -> int:
     return code if code >= 0 else 128 - code
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["arbiter"]:
-        from .arbiter.app import main as arbiter_main
+def _run_cli() -> Any:
+    # TODO(simplify): only the new path once krex_lab/workers/run_cli.py has moved for good.
+    try:
+        from .workers.client import run_cli
+    except ImportError:
+        from .workers import run_cli  # type: ignore[no-redef]
+    return run_cli
 
-        arbiter_main(argv[1:])
-        return
-    if argv[:1] == ["pool"]:
-        from .workers.pool import main as pool_main
 
-        pool_main(argv[1:])
-        return
-    if argv[:1] == ["lab"]:  # its options go on to JupyterLab: argparse must not see them
-        sys.exit(_lab(argv[1:]))
+def _run_populate(parser: argparse.ArgumentParser) -> None:
+    _run_cli().add_arguments(parser)
+
+
+def _run(args: argparse.Namespace) -> int:
+    code: int = _run_cli().run(args)
+    return code
+
+
+def _lab_populate(parser: argparse.ArgumentParser) -> None:
+    from .serverext.lab import add_arguments
+
+    add_arguments(parser)
+
+
+def _lab(args: argparse.Namespace) -> int:
+    """JupyterLab with the KREX extension, arbiter and kernelspec (see krex_lab.serverext.lab)."""
+    from .serverext.lab import launch
+
+    return launch(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("arbiter", help="run the node arbiter (krex arbiter --help-all for every option)")
-    p = sub.add_parser("status", help="GPUs, holders, queues and sessions of this node")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{arbiter,pool,status,exclusive,run,lab}",
+                                parser_class=CommandParser)
+    p = sub.add_parser("arbiter", help="run the node arbiter (krex arbiter --help-all for every option)",
+                       description="The KREX node arbiter: region-granular GPU exclusivity for every session "
+                       "on this node. Any --Class.trait=value option goes to the arbiter application.",
+                       populate=_app_populate(_arbiter_app), app_options=True)
+    p.set_defaults(func=_app_command(_arbiter_app))
+    p = sub.add_parser("pool", help="run this user's pool of warm context workers in the foreground "
+                       "(krex pool --help-all for every option)",
+                       description="This user's KREX pool of warm context workers. Any --Class.trait=value "
+                       "option goes to the pool application.",
+                       populate=_app_populate(_pool_app), app_options=True)
+    p.set_defaults(func=_app_command(_pool_app))
+    p = sub.add_parser("status", help="GPUs, holders, queues and sessions of this node",
+                       description="GPUs, holders, queues and sessions of this node.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
-    p = sub.add_parser("exclusive", help="run a command with the GPU to itself")
+    p = sub.add_parser("exclusive", help="run a command with the GPU to itself",
+                       description="Run a command inside one region: the GPU to itself.")
     p.add_argument("--gpu", type=int, default=None)
     p.add_argument("--max-hold", type=float, default=None, help="lease in seconds")
     p.add_argument("--quiet", action="store_true", help="do not print the region report")
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_exclusive)
-    sub.add_parser("pool", help="run this user's pool of warm context workers in the foreground "
-                   "(krex pool --help-all for every option)")
-    p = sub.add_parser("run", help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would")
-    from .workers.run_cli import add_arguments
-
-    add_arguments(p)
+    p = sub.add_parser("run", help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
+                       description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
+                       populate=_run_populate)
     p.set_defaults(func=_run)
-    p = sub.add_parser("lab", help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)")
+    p = sub.add_parser("lab", help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)",
+                       description="JupyterLab with KREX: the extension, an arbiter (embedded when none "
+                       "answers) and the krex kernelspec. Any other option goes to JupyterLab.",
+                       populate=_lab_populate, keep_unknown="jupyterlab_args", allow_abbrev=False)
     p.set_defaults(func=_lab)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         sys.exit(args.func(args))
     except KrexError as exc:
         print(f"krex: {exc}", file=sys.stderr)
         sys.exit(1)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from .workers.run_cli import run
-
-    return run(args)
-
-
-def _lab(args: argparse.Namespace | list[str]) -> int:
-    """JupyterLab with the KREX extension, arbiter and kernelspec (see krex_lab.serverext.lab)."""
-    from .serverext.lab import main as lab_main
-
-    return lab_main(args if isinstance(args, list) else [])
 
 
 if __name__ == "__main__":

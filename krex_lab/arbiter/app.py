@@ -20,6 +20,7 @@ class ArbiterApp(KrexApplication):
 
     config_basename = "krex_arbiter_config"
 
+    # aliases and flags are also ``krex arbiter``'s argparse options (KrexApplication.add_arguments)
     aliases = {
         "backend": "Arbiter.backend_name",
         "fake-gpus": "Arbiter.fake_gpus",

@@ -69,6 +69,7 @@ class KrexExtensionApp(ExtensionApp):
         self.services = Services(options, logger=self.log)
         self.services.start()
         self.region_stats = RegionStats()
+        self.settings.update(handlers.handler_settings(self.services, self.region_stats))
         self.log.info("KREX: arbiter %s, pool %s", self.services.endpoint, self.services.pool_endpoint)
 
     def initialize_handlers(self) -> None:

@@ -6,7 +6,9 @@
 ``/krex/metrics``       Prometheus text format (send the token: ``Authorization: token …``)
 
 The arbiter is reached with the blocking client (ZeroMQ with timeouts), always in a thread of
-the executor, never on the tornado loop.
+the executor, never on the tornado loop. What the handlers use of the extension comes through the
+tornado application's ``settings`` (``krex_services``, ``krex_region_stats``), put there by
+:class:`krex_lab.serverext.app.KrexExtensionApp`: this module does not import the app.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -24,20 +26,29 @@ from tornado import web
 
 from ..errors import KrexError
 from . import metrics
-
-if TYPE_CHECKING:
-    from .app import KrexExtensionApp
+from .metrics import RegionStats
+from .services import Services
 
 T = TypeVar("T")
 REGIONS_MAX = 1000
 
+#: the tornado ``settings`` keys under which the extension app puts what the handlers use
+SERVICES_SETTING = "krex_services"
+REGION_STATS_SETTING = "krex_region_stats"
+
+
+def handler_settings(services: Services, region_stats: RegionStats) -> dict[str, Any]:
+    """What the extension puts in the tornado application's ``settings`` for these handlers."""
+    return {SERVICES_SETTING: services, REGION_STATS_SETTING: region_stats}
+
 
 def fetch_regions(endpoint: str, limit: int) -> list[dict[str, Any]]:
+    from .. import protocol
     from ..client import Connection
 
     conn = Connection(endpoint)
     try:
-        result: list[dict[str, Any]] = conn.request("regions", timeout=5.0, limit=limit)
+        result: list[dict[str, Any]] = conn.call(protocol.Regions(limit=limit), timeout=5.0)
         return result
     finally:
         conn.close()
@@ -53,8 +64,14 @@ class KrexHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = "krex"
 
     @property
-    def krex(self) -> KrexExtensionApp:
-        return cast("KrexExtensionApp", self.extensionapp)
+    def krex_services(self) -> Services:
+        services: Services = self.settings[SERVICES_SETTING]
+        return services
+
+    @property
+    def krex_region_stats(self) -> RegionStats:
+        stats: RegionStats = self.settings[REGION_STATS_SETTING]
+        return stats
 
     async def arbiter_call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking client call in the executor; 503 with the client's message when it fails."""
@@ -71,15 +88,15 @@ class StatusHandler(KrexHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        table = await self.arbiter_call(fetch_status, self.krex.services.endpoint)
-        self.write_json({**table, "server": self.krex.services.describe()})
+        table = await self.arbiter_call(fetch_status, self.krex_services.endpoint)
+        self.write_json({**table, "server": self.krex_services.describe()})
 
 
 class SessionsHandler(KrexHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        table = await self.arbiter_call(fetch_status, self.krex.services.endpoint)
+        table = await self.arbiter_call(fetch_status, self.krex_services.endpoint)
         sessions = []
         for g in table["gpus"]:
             holder = (g.get("holder") or {}).get("session")
@@ -98,7 +115,7 @@ class RegionsHandler(KrexHandler):
         except ValueError:
             raise web.HTTPError(400, "limit must be an integer") from None
         limit = max(1, min(limit, REGIONS_MAX))
-        regions = await self.arbiter_call(fetch_regions, self.krex.services.endpoint, limit)
+        regions = await self.arbiter_call(fetch_regions, self.krex_services.endpoint, limit)
         self.write_json({"regions": regions})
 
 
@@ -106,7 +123,7 @@ class MetricsHandler(KrexHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        endpoint = self.krex.services.endpoint
+        endpoint = self.krex_services.endpoint
         status: dict[str, Any] | None
         regions: list[dict[str, Any]] | None
         try:
@@ -114,7 +131,7 @@ class MetricsHandler(KrexHandler):
             regions = await self.arbiter_call(fetch_regions, endpoint, REGIONS_MAX)
         except web.HTTPError:
             status = regions = None  # scrapes still answer: krex_arbiter_up 0
-        body = metrics.render(self.krex.region_stats, status, regions, self.krex.services.describe())
+        body = metrics.render(self.krex_region_stats, status, regions, self.krex_services.describe())
         self.finish(body, set_content_type=CONTENT_TYPE_LATEST)
 
 

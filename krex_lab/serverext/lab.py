@@ -57,13 +57,19 @@ def announce(backend: str, fake_gpus: int) -> str:
     return f"krex lab: the embedded arbiter will manage {count} GPU(s) with the {name} backend"
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="krex lab", description=__doc__.split("\n\n")[0] if __doc__ else None)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``krex lab``'s own options; whatever else is given goes to JupyterLab (``jupyterlab_args``)."""
     parser.add_argument("--backend", default="auto", choices=["auto", "nvidia", "amd", "fake"],
                         help="GPU backend of the embedded arbiter (default: auto)")
     parser.add_argument("--fake-gpus", type=int, default=2, help="simulated GPUs when the backend is fake")
     parser.add_argument("--no-pool", action="store_true", help="do not start the pool service")
-    args, rest = parser.parse_known_args(argv)
+    parser.add_argument("jupyterlab_args", nargs=argparse.REMAINDER, metavar="JUPYTERLAB OPTIONS",
+                        help="options of JupyterLab (jupyter lab --help-all), passed on unchanged")
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Replace this process with JupyterLab (``args`` from :func:`add_arguments`)."""
+    rest: list[str] = list(args.jupyterlab_args)
     print(announce(args.backend, args.fake_gpus), file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "jupyterlab",
            f"--KrexExtensionApp.backend={args.backend}",
