@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from ..errors import KrexError, RegionCancelled
 from ..gpu.base import GpuProcess
 from ..procutil import ancestors, tree, tree_until
+from ..protocol import Granted
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer, thaw
 from ..regions.gate import Gate
@@ -212,7 +213,7 @@ class Scheduler:
             region.watcher = self._spawn(self._watch_intruders(region))
         report = region.report(self.backend_info)
         self.notify.publish("region", {"event": "granted", **report})
-        region.reply({"region": region.id, "gpu": region.gpu, "report": report}, None)
+        region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight."""
