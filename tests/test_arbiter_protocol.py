@@ -193,3 +193,18 @@ def test_cannot_register_another_users_process() -> None:
     finally:
         arb.stop()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_an_old_client_hears_about_the_protocol_version(arbiter: ArbiterProc, dealer) -> None:  # type: ignore[no-untyped-def]
+    # What a protocol-1 client sends: a plain map with v=1. It gets a readable error, not silence.
+    reply = _one_reply(dealer, [protocol.encode({"v": 1, "id": 41, "op": "hello"})])
+    assert not reply.ok and reply.id == 41 and reply.error is not None
+    assert reply.error.type == "ProtocolError"
+    assert f"protocol version 1 is not supported: this arbiter speaks version {protocol.VERSION}" in reply.error.message
+
+
+def test_deep_nesting_gets_an_error_reply(arbiter: ArbiterProc, dealer) -> None:  # type: ignore[no-untyped-def]
+    nested = b"\x81\xa1a" * 20000 + b"\x01"  # {"a": {"a": ... 1}}: 60 KB, 20000 levels
+    reply = _one_reply(dealer, [nested])
+    assert not reply.ok and reply.error is not None and "nested too deeply" in reply.error.message
+    assert arbiter.status()["gpus"]
