@@ -16,7 +16,6 @@ The worker's stdout and stderr are plain pipes the pool reads.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 from typing import Any, Literal, Union
@@ -237,7 +236,8 @@ class Done(msgspec.Struct, tag_field="op", tag="done", kw_only=True):
 ToWorker = Union[Init, Run, Reset, Exit]
 FromWorker = Union[Ready, Done]
 
-_HEADER = struct.Struct(">I")
+#: a frame's length, before its msgpack body (the worker side is blocking, the pool's asyncio)
+HEADER = struct.Struct(">I")
 _encoder = msgspec.msgpack.Encoder()
 _to_worker = msgspec.msgpack.Decoder(ToWorker)
 _from_worker = msgspec.msgpack.Decoder(FromWorker)
@@ -248,15 +248,15 @@ EncodeError = msgspec.EncodeError
 def pack(msg: ToWorker | FromWorker) -> bytes:
     """One frame: a 4-byte big-endian length, then the msgpack of ``msg``."""
     body = _encoder.encode(msg)
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 def recv_to_worker(sock: socket.socket) -> ToWorker | None:
     """Blocking read of one frame (the worker's side); None at EOF."""
-    header = _recv_exact(sock, _HEADER.size)
+    header = _recv_exact(sock, HEADER.size)
     if header is None:
         return None
-    body = _recv_exact(sock, _HEADER.unpack(header)[0])
+    body = _recv_exact(sock, HEADER.unpack(header)[0])
     if body is None:
         return None
     msg: ToWorker = _to_worker.decode(body)
@@ -273,13 +273,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-async def read_from_worker(reader: asyncio.StreamReader) -> FromWorker | None:
-    """Asyncio read of one frame (the pool's side); None at EOF."""
-    try:
-        header = await reader.readexactly(_HEADER.size)
-        body = await reader.readexactly(_HEADER.unpack(header)[0])
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return None
+def decode_from_worker(body: bytes) -> FromWorker:
+    """One frame's body from a worker (the pool reads frames with asyncio: :mod:`.pool.handle`)."""
     try:
         msg: FromWorker = _from_worker.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -33,7 +33,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
 
 
 def raw_request(endpoint: str, message: dict[str, object]) -> protocol.Reply:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:

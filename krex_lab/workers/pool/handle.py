@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from ...errors import ProtocolError
 from ...procutil import tree
-from ..wire import FromWorker, Init, ToWorker, pack, read_from_worker
+from ..wire import HEADER, FromWorker, Init, ToWorker, decode_from_worker, pack
 
 log = logging.getLogger("krex.pool")
 
@@ -118,7 +118,7 @@ class WorkerHandle:
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         while True:
             try:
-                msg = await read_from_worker(reader)
+                msg = await self._read_frame(reader)
             except ProtocolError as exc:  # not our worker's protocol: it cannot be trusted with a job
                 log.error("worker %s: %s", self.id, exc)
                 self.kill(f"it broke the protocol: {exc}")
@@ -129,6 +129,16 @@ class WorkerHandle:
                 self.events.on_message(self, msg)
             except Exception:
                 log.exception("worker %s: handling %s failed", self.id, type(msg).__name__)
+
+    @staticmethod
+    async def _read_frame(reader: asyncio.StreamReader) -> FromWorker | None:
+        """One message of the worker; None at EOF."""
+        try:
+            header = await reader.readexactly(HEADER.size)
+            body = await reader.readexactly(HEADER.unpack(header)[0])
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return decode_from_worker(body)
 
     # -- output ---------------------------------------------------------------------------------
     def _on_pipe(self, stream: str) -> None:
