@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ def _arbiter_cmd(rt: Path) -> list[str]:
             "--runtime-dir", str(rt)]
 
 
-def _hello(rt: Path, timeout: float = 30.0, not_pid: int | None = None) -> dict:  # type: ignore[type-arg]
+def _hello(rt: Path, timeout: float = 30.0, not_pid: int | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
