@@ -17,7 +17,6 @@ import asyncio
 import functools
 import itertools
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ import msgspec
 import zmq
 
 from . import devsync, paths, protocol
+from .arbiter.identity import fetch_ticket
 from .errors import ArbiterUnavailable, KrexError, LeaseExpired, ProtocolError, RegionCancelled, error_from_wire
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,13 +129,13 @@ class Session:
         try:
             self.info: protocol.Info = control_conn.call(protocol.Hello(), timeout=2.0)
             control_conn.arbiter_pid = self.info.pid
-            proof = _make_proof(Path(self.info.proof_dir))
+            ticket = fetch_ticket(self.info.identity)
             if gpu is None and os.environ.get(paths.GPU_ENV, "").strip():
                 gpu = int(os.environ[paths.GPU_ENV])
             # A process started inside a region by its holder (krex exclusive) is part of it.
             within = os.environ.get("KREX_REGION", "") if self.pid == os.getpid() else ""
             reply: protocol.Registered = control_conn.call(protocol.Register(
-                pid=self.pid, uid=os.getuid(), proof=proof, role=role, name=name, gpu=gpu, control=control,
+                pid=self.pid, ticket=ticket, role=role, name=name, gpu=gpu, control=control,
                 within=within))
         except BaseException:
             control_conn.close()
@@ -216,13 +216,6 @@ class Session:
             self.paused.clear()
         elif msg.kind == "lease_expired":
             self.expired.add(msg.region)
-
-
-def _make_proof(proof_dir: Path) -> str:
-    name = secrets.token_urlsafe(24)
-    fd = os.open(proof_dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    os.close(fd)
-    return name
 
 
 _default: Session | None = None

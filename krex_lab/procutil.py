@@ -62,6 +62,15 @@ def proc_uid(pid: int) -> int | None:
         return None
 
 
+def real_and_effective_uid(pid: int) -> tuple[int | None, int | None]:
+    """(real, effective) uid of the process, (None, None) if it is gone."""
+    try:
+        uids = psutil.Process(pid).uids()
+    except psutil.Error:
+        return None, None
+    return uids.real, uids.effective
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``, from /proc/PID/task/TID/children (no scan of all processes)."""
     if not _HAS_CHILDREN_FILE:

@@ -79,7 +79,7 @@ class Info(msgspec.Struct, kw_only=True):
     protocol: int
     pid: int
     gpus: int
-    proof_dir: str
+    identity: str  # the UNIX socket that hands out identity tickets (arbiter.identity)
     events: str
     backend: str
     simulated: bool
@@ -126,12 +126,12 @@ class Place(Request, tag="place"):
 
 
 class Register(Request, tag="register"):
-    """Make ``pid`` a session. ``proof`` is a file the client created in the proof dir."""
+    """Make ``pid`` a session. ``ticket`` comes from the arbiter's identity socket, which learnt the
+    caller's uid from the kernel; ``pid`` must be the caller or a process of the caller's user."""
 
     reply = Registered
     pid: int
-    uid: int
-    proof: str
+    ticket: str
     role: str = "client"
     name: str = ""
     gpu: int | None = None

@@ -18,13 +18,14 @@ from hypothesis import strategies as st
 
 import krex_lab.client
 from krex_lab import protocol
+from krex_lab.arbiter.identity import fetch_ticket
 from krex_lab.errors import InvalidRequest, NotHolder, ProtocolError, UnknownSession
 
 from .conftest import ArbiterProc, Procs
 
 OPS = ["hello", "status", "place", "register", "unregister", "acquire", "release", "drain_ack", "regions"]
 VALID = {
-    "register": {"pid": 1, "uid": 0, "proof": "x", "role": "client", "name": "", "gpu": 0, "control": True},
+    "register": {"pid": 1, "ticket": "x", "role": "client", "name": "", "gpu": 0, "control": True},
     "acquire": {"session": "s", "token": "t", "gpu": 0, "max_hold": 1.0, "freeze": True, "isolate": True,
                 "cores": 1},
     "release": {"session": "s", "token": "t", "region": "r1"},
@@ -116,7 +117,7 @@ def test_thousand_malformed_messages_each_get_an_error(arbiter: ArbiterProc, pro
 def test_rejections_are_typed_and_readable(arbiter: ArbiterProc) -> None:
     session = krex_lab.client.attach(gpu=0)
     with pytest.raises(ProtocolError, match="exceeds the limit"):
-        session.call(protocol.Register(pid=1, uid=0, proof="p", name="x" * protocol.MAX_MESSAGE))
+        session.call(protocol.Register(pid=1, ticket="t", name="x" * protocol.MAX_MESSAGE))
     with pytest.raises(InvalidRequest, match="GPU 5 does not exist"):
         session.call(protocol.Acquire(gpu=5))
     with pytest.raises(InvalidRequest, match="max_hold"):
@@ -155,7 +156,7 @@ def _unprivileged_uid() -> int:
         pytest.skip("no unprivileged user exists and none can be created")
 
 
-def _as_user(uid: int, endpoint: str, claim_uid: int, pid: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _as_user(uid: int, endpoint: str, forge: bool, pid: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     # A forked child that drops to another user: the same code, a different owner.
     try:
         os.setgroups([])
@@ -164,8 +165,8 @@ def _as_user(uid: int, endpoint: str, claim_uid: int, pid: int, queue: multiproc
         zmq.Context.instance()  # a fresh context in this process
         conn = krex_lab.client.Connection(endpoint)
         info = conn.call(protocol.Hello(), timeout=5)
-        proof = krex_lab.client._make_proof(Path(info.proof_dir))
-        conn.call(protocol.Register(pid=pid, uid=claim_uid, proof=proof), timeout=5)
+        ticket = "made-up-ticket" if forge else fetch_ticket(info.identity)
+        conn.call(protocol.Register(pid=pid, ticket=ticket), timeout=5)
         queue.put("registered")
     except Exception as exc:
         queue.put(f"{type(exc).__name__}: {exc}")
@@ -181,14 +182,14 @@ def test_cannot_register_another_users_process() -> None:
     try:
         ctx = multiprocessing.get_context("fork")
         results = []
-        for claim in (uid, 0):  # honest claim of a root pid, then a lie about being root
+        for forge in (False, True):  # a real ticket naming a root pid, then a forged ticket
             q = ctx.Queue()
-            p = ctx.Process(target=_as_user, args=(uid, arb.endpoint, claim, os.getpid(), q))
+            p = ctx.Process(target=_as_user, args=(uid, arb.endpoint, forge, os.getpid(), q))
             p.start()
             results.append(q.get(timeout=20))
             p.join(10)
         assert results[0].startswith("PermissionDenied") and "belongs to uid 0" in results[0]
-        assert results[1].startswith("PermissionDenied") and "proof file belongs to uid" in results[1]
+        assert results[1].startswith("PermissionDenied") and "no valid identity ticket" in results[1]
         assert all(not g["sessions"] for g in arb.status()["gpus"])
     finally:
         arb.stop()

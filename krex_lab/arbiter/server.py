@@ -33,6 +33,7 @@ from ..regions.freeze import Freezer
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
 from ..service import DEFERRED, Peer, Service
+from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .region import Region, RegionState
 from .scheduler import Enforcement, Scheduler, SchedulerConfig
@@ -126,7 +127,10 @@ class Arbiter(LoggingConfigurable):
         self.locker = Locker(self.backend, self.lock_timeout)
         self.placer = CgroupPlacer(self.cgroups == "auto")
         self.gate = Gate(self.notify.publish)
-        self.sessions = SessionTable(paths.proof_dir(self.root), self._session_died)
+        self.sessions = SessionTable(self._session_died)
+        self.tickets = Tickets()
+        self.identity = IdentityServer(str(self.root / "identity.sock"), self.tickets,
+                                       mode=0o666 if self.multi_user else 0o600)
         self.freezer = Freezer(self.journal.record, self.sessions.cgroup_of,
                                self.placer.relative if self.placer.enabled else None)
         steps = Enforcement(gate=self.gate, locker=self.locker, freezer=self.freezer, cores=CoreBook(),
@@ -169,6 +173,7 @@ class Arbiter(LoggingConfigurable):
         if any(summary[k] for k in ("restored", "thawed", "unlocked")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.service.bind()
+        await self.identity.start()
         background = []
         if self.guardian:
             self._start_guardian()
@@ -186,6 +191,7 @@ class Arbiter(LoggingConfigurable):
             self.journal.close()
             self.locker.shutdown()
             self.service.close()
+            self.identity.close()
             if self._guardian is not None:
                 self._guardian.terminate()
                 self._guardian.wait()
@@ -226,7 +232,7 @@ class Arbiter(LoggingConfigurable):
 
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:
         return protocol.Info(version=__version__, protocol=protocol.VERSION, pid=os.getpid(), gpus=self.gpu_count,
-                             proof_dir=str(self.sessions.proof_dir), events=self.events, **self.backend_info)
+                             identity=self.identity.path, events=self.events, **self.backend_info)
 
     def _status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
         return self.status()
@@ -256,7 +262,7 @@ class Arbiter(LoggingConfigurable):
             raise InvalidRequest("a session name has at most 200 characters")
         gpu = self.place() if req.gpu is None else req.gpu
         self._check_gpu(gpu)
-        self.sessions.verify_uid(req.uid, req.proof)
+        uid = self.tickets.redeem(req.ticket).uid
         within = ""
         if req.within:
             region = self.scheduler.find(req.within)
@@ -264,7 +270,7 @@ class Arbiter(LoggingConfigurable):
             # claim (an inherited KREX_REGION) just makes an ordinary session.
             if region is not None and region.session.pid in ancestors(req.pid):
                 within = req.within
-        session = self.sessions.add(req.pid, req.uid, req.role, req.name, gpu,
+        session = self.sessions.add(req.pid, uid, req.role, req.name, gpu,
                                     peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
         self.notify.publish("session", {"event": "joined", **session.public()})

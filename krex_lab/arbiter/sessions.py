@@ -14,18 +14,14 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from ..errors import InvalidRequest, PermissionDenied, UnknownSession
-from ..procutil import proc_uid, start_time
+from ..procutil import real_and_effective_uid, start_time
 
 log = logging.getLogger("krex.sessions")
-
-_PROOF_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-
 
 @dataclass
 class Session:
@@ -69,8 +65,7 @@ class Session:
 class SessionTable:
     """Registry of sessions; calls ``on_death(session)`` when a session's process exits."""
 
-    def __init__(self, proof_dir: Path, on_death: Callable[[Session], None]) -> None:
-        self.proof_dir = proof_dir
+    def __init__(self, on_death: Callable[[Session], None]) -> None:
         self._on_death = on_death
         self._sessions: dict[str, Session] = {}
         self._fds: dict[str, int] = {}
@@ -98,32 +93,18 @@ class SessionTable:
             )
         return session
 
-    def verify_uid(self, uid: int, proof: str) -> None:
-        """The client proved ``uid`` by creating ``proof`` in the proof dir (file owners can't be forged)."""
-        if not proof or len(proof) > 64 or not set(proof) <= _PROOF_CHARS:
-            raise PermissionDenied("a registration needs a proof file name of 1-64 letters, digits, '_' or '-'")
-        path = self.proof_dir / proof
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise PermissionDenied(f"no proof file {proof!r} in {self.proof_dir}: cannot verify your uid") from None
-        finally:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        if st.st_uid != uid and st.st_uid != 0:
-            raise PermissionDenied(f"you claimed uid {uid} but your proof file belongs to uid {st.st_uid}")
-
     def add(
         self, pid: int, uid: int, role: str, name: str, gpu: int, control: bytes | None, within: str = ""
     ) -> Session:
         start = start_time(pid)
-        owner = proc_uid(pid)
+        owner, effective = real_and_effective_uid(pid)
         if start is None or owner is None:
             raise InvalidRequest(f"process {pid} does not exist")
         if uid != 0 and owner != uid:
             raise PermissionDenied(f"process {pid} belongs to uid {owner}; you (uid {uid}) cannot register it")
+        if owner != effective:
+            raise PermissionDenied(f"process {pid} runs with real uid {owner} but effective uid {effective} "
+                                   "(setuid): KREX registers only processes acting as themselves")
         self._counter += 1
         session = Session(
             id=f"s{self._counter}-{secrets.token_hex(3)}",

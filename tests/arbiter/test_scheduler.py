@@ -113,10 +113,8 @@ async def _world(tmp_path: Path, sleepers: list[subprocess.Popen[bytes]], cores:
     notes = Recorder()
     journal_path = tmp_path / "journal.jsonl"
     journal = Journal(journal_path)
-    proofs = tmp_path / "proof"
-    proofs.mkdir()
     holder: dict[str, Scheduler] = {}
-    sessions = SessionTable(proofs, lambda s: holder["s"].session_gone(s, "holder process exited"))
+    sessions = SessionTable(lambda s: holder["s"].session_gone(s, "holder process exited"))
     steps = Enforcement(gate=Gate(notes.publish), locker=Locker(backend, 1.0), freezer=Freezer(journal.record),
                         cores=cores, journal=journal, gpu_processes=backend.processes, backend_name="fake",
                         own_pids=lambda: {os.getpid()})
