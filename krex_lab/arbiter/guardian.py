@@ -148,7 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         arbiter_dead = gone or _guard(pidfd, args.pid, journal, args.term_grace, wake_r, terms)
         if arbiter_dead:
-            summary = undo_outstanding(journal, unlocker, lock_path=journal.parent / "arbiter.lock")
+            try:
+                summary = undo_outstanding(journal, unlocker, lock_path=journal.parent / "arbiter.lock")
+            except (OSError, KrexError) as exc:
+                log.error("journal %s not replayed: %s", journal, exc)
+                raise SystemExit(2) from None
             if any(summary[k] for k in ("restored", "thawed", "unlocked")) or summary["errors"]:
                 log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
     finally:
