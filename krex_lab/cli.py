@@ -152,11 +152,8 @@ def _exclusive(args: argparse.Namespace) -> int:
 
 
 def _run_cli() -> Any:
-    # TODO(simplify): only the new path once krex_lab/workers/run_cli.py has moved for good.
-    try:
-        from .workers.client import run_cli
-    except ImportError:
-        from .workers import run_cli  # type: ignore[no-redef]
+    from .workers.client import run_cli
+
     return run_cli
 
 

@@ -8,7 +8,8 @@
     │   ├── PermissionDenied        the request touches another user's process or region
     │   ├── NotHolder               release of a region this session does not hold
     │   ├── UnknownSession          the session id/token is not (or no longer) registered
-    │   └── InvalidRequest          a value is out of range (a GPU that does not exist, ...)
+    │   ├── InvalidRequest          a value is out of range (a GPU that does not exist, ...)
+    │   └── QuotaExceeded           a per-user, per-process or node limit refused it (the message names it)
     ├── LeaseExpired                the region was force-released at its max_hold
     ├── RegionCancelled             the request was withdrawn or the arbiter shut down before grant
     ├── BackendError                the GPU backend failed (driver, NVML, amdsmi)
@@ -60,6 +61,11 @@ class UnknownSession(RequestRejected):
 
 class InvalidRequest(RequestRejected):
     """A request whose values are out of range."""
+
+
+class QuotaExceeded(RequestRejected):
+    """A limit (sessions, queued requests, hold time per user or process; the node's capacity)
+    refused the request; the message names the limit and its value."""
 
 
 class LeaseExpired(KrexError):

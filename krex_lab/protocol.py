@@ -219,14 +219,14 @@ def _envelope(data: bytes) -> _Envelope:
         raise ProtocolError("message nested too deeply") from None
 
 
-def request_decoder(union: Any, server: str = "arbiter") -> Any:
+def request_decoder(union: Any, server: str = "arbiter", max_message: int = MAX_MESSAGE) -> Any:
     """A function decoding one request of ``union`` (a Union of :class:`Request` structs), raising
     :class:`ProtocolError` that says what is wrong (version first, so an old client hears that)."""
     decoder = msgspec.msgpack.Decoder(union)
 
     def decode(data: bytes) -> Request:
-        if len(data) > MAX_MESSAGE:
-            raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
+        if len(data) > max_message:
+            raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_message}")
         envelope = _envelope(data)
         if envelope.v != VERSION:
             raise ProtocolError(f"protocol version {envelope.v!r} is not supported: this {server} speaks "

@@ -138,38 +138,8 @@ def decode_incoming(data: bytes) -> protocol.Reply | Accepted | Output:
         raise ProtocolError(f"bad message from the pool: {exc}") from None
 
 
-# protocol.request_decoder checks the version and names what is wrong, but caps messages at the
-# arbiter's 64 KiB; above that, the same checks are made here (the socket's MAXMSGSIZE caps them).
-_decode_small = protocol.request_decoder(PoolRequest, server="pool")
-_decoder = msgspec.msgpack.Decoder(PoolRequest)
-
-
-class _Version(msgspec.Struct):
-    v: Any = None
-    op: Any = None
-
-
-_version_decoder = msgspec.msgpack.Decoder(_Version)
-
-
-def decode_request(data: bytes) -> Request:
-    """A client's request, or :class:`ProtocolError` saying what is wrong with it."""
-    if len(data) <= protocol.MAX_MESSAGE:
-        request: Request = _decode_small(data)
-        return request
-    try:
-        head = _version_decoder.decode(data)
-        if head.v != VERSION:
-            raise ProtocolError(f"protocol version {head.v!r} is not supported: this pool speaks "
-                                f"version {VERSION}; upgrade krex-lab on the client side")
-        request = _decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"not a msgpack map: {exc}") from None
-    except RecursionError:
-        raise ProtocolError("message nested too deeply") from None
-    return request
+#: a client's request, or :class:`ProtocolError` saying what is wrong with it
+decode_request = protocol.request_decoder(PoolRequest, server="pool", max_message=MAX_MESSAGE)
 
 
 # -- pool <-> worker --------------------------------------------------------------------------------
