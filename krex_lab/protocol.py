@@ -160,9 +160,11 @@ class Acquire(SessionRequest, tag="acquire"):
 
 
 class Release(SessionRequest, tag="release"):
-    """Release a held region, or withdraw a queued request for it; answers the final report."""
+    """Release a held region, or withdraw a queued request for it; answers the final report.
+    ``force``: end another session's region or request (root and the admin group only)."""
 
     region: str
+    force: bool = False
 
 
 class DrainAck(SessionRequest, tag="drain_ack"):

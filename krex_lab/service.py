@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ import zmq.asyncio
 
 from . import protocol
 from .errors import KrexError, ProtocolError
+from .paths import open_private
 
 log = logging.getLogger("krex.service")
 
@@ -106,21 +108,27 @@ class Service:
         self.bound = False
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def take_lock(self, note: str = "") -> bool:
-        """Hold ``lock`` (flock) for life; False when another process holds it. The file is
-        opened without following a link, so a planted symlink cannot redirect the write."""
+    def take_lock(self, note: str = "", wait: float = 0.0) -> bool:
+        """Hold ``lock`` (flock) for life; False when another process holds it ``wait`` seconds
+        long (a guardian or supervisor holds it for the moment an undo takes). The file is
+        opened without following a link and must be ours (:func:`krex_lab.paths.open_private`),
+        so a planted symlink or hard link cannot redirect the write."""
         if self.lock_path is None:
             return True
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(self.lock_path, flags, 0o600)
+            fd = open_private(self.lock_path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise KrexError(f"cannot open the lock file {self.lock_path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
         if note:
             os.ftruncate(fd, 0)
             os.pwrite(fd, note.encode(), 0)

@@ -9,6 +9,7 @@ import logging
 
 from .. import __version__
 from ..application import KrexApplication
+from .quotas import Quotas
 from .server import Arbiter
 
 
@@ -16,7 +17,7 @@ class ArbiterApp(KrexApplication):
     name = "krex-arbiter"
     description = "The KREX node arbiter: region-granular GPU exclusivity for every session on this node."
     version = __version__
-    classes = [Arbiter]
+    classes = [Arbiter, Quotas]
 
     config_basename = "krex_arbiter_config"
 

@@ -79,14 +79,29 @@ _decoder: msgspec.json.Decoder[Entry] = msgspec.json.Decoder(Entry)
 
 
 class Journal:
-    def __init__(self, path: Path) -> None:
+    """An append-only journal at ``path``, opened at once unless ``open=False``: the arbiter builds
+    its journal with itself and opens it once it holds the runtime dir's lock and has undone
+    what an earlier arbiter left (a record before that is a bug and raises)."""
+
+    def __init__(self, path: Path, open: bool = True) -> None:
         self.path = path
-        self._fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd: int | None = None
         self._open: set[str] = set()
+        if open:
+            self.open()
+
+    def open(self) -> None:
+        self._fd = open_private(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise RuntimeError(f"the journal {self.path} is not open")
+        return self._fd
 
     def record(self, kind: str, region: str, **data: Any) -> None:
         line = msgspec.json.encode({"t": kind, "region": region, **data}) + b"\n"
-        os.write(self._fd, line)
+        os.write(self.fd, line)
         self._open.add(region)
 
     def end(self, region: str) -> None:
@@ -95,10 +110,12 @@ class Journal:
             self._open.discard(region)
         if not self._open:
             # Nothing outstanding: start the file afresh so it never grows without bound.
-            os.ftruncate(self._fd, 0)
+            os.ftruncate(self.fd, 0)
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def parse(data: bytes, source: str = "journal") -> list[Entry]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
 import itertools
 import logging
@@ -26,7 +27,7 @@ from ..protocol import Granted
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer, thaw
 from ..regions.gate import Gate
-from ..regions.isolate import CoreBook
+from ..regions.isolate import CoreBook, IsolateResult
 from .journal import Journal
 from .region import Region, RegionState, Reply
 from .sessions import Session, SessionTable
@@ -44,6 +45,12 @@ class SchedulerConfig:
     history: int = 200
     #: the backend's ``describe()``: every report carries it
     backend_info: dict[str, Any] | None = None
+    #: seconds a session that registers mid-region runs before it is drained and frozen, so
+    #: that it hears its registration and can queue (it is stopped at once when it queues)
+    intruder_grace: float = 0.5
+    #: seconds the isolation step may take (its per-thread work runs off the event loop);
+    #: threads it has not reached by then stay where they are and the report says so
+    isolate_deadline: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,24 @@ class Enforcement:
     own_pids: Callable[[], set[int]]
 
 
+class QueuePolicy(Protocol):
+    """Which queued region of a GPU goes next, and what a finished region costs its user."""
+
+    def pick(self, queue: collections.deque[Region]) -> Region: ...
+
+    def charge(self, uid: int, seconds: float) -> None: ...
+
+
+class Fifo:
+    """First come, first served."""
+
+    def pick(self, queue: collections.deque[Region]) -> Region:
+        return queue[0]
+
+    def charge(self, uid: int, seconds: float) -> None:
+        pass
+
+
 class Notifier(Protocol):
     """How the scheduler tells the world: events for observers, control messages for sessions."""
 
@@ -76,8 +101,9 @@ class Scheduler:
     shutdown; everything runs on the arbiter's event loop."""
 
     def __init__(self, gpus: int, sessions: SessionTable, steps: Enforcement, notify: Notifier,
-                 config: SchedulerConfig) -> None:
+                 config: SchedulerConfig, policy: QueuePolicy | None = None) -> None:
         self.sessions = sessions
+        self.policy: QueuePolicy = policy or Fifo()
         self.steps = steps
         self.notify = notify
         self.config = config
@@ -88,6 +114,10 @@ class Scheduler:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history)
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._intruders: dict[str, tuple[Region, asyncio.TimerHandle]] = {}
+        # Per-thread work (affinities of every thread of every session) runs here, off the loop;
+        # one thread, so that the core book is only ever touched by one at a time.
+        self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         # Keep a reference: the loop holds tasks only weakly.
@@ -105,6 +135,10 @@ class Scheduler:
         self.notify.publish("region", {"event": "requested", "region": region.id, "gpu": gpu,
                                     "session": session.id, "queue": len(self.queues[gpu])})
         self._kick(gpu)
+        pending = self._intruders.pop(session.id, None)
+        if pending is not None:  # it registered mid-region and has now queued: stop it now
+            pending[1].cancel()
+            self._start_intrusion(pending[0], session)
         return region
 
     def find(self, region_id: str) -> Region | None:
@@ -140,6 +174,9 @@ class Scheduler:
         return self.past(region.id) or {}
 
     def session_gone(self, session: Session, reason: str) -> None:
+        pending = self._intruders.pop(session.id, None)
+        if pending is not None:
+            pending[1].cancel()
         for gpu in self.queues:
             for region in [r for r in self.queues[gpu] if r.session.id == session.id]:
                 self._spawn(self.release(region, reason))
@@ -154,7 +191,8 @@ class Scheduler:
     # -- the sequence -----------------------------------------------------------------------
     def _kick(self, gpu: int) -> None:
         if self.active[gpu] is None and self.queues[gpu]:
-            region = self.queues[gpu].popleft()
+            region = self.policy.pick(self.queues[gpu])
+            self.queues[gpu].remove(region)
             self.active[gpu] = region
             region.move(RegionState.GRANTING)
             self._spawn(self._grant(region))
@@ -186,12 +224,10 @@ class Scheduler:
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
             if region.isolate:
-                frozen = set(region.frozen.pids)
-                others = [p for s in self.sessions if s.pid not in region.exempt and s.pid not in frozen
-                          for p in tree(s.pid) if p not in frozen and p not in region.exempt]
-                region.isolated = self.steps.cores.isolate(
-                    region.id, tree(holder.pid), sorted(set(others)), region.cores,
-                    lambda threads: self.steps.journal.record("affinity", region.id, threads=threads))
+                roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
+                deadline = time.monotonic() + self.config.isolate_deadline
+                region.isolated = await asyncio.get_running_loop().run_in_executor(
+                    self._threads, self._isolate, region, roots, deadline)
             region.times["isolate"] = time.monotonic() - t2
             region.times["acquire"] = time.monotonic() - t0
         except Exception as exc:  # never leave a half-enforced region behind
@@ -214,6 +250,16 @@ class Scheduler:
         report = region.report(self.backend_info)
         self.notify.publish("region", {"event": "granted", **report})
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
+
+    def _isolate(self, region: Region, roots: list[int], deadline: float) -> IsolateResult:
+        """Reserve cores for the holder's threads and move every other session's threads off them
+        (in the isolation thread: a session with thousands of threads must not stall the loop)."""
+        frozen = set(region.frozen.pids)
+        others = sorted({p for root in roots if root not in frozen
+                         for p in tree(root) if p not in frozen and p not in region.exempt})
+        return self.steps.cores.isolate(
+            region.id, tree(region.session.pid), others, region.cores,
+            lambda threads: self.steps.journal.record("affinity", region.id, threads=threads), deadline)
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight."""
@@ -312,7 +358,15 @@ class Scheduler:
         if session.within == region.id or region.exempts(session.pid, self._other_session_pids(region)):
             return
         region.drain.intruders.append(session.pid)
-        self._spawn(self._intrude(region, session))
+        # Let it hear its registration and queue first (request() then stops it at once).
+        handle = asyncio.get_running_loop().call_later(self.config.intruder_grace, self._start_intrusion,
+                                                       region, session)
+        self._intruders[session.id] = (region, handle)
+
+    def _start_intrusion(self, region: Region, session: Session) -> None:
+        self._intruders.pop(session.id, None)
+        if region.state is RegionState.HELD:
+            self._spawn(self._intrude(region, session))
 
     async def _intrude(self, region: Region, session: Session) -> None:
         if self.steps.locker.can_lock:
@@ -348,7 +402,7 @@ class Scheduler:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
-            self.steps.cores.release(region.id)
+            await asyncio.get_running_loop().run_in_executor(self._threads, self.steps.cores.release, region.id)
             thaw(region.frozen)
             region.drain.closed = True
             errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
@@ -362,6 +416,7 @@ class Scheduler:
             region.move(RegionState.RELEASED)
             if region.granted_at:
                 region.times["hold"] = time.monotonic() - region.granted_at
+            self.policy.charge(region.session.uid, region.times.get("hold", 0.0))
             report = self._finish_report(region)
             self.notify.publish("region", {"event": "released", **report})
             self.active[region.gpu] = None

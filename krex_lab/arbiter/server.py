@@ -35,6 +35,7 @@ from ..regions.isolate import CoreBook
 from ..service import DEFERRED, Peer, Service
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
+from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
 from .region import Region, RegionState
 from .scheduler import Enforcement, Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
@@ -92,6 +93,12 @@ class Arbiter(LoggingConfigurable):
                    "between cgroups can fight a host's own cgroup management.").tag(config=True)
     guardian = Bool(True, help="Start a guardian process that undoes every lock, freeze and re-pin if "
                     "the arbiter dies.").tag(config=True)
+    intruder_grace = Float(0.5, help="Seconds a session that registers during another's region runs before it is "
+                           "drained and frozen: it hears its registration and may queue (queueing stops it at "
+                           "once).").tag(config=True)
+    isolate_deadline = Float(0.5, help="Seconds the isolation step may spend moving other sessions' threads "
+                             "(it runs off the event loop); threads not reached by then are reported and the "
+                             "region is degraded.").tag(config=True)
     telemetry_interval = Float(1.0, help="Seconds between `krex.telemetry` events (the node status with the GPU "
                                "readings, holders, queues and sessions, the GPU processes' memory and the recent "
                                "regions), computed once per period however many dashboards subscribe; 0 disables."
@@ -123,7 +130,7 @@ class Arbiter(LoggingConfigurable):
             socket_mode=0o666 if self.multi_user else 0o600)
         self.notify = _Notifier(self.service)
         self.journal_path = self.root / "journal.jsonl"
-        self.journal = Journal(self.journal_path)
+        self.journal = Journal(self.journal_path, open=False)
         self.locker = Locker(self.backend, self.lock_timeout)
         self.placer = CgroupPlacer(self.cgroups == "auto")
         self.gate = Gate(self.notify.publish)
@@ -138,8 +145,12 @@ class Arbiter(LoggingConfigurable):
                             backend_name=self.backend.name, own_pids=self.own_pids)
         config = SchedulerConfig(drain_timeout=self.drain_timeout, lock_foreign=self.lock_foreign,
                                  poll_interval=self.poll_interval, history=self.history,
-                                 backend_info=self.backend_info)
-        self.scheduler = Scheduler(self.gpu_count, self.sessions, steps, self.notify, config)
+                                 backend_info=self.backend_info, intruder_grace=self.intruder_grace,
+                                 isolate_deadline=self.isolate_deadline)
+        self.quotas = Quotas(parent=self)
+        self.capacity = node_session_capacity(raise_fd_limit())
+        self.scheduler = Scheduler(self.gpu_count, self.sessions, steps, self.notify, config,
+                                   FairShare(self.quotas.half_life))
         self._guardian: subprocess.Popen[bytes] | None = None
 
     def own_pids(self) -> set[int]:
@@ -167,11 +178,12 @@ class Arbiter(LoggingConfigurable):
                 self._start_guardian()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
-        if not self.service.take_lock(note=f"{os.getpid()}\n"):
+        if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
             raise KrexError(f"another arbiter is running on {self.root} (see its arbiter.lock)")
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
         if any(summary[k] for k in ("restored", "thawed", "unlocked")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
+        self.journal.open()
         self.service.bind()
         await self.identity.start()
         background = []
@@ -263,6 +275,7 @@ class Arbiter(LoggingConfigurable):
         gpu = self.place() if req.gpu is None else req.gpu
         self._check_gpu(gpu)
         uid = self.tickets.redeem(req.ticket).uid
+        self.quotas.check_register(uid, req.pid, self.sessions, self.capacity)
         within = ""
         if req.within:
             region = self.scheduler.find(req.within)
@@ -319,6 +332,7 @@ class Arbiter(LoggingConfigurable):
                 raise InvalidRequest(f"exempt process {pid} does not exist")
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
+        self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
         region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
         region.asked_exempt = list(req.exempt)
         return DEFERRED
@@ -333,6 +347,13 @@ class Arbiter(LoggingConfigurable):
             raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
         if session.within == region.id and region.session.id != session.id:
             return {**region.report(self.backend_info), "nested": True}  # the holder releases it
+        if region.session.id != session.id and req.force:
+            if not self.quotas.is_admin(session.uid):
+                raise PermissionDenied(f"only root and members of group {self.quotas.admin_group!r} may end "
+                                       "another session's region")
+            log.warning("region %s of %s ended by admin uid %d (session %s)", region.id, region.session.user,
+                        session.uid, session.id)
+            return self.scheduler.release(region, f"ended by admin uid {session.uid}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         return self.scheduler.release(region, "released by holder")

@@ -10,6 +10,8 @@ Originals are journaled before any affinity is changed.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,8 @@ class CoreBook:
         self.cpus = sorted(cpus) if cpus is not None else online_cpus()
         self._original: dict[int, tuple[int | None, set[int]]] = {}  # tid -> (start, cpus)
         self._held: dict[str, _Held] = {}
+        # The arbiter isolates in a worker thread; tests and tools may call from anywhere.
+        self._lock = threading.Lock()
 
     def reserved(self) -> set[int]:
         return {c for h in self._held.values() for c in h.cores}
@@ -56,8 +60,22 @@ class CoreBook:
         return sorted(candidates[: max(0, min(n, room))])
 
     def isolate(
-        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn
+        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn,
+        deadline: float | None = None,
     ) -> IsolateResult:
+        """Pin the holder's threads to ``n`` reserved cores and move the others' threads off them.
+
+        Work on other threads stops at ``deadline`` (monotonic): those not reached keep their
+        affinity and ``failed`` says how many, so the region reports itself degraded.
+        """
+        with self._lock:
+            return self._isolate(region, holder_pids, other_pids, n, journal, deadline)
+
+    def _isolate(
+        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn,
+        deadline: float | None,
+    ) -> IsolateResult:
+        late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
         result = IsolateResult(cores=self.pick(n))
         if not result.cores:
             result.failed.append(f"no core to reserve among {len(self.cpus)} (others hold the rest)")
@@ -65,14 +83,20 @@ class CoreBook:
         cores = set(result.cores)
         holder_tids = set(threads(holder_pids))
         other_tids: dict[int, int] = {}
+        unlisted = 0
         for pid in other_pids:
+            if late():
+                unlisted += 1
+                continue
             for tid in threads([pid]):
                 if tid not in holder_tids:
                     other_tids[tid] = pid
         fresh: list[list[Any]] = []
-        for tid in holder_tids | set(other_tids):
+        for tid in [*holder_tids, *other_tids]:
             if tid in self._original:
                 continue
+            if tid not in holder_tids and late():
+                break
             try:
                 original = os.sched_getaffinity(tid)
             except OSError:
@@ -87,17 +111,30 @@ class CoreBook:
         for tid in holder_tids:
             if self._apply(tid, cores, result):
                 held.touched.add(tid)
+        skipped = 0
         for tid, pid in other_tids.items():
+            if late():
+                skipped += 1
+                continue
+            if tid not in self._original:  # exited before its affinity could be read
+                continue
             target = self._target(tid)
             if target is not None and self._apply(tid, target, result):
                 held.touched.add(tid)
                 moved.add(pid)
+        if skipped or unlisted:
+            result.failed.append(f"isolation stopped at its deadline: {skipped} threads and every thread of "
+                                 f"{unlisted} processes of other sessions were not moved off the reserved cores")
         result.holder_threads = sorted(holder_tids)
         result.moved_pids = sorted(moved)
         return result
 
     def release(self, region: str) -> int:
         """Give back ``region``'s cores; every thread it touched gets what is left of its original."""
+        with self._lock:
+            return self._release(region)
+
+    def _release(self, region: str) -> int:
         held = self._held.pop(region, None)
         if held is None:
             return 0

@@ -1,0 +1,178 @@
+"""Fairness and quotas: how much of the node one user (or one process) may take, in one place.
+
+:class:`Quotas` is configured like the arbiter (traitlets: ``c.Quotas.sessions_per_user = 64``,
+per-user and per-group overrides, an admin group). It answers three questions for the
+arbiter's handlers, each refusal a :class:`~krex_lab.errors.QuotaExceeded` naming the limit:
+may this process register another session, may this user queue another request, how long may
+this user hold a GPU. Members of the admin group (and root) are exempt and may end any region.
+
+:class:`FairShare` is the scheduler's queue policy: the next region on a GPU goes to the user
+who has held GPUs least recently (hold seconds, decaying with a half-life), first-come within a
+user. With one user it is the plain FIFO the single-user arbiter always had.
+"""
+
+from __future__ import annotations
+
+import grp
+import math
+import pwd
+import resource
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from traitlets import Dict, Float, Int, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..errors import QuotaExceeded
+from .region import Region
+
+#: file descriptors kept free for sockets, the journal, NVML and the like
+FD_RESERVE = 256
+#: descriptors one session costs: its pidfd and its control connection
+FDS_PER_SESSION = 2
+
+
+@dataclass(frozen=True)
+class Limits:
+    sessions_per_user: int
+    sessions_per_process: int
+    queued_per_user: int
+    max_hold: float
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def node_session_capacity(fd_limit: int) -> int:
+    """Sessions the arbiter takes before it would run short of descriptors (it refuses beyond)."""
+    return max(16, (fd_limit - FD_RESERVE) // FDS_PER_SESSION)
+
+
+_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold")
+
+
+class Quotas(LoggingConfigurable):
+    sessions_per_user = Int(128, help="Sessions one user may have registered at once (all GPUs).").tag(config=True)
+    sessions_per_process = Int(8, help="Sessions registered for one process (a kernel needs one; each holds a "
+                               "descriptor of the arbiter).").tag(config=True)
+    queued_per_user = Int(8, help="Requests one user may have waiting in the GPUs' queues at once.").tag(
+        config=True)
+    max_hold = Float(0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only "
+                     "Arbiter.max_hold_limit applies.").tag(config=True)
+    users = Dict(help="Per-user overrides, by user name: {'alice': {'queued_per_user': 32, 'max_hold': 3600}}. "
+                 "Keys are the option names of this class.").tag(config=True)
+    groups = Dict(help="Per-group overrides, by group name, same keys as `users`; a user in several groups gets "
+                  "the most generous value of each. A user's own entry in `users` wins over groups.").tag(config=True)
+    admin_group = Unicode("krex-admin", help="Members of this Unix group (and root) are exempt from every quota and "
+                          "may end any region or withdraw any request.").tag(config=True)
+    half_life = Float(600.0, help="Half-life in seconds of the hold time that fair share counts: the user who held "
+                      "GPUs least over roughly this long goes first.").tag(config=True)
+
+    def _base(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in _FIELDS}
+
+    def limits_for(self, uid: int) -> Limits:
+        values = self._base()
+        name, groups = _user_and_groups(uid)
+        best: dict[str, Any] = {}
+        for group in groups:
+            for key, value in dict(self.groups.get(group, {})).items():
+                if key in _FIELDS:
+                    current = best.get(key)
+                    best[key] = value if current is None else _more_generous(key, current, value)
+        values.update(best)
+        values.update({k: v for k, v in dict(self.users.get(name, {})).items() if k in _FIELDS})
+        return Limits(**values)
+
+    def is_admin(self, uid: int) -> bool:
+        if uid == 0:
+            return True
+        _, groups = _user_and_groups(uid)
+        return self.admin_group in groups
+
+    # -- the checks the arbiter's handlers make ---------------------------------------------------
+    def check_register(self, uid: int, pid: int, sessions: Iterable[Any], capacity: int) -> None:
+        every = list(sessions)
+        if len(every) >= capacity:
+            raise QuotaExceeded(f"the arbiter is at its capacity of {capacity} sessions (node limit, from its "
+                                "file descriptor limit): try again when sessions end")
+        if self.is_admin(uid):
+            return
+        limits = self.limits_for(uid)
+        mine = sum(1 for s in every if s.uid == uid)
+        if mine >= limits.sessions_per_user:
+            raise QuotaExceeded(f"uid {uid} has {mine} sessions: the limit is sessions_per_user="
+                                f"{limits.sessions_per_user}")
+        same_pid = sum(1 for s in every if s.pid == pid)
+        if same_pid >= limits.sessions_per_process:
+            raise QuotaExceeded(f"process {pid} has {same_pid} sessions: the limit is sessions_per_process="
+                                f"{limits.sessions_per_process}")
+
+    def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> None:
+        if self.is_admin(uid):
+            return
+        limits = self.limits_for(uid)
+        if limits.max_hold > 0 and max_hold > limits.max_hold:
+            raise QuotaExceeded(f"max_hold {max_hold:g} s is over this user's limit max_hold={limits.max_hold:g} s")
+        waiting = sum(1 for r in queued if r.session.uid == uid)
+        if waiting >= limits.queued_per_user:
+            raise QuotaExceeded(f"uid {uid} already has {waiting} requests waiting: the limit is queued_per_user="
+                                f"{limits.queued_per_user}")
+
+
+def _more_generous(key: str, a: Any, b: Any) -> Any:
+    if key == "max_hold" and (a == 0 or b == 0):
+        return 0  # 0 means "no per-user cap"
+    return max(a, b)
+
+
+def _user_and_groups(uid: int) -> tuple[str, set[str]]:
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return str(uid), set()
+    groups = {g.gr_name for g in grp.getgrall() if entry.pw_name in g.gr_mem}
+    try:
+        groups.add(grp.getgrgid(entry.pw_gid).gr_name)
+    except KeyError:
+        pass
+    return entry.pw_name, groups
+
+
+class FairShare:
+    """Queue policy: the user with the least decayed hold time goes first; FIFO within a user."""
+
+    def __init__(self, half_life: float = 600.0) -> None:
+        self.half_life = half_life
+        self._usage: dict[int, tuple[float, float]] = {}  # uid -> (seconds, when)
+
+    def usage(self, uid: int, now: float | None = None) -> float:
+        seconds, when = self._usage.get(uid, (0.0, 0.0))
+        now = time.monotonic() if now is None else now
+        if self.half_life <= 0:
+            return seconds
+        return seconds * math.pow(0.5, (now - when) / self.half_life)
+
+    def charge(self, uid: int, seconds: float) -> None:
+        now = time.monotonic()
+        self._usage[uid] = (self.usage(uid, now) + max(0.0, seconds), now)
+
+    def pick(self, queue: Sequence[Region]) -> Region:
+        now = time.monotonic()
+        # The earliest request of each user competes; ties go to the earlier request.
+        first: dict[int, Region] = {}
+        for region in queue:
+            first.setdefault(region.session.uid, region)
+        return min(first.values(), key=lambda r: (self.usage(r.session.uid, now), r.requested))
