@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, ArbiterProc
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support import ROOT
 
 
 def krex(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

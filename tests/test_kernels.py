@@ -17,9 +17,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from krex_lab.procutil import proc_state
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from krex_lab.serverext.lab import jupyter_env
-
-from .conftest import ROOT, ArbiterProc, wait_for
+from tests.support import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,9 +15,9 @@ from IPython.utils.capture import capture_output
 from krex_lab import protocol
 from krex_lab.magics import KrexCellError, RemoteCellError
 from krex_lab.procutil import proc_state
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
 
 from . import test_kernels
-from .conftest import ArbiterProc, wait_for
 
 detached = test_kernels.detached  # fixtures
 pool = test_kernels.pool

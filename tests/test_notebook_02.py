@@ -9,8 +9,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support import ROOT
+
 from . import test_kernels
-from .conftest import ROOT, ArbiterProc
 from .test_notebooks import outputs_text
 
 krex_spec = test_kernels.krex_spec  # fixture

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import ROOT, wait_for
-from ..pool_support import PoolProc, alive
+from krex_lab.pytest_plugin import wait_for
+from tests.support import ROOT
+from tests.support.pool import PoolProc, alive
 
 pytestmark = pytest.mark.gpu
 

@@ -41,7 +41,8 @@ import pytest
 
 from krex_lab import protocol
 from krex_lab.gpu.nvidia import NvidiaBackend
-from tests.conftest import ROOT, ArbiterProc
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support import ROOT
 
 pytestmark = [
     pytest.mark.gpu,

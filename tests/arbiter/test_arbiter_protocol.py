@@ -20,8 +20,8 @@ import krex_lab.client
 from krex_lab import protocol
 from krex_lab.arbiter.identity import fetch_ticket
 from krex_lab.errors import InvalidRequest, NotHolder, ProtocolError, UnknownSession
-
-from .conftest import ArbiterProc, Procs
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support.procs import Procs
 
 OPS = ["hello", "status", "place", "register", "unregister", "acquire", "release", "drain_ack", "regions"]
 VALID = {

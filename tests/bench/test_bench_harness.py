@@ -23,8 +23,7 @@ from krex_lab.bench.frameworks import detect
 from krex_lab.bench.measurement import Measurement, compare
 from krex_lab.bench.throttle import ClockLog, ClockReading, throttle_cause
 from krex_lab.bench.timing import HeldSampler, batch_size, collect, warm_up
-
-from .conftest import ArbiterProc
+from krex_lab.pytest_plugin import ArbiterProc
 
 
 class FakeClock:

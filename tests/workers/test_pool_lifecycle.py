@@ -17,11 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.results import JobResult
-
-from .conftest import ROOT, ArbiterProc, running_arbiter, wait_for
-from .pool_support import PoolProc, alive, krex_run
+from tests.support import ROOT
+from tests.support.pool import PoolProc, alive, krex_run
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from krex_lab.procutil import proc_state, threads, tree
-
-from .conftest import ArbiterProc, Procs, cpu_gain, wait_for
+from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, wait_for
+from tests.support.procs import Procs
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,8 +9,7 @@ import pytest
 
 import krex_lab
 from krex_lab.bench import CheckFailed, CheckResult
-
-from .numba_sim import use_simulator
+from tests.numba_sim import use_simulator
 
 
 def make_add(rng: np.random.Generator, n: int = 50) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -148,7 +147,7 @@ def test_planted_off_by_one_in_a_numba_kernel_under_the_simulator() -> None:
     use_simulator()
     from numba import cuda
 
-    from .planted_kernels import candidate
+    from tests.planted_kernels import candidate
 
     with pytest.raises(CheckFailed) as err:
         krex_lab.check(candidate, ref_add, make_add)

@@ -21,11 +21,11 @@ import pytest
 import krex_lab
 from krex_lab.errors import WorkerDied
 from krex_lab.procutil import proc_state
+from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, running_arbiter, wait_for
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.results import JobResult, RemoteTraceback
-
-from .conftest import ArbiterProc, Procs, cpu_gain, running_arbiter, wait_for
-from .pool_support import PoolProc, alive, krex_run, python_run, shell_code
+from tests.support.pool import PoolProc, alive, krex_run, python_run, shell_code
+from tests.support.procs import Procs
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ from krex_lab.gpu.nvidia import (
 from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
 from krex_lab.procutil import proc_state
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # -- doubles ---------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from .conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -27,9 +27,10 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 - the jp_* fixtures, f
 from tornado.httpclient import HTTPClientError
 
 from krex_lab.procutil import proc_state
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from krex_lab.serverext.services import pool_available
-
-from .conftest import ROOT, ArbiterProc, Procs, wait_for
+from tests.support import ROOT
+from tests.support.procs import Procs
 
 URLS = ["krex/api/status", "krex/api/sessions", "krex/api/regions", "krex/metrics"]
 

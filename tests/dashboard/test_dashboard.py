@@ -20,8 +20,9 @@ import pytest
 import zmq
 
 from krex_lab.dashboard.model import Event, NodeState, reduce, reduce_all
-
-from .conftest import ROOT, ArbiterProc, Procs, wait_for
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from tests.support import ROOT
+from tests.support.procs import Procs
 
 pytestmark = pytest.mark.timeout(90)
 

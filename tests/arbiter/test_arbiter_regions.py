@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from krex_lab.procutil import proc_state, tree
-
-from .conftest import ArbiterProc, Procs, cpu_gain, wait_for
+from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, wait_for
+from tests.support.procs import Procs
 
 
 def _states(pid: int) -> set[str | None]:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from krex_lab.procutil import proc_state, tree
+from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, running_arbiter, wait_for
 from krex_lab.regions.cgroups import CgroupPlacer, cgroup_of, is_frozen
-
-from .conftest import ArbiterProc, Procs, cpu_gain, running_arbiter, session_processes, wait_for
+from tests.support.procs import Procs, session_processes
 
 if not CgroupPlacer(True).enabled:
     pytest.skip(f"cgroup v2 not manageable here: {CgroupPlacer(True).reason}", allow_module_level=True)

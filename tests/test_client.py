@@ -17,8 +17,9 @@ import pytest
 import krex_lab
 import krex_lab.client
 from krex_lab import protocol
-
-from .conftest import ROOT, ArbiterProc, Procs
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support import ROOT
+from tests.support.procs import Procs
 
 
 def test_no_arbiter_says_how_to_start_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

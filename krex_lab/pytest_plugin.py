@@ -1,0 +1,150 @@
+"""Pytest fixtures for code that talks to a KREX arbiter: a real ``krex arbiter`` process (fake
+backend) on a private runtime dir, and small waiting helpers.
+
+Enable it from a ``conftest.py`` (as ``jupyter_server.pytest_plugin`` is enabled)::
+
+    pytest_plugins = ["krex_lab.pytest_plugin"]
+
+Fixtures: ``arbiter`` (a started :class:`ArbiterProc`, made the test process's default; stopped
+after). Helpers: :func:`running_arbiter` (the same as a generator, for fixtures with other
+options), :func:`wait_for`, :func:`cpu_gain`. Only pytest imports this module; ``import krex_lab``
+does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import krex_lab
+
+#: The directory that holds the ``krex_lab`` package (a checkout's root, or site-packages).
+ROOT = Path(krex_lab.__file__).resolve().parent.parent
+
+
+def subprocess_pythonpath() -> str:
+    """``PYTHONPATH`` for child processes: :data:`ROOT` first, then the caller's own."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+class ArbiterProc:
+    """A ``krex arbiter`` subprocess on ``runtime`` (its socket ``runtime/arbiter.sock``)."""
+
+    def __init__(self, runtime: Path, gpus: int = 2, extra: tuple[str, ...] = (), backend: str = "fake") -> None:
+        self.runtime = runtime
+        self.backend = backend
+        self.endpoint = f"ipc://{runtime / 'arbiter.sock'}"
+        self.gpus = gpus
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        """The environment of a process that should use this arbiter."""
+        return {**os.environ, "KREX_RUNTIME_DIR": str(self.runtime), "KREX_ENDPOINT": self.endpoint,
+                "PYTHONPATH": subprocess_pythonpath()}
+
+    def start(self, timeout: float = 20) -> ArbiterProc:
+        """Start it and return once it answers ``hello`` (raises, with its output, if it does not)."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.backend, "--fake-gpus", str(self.gpus),
+             *self.extra],
+            env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        from krex_lab import client
+        from krex_lab.errors import ArbiterUnavailable
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                client.hello(self.endpoint, timeout=0.5)  # waits up to 0.5 s for the socket to answer
+                return self
+            except ArbiterUnavailable:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                    raise RuntimeError(f"arbiter did not start:\n{out}") from None
+                time.sleep(0.05)  # no socket yet: connecting fails at once, so poll
+
+    def status(self) -> dict[str, Any]:
+        from krex_lab import client
+
+        return client.status(self.endpoint)
+
+    def guardian_pid(self) -> int | None:
+        """The pid of this arbiter's guardian process, if one runs."""
+        assert self.proc is not None
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "krex_lab.arbiter.guardian" in cmd and str(self.proc.pid) in cmd:
+                return int(p.pid)
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def running_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = (),
+                    gpus: int = 2) -> Iterator[ArbiterProc]:
+    """A started arbiter on a private runtime dir, made this process's default; stopped after."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    arb = ArbiterProc(runtime, gpus=gpus, extra=extra)
+    monkeypatch.setenv("KREX_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("KREX_ENDPOINT", arb.endpoint)
+    arb.start()
+    yield arb
+    from krex_lab import client
+
+    if client._default is not None:
+        client._default.close()
+        client._default = None
+    arb.stop()
+
+
+@pytest.fixture
+def arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+    """A started arbiter (fake backend, 2 GPUs) on a private runtime dir; this process's default."""
+    yield from running_arbiter(tmp_path, monkeypatch)
+
+
+def cpu_gain(pid: int, seconds: float = 0.3) -> float:
+    """CPU seconds a process (and its descendants) gains over ``seconds`` of wall time (0 when frozen)."""
+    from krex_lab.procutil import cpu_seconds, tree
+
+    def total() -> float:
+        s = 0.0
+        for p in tree(pid):
+            try:
+                s += cpu_seconds(p)
+            except psutil.Error:
+                pass
+        return s
+
+    before = total()
+    time.sleep(seconds)  # the measuring window: the sleep is the point
+    return total() - before
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.01) -> float:
+    """Poll until ``predicate()`` is true; returns the seconds it took (fails the test on timeout)."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+    return time.monotonic() - t0
