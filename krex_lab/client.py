@@ -29,7 +29,15 @@ import zmq
 
 from . import devsync, paths, protocol
 from .arbiter.identity import fetch_ticket
-from .errors import ArbiterUnavailable, KrexError, LeaseExpired, ProtocolError, RegionCancelled, error_from_wire
+from .errors import (
+    ArbiterUnavailable,
+    KrexError,
+    LeaseExpired,
+    PermissionDenied,
+    ProtocolError,
+    RegionCancelled,
+    error_from_wire,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -90,6 +98,15 @@ class Connection:
             if deadline is not None and time.monotonic() >= deadline:
                 raise _unavailable(self.endpoint, f"no reply within {timeout:.0f} s")
 
+    def ticket(self, timeout: float = 2.0) -> str:
+        """An identity ticket of this process (the arbiter shows its own sessions in full), or ""
+        where the arbiter has no identity socket this process can reach (a remote endpoint)."""
+        try:
+            info: protocol.Info = self.call(protocol.Hello(), timeout=timeout)
+            return fetch_ticket(info.identity, timeout)
+        except (ArbiterUnavailable, PermissionDenied):
+            return ""
+
     def call(self, request: protocol.Request, timeout: float | None = REQUEST_TIMEOUT) -> Any:
         """Send ``request`` and return its result as the struct ``request.reply`` names."""
         return protocol.result_as(request, self.wait(self.send(request), timeout))
@@ -111,7 +128,7 @@ def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
 def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
     conn = Connection(endpoint)
     try:
-        result: dict[str, Any] = conn.call(protocol.Status(), timeout=timeout)
+        result: dict[str, Any] = conn.call(protocol.Status(ticket=conn.ticket()), timeout=timeout)
         return result
     finally:
         conn.close()
@@ -307,10 +324,10 @@ class Exclusive:
 
     def _withdraw(self, session: Session, conn: Connection) -> None:
         # We do not know the region id before the grant; releasing by session withdraws it.
-        status_ = conn.call(protocol.Status(), timeout=2.0)
+        status_ = conn.call(protocol.Status(ticket=conn.ticket()), timeout=2.0)
         for g in status_["gpus"]:
             for r in ([g["holder"]] if g["holder"] else []) + g["queue"]:
-                if r["session"] == session.id:
+                if r.get("session") == session.id:
                     try:
                         session.call(protocol.Release(region=r["region"]), timeout=5.0)
                     except KrexError:

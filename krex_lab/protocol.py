@@ -116,7 +116,11 @@ class Hello(Request, tag="hello"):
 
 
 class Status(Request, tag="status"):
-    """The node's table: GPUs, holders, queues, sessions (:func:`krex_lab.arbiter.status.node_status`)."""
+    """The node's table: GPUs, holders, queues, sessions (:func:`krex_lab.arbiter.status.node_status`).
+    ``ticket`` (an identity ticket) shows the caller's own sessions in full; others' appear as the
+    arbiter's privacy setting allows."""
+
+    ticket: str = ""
 
 
 class Place(Request, tag="place"):
@@ -174,10 +178,11 @@ class DrainAck(SessionRequest, tag="drain_ack"):
 
 
 class Regions(Request, tag="regions"):
-    """Recent regions with their reports, newest last."""
+    """Recent regions with their reports, newest last (``ticket``: as for :class:`Status`)."""
 
     reply = list
     limit: int = 50
+    ticket: str = ""
 
 
 ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions]

@@ -63,14 +63,15 @@ class Placements:
             if not self.pending:
                 gpu = int(conn.call(protocol.Place()).gpu)
             else:
-                gpu = self._choose_with_pending(conn.call(protocol.Status()))
+                gpu = self._choose_with_pending(conn.call(protocol.Status(ticket=conn.ticket())))
             self.pending[kernel_id] = _Pending(gpu, now)
             return gpu
 
     def _choose_with_pending(self, status: dict[str, Any]) -> int:
         registered = {s["pid"] for g in status["gpus"] for s in g["sessions"]}
         self.pending = {k: p for k, p in self.pending.items() if p.pid is None or p.pid not in registered}
-        counts = {g["index"]: len(g["sessions"]) for g in status["gpus"]}
+        # Every user's sessions count (other users' appear only as counts on a private node).
+        counts = {g["index"]: len(g["sessions"]) + sum(g.get("other_sessions", {}).values()) for g in status["gpus"]}
         free = {g["index"]: (g.get("memory_total") or 0) - (g.get("memory_used") or 0) for g in status["gpus"]}
         for p in self.pending.values():
             if p.gpu in counts:

@@ -99,6 +99,7 @@ class Region:
             "gpu": self.gpu,
             "session": self.session.id,
             "holder_pid": self.session.pid,
+            "uid": self.session.uid,
             "user": self.session.user,
             "name": self.session.name,
             "state": self.state.value,

@@ -35,6 +35,7 @@ from ..regions.isolate import CoreBook
 from ..service import DEFERRED, Peer, Service
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
+from .privacy import public_event, report_view, status_view
 from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
 from .region import Region, RegionState
 from .scheduler import Enforcement, Scheduler, SchedulerConfig
@@ -47,12 +48,14 @@ log = logging.getLogger("krex.arbiter")
 class _Notifier:
     """Events on the PUB socket, control messages to the socket a session registered from."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, private: bool) -> None:
         self.service = service
+        self.private = private
 
     def publish(self, topic: str, data: dict[str, Any]) -> None:
         data.setdefault("time", time.time())
-        self.service.publish(f"krex.{topic}", data)
+        # Every subscriber gets the same event: on a shared node, the anonymous view of it.
+        self.service.publish(f"krex.{topic}", public_event(topic, data) if self.private else data)
 
     def control(self, session: Session, kind: str, region: Region) -> None:
         if session.control is not None:
@@ -93,6 +96,10 @@ class Arbiter(LoggingConfigurable):
                    "between cgroups can fight a host's own cgroup management.").tag(config=True)
     guardian = Bool(True, help="Start a guardian process that undoes every lock, freeze and re-pin if "
                     "the arbiter dies.").tag(config=True)
+    privacy = Enum(["private", "open"], default_value="private", help="What users see of each other's work: "
+                   "'private' shows other users' sessions and regions as user names and counts (no pids, names or "
+                   "reports) in status, regions and, on a multi-user arbiter, in events; 'open' shows everything "
+                   "(a trusted lab). Root and the admin group always see everything.").tag(config=True)
     intruder_grace = Float(0.5, help="Seconds a session that registers during another's region runs before it is "
                            "drained and frozen: it hears its registration and may queue (queueing stops it at "
                            "once).").tag(config=True)
@@ -128,7 +135,7 @@ class Arbiter(LoggingConfigurable):
                 protocol.Release: self._release, protocol.DrainAck: self._drain_ack,
             }, protocol.decode_request, events=self.events, lock=self.root / "arbiter.lock",
             socket_mode=0o666 if self.multi_user else 0o600)
-        self.notify = _Notifier(self.service)
+        self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
         self.locker = Locker(self.backend, self.lock_timeout)
@@ -246,11 +253,23 @@ class Arbiter(LoggingConfigurable):
         return protocol.Info(version=__version__, protocol=protocol.VERSION, pid=os.getpid(), gpus=self.gpu_count,
                              identity=self.identity.path, events=self.events, **self.backend_info)
 
+    def _viewer(self, ticket: str) -> int | None:
+        """The uid a status or regions request shows in full (None: anonymous); -1: everything."""
+        viewer = self.tickets.redeem(ticket).uid if ticket else None
+        # A single-user arbiter's socket is its owner's alone: there is no one to hide from.
+        if not self.multi_user or self.privacy == "open" or (viewer is not None and self.quotas.is_admin(viewer)):
+            return -1
+        return viewer
+
     def _status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
-        return self.status()
+        viewer = self._viewer(req.ticket)
+        table = self.status()
+        return table if viewer == -1 else status_view(table, viewer)
 
     def _regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
-        return list(self.scheduler.history)[-max(0, req.limit):]
+        viewer = self._viewer(req.ticket)
+        recent = list(self.scheduler.history)[-max(0, req.limit):]
+        return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
 
     def place(self) -> int:
         """Fewest sessions, then most free memory."""

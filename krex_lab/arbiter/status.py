@@ -27,6 +27,7 @@ def node_status(inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sess
                 "state": active.state.value,
                 "session": active.session.id,
                 "pid": active.session.pid,
+                "uid": active.session.uid,
                 "user": active.session.user,
                 "name": active.session.name,
                 "role": active.session.role,
@@ -39,7 +40,7 @@ def node_status(inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sess
             "holder": holder,
             "queue": [
                 {"region": r.id, "session": r.session.id, "pid": r.session.pid, "name": r.session.name,
-                 "user": r.session.user, "waiting_s": round(now - r.requested, 3)}
+                 "uid": r.session.uid, "user": r.session.user, "waiting_s": round(now - r.requested, 3)}
                 for r in scheduler.queues[g]
             ],
             "sessions": [s.public() for s in sessions.on_gpu(g)],

@@ -92,8 +92,8 @@ class Feed:
             conn = Connection(self.endpoint)
             conn.arbiter_pid = info["pid"]
             try:
-                status = conn.call(protocol.Status(), timeout=5.0)
-                regions = conn.call(protocol.Regions(limit=SNAPSHOT_REGIONS), timeout=5.0)
+                status = conn.call(protocol.Status(ticket=conn.ticket()), timeout=5.0)
+                regions = conn.call(protocol.Regions(limit=SNAPSHOT_REGIONS, ticket=conn.ticket()), timeout=5.0)
             finally:
                 conn.close()
             self.connects += 1

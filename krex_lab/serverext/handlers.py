@@ -48,7 +48,7 @@ def fetch_regions(endpoint: str, limit: int) -> list[dict[str, Any]]:
 
     conn = Connection(endpoint)
     try:
-        result: list[dict[str, Any]] = conn.call(protocol.Regions(limit=limit), timeout=5.0)
+        result: list[dict[str, Any]] = conn.call(protocol.Regions(limit=limit, ticket=conn.ticket()), timeout=5.0)
         return result
     finally:
         conn.close()
