@@ -10,6 +10,14 @@
 Every request is a struct of :mod:`krex_lab.workers.wire`; an error the pool raises is re-raised
 here as its class (:func:`krex_lab.errors.error_from_wire`).
 
+**Nothing is sent to a pool the kernel has not vouched for.** Before each socket connects (one
+per thread), the ``ipc://`` endpoint is checked (:mod:`.trust`): the socket file and every
+directory above it are this user's or root's (a sticky shared directory only with the file this
+user's), and the process listening there has this user's uid (``SO_PEERCRED``). Otherwise
+:class:`PoolUnavailable` is raised (marked :func:`~.trust.untrusted`), nothing was sent, no
+pool is started on demand there, and nothing it could return is ever unpickled. ``tcp://`` is
+refused unless ``allow_tcp`` (or ``KREX_POOL_ALLOW_TCP=1``).
+
 Each thread uses its own DEALER socket, so one client serves many threads (``submit`` runs
 each call in a thread of a shared executor). A job's output arrives while it runs and is handed
 to ``on_output(stream, text)`` (default: this process's stdout/stderr). Ctrl-C while waiting
@@ -49,6 +57,7 @@ from ..wire import (
     Submit,
     decode_incoming,
 )
+from .trust import PoolPeer, is_untrusted, tcp_allowed, untrusted, verify_ipc_endpoint
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -69,27 +78,35 @@ def print_output(stream: str, text: str) -> None:
 class PoolClient:
     """A connection to this user's pool service (see :meth:`connect`)."""
 
-    def __init__(self, endpoint: str | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, *, allow_tcp: bool | None = None) -> None:
         self.endpoint = endpoint or default_endpoint()
+        self.allow_tcp = tcp_allowed(allow_tcp)
         self.info: PoolInfo | None = None
+        self.peer: PoolPeer | None = None  # the listener, as the kernel described it (ipc)
         self._local = threading.local()
         self._sockets: list[zmq.Socket[bytes]] = []
         self._lock = threading.Lock()
         self._closed = False
 
     @classmethod
-    def connect(cls, endpoint: str | None = None, start: bool = True) -> PoolClient:
+    def connect(cls, endpoint: str | None = None, start: bool = True, *, allow_tcp: bool | None = None
+                ) -> PoolClient:
         """The pool at ``endpoint`` (default: ``KREX_POOL_ENDPOINT``, else this user's runtime dir).
 
         With ``start`` a pool is started on demand (detached; it exits after its idle time) when
-        none answers. Raises :class:`PoolUnavailable` otherwise.
+        none answers. Raises :class:`PoolUnavailable` otherwise, and also (nothing sent, nothing
+        started) when the endpoint is served by, or could be swapped by, another user.
         """
-        client = cls(endpoint)
+        client = cls(endpoint, allow_tcp=allow_tcp)
         try:
+            client.verify()
             if client._lock_free():
                 raise PoolUnavailable("no pool holds its lock")
             client.info = client._request(Ping(), timeout=2.0)
         except PoolUnavailable as exc:
+            if is_untrusted(exc):  # another user's endpoint: nothing sent, nothing started
+                client.close()
+                raise
             if not start:
                 client.close()
                 raise PoolUnavailable(f"no KREX pool answers at {client.endpoint} ({exc}); start one with "
@@ -101,14 +118,35 @@ class PoolClient:
         return client
 
     # -- plumbing ---------------------------------------------------------------------------------
+    def verify(self) -> PoolPeer | None:
+        """Ask the kernel who serves the endpoint; raises unless it is this user (see :mod:`.trust`).
+
+        :class:`PoolUnavailable`, marked :func:`~.trust.untrusted` when another user serves it or
+        could swap it, unmarked when nobody listens there. Returns the listener (None for tcp)."""
+        path = ipc_path(self.endpoint)
+        if path is None:
+            if self.endpoint.startswith("tcp://") and self.allow_tcp:
+                return None
+            raise untrusted(f"refusing to talk to a pool at {self.endpoint}: no kernel can say who serves "
+                                "it, and whoever does would run your code and hand back objects this process "
+                                "unpickles; nothing was sent. Use an ipc:// endpoint, or allow_tcp=True "
+                                "(KREX_POOL_ALLOW_TCP=1) if the network is yours alone.")
+        self.peer = verify_ipc_endpoint(path)
+        return self.peer
+
     def _socket(self) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] | None = getattr(self._local, "socket", None)
         if sock is None:
             if self._closed:
                 raise PoolUnavailable("this PoolClient is closed")
+            peer = self.verify()  # every socket, right before it connects: nothing reaches a foreign pool
             sock = zmq.Context.instance().socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
+            if peer is not None and peer.shared_dir:
+                # In a shared (sticky) directory another user may bind the path once this pool is
+                # gone: never reconnect to it unchecked (a new socket is checked again).
+                sock.setsockopt(zmq.RECONNECT_IVL, -1)
             sock.connect(self.endpoint)
             self._local.socket = sock
             with self._lock:
@@ -123,18 +161,22 @@ class PoolClient:
         sock = ipc_path(self.endpoint)
         if sock is None or not os.path.exists(sock) or not os.path.exists(path):
             return True
-        try:
-            with open(path, "a+") as f:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(f, fcntl.LOCK_UN)
-            return True
-        except BlockingIOError:
-            return False
+        try:  # never follow a planted symlink, never block on a planted FIFO
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return True
+        except OSError:  # BlockingIOError: a pool holds it
+            return False
+        finally:
+            os.close(fd)
 
     def _pool_alive(self) -> bool:
-        return self.info is None or os.path.exists(f"/proc/{self.info.pid}")
+        pid = self.peer.pid if self.peer is not None else self.info.pid if self.info is not None else None
+        return pid is None or os.path.exists(f"/proc/{pid}")
 
     def _request(self, request: Request, timeout: float = 10.0) -> Any:
         """Send ``request``, wait for its reply: the result as ``request.reply`` says, or its error raised."""
@@ -150,6 +192,7 @@ class PoolClient:
                 return _result(request, msg)
             if not self._pool_alive():
                 break
+        self._drop_socket()  # a pool that restarted is checked again before anything is sent to it
         raise PoolUnavailable(f"no reply from the pool at {self.endpoint} within {timeout:g} s")
 
     def _start_pool(self) -> None:
@@ -172,8 +215,10 @@ class PoolClient:
                 try:
                     self.info = self._request(Ping(), timeout=1.0)
                     return
-                except PoolUnavailable:
-                    pass
+                except PoolUnavailable as exc:
+                    if is_untrusted(exc):  # someone else bound the endpoint first: never talk to it
+                        raise
+                    self._drop_socket()  # not listening yet: the next try checks (and connects) afresh
             code = proc.poll()
             if code is not None and self._lock_free():
                 if code != 0:
@@ -184,6 +229,17 @@ class PoolClient:
             time.sleep(0.05)
         raise PoolUnavailable(f"the pool started on demand did not answer within {START_TIMEOUT:g} s "
                               f"(see {log_dir / 'pool.log'})")
+
+    def _drop_socket(self) -> None:
+        """Forget this thread's socket (the next request checks the endpoint again)."""
+        sock: zmq.Socket[bytes] | None = getattr(self._local, "socket", None)
+        if sock is not None:
+            self._local.socket = None
+            with self._lock:
+                if sock in self._sockets:
+                    self._sockets.remove(sock)
+            with contextlib.suppress(Exception):
+                sock.close(linger=0)
 
     def _run(self, job: JobSpec, on_output: OutputFn | None) -> JobResult:
         """Submit one job, stream its output, return its one result (the submit's reply)."""

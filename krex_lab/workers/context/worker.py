@@ -8,7 +8,9 @@ Sequence: read :class:`Init` -> die with the pool (``PR_SET_PDEATHSIG``) -> regi
 arbiter as a ``worker`` session and make it this process's default session (so
 ``krex_lab.exclusive()`` in a job makes this worker the holder) -> preload frameworks, creating
 their context on a real GPU -> take the baseline -> :class:`Ready`. Then, per job: :class:`Run`
--> :class:`Done` (the result) -> reset unless a lease keeps the namespace -> :class:`Ready`.
+-> every process the job started is killed (the worker is a child subreaper, so daemons that
+left with ``setsid`` and a double fork are among its descendants: :mod:`..contain`) ->
+:class:`Done` (the result) -> reset unless a lease keeps the namespace -> :class:`Ready`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from ..contain import ProcId, become_subreaper, end_descendants, ident, live
 from ..results import JobResult
 from ..wire import Done, EncodeError, Exit, FromWorker, Init, Ready, Reset, Run, pack, recv_to_worker
 
@@ -51,6 +54,8 @@ class Worker:
         self.runner = Runner()
         self.session: Any = None
         self.jobs = 0
+        #: processes of the worker's own start-up (a framework's helper), never a job's
+        self.own_children: list[ProcId] = []
 
     def send(self, msg: FromWorker) -> None:
         self.sock.sendall(pack(msg))
@@ -76,6 +81,9 @@ class Worker:
         ready.preloaded, ready.skipped, ready.import_s = loaded, skipped, seconds
         ready.register_s, ready.start_s = round(t1 - t0, 4), round(time.perf_counter() - t0, 4)
         ready.memory = self.baseline.memory
+        from ...procutil import tree
+
+        self.own_children = [ident(p) for p in tree(os.getpid())[1:] if live(p)]
         self.send(ready)
 
     def serve(self) -> None:
@@ -94,6 +102,10 @@ class Worker:
         self.jobs += 1
         fields = self.runner.run(msg)
         recycle = fields.pop("recycle", None)
+        # The job has ended: so has every process it started, daemons included.
+        left = end_descendants(self.own_children)
+        if left and not recycle:
+            recycle = f"processes of the job could not be killed: {left[:5]}"
         try:
             self.send(Done(job=msg.job, result=msgspec.convert(fields, JobResult), recycle=recycle))
         except (TypeError, ValueError, OverflowError, EncodeError, msgspec.ValidationError) as exc:
@@ -129,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     if not isinstance(init, Init):
         return
     _die_with_parent(init.parent)
+    become_subreaper()  # orphans of a job (daemons) are re-parented here, and so killed at its end
     faulthandler.enable(all_threads=False)  # a segfault's stack goes to stderr, and so to the error result
     # `python -m` put the pool's cwd first on sys.path: jobs must not import from there.
     if sys.path and sys.path[0] in ("", os.getcwd()):

@@ -4,6 +4,12 @@ A worker's death is seen through a pidfd registered with the event loop (readabl
 the process exits; ``Popen.poll`` every 50 ms where pidfds are missing), never through a
 heartbeat timeout. Its stdout and stderr are pipes read as data arrives; the last lines of
 stderr are kept, so that a worker that dies can say how (faulthandler's dump of a segfault).
+
+Containment (:mod:`..contain`): the worker is a child subreaper, so a daemon a job started is
+among its descendants and :meth:`WorkerHandle.kill` takes it with the worker's tree; the pool is
+one too, so the orphans of a worker that died first land on the pool, and :func:`sweep_orphans`
+(at each worker's exit, every housekeeping tick and at shutdown) kills every child of the pool
+that is not a live worker (:data:`worker_pids`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Any, Protocol
 
 from ...errors import ProtocolError
 from ...procutil import tree
+from ..contain import ProcId, sweep_until_clean
+from ..contain import sweep_orphans as _sweep
 from ..wire import HEADER, FromWorker, Init, ToWorker, decode_from_worker, pack
 
 log = logging.getLogger("krex.pool")
@@ -28,6 +36,22 @@ log = logging.getLogger("krex.pool")
 TAIL_CHARS = 8000
 #: lines of a faulthandler dump that show the worker's machinery, not the job
 _INTERNAL_FRAMES = (f"{os.sep}krex_lab{os.sep}workers{os.sep}", 'File "<frozen runpy>"')
+
+
+#: pids of this process's worker children not yet reaped (every other child is a stray)
+worker_pids: set[int] = set()
+#: children this process had before it served (a host's own): never swept
+spared_children: list[ProcId] = []
+
+
+def sweep_orphans() -> list[int]:
+    """Kill every child of the pool that is not a live worker (a dead worker's orphans), and reap."""
+    return _sweep(worker_pids, spared_children)
+
+
+def sweep_orphans_until_clean(timeout: float = 3.0) -> list[int]:
+    """:func:`sweep_orphans` until none is left (shutdown); the stray pids that survived."""
+    return sweep_until_clean(worker_pids, spared_children, timeout)
 
 
 class Events(Protocol):
@@ -98,6 +122,7 @@ class WorkerHandle:
             os.close(out_w)
             os.close(err_w)
         self.pid = self._proc.pid
+        worker_pids.add(self.pid)
         for stream, fd in (("stdout", out_r), ("stderr", err_r)):
             os.set_blocking(fd, False)
             self._pipes[stream] = fd
@@ -218,6 +243,7 @@ class WorkerHandle:
             return
         self._exit_seen = True
         self.returncode = code
+        worker_pids.discard(self._proc.pid)  # reaped by poll(): from now on a child of that pid is a stray
         if self._pidfd is not None:
             loop = asyncio.get_running_loop()
             loop.remove_reader(self._pidfd)
@@ -235,6 +261,8 @@ class WorkerHandle:
         # Processes the job forked may still hold the pipes or the group: they go with the worker.
         with contextlib.suppress(OSError):
             os.killpg(self.pid or 0, signal.SIGKILL)
+        # What it started outside its group (daemons) was re-parented to the pool: it goes too.
+        sweep_orphans()
         self.drain_output()
         self.close_fds()
         self.state = "dead"

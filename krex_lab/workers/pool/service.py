@@ -12,6 +12,8 @@ root) can connect; tcp endpoints, which any local user could reach, are refused 
 another pool; so a worker that ran one user's code never runs another's. A lock file next to
 the socket keeps a second pool off the same endpoint. On SIGTERM/SIGINT/SIGHUP every job in flight
 gets a "pool shutting down" result and every worker (with everything it started) is killed.
+The pool is a child subreaper (:mod:`krex_lab.workers.contain`): what a job started never
+outlives it, daemons included, and nothing survives the pool's shutdown.
 
 The server's lifecycle (lock, bind, receive, one reply per request, stop) is
 :class:`krex_lab.service.Service`'s; this module holds the pool's handlers, its traitlets options
@@ -36,6 +38,7 @@ from ... import __version__, paths
 from ...application import KrexApplication
 from ...errors import InvalidRequest, KrexError
 from ...service import DEFERRED, Peer, Service
+from ..contain import become_subreaper, ident, live
 from ..endpoint import default_endpoint, lock_path
 from ..results import JobResult
 from ..wire import (
@@ -53,6 +56,7 @@ from ..wire import (
     Submit,
     decode_request,
 )
+from . import handle
 from .clients import ClientWatch
 from .dispatcher import DispatchConfig, Dispatcher, Job
 from .gates import GateWatcher
@@ -222,6 +226,14 @@ class Pool(LoggingConfigurable):
             log.info("another pool already serves %s", self.bound)
             self.service.close()
             return 0
+        # Orphans of a worker that dies (daemons of its jobs) are re-parented here and swept;
+        # children this process already had are its host's, never swept.
+        from ...procutil import children
+
+        handle.spared_children[:] = [ident(p) for p in children(os.getpid()) if live(p)]
+        if not become_subreaper():
+            log.warning("PR_SET_CHILD_SUBREAPER refused: a daemon started by a job may outlive a worker "
+                        "that dies before its job ends")
         try:
             gpus = await self._discover()
             self.service.bind()
@@ -253,6 +265,9 @@ class Pool(LoggingConfigurable):
         for w in workers:
             w.kill("pool shutting down")
         await asyncio.gather(*(w.wait_dead(5.0) for w in workers))
+        left = handle.sweep_orphans_until_clean()
+        if left:
+            log.error("processes started by jobs survived SIGKILL: %s", left)
         self.gates.close()
         self.clients.close()
         self.service.close(linger_ms=1000)  # let the "shutting down" results reach their clients
@@ -262,6 +277,7 @@ class Pool(LoggingConfigurable):
         d = self.dispatcher
         while True:
             await asyncio.sleep(0.5)
+            handle.sweep_orphans()
             d.expire_leases(self.lease_idle_timeout)
             limit = self.on_demand_idle_exit if self.on_demand else self.idle_exit
             if d.busy():
