@@ -44,6 +44,31 @@ def cgroup_of(pid: int) -> str | None:
     return None
 
 
+#: v2 interface files whose value, when not the default, limits the processes of a cgroup
+LIMIT_FILES = {
+    "memory.max": "max", "memory.high": "max", "memory.swap.max": "max", "pids.max": "max",
+    "cpu.max": "max", "io.max": "", "cpuset.cpus": "", "cpuset.mems": "", "hugetlb.2MB.max": "max",
+}
+
+
+def limits_on(root: Path, cgroup: str) -> dict[str, str]:
+    """The limits that apply to a process of ``cgroup`` (relative to the v2 ``root``), from the
+    cgroup up to (not including) the root: ``{"/a/b/memory.max": "1073741824", ...}``."""
+    found: dict[str, str] = {}
+    parts = [p for p in cgroup.strip("/").split("/") if p]
+    while parts:
+        here = root.joinpath(*parts)
+        for name, default in LIMIT_FILES.items():
+            try:
+                value = (here / name).read_text().strip()
+            except OSError:
+                continue
+            if value != default and not (name == "cpu.max" and value.startswith("max")):
+                found["/" + "/".join(parts) + "/" + name] = value
+        parts.pop()
+    return found
+
+
 def is_frozen(path: str | Path) -> bool:
     try:
         return "frozen 1" in Path(path, "cgroup.events").read_text()
@@ -58,6 +83,8 @@ class CgroupPlacer:
         self.base: Path | None = None
         self.root: Path | None = None
         self.reason = "disabled (--cgroups off)"
+        #: where a process is now (tests point it elsewhere: this machine's may be the root)
+        self.cgroup_of = cgroup_of
         if not enabled:
             return
         root = v2_root()
@@ -83,8 +110,16 @@ class CgroupPlacer:
         return self.base is not None
 
     def place(self, session: str, pid: int) -> str:
-        """Move ``pid`` into the session's cgroup; returns its path, or "" where that failed."""
-        if self.base is None:
+        """Move ``pid`` into the session's cgroup; returns its path, or "" where that failed or
+        would lift limits: a process whose cgroup (or one above it) limits memory, CPU, pids, I/O
+        or cpusets stays where it is (SIGSTOP freezes it), since ``krex/`` has none of them."""
+        if self.base is None or self.root is None:
+            return ""
+        current = self.cgroup_of(pid)
+        limits = limits_on(self.root, current) if current else {}
+        if limits:
+            log.info("session %s stays in its cgroup %s, whose limits would not apply under %s (%s): SIGSTOP "
+                     "will freeze it", session, current, self.base, ", ".join(f"{k}={v}" for k, v in limits.items()))
             return ""
         path = self.base / session
         try:
