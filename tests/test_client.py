@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -17,7 +16,7 @@ import pytest
 import krex_lab
 import krex_lab.client
 from krex_lab import protocol
-from krex_lab.pytest_plugin import ArbiterProc
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from tests.support import ROOT
 from tests.support.procs import Procs
 
@@ -96,18 +95,12 @@ def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: P
     waiter = subprocess.Popen([sys.executable, "-c", code], env=arbiter.env(), stdout=subprocess.PIPE, text=True,
                               cwd=ROOT)
     assert waiter.stdout is not None and waiter.stdout.readline().startswith("waiting")
-    deadline = time.monotonic() + 10
-    while not arbiter.status()["gpus"][0]["queue"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: arbiter.status()["gpus"][0]["queue"], timeout=10)
     waiter.send_signal(2)  # Ctrl-C while queued
     assert waiter.wait(10) != 0
-    deadline = time.monotonic() + 5
-    while arbiter.status()["gpus"][0]["queue"]:
-        assert time.monotonic() < deadline, "the dead waiter's request is withdrawn"
-        time.sleep(0.05)
-    seen = []
-    while events.poll(1000):
+    wait_for(lambda: not arbiter.status()["gpus"][0]["queue"], timeout=5)  # the dead waiter's request is withdrawn
+    seen: list[str] = []
+    while "withdrawn" not in seen and events.poll(5000):
         seen.append(msgspec.msgpack.decode(events.recv_multipart()[1])["event"])
     assert "withdrawn" in seen, seen
     events.close()
@@ -123,7 +116,7 @@ def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> N
         f"child = subprocess.Popen([sys.executable, '-c', {spin!r}], stdout=subprocess.PIPE, text=True)\n"
         "child.stdout.readline()\n"
         "with krex_lab.exclusive(gpu=0) as r:\n"
-        "    time.sleep(0.3)\n"
+        "    time.sleep(0.3)\n"  # the child stays stopped while the region lasts
         "    print(json.dumps({'state': proc_state(child.pid), 'frozen': r.report['frozen'], 'child': child.pid}))\n"
         "child.kill()\n"
     )
@@ -150,7 +143,7 @@ def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> No
     other = procs.start("sibling", "0")
     code = ("import json, sys, time, krex_lab\n"
             "with krex_lab.exclusive(gpu=0, exempt=[int(sys.argv[1])]) as r:\n"
-            "    time.sleep(0.3)\n"
+            "    time.sleep(0.3)\n"  # a region that lasts a while: the exempt process keeps running
             "    print(json.dumps(r.report), flush=True)\n")
     out = subprocess.run([sys.executable, "-c", code, str(waiting.pid)], env=arbiter.env(), capture_output=True,
                          text=True, timeout=60, cwd=ROOT)

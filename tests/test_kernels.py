@@ -165,7 +165,7 @@ async def test_region_in_one_kernel_stops_the_other(arbiter: ArbiterProc, kernel
     t_granted = time.monotonic()
     assert proc_state(pid_b) == "T", "kernel B's process is stopped while A holds the GPU"
     cell_b = asyncio.ensure_future(run(kc_b, "1 + 1"))
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # "nothing happens for 1 s": the sleep is the point
     assert not cell_b.done(), "B does not answer while A's region lasts"
     assert proc_state(pid_b) == "T"
     reply_a, out_a = await cell_a

@@ -130,7 +130,7 @@ def test_stopped_process_is_left_stopped(arbiter: ArbiterProc, procs: Procs) -> 
     holder = procs.start("holder", "0", "--hold", "0.1", wait_line="granted")
     released = procs.report(procs.readline(holder))
     assert sib.pid in released["skipped_stopped"] and sib.pid not in released["frozen"]
-    time.sleep(0.1)
+    time.sleep(0.1)  # nothing resumes it afterwards either: the wait is the point
     assert proc_state(sib.pid) == "T", "KREX never resumes what it did not stop"
 
 
@@ -138,10 +138,9 @@ def test_processes_forked_while_freezing_are_caught(arbiter: ArbiterProc, procs:
     forker = procs.start("sibling", "0", "--forker")
     wait_for(lambda: len(tree(forker.pid)) > 3)
     procs.start("holder", "0", wait_line="granted")
-    time.sleep(0.1)
-    assert _states(forker.pid) <= {"T", "Z"}, "every process of the tree is stopped"
+    wait_for(lambda: _states(forker.pid) <= {"T", "Z"}, timeout=2.0)  # every process of the tree is stopped
     n = len(tree(forker.pid))
-    time.sleep(0.2)
+    time.sleep(0.2)  # the window in which a tree that still forked would grow
     assert len(tree(forker.pid)) <= n, "a stopped tree does not grow"
 
 
@@ -163,7 +162,13 @@ def test_dead_session_reaped_within_200ms(arbiter: ArbiterProc, procs: Procs) ->
     sub.connect(paths.events_endpoint(arbiter.endpoint))
     sub.setsockopt(zmq.SUBSCRIBE, b"krex.session")
     sib = procs.start("sibling", "1", "--sleep")
-    time.sleep(0.3)  # the subscription is live
+    # The subscription is live once the sibling's own "joined" event arrives (it registers well after
+    # the SUB connects: the sibling's interpreter must start first).
+    while True:
+        assert sub.poll(5000), "no session event for the sibling joining"
+        event = protocol.decode_event(sub.recv_multipart()[1])
+        if event["event"] == "joined" and event["pid"] == sib.pid:
+            break
     while sub.poll(0):
         sub.recv_multipart()
     t0 = time.monotonic()

@@ -122,10 +122,7 @@ class Lab:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         # The kernel (its own session) and the notebook's loops end with the server; make sure of it.
-        deadline = time.monotonic() + 5
-        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family) and \
-                time.monotonic() < deadline:
-            time.sleep(0.1)
+        psutil.wait_procs(family, timeout=5)
         for p in family:
             with contextlib.suppress(psutil.Error):
                 for q in [*p.children(recursive=True), p]:
