@@ -157,6 +157,18 @@ def _run_cli() -> Any:
     return run_cli
 
 
+def _supervise_populate(parser: argparse.ArgumentParser) -> None:
+    from .arbiter import supervisor
+
+    supervisor.add_arguments(parser)
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from .arbiter import supervisor
+
+    return supervisor.run(args)
+
+
 def _run_populate(parser: argparse.ArgumentParser) -> None:
     _run_cli().add_arguments(parser)
 
@@ -181,7 +193,7 @@ def _lab(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{arbiter,pool,status,exclusive,run,lab}",
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{arbiter,supervise,pool,status,exclusive,run,lab}",
                                 parser_class=CommandParser)
     p = sub.add_parser("arbiter", help="run the node arbiter (krex arbiter --help-all for every option)",
                        description="The KREX node arbiter: region-granular GPU exclusivity for every session "
@@ -194,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "option goes to the pool application.",
                        populate=_app_populate(_pool_app), app_options=True)
     p.set_defaults(func=_app_command(_pool_app))
+    p = sub.add_parser("supervise", help="run an arbiter under a supervisor that undoes and restarts it after a "
+                       "crash (where systemd does not)",
+                       description="Run a KREX arbiter, undo its journal whenever it exits and restart it unless "
+                       "it stopped cleanly. Example: krex supervise --runtime-dir /run/krex -- krex arbiter "
+                       "--multi-user", populate=_supervise_populate)
+    p.set_defaults(func=_supervise)
     p = sub.add_parser("status", help="GPUs, holders, queues and sessions of this node",
                        description="GPUs, holders, queues and sessions of this node.")
     p.add_argument("--json", action="store_true", help="machine-readable output")

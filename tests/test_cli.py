@@ -22,12 +22,12 @@ def krex(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> 
 def test_krex_alone_exits_2_with_the_top_usage() -> None:
     out = krex()
     assert out.returncode == 2
-    assert out.stderr.startswith("usage: krex [-h] {arbiter,pool,status,exclusive,run,lab}"), out.stderr
+    assert out.stderr.startswith("usage: krex [-h] {arbiter,supervise,pool,status,exclusive,run,lab}"), out.stderr
 
 
 @pytest.mark.parametrize(("cmd", "option"), [
     ("arbiter", "--no-guardian"), ("pool", "--workers-per-gpu"), ("status", "--json"),
-    ("exclusive", "--max-hold"), ("run", "--exclusive"), ("lab", "--no-pool"),
+    ("exclusive", "--max-hold"), ("run", "--exclusive"), ("lab", "--no-pool"), ("supervise", "--undo-only"),
 ])
 def test_each_subcommand_has_its_own_help(cmd: str, option: str) -> None:
     out = krex(cmd, "--help")

@@ -42,6 +42,9 @@ from ..regions import isolate as _isolate  # noqa: F401
 from .guardian import _Unlocker
 from .journal import undo_outstanding
 
+DESCRIPTION = ("Run a KREX arbiter, undo its journal whenever it exits and restart it unless it stopped "
+               "cleanly.")
+
 log = logging.getLogger("krex.supervisor")
 
 _QUICK = 10.0  # a child that lived less than this counts towards the backoff
@@ -144,12 +147,8 @@ class Supervisor:
                 return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m krex_lab.arbiter.supervisor",
-        description="Run a KREX arbiter, undo its journal whenever it exits and restart it unless it stopped "
-                    "cleanly.", epilog="Example: python -I -m krex_lab.arbiter.supervisor --runtime-dir /run/krex "
-                                       "-- krex arbiter --multi-user")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The supervisor's options (``krex supervise`` and ``python -m krex_lab.arbiter.supervisor``)."""
     parser.add_argument("--runtime-dir", type=Path, default=None,
                         help="the arbiter's runtime dir (journal.jsonl, arbiter.lock); default as the arbiter's")
     parser.add_argument("--max-restarts", type=int, default=10, help="restarts allowed per window (default 10)")
@@ -158,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPU backend to load at start for unlocking (nvidia, amd); repeatable")
     parser.add_argument("--undo-only", action="store_true", help="undo the journal and exit (ExecStopPost=)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the arbiter command")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s krex-supervisor %(message)s")
     if os.geteuid() == 0:
         os.umask(0o077)
@@ -170,10 +171,20 @@ def main(argv: list[str] | None = None) -> int:
             summary = undo(runtime, unlock)
             return 1 if summary["errors"] else 0
         if not command:
-            parser.error("no arbiter command given (after --)")
+            if parser is not None:
+                parser.error("no arbiter command given (after --)")
+            return 2
         return Supervisor(command, runtime, args.max_restarts, args.window, unlock).run()
     finally:
         unlock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m krex_lab.arbiter.supervisor",
+        description=DESCRIPTION, epilog="Example: krex supervise --runtime-dir /run/krex -- krex arbiter --multi-user")
+    add_arguments(parser)
+    return run(parser.parse_args(argv), parser)
 
 
 if __name__ == "__main__":
