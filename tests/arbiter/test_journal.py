@@ -16,7 +16,7 @@ from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
 from krex_lab.paths import UnsafePath
 from krex_lab.procutil import proc_state, start_time
 
-from ..conftest import wait_for
+from krex_lab.pytest_plugin import wait_for
 
 
 @pytest.fixture

@@ -136,7 +136,7 @@ async def test_queue_is_fifo_per_gpu_and_gpus_are_independent(world: World) -> N
     ra, qa = world.acquire(a)
     rb, qb = world.acquire(b)
     rc, qc = world.acquire(c)
-    rd, qd = world.acquire(d, gpu=1)
+    _, qd = world.acquire(d, gpu=1)
     (granted_a, err), (granted_d, err_d) = await qa.one(), await qd.one()
     assert err is None and err_d is None and granted_a.region == ra.id and granted_d.gpu == 1
     assert [r.id for r in world.scheduler.queues[0]] == [rb.id, rc.id]

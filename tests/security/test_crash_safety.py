@@ -19,7 +19,7 @@ from krex_lab import client
 from krex_lab.errors import KrexError
 from krex_lab.procutil import children, proc_state, start_time
 
-from ..conftest import wait_for
+from krex_lab.pytest_plugin import wait_for
 
 
 @pytest.fixture
