@@ -15,7 +15,6 @@ import pytest
 from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
 from krex_lab.paths import UnsafePath
 from krex_lab.procutil import proc_state, start_time
-
 from krex_lab.pytest_plugin import wait_for
 
 

@@ -18,7 +18,6 @@ import pytest
 from krex_lab import client
 from krex_lab.errors import KrexError
 from krex_lab.procutil import children, proc_state, start_time
-
 from krex_lab.pytest_plugin import wait_for
 
 
