@@ -1,0 +1,141 @@
+"""Fair share and quotas between real users (issue "Hostile neighbours": one user starving the rest).
+
+``bob`` and ``alice`` are real unprivileged users; their processes register and queue on a root
+``krex arbiter --multi-user`` over its real sockets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from krex_lab import protocol
+from krex_lab.client import Session
+from krex_lab.errors import NotHolder
+
+from .conftest import User
+from .helpers_arbiter import Agent, agents, assert_healthy, make_user, multi_user_arbiter
+
+NO_ENFORCEMENT = {"freeze": False, "isolate": False}
+
+
+@pytest.fixture
+def alice() -> Iterator[User]:
+    with make_user("krexalice") as user:
+        yield user
+
+
+def _queue(arb_status: dict[str, Any], gpu: int) -> list[dict[str, Any]]:
+    queue: list[dict[str, Any]] = arb_status["gpus"][gpu]["queue"]
+    return queue
+
+
+def test_quotas_and_fair_share_between_two_users(bob: User, alice: User) -> None:
+    with multi_user_arbiter("--Quotas.queued_per_user=4", "--Quotas.max_hold=3600",
+                            "--Arbiter.max_hold_limit=7200") as arb, agents() as made:
+        b = Agent(bob, arb)
+        made.append(b)
+        # 50 sessions on one pid: 8 (sessions_per_process), then QuotaExceeded naming the limit
+        outcomes = [b.call("register", tag=f"own{i}", gpu=0) for i in range(50)]
+        assert sum(o["ok"] for o in outcomes) == 8
+        refused = [o for o in outcomes if not o["ok"]]
+        assert len(refused) == 42 and all(o["error"]["type"] == "QuotaExceeded" for o in refused)
+        assert all("sessions_per_process=8" in o["error"]["message"] for o in refused)
+        for i in range(1, 8):
+            assert b.call("close", tag=f"own{i}")["ok"]
+        # bob holds GPU 0 for a while (his fair-share usage grows) ...
+        b.call("acquire", tag="hold", session="own0", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
+        assert b.event("granted|acquire_failed", "hold")["event"] == "granted"
+        time.sleep(1.0)
+        # ... and queues queued_per_user long requests behind himself; one more is refused
+        kids = b.call("fork", n=5)["pids"]
+        for i, kid in enumerate(kids):
+            assert b.call("register", tag=f"q{i}", gpu=0, pid=kid)["ok"]
+        for i in range(4):
+            b.call("acquire", tag=f"q{i}", session=f"q{i}", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
+        b.call("acquire", tag="q4", session="q4", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
+        over = b.event("acquire_failed", "q4")
+        assert over["error"]["type"] == "QuotaExceeded" and "queued_per_user=4" in over["error"]["message"], over
+        # a lease over bob's own max_hold is refused (it is within the arbiter's max_hold_limit)
+        b.call("acquire", tag="long", session="q4", opts={"gpu": 1, "max_hold": 7000, **NO_ENFORCEMENT})
+        long = b.event("acquire_failed", "long")
+        assert long["error"]["type"] == "QuotaExceeded" and "max_hold=3600" in long["error"]["message"], long
+        # alice asks once, behind bob's four
+        a = Agent(alice, arb)
+        made.append(a)
+        assert a.call("register", tag="a", gpu=0)["ok"]
+        a.call("acquire", tag="ra", session="a", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
+        deadline = time.monotonic() + 10
+        while len(_queue(arb.status(), 0)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        queue = _queue(arb.status(), 0)
+        assert [q["user"] for q in queue] == [bob.name] * 4 + [alice.name]
+        # bob releases: alice (least hold time) goes before bob's remaining four
+        assert b.call("release", tag="hold")["ok"]
+        granted = a.event("granted|acquire_failed", "ra")
+        assert granted["event"] == "granted", granted
+        assert all(b.poll_event(f"q{i}") is None for i in range(4)), "one of bob's requests went first"
+        table = arb.status()
+        assert table["gpus"][0]["holder"]["user"] == alice.name
+        assert [q["user"] for q in _queue(table, 0)] == [bob.name] * 4
+        region = granted["region"]
+        # bob may not end alice's region, even with force ...
+        denied = b.call("call", session="own0", request={"op": "release", "region": region, "force": True})
+        assert not denied["ok"] and denied["error"]["type"] == "PermissionDenied", denied
+        assert "krex-admin" in denied["error"]["message"]
+        assert arb.status()["gpus"][0]["holder"]["region"] == region
+        # ... root may
+        root = Session(gpu=1, endpoint=arb.endpoint, name="admin")
+        try:
+            with pytest.raises(NotHolder):  # without force it is the holder's alone, even for root
+                root.call(protocol.Release(region=region))
+            report = root.call(protocol.Release(region=region, force=True))
+        finally:
+            root.close()
+        assert report["released_by"] == "ended by admin uid 0"
+        # and the queue moves on to bob
+        assert b.event("granted|acquire_failed", "q0")["event"] == "granted"
+        assert_healthy(arb, {bob.uid, alice.uid})
+
+
+def test_intruder_hears_its_registration_and_queues_before_it_is_frozen(bob: User, alice: User) -> None:
+    with multi_user_arbiter() as arb, agents() as made:
+        b = Agent(bob, arb)
+        made.append(b)
+        assert b.call("register", tag="b", gpu=1)["ok"]
+        b.call("acquire", tag="rb", session="b", opts={"gpu": 1, "max_hold": 60})  # freeze and isolate
+        assert b.event("granted|acquire_failed", "rb")["event"] == "granted"
+        # a new process of alice's registers on bob's GPU mid-region
+        a = Agent(alice, arb)
+        made.append(a)
+        t0 = time.monotonic()
+        reply = a.call("register", tag="a", gpu=1, timeout=5)
+        heard = time.monotonic() - t0
+        assert reply["ok"], reply
+        queued = a.call("acquire", tag="ra", session="a", opts={"gpu": 1, "max_hold": 60}, timeout=5)
+        assert queued["ok"]
+        deadline = time.monotonic() + 5
+        while not _queue(arb.status(), 1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        queue = _queue(arb.status(), 1)
+        assert [q["user"] for q in queue] == [alice.name] and queue[0]["pid"] == a.pid
+        print(f"alice's intruder heard its registration after {heard * 1e3:.0f} ms and queued")
+        # queueing stops it at once (it is an intruder in bob's region) ...
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and _state(a.pid) != "T":
+            time.sleep(0.02)
+        assert _state(a.pid) == "T", "the intruder runs on in bob's region"
+        # ... and bob's release resumes it and grants it the GPU
+        assert b.call("release", tag="rb")["ok"]
+        assert a.event("granted|acquire_failed", "ra")["event"] == "granted"
+        assert a.call("release", tag="ra")["ok"]
+        assert_healthy(arb, {bob.uid, alice.uid})
+
+
+def _state(pid: int) -> str:
+    from krex_lab.procutil import proc_state
+
+    return proc_state(pid) or "?"
