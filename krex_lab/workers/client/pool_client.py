@@ -271,6 +271,7 @@ class PoolClient:
                         result: JobResult = _result(submit, msg)
                         return result
                 elif not self._pool_alive():
+                    self._drop_socket()  # the next request checks the endpoint afresh
                     return JobResult(ok=False, status="died", job_id=job_id,
                                      exit_code=1 if job.kind == "script" else None,
                                      error=f"the pool (pid {self.info.pid if self.info else '?'}) exited "
