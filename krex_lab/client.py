@@ -38,6 +38,7 @@ from .errors import (
     RegionCancelled,
     error_from_wire,
 )
+from .peercred import listener_credentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,6 +54,20 @@ def _unavailable(endpoint: str, why: str) -> ArbiterUnavailable:
     )
 
 
+def _check_listener(path: str) -> None:
+    """Only root's arbiter (a node's) or our own (an embedded one) gets our requests: another
+    user's process listening at the endpoint would capture registrations and answer with lies."""
+    try:
+        _, uid, _ = listener_credentials(path)
+    except OSError as exc:
+        raise ArbiterUnavailable(f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
+                                 f"with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a "
+                                 "running one.") from None
+    if uid not in (0, os.geteuid()):
+        raise PermissionDenied(f"ipc://{path} is served by uid {uid}, neither root nor you: not an arbiter of "
+                               "this node, nothing was sent to it")
+
+
 class Connection:
     """One DEALER socket to the arbiter, used by one thread at a time."""
 
@@ -60,6 +75,8 @@ class Connection:
         self.endpoint = endpoint or paths.default_endpoint()
         if self.endpoint.startswith("ipc://") and not Path(self.endpoint[6:]).exists():
             raise _unavailable(self.endpoint, "its socket file does not exist")
+        if self.endpoint.startswith("ipc://"):
+            _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.endpoint)

@@ -20,11 +20,11 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import time
 from dataclasses import dataclass
 
 from ..errors import ArbiterUnavailable, PermissionDenied
+from ..peercred import peer_credentials
 from ..procutil import real_and_effective_uid, start_time
 
 log = logging.getLogger("krex.identity")
@@ -33,7 +33,6 @@ log = logging.getLogger("krex.identity")
 TICKET_TTL = 10.0
 #: tickets outstanding at once; beyond it the oldest are dropped (a flood costs memory, not the arbiter)
 MAX_TICKETS = 4096
-_UCRED = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,6 @@ class Identity:
     uid: int
     gid: int
     start: int  # the pid's start time, so a reused pid never inherits the identity
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a connected UNIX socket."""
-    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return pid, uid, gid
 
 
 class Tickets:
@@ -140,10 +133,16 @@ class IdentityServer:
 
 def fetch_ticket(path: str, timeout: float = 5.0) -> str:
     """Client side: a ticket for this process from the arbiter's identity socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(timeout)
         try:
             sock.connect(path)
+            _, uid, _ = peer_credentials(sock)
+            if uid not in (0, os.geteuid()):
+                # Someone else's "arbiter": a ticket from it would be worthless, and it would learn
+                # who we are. Root's (a node arbiter) or our own (an embedded one) only.
+                raise PermissionDenied(f"the identity socket {path} is served by uid {uid}, neither root nor "
+                                       "you: not an arbiter of this node")
             data = b""
             while not data.endswith(b"\n") and len(data) < 4096:
                 chunk = sock.recv(4096)

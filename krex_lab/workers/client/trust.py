@@ -26,16 +26,14 @@ from __future__ import annotations
 import errno
 import os
 import pwd
-import socket
 import stat
-import struct
 from dataclasses import dataclass
 
 from ...errors import PoolUnavailable
+from ...peercred import listener_credentials
 
 #: set to 1 to let a client talk to a pool over tcp (anyone who can reach it could be that "pool")
 ALLOW_TCP_ENV = "KREX_POOL_ALLOW_TCP"
-_UCRED = struct.Struct("3i")
 
 
 def untrusted(message: str) -> PoolUnavailable:
@@ -80,11 +78,7 @@ def peer_uid_of_ipc(path: str) -> int:
 
 def peer_credentials_of_ipc(path: str) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process listening on the UNIX stream socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(2.0)
-        sock.connect(path)
-        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return pid, uid, gid
+    return listener_credentials(path)
 
 
 def _stable_entry(directory: str, entry_uid: int, euid: int) -> str | None:
