@@ -48,6 +48,7 @@ from krex_lab import protocol
 from krex_lab.client import Connection, Exclusive, Session
 from krex_lab.arbiter.identity import fetch_ticket
 from krex_lab.errors import KrexError
+{preimport}
 _uid, _gid = int(sys.argv[1]), int(sys.argv[2])
 os.setgroups([])
 os.setgid(_gid)
@@ -118,16 +119,19 @@ def _env(arb: ArbiterProc) -> dict[str, str]:
             "KREX_RUNTIME_DIR": str(arb.runtime), "KREX_ENDPOINT": arb.endpoint}
 
 
-def spawn_as(user: User, arb: ArbiterProc, code: str, *args: str) -> subprocess.Popen[bytes]:
-    """Start ``code`` (after :data:`PRELUDE`) as ``user``; stdin/stdout are pipes."""
-    return subprocess.Popen([sys.executable, "-c", PRELUDE + code, str(user.uid), str(user.gid), *args],
+def spawn_as(user: User, arb: ArbiterProc, code: str, *args: str, preimport: str = "") -> subprocess.Popen[bytes]:
+    """Start ``code`` (after :data:`PRELUDE`) as ``user``; stdin/stdout are pipes. ``preimport``: more
+    statements to run as root before dropping to the user (imports the user could not read)."""
+    prelude = PRELUDE.replace("{preimport}", preimport)
+    return subprocess.Popen([sys.executable, "-c", prelude + code, str(user.uid), str(user.gid), *args],
                             env=_env(arb), cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
 
 
-def run_as(user: User, arb: ArbiterProc, code: str, *args: str, timeout: float = 60) -> list[dict[str, Any]]:
+def run_as(user: User, arb: ArbiterProc, code: str, *args: str, timeout: float = 60, preimport: str = "",
+           check: bool = True) -> list[dict[str, Any]]:
     """Run ``code`` as ``user`` to its end; returns the JSON lines it printed with ``out(...)``."""
-    proc = spawn_as(user, arb, code, *args)
+    proc = spawn_as(user, arb, code, *args, preimport=preimport)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -135,6 +139,8 @@ def run_as(user: User, arb: ArbiterProc, code: str, *args: str, timeout: float =
         stdout, stderr = proc.communicate()
         raise AssertionError(f"{user.name}'s process ran past {timeout} s: {stderr.decode()[-2000:]}") from None
     lines = [json.loads(x) for x in stdout.decode().splitlines() if x.startswith("{")]
+    if not check:
+        return [{"returncode": proc.returncode, "stdout": stdout.decode(), "stderr": stderr.decode()}]
     assert proc.returncode == 0, f"{user.name}'s process failed ({proc.returncode}): {stderr.decode()[-3000:]}"
     return lines
 
