@@ -71,6 +71,18 @@ def real_and_effective_uid(pid: int) -> tuple[int | None, int | None]:
     return uids.real, uids.effective
 
 
+def task_count(pids: Iterable[int]) -> int:
+    """Threads of these processes, from one ``stat`` each (a task dir has two links plus one per
+    thread): cheap enough to decide, per region, whether thread work belongs off the event loop."""
+    n = 0
+    for pid in pids:
+        try:
+            n += os.stat(f"/proc/{pid}/task").st_nlink - 2
+        except OSError:
+            continue
+    return n
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``, from /proc/PID/task/TID/children (no scan of all processes)."""
     if not _HAS_CHILDREN_FILE:

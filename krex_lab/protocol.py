@@ -84,6 +84,7 @@ class Info(msgspec.Struct, kw_only=True):
     backend: str
     simulated: bool
     capabilities: dict[str, Any]
+    driver: str = ""  # the GPU driver's version, where the backend knows it (NVIDIA)
 
 
 class Registered(msgspec.Struct, kw_only=True):
@@ -93,6 +94,7 @@ class Registered(msgspec.Struct, kw_only=True):
     backend: str
     simulated: bool
     capabilities: dict[str, Any]
+    driver: str = ""
 
 
 class Placement(msgspec.Struct):

@@ -263,6 +263,10 @@ class Service:
         except KrexError as exc:
             peer.reply(None, exc)
             return
+        except Exception as exc:  # a bug in a handler still answers its request
+            log.exception("%s: %s request failed", self.name, type(request).__name__)
+            peer.reply(None, KrexError(f"internal error in the {self.name}: {type(exc).__name__}: {exc}"))
+            return
         if asyncio.iscoroutine(result):
             self.spawn(result).add_done_callback(lambda t: self._finish(t, peer))
         elif result is not DEFERRED:

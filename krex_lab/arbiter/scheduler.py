@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
 from ..gpu.base import GpuProcess
-from ..procutil import ancestors, tree, tree_until
+from ..procutil import ancestors, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer, thaw
@@ -33,6 +33,9 @@ from .region import Region, RegionState, Reply
 from .sessions import Session, SessionTable
 
 log = logging.getLogger("krex.scheduler")
+
+#: up to this many threads, isolation runs on the event loop (cheaper than a thread hand-off)
+INLINE_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -226,8 +229,12 @@ class Scheduler:
             if region.isolate:
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
-                region.isolated = await asyncio.get_running_loop().run_in_executor(
-                    self._threads, self._isolate, region, roots, deadline)
+                if task_count([holder.pid, *roots]) <= INLINE_THREADS:
+                    # A handful of threads: a thread hand-off would cost more than the work.
+                    region.isolated = self._isolate(region, roots, deadline)
+                else:
+                    region.isolated = await asyncio.get_running_loop().run_in_executor(
+                        self._threads, self._isolate, region, roots, deadline)
             region.times["isolate"] = time.monotonic() - t2
             region.times["acquire"] = time.monotonic() - t0
         except Exception as exc:  # never leave a half-enforced region behind
@@ -402,7 +409,10 @@ class Scheduler:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._threads, self.steps.cores.release, region.id)
+            if self.steps.cores.touched(region.id) <= INLINE_THREADS:
+                self.steps.cores.release(region.id)
+            else:
+                await asyncio.get_running_loop().run_in_executor(self._threads, self.steps.cores.release, region.id)
             thaw(region.frozen)
             region.drain.closed = True
             errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)

@@ -129,6 +129,11 @@ class CoreBook:
         result.moved_pids = sorted(moved)
         return result
 
+    def touched(self, region: str) -> int:
+        """How many threads ``region`` has re-pinned (what its release must restore)."""
+        held = self._held.get(region)
+        return len(held.touched) if held is not None else 0
+
     def release(self, region: str) -> int:
         """Give back ``region``'s cores; every thread it touched gets what is left of its original."""
         with self._lock:

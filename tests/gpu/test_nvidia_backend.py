@@ -612,3 +612,18 @@ def test_lock_refuses_a_process_in_a_frozen_cgroup(child: subprocess.Popen[bytes
         child.kill()
         child.wait()
         group.rmdir()
+
+
+def test_every_backend_description_fits_the_wire() -> None:
+    # hello and register answer with the backend's describe(): a key the wire does not know would
+    # make the arbiter unable to answer at all (as once happened with "driver").
+    import msgspec
+
+    from krex_lab import protocol
+    from krex_lab.gpu.fake import FakeBackend
+
+    for described in (backend().describe(), FakeBackend(1).describe()):
+        info = protocol.Info(version="0", protocol=protocol.VERSION, pid=1, gpus=1, identity="x", events="y",
+                             **described)
+        assert msgspec.structs.asdict(info)["backend"] == described["backend"]
+        protocol.Registered(session="s", token="t", gpu=0, **described)
