@@ -14,11 +14,17 @@ import psutil
 
 
 def _stat_fields(pid: int) -> list[str] | None:
+    # The task-level file: /proc/PID/stat sums over every thread of the group, so reading it for
+    # each of a process's N threads costs O(N^2) (0.27 ms a read beside 3000 threads, 0.01 here).
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
     except OSError:
-        return None
+        try:  # a group whose leader thread has exited
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            return None
     # comm (field 2) may hold spaces and parentheses: split after the *last* ')'.
     rest = raw[raw.rfind(")") + 2 :].split()
     return rest  # rest[0] is the state, rest[19] the start time in clock ticks

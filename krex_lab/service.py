@@ -97,6 +97,8 @@ class Service:
         self.pub = self.ctx.socket(zmq.PUB) if events else None
         if self.pub is not None:
             self.pub.setsockopt(zmq.LINGER, 0)
+            # A subscriber that does not read loses events beyond this, instead of growing us.
+            self.pub.setsockopt(zmq.SNDHWM, 100)
         # Plain (non-asyncio) views of the same sockets: sends never block (ROUTER and PUB drop
         # for a gone or slow peer) and the asyncio socket's per-send futures cost more than the message.
         self._router_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)

@@ -209,7 +209,9 @@ class Scheduler:
         # except those that registered as part of this very region (KREX_REGION).
         apart = self._other_session_pids(region)
         region.exempt = set(ancestors(holder.pid)) | set(tree_until(holder.pid, apart)) | self.steps.own_pids()
-        region.exempt |= {p for pid in region.asked_exempt for p in tree(pid)}
+        # An exempt client's tree stops at sessions too: a pool started by the client it serves
+        # is the client's child, and its other workers must still be drained and frozen.
+        region.exempt |= {p for pid in region.asked_exempt for p in tree_until(pid, apart)}
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in self.sessions.on_gpu(region.gpu)
@@ -264,8 +266,9 @@ class Scheduler:
         frozen = set(region.frozen.pids)
         others = sorted({p for root in roots if root not in frozen
                          for p in tree(root) if p not in frozen and p not in region.exempt})
+        holder = tree_until(region.session.pid, self._other_session_pids(region))
         return self.steps.cores.isolate(
-            region.id, tree(region.session.pid), others, region.cores,
+            region.id, holder, others, region.cores,
             lambda threads: self.steps.journal.record("affinity", region.id, threads=threads), deadline)
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:

@@ -14,8 +14,6 @@ import statistics
 import time
 from typing import Any
 
-import pytest
-
 from krex_lab import protocol
 from krex_lab.client import Connection, Exclusive, Session
 
@@ -101,11 +99,6 @@ def test_isolation_with_a_neighbour_of_8000_threads(bob: User) -> None:
         assert_healthy(arb, {bob.uid})
 
 
-@pytest.mark.xfail(strict=True, reason="krex_lab/arbiter/scheduler.py Scheduler._isolate takes the holder's threads "
-                   "from tree(holder pid), which does not stop at processes that are sessions of their own: another "
-                   "session below the holder (here bob's, under root's) is pinned onto the holder's reserved core "
-                   "(and, thread by thread, without the isolation deadline). Use tree_until(holder, "
-                   "self._other_session_pids(region)) as _grant does for the exemptions.")
 def test_a_session_below_the_holder_is_not_given_the_holders_cores(bob: User) -> None:
     with multi_user_arbiter() as arb:
         # bob's process is a child of this (root) test process, which then holds GPU 0

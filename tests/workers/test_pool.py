@@ -406,3 +406,14 @@ def test_exclusive_flag_runs_the_job_inside_a_region(client: PoolClient) -> None
     assert r.ok and r.value == "1", r
     assert r.region is not None and r.region["gpu"] == 1 and r.region["holder_pid"] == r.worker_pid
     assert r.region["simulated"] is True
+
+
+def test_exclusive_flag_freezes_the_other_workers_though_the_client_started_the_pool(
+        pool: PoolProc, client: PoolClient) -> None:
+    # The region exempts the waiting client's tree; this client (the test) started the pool, so
+    # that tree would hold every worker if it did not stop at sessions (the workers are sessions).
+    pool.wait_ready(60)
+    r = client.run_code("1", gpu=0, exclusive=True)
+    assert r.ok and r.region is not None, r
+    others = [p for p in pool.worker_pids(gpu=0) if p != r.worker_pid]
+    assert others and set(others) <= set(r.region["frozen"]), r.region
