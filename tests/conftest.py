@@ -10,13 +10,9 @@ import pytest
 pytest.register_assert_rewrite("krex_lab.pytest_plugin")  # imported below, before pytest_plugins loads it
 
 from krex_lab.pytest_plugin import ArbiterProc  # noqa: E402
-from krex_lab.pytest_plugin import wait_for as wait_for  # noqa: E402 (re-export, see below)
 from tests.support.procs import Procs, session_processes  # noqa: E402
 
 pytest_plugins = ["krex_lab.pytest_plugin"]
-
-# ``wait_for`` is re-exported only for the tests that still write ``from ..conftest import wait_for``
-# (tests/arbiter/test_journal.py, tests/security/): import it from krex_lab.pytest_plugin instead.
 
 
 @pytest.fixture

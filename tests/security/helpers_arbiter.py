@@ -35,7 +35,7 @@ import psutil
 
 from krex_lab.pytest_plugin import ROOT, ArbiterProc
 
-from .conftest import User, needs_root_and_useradd
+from .users import User, needs_root_and_useradd
 
 #: What every user process runs first: import everything, then become the user.
 PRELUDE = r"""

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from .conftest import User
 from .helpers_arbiter import (
     Agent,
     agents,
@@ -29,6 +28,7 @@ from .helpers_arbiter import (
     spawn_as,
     status_latency,
 )
+from .users import User
 
 MiB = 1 << 20
 

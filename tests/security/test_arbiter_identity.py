@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from .conftest import User
 from .helpers_arbiter import (
     Agent,
     agents,
@@ -30,6 +29,7 @@ from .helpers_arbiter import (
     run_as,
     spawn_as,
 )
+from .users import User
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from typing import Any
 from krex_lab import protocol
 from krex_lab.client import Connection, Exclusive, Session
 
-from .conftest import User
 from .helpers_arbiter import Agent, assert_healthy, kill_tree, multi_user_arbiter, read_line, spawn_as
+from .users import User
 
 ROOT_USER = User("root", 0, 0)
 

@@ -18,7 +18,7 @@ from krex_lab.arbiter.identity import fetch_ticket
 from krex_lab.client import Connection
 from krex_lab.errors import PermissionDenied
 
-from .conftest import User
+from .users import User
 
 LISTENER = r"""
 import os, socket, sys

@@ -27,7 +27,7 @@ from krex_lab.workers.client import PoolClient
 from krex_lab.workers.client import run_cli as _run_cli  # noqa: F401 (loaded before a child drops root)
 from krex_lab.workers.client.trust import peer_uid_of_ipc, verify_ipc_endpoint
 
-from .conftest import User, needs_root_and_useradd
+from .users import User, needs_root_and_useradd
 
 #: bob's fake pool (standard library only: bob may not run the test's interpreter): holds the
 #: endpoint's lock (so a client believes a pool serves there), makes its socket connectable by

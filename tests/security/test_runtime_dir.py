@@ -23,7 +23,7 @@ from krex_lab.paths import UnsafePath, prepare_runtime_dir, proof_dir, runtime_d
 from krex_lab.procutil import proc_state, start_time
 from krex_lab.pytest_plugin import wait_for
 
-from .conftest import User, needs_root_and_useradd
+from .users import User, needs_root_and_useradd
 
 pytestmark = pytest.mark.usefixtures("as_root")
 

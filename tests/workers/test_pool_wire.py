@@ -15,8 +15,7 @@ from krex_lab import protocol
 from krex_lab.errors import InvalidRequest, ProtocolError
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.wire import PoolInfo
-
-from ..pool_support import PoolProc
+from tests.support.pool import PoolProc
 
 
 @pytest.fixture(scope="module")
