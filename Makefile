@@ -17,11 +17,13 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check krex_lab tests benchmarks kernels
+	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check krex_lab tests benchmarks kernels
+	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -76,14 +76,17 @@ print(json.dumps(out), flush=True)
 
 def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int, control: bool) -> dict[str, Any]:
     args = [str(int(cuda)), str(int(busy)), str(int(control))]
-    siblings = [subprocess.Popen([sys.executable, "-c", SIBLING, *args], env=env,
-                                 stdout=subprocess.PIPE, text=True) for _ in range(n)]
+    siblings = [
+        subprocess.Popen([sys.executable, "-c", SIBLING, *args], env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(n)
+    ]
     try:
         for s in siblings:
             assert s.stdout is not None and s.stdout.readline().startswith("ready")
         time.sleep(0.5 if busy else 0.1)
-        holder = subprocess.run([sys.executable, "-c", HOLDER, str(rounds)], env=env, capture_output=True,
-                                text=True, timeout=600)
+        holder = subprocess.run(
+            [sys.executable, "-c", HOLDER, str(rounds)], env=env, capture_output=True, text=True, timeout=600
+        )
         if holder.returncode != 0:
             raise RuntimeError(holder.stderr)
         rows = json.loads(holder.stdout.strip().splitlines()[-1])
@@ -94,9 +97,14 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int,
             s.wait()
     keys = ["acquire", "release", "round_trip", "arbiter_acquire", None, "drain", "freeze", "isolate"]
     ms = {k: [r[i] * 1e3 for r in rows] for i, k in enumerate(keys) if k}
-    result: dict[str, Any] = {"siblings": n, "mode": "busy" if busy else "idle", "cuda_siblings": cuda,
-                              "cooperative_siblings": control,
-                              "rounds": rounds, "frozen_per_region": rows[-1][4]}
+    result: dict[str, Any] = {
+        "siblings": n,
+        "mode": "busy" if busy else "idle",
+        "cuda_siblings": cuda,
+        "cooperative_siblings": control,
+        "rounds": rounds,
+        "frozen_per_region": rows[-1][4],
+    }
     for k, xs in ms.items():
         result[f"{k}_p50_ms"] = round(percentile(xs, 0.5), 4)
         result[f"{k}_p99_ms"] = round(percentile(xs, 0.99), 4)
@@ -110,16 +118,27 @@ def main() -> None:
     p.add_argument("--modes", default="idle", help="idle,busy")
     p.add_argument("--cuda", action="store_true", help="siblings hold a CUDA context (torch)")
     p.add_argument("--rounds", type=int, default=300)
-    p.add_argument("--plain-siblings", action="store_true",
-                   help="siblings without a control channel (frozen but not asked to drain): the floor "
-                        "without the cooperative drain's round trips")
+    p.add_argument(
+        "--plain-siblings",
+        action="store_true",
+        help="siblings without a control channel (frozen but not asked to drain): the floor "
+        "without the cooperative drain's round trips",
+    )
     args = p.parse_args()
     runtime = Path(tempfile.mkdtemp(prefix="krex-latency-"))
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")]))}
-    arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
-                               env=env, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])),
+    }
+    arbiter = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (runtime / "arbiter.sock").exists():
@@ -131,17 +150,28 @@ def main() -> None:
             for n in [int(c) for c in args.counts.split(",")]:
                 r = run_config(env, n, mode == "busy", args.cuda, args.rounds, not args.plain_siblings)
                 results.append(r)
-                print(f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
-                      f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
-                      f"frozen {r['frozen_per_region']}; drain {r['drain_p50_ms']:.2f}, "
-                      f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f})", flush=True)
+                print(
+                    f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
+                    f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
+                    f"frozen {r['frozen_per_region']}; drain {r['drain_p50_ms']:.2f}, "
+                    f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f})",
+                    flush=True,
+                )
     finally:
         arbiter.send_signal(signal.SIGTERM)
         arbiter.wait(10)
     name = "-".join(["arbiter_latency", args.backend] + ["cuda"] * args.cuda + ["plain"] * args.plain_siblings)
-    write_result(name, {"benchmark": "arbiter_latency", "backend": args.backend, "machine": machine(),
-                        "command": " ".join(sys.argv), "results": results,
-                        "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine"})
+    write_result(
+        name,
+        {
+            "benchmark": "arbiter_latency",
+            "backend": args.backend,
+            "machine": machine(),
+            "command": " ".join(sys.argv),
+            "results": results,
+            "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -100,20 +100,25 @@ def part_a(run: Run, repeats: int, have_triton: bool) -> dict[str, Any]:
         ms = [krex_lab.bench(fn, name=f"torch.mm {n}") for _ in range(repeats)]
         medians = [m.median for m in ms]
         entry: dict[str, Any] = {
-            "n": n, "bench_medians_ms": medians, "bench_p95_ms": [m.p95 for m in ms],
-            "bench_noise": [m.rel_stdev for m in ms], "bench_samples": [m.n for m in ms],
-            "bench_discarded": [m.discarded for m in ms], "bench_converged": [m.stop_reason for m in ms],
-            "bench_redone_batches": [m.redone_batches for m in ms], "bench_batch": ms[0].batch,
+            "n": n,
+            "bench_medians_ms": medians,
+            "bench_p95_ms": [m.p95 for m in ms],
+            "bench_noise": [m.rel_stdev for m in ms],
+            "bench_samples": [m.n for m in ms],
+            "bench_discarded": [m.discarded for m in ms],
+            "bench_converged": [m.stop_reason for m in ms],
+            "bench_redone_batches": [m.redone_batches for m in ms],
+            "bench_batch": ms[0].batch,
             "bench_median_ms": median(medians),
             "spread_of_medians_pct": round(100 * (max(medians) - min(medians)) / median(medians), 3),
-            "clocks": ms[-1].clocks, "region": {k: ms[-1].region.get(k) for k in ("gpu", "frozen", "cores")}
-            if ms[-1].region else None, "warnings": sorted({w for m in ms for w in m.warnings}),
+            "clocks": ms[-1].clocks,
+            "region": {k: ms[-1].region.get(k) for k in ("gpu", "frozen", "cores")} if ms[-1].region else None,
+            "warnings": sorted({w for m in ms for w in m.warnings}),
         }
         if have_triton:
             runs = [do_bench_times(fn, median(medians)) for _ in range(3)]
             db = [median(r) for r in runs]
-            entry.update(do_bench_medians_ms=db, do_bench_samples=[len(r) for r in runs],
-                         do_bench_median_ms=median(db))
+            entry.update(do_bench_medians_ms=db, do_bench_samples=[len(r) for r in runs], do_bench_median_ms=median(db))
             entry["agreement_pct"] = pct(entry["bench_median_ms"], entry["do_bench_median_ms"])
             entry["within_2pct"] = abs(entry["agreement_pct"]) <= 100 * AGREEMENT
         out[cls] = entry
@@ -144,8 +149,11 @@ def part_b(run: Run) -> dict[str, Any]:
             for label, size in (("tiny", spec.test_sizes[0]), ("0.05ms", "0.05ms")):
                 try:
                     r = spec.check(cand, size)
-                    entry[label] = {"ok": r.ok, "max_abs_error": r.outputs[0].max_abs_error,
-                                    "max_rel_error": r.outputs[0].max_rel_error}
+                    entry[label] = {
+                        "ok": r.ok,
+                        "max_abs_error": r.outputs[0].max_abs_error,
+                        "max_rel_error": r.outputs[0].max_rel_error,
+                    }
                 except Exception as exc:  # CheckFailed, or the candidate itself failed
                     entry[label] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
             out[f"{name}/{cand}"] = entry
@@ -171,14 +179,25 @@ def part_c(run: Run, have_triton: bool) -> dict[str, Any]:
                     row[cand] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
                     print(f"C {name}/{cand} {preset}: {row[cand]['error']}", flush=True)
                     continue
-                r = {"median_ms": m.median, "p5_ms": m.p5, "p95_ms": m.p95, "noise": m.rel_stdev, "samples": m.n,
-                     "discarded": m.discarded, "stop_reason": m.stop_reason, "batch": m.batch,
-                     "vs_estimate": round(m.median / row["estimate_ms"], 3),
-                     "bandwidth_gbs": round(spec.work(**spec.size(preset)).bytes / (m.median * 1e6), 1)}
+                r = {
+                    "median_ms": m.median,
+                    "p5_ms": m.p5,
+                    "p95_ms": m.p95,
+                    "noise": m.rel_stdev,
+                    "samples": m.n,
+                    "discarded": m.discarded,
+                    "stop_reason": m.stop_reason,
+                    "batch": m.batch,
+                    "vs_estimate": round(m.median / row["estimate_ms"], 3),
+                    "bandwidth_gbs": round(spec.work(**spec.size(preset)).bytes / (m.median * 1e6), 1),
+                }
                 if have_triton and cand == "optimised" and TARGET[preset] >= 0.1:
                     db = median(do_bench_times(functools.partial(fn, *ins, *outs), m.median))
-                    r.update(do_bench_median_ms=db, agreement_pct=pct(m.median, db),
-                             within_2pct=abs(pct(m.median, db)) <= 100 * AGREEMENT)
+                    r.update(
+                        do_bench_median_ms=db,
+                        agreement_pct=pct(m.median, db),
+                        within_2pct=abs(pct(m.median, db)) <= 100 * AGREEMENT,
+                    )
                 row[cand] = r
             out.setdefault(name, {})[preset] = row
             del ins, outs
@@ -187,12 +206,16 @@ def part_c(run: Run, have_triton: bool) -> dict[str, Any]:
 
 
 def table(doc: dict[str, Any]) -> str:
-    lines = [f"A. torch fp32 matmul, alone: krex_lab.bench (x{doc['repeats']}) vs triton do_bench (x3), medians in ms",
-             f"{'class':7s} {'n':>5s} {'bench':>10s} {'spread':>8s} {'do_bench':>10s} {'agree':>8s}  noise  kept/disc"]
+    lines = [
+        f"A. torch fp32 matmul, alone: krex_lab.bench (x{doc['repeats']}) vs triton do_bench (x3), medians in ms",
+        f"{'class':7s} {'n':>5s} {'bench':>10s} {'spread':>8s} {'do_bench':>10s} {'agree':>8s}  noise  kept/disc",
+    ]
     for cls, e in doc["torch_matmul"].items():
-        lines.append(f"{cls:7s} {e['n']:5d} {e['bench_median_ms']:10.5f} {e['spread_of_medians_pct']:7.3f}% "
-                     f"{e.get('do_bench_median_ms', float('nan')):10.5f} {e.get('agreement_pct', float('nan')):7.3f}%  "
-                     f"{median(e['bench_noise']):.2%}  {sum(e['bench_samples'])}/{sum(e['bench_discarded'])}")
+        lines.append(
+            f"{cls:7s} {e['n']:5d} {e['bench_median_ms']:10.5f} {e['spread_of_medians_pct']:7.3f}% "
+            f"{e.get('do_bench_median_ms', float('nan')):10.5f} {e.get('agreement_pct', float('nan')):7.3f}%  "
+            f"{median(e['bench_noise']):.2%}  {sum(e['bench_samples'])}/{sum(e['bench_discarded'])}"
+        )
     bad = [k for k, v in doc["checks"].items() if not all(x.get("ok") for x in v.values())]
     lines.append(f"B. checks on the GPU: {len(doc['checks'])} candidates, failing: {bad or 'none'}")
     lines.append("C. kernels/ presets: median ms (estimate) naive | optimised [do_bench agreement]")
@@ -203,8 +226,10 @@ def table(doc: dict[str, Any]) -> str:
                 lines.append(f"  {name:10s} {preset:6s} ERROR {opt.get('error') or nai.get('error')}"[:200])
                 continue
             agree = f" [{opt['agreement_pct']:+.2f}%]" if "agreement_pct" in opt else ""
-            lines.append(f"  {name:10s} {preset:6s} ({row['estimate_ms']:.4f})  {nai.get('median_ms', 0):10.4f} | "
-                         f"{opt.get('median_ms', 0):10.4f}{agree}  {opt.get('bandwidth_gbs', 0):.0f} GB/s")
+            lines.append(
+                f"  {name:10s} {preset:6s} ({row['estimate_ms']:.4f})  {nai.get('median_ms', 0):10.4f} | "
+                f"{opt.get('median_ms', 0):10.4f}{agree}  {opt.get('bandwidth_gbs', 0):.0f} GB/s"
+            )
     if doc.get("errors"):
         lines.append(f"parts that failed: {sorted(doc['errors'])}")
     if doc["skipped"]:
@@ -224,8 +249,11 @@ def main() -> int:
     except ImportError:
         gpu = False
     if not gpu:
-        print("bench_vs_do_bench: no CUDA GPU here (torch with CUDA is needed); nothing measured. "
-              "Run it on the GPU machine: bash benchmarks/device_run.sh bench", file=sys.stderr)
+        print(
+            "bench_vs_do_bench: no CUDA GPU here (torch with CUDA is needed); nothing measured. "
+            "Run it on the GPU machine: bash benchmarks/device_run.sh bench",
+            file=sys.stderr,
+        )
         return 2
     try:
         import triton.testing  # do_bench itself is imported where it is used
@@ -234,14 +262,24 @@ def main() -> int:
     except ImportError:
         have_triton = False
     tmp = Path(tempfile.mkdtemp(prefix="krex-bench-"))
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp), "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(tmp),
+        "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     os.environ.update({k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT")})
     os.environ.pop("KREX_GPU", None)
     arbiter, hello = start_arbiter(env, "nvidia", tmp / "arbiter.log")
     run = Run(args.budget)
-    doc: dict[str, Any] = {"benchmark": "bench_vs_do_bench", "machine": machine(), "backend": hello.get("backend"),
-                           "repeats": args.repeats, "triton": have_triton, "target_agreement_pct": 100 * AGREEMENT}
+    doc: dict[str, Any] = {
+        "benchmark": "bench_vs_do_bench",
+        "machine": machine(),
+        "backend": hello.get("backend"),
+        "repeats": args.repeats,
+        "triton": have_triton,
+        "target_agreement_pct": 100 * AGREEMENT,
+    }
     try:
         import krex_lab
 
@@ -256,8 +294,11 @@ def main() -> int:
         doc["versions"]["numba"] = numba.__version__
         doc["device"] = torch.cuda.get_device_name(0)
         doc["session"] = session.id
-        for key, part in (("torch_matmul", lambda: part_a(run, args.repeats, have_triton)),
-                          ("checks", lambda: part_b(run)), ("kernels", lambda: part_c(run, have_triton))):
+        for key, part in (
+            ("torch_matmul", lambda: part_a(run, args.repeats, have_triton)),
+            ("checks", lambda: part_b(run)),
+            ("kernels", lambda: part_c(run, have_triton)),
+        ):
             try:
                 doc[key] = part()
             except Exception:  # keep what the other parts measure
@@ -268,10 +309,15 @@ def main() -> int:
         stop_arbiter(arbiter)
     doc["skipped"] = run.skipped
     doc["wall_s"] = round(time.monotonic() - run.t0, 1)
-    agreements = [e["agreement_pct"] for cls, e in doc["torch_matmul"].items() if TARGET[cls] >= 0.1
-                  and "agreement_pct" in e]
-    agreements += [r["optimised"]["agreement_pct"] for presets in doc["kernels"].values() for r in presets.values()
-                   if "agreement_pct" in r.get("optimised", {})]
+    agreements = [
+        e["agreement_pct"] for cls, e in doc["torch_matmul"].items() if TARGET[cls] >= 0.1 and "agreement_pct" in e
+    ]
+    agreements += [
+        r["optimised"]["agreement_pct"]
+        for presets in doc["kernels"].values()
+        for r in presets.values()
+        if "agreement_pct" in r.get("optimised", {})
+    ]
     doc["summary"] = {
         "agreement_pct_range": [min(agreements), max(agreements)] if agreements else None,
         "all_within_2pct": all(abs(a) <= 100 * AGREEMENT for a in agreements) if agreements else None,

@@ -28,8 +28,12 @@ def machine() -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     try:
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10)
+        gpus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if gpus.returncode == 0:
             info["gpus"] = [line.strip() for line in gpus.stdout.splitlines() if line.strip()]
     except (OSError, subprocess.TimeoutExpired):

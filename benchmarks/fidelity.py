@@ -91,7 +91,7 @@ class Child:
                 raise RuntimeError(f"{self.role} exited (rc {self.proc.wait()})")
             if line.startswith(prefix):
                 try:
-                    return dict(json.loads(line[len(prefix):]))
+                    return dict(json.loads(line[len(prefix) :]))
                 except ValueError:
                     continue
 
@@ -125,10 +125,17 @@ def gpu_info(index: int = 0) -> dict[str, Any] | None:
             return None
         sm, mem = nvml.clocks(index)
         mask = nvml.clock_event_reasons(index)
-        return {"name": nvml.name(index), "uuid": nvml.uuid(index), "driver": nvml.driver_version(),
-                "gpus": nvml.device_count(), "sm_clock_mhz": sm, "mem_clock_mhz": mem,
-                "utilization": nvml.utilization(index), "memory_used": nvml.memory(index)[1],
-                "throttle_reasons": decode_throttle_reasons(mask) if mask is not None else []}
+        return {
+            "name": nvml.name(index),
+            "uuid": nvml.uuid(index),
+            "driver": nvml.driver_version(),
+            "gpus": nvml.device_count(),
+            "sm_clock_mhz": sm,
+            "mem_clock_mhz": mem,
+            "utilization": nvml.utilization(index),
+            "memory_used": nvml.memory(index)[1],
+            "throttle_reasons": decode_throttle_reasons(mask) if mask is not None else [],
+        }
     except Exception as exc:
         print(f"fidelity: NVML: {exc}", file=sys.stderr)
         return None
@@ -142,13 +149,19 @@ def stats(samples: list[float]) -> dict[str, Any]:
     return {"median_ms": s[len(s) // 2], "p95_ms": p95, "min_ms": s[0], "max_ms": s[-1], "samples": len(s)}
 
 
-def start_arbiter(env: dict[str, str], backend: str, log_path: Path,
-                  extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Any]:
+def start_arbiter(
+    env: dict[str, str], backend: str, log_path: Path, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], Any]:
     from krex_lab import client
 
     with open(log_path, "wb") as log:  # the child keeps its own descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", backend, *extra],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", backend, *extra],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -185,8 +198,9 @@ def _condition(victim: Child, cond: str) -> dict[str, Any]:
         return {**entry, "error": reply["error"]}
     entry.update({k: v for k, v in reply.items() if k != "results"})
     entry["results"] = {
-        cls: {m: {**stats(r["samples_ms"]), **{k: v for k, v in r.items() if k != "samples_ms"}}
-              for m, r in per.items()}
+        cls: {
+            m: {**stats(r["samples_ms"]), **{k: v for k, v in r.items() if k != "samples_ms"}} for m, r in per.items()
+        }
         for cls, per in reply["results"].items()
     }
     entry["_samples"] = {c: {m: r["samples_ms"] for m, r in p.items()} for c, p in reply["results"].items()}
@@ -199,23 +213,34 @@ def run(args: argparse.Namespace) -> int:
         print("fidelity.py needs an NVIDIA GPU (NVML found none here); nothing measured.", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="krex-fidelity-"))
-    env = dict(os.environ, KREX_RUNTIME_DIR=str(tmp), KREX_ENDPOINT=f"ipc://{tmp}/arbiter.sock",
-               CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        KREX_RUNTIME_DIR=str(tmp),
+        KREX_ENDPOINT=f"ipc://{tmp}/arbiter.sock",
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        PYTHONUNBUFFERED="1",
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env.pop("KREX_GPU", None)
     if args.skip_krex:
         env.pop("KREX_ENDPOINT")
     started = dt.datetime.now(dt.timezone.utc)
     doc: dict[str, Any] = {
-        "benchmark": "fidelity", "quick": args.quick, "date": started.isoformat(timespec="seconds"),
-        "machine": {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                    "gpu": gpu},
+        "benchmark": "fidelity",
+        "quick": args.quick,
+        "date": started.isoformat(timespec="seconds"),
+        "machine": {
+            "hostname": socket.gethostname(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "gpu": gpu,
+        },
         "method": {
             "launch": "one CUDA event pair per kernel launch; the stream is held by a spin kernel "
-                      "(torch.cuda._sleep) while the batch is enqueued, and a batch is redone if the spin "
-                      "ended first, so host launch latency is outside every interval",
+            "(torch.cuda._sleep) while the batch is enqueued, and a batch is redone if the spin "
+            "ended first, so host launch latency is outside every interval",
             "graph": "CUDA graph of K launches (replay >= 2 ms), one event pair per replay, held stream as "
-                     "above; per-kernel time = replay time / K",
+            "above; per-kernel time = replay time / K",
             "statistics": "median and nearest-rank p95 over samples; inflation = condition / alone - 1",
         },
         "conditions": {},
@@ -232,8 +257,9 @@ def run(args: argparse.Namespace) -> int:
         if "error" in ready:
             print(f"fidelity: {ready['error']}", file=sys.stderr)
             return 2
-        doc["machine"].update({k: ready.get(k) for k in ("torch", "cuda", "device", "has_sleep",
-                                                         "sleep_cycles_per_ms")})
+        doc["machine"].update(
+            {k: ready.get(k) for k in ("torch", "cuda", "device", "has_sleep", "sleep_cycles_per_ms")}
+        )
         print(f"victim ready on {ready['device']} (torch {ready['torch']}); calibrating sizes ...", flush=True)
         doc["classes"] = victim.call({"cmd": "calibrate"}, 600)["classes"]
         for cond in CONDITIONS:
@@ -243,8 +269,11 @@ def run(args: argparse.Namespace) -> int:
                 hogs = [Child("gpu-hog", env) for _ in range(3)]
                 hogs += [Child("cpu-hog", env) for _ in range(os.cpu_count() or 1)]
                 hog_ready = [h.read(180) for h in hogs]
-                doc["contention"] = {"gpu_hogs": 3, "cpu_hogs": len(hogs) - 3,
-                                     "attached": sum(1 for r in hog_ready if r.get("session"))}
+                doc["contention"] = {
+                    "gpu_hogs": 3,
+                    "cpu_hogs": len(hogs) - 3,
+                    "attached": sum(1 for r in hog_ready if r.get("session")),
+                }
                 time.sleep(2.0)  # let time-slicing and clocks settle
             if cond == "alone_after":
                 for h in hogs:
@@ -281,14 +310,22 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for cond, entry in doc["conditions"].items():
         for cls, per in entry.get("results", {}).items():
             for method, st in per.items():
-                row = {"class": cls, "condition": cond, "method": method, "median_ms": round(st["median_ms"], 6),
-                       "p95_ms": round(st["p95_ms"], 6), "samples": st["samples"]}
+                row = {
+                    "class": cls,
+                    "condition": cond,
+                    "method": method,
+                    "median_ms": round(st["median_ms"], 6),
+                    "p95_ms": round(st["p95_ms"], 6),
+                    "samples": st["samples"],
+                }
                 ref = base.get(cls, {}).get(method)
                 if ref:
                     row["p95_inflation_pct"] = st["p95_inflation_pct"] = round(
-                        (st["p95_ms"] / ref["p95_ms"] - 1) * 100, 3)
+                        (st["p95_ms"] / ref["p95_ms"] - 1) * 100, 3
+                    )
                     row["median_inflation_pct"] = st["median_inflation_pct"] = round(
-                        (st["median_ms"] / ref["median_ms"] - 1) * 100, 3)
+                        (st["median_ms"] / ref["median_ms"] - 1) * 100, 3
+                    )
                 rows.append(row)
     return rows
 
@@ -327,10 +364,12 @@ def print_table(doc: dict[str, Any]) -> None:
     krex = doc["conditions"].get("krex", {})
     rep = krex.get("grant_report")
     if rep:
-        print(f"\nKREX region: granted {krex.get('acquire_wall_s', 0) * 1e3:.1f} ms after the request "
-              f"(arbiter acquire {rep.get('acquire_s', 0) * 1e3:.1f} ms); locked {len(rep.get('locked', []))}, "
-              f"drained {len(rep.get('drained', []))}, frozen {len(rep.get('frozen', []))}, "
-              f"cores {rep.get('cores')}, not drained: {rep.get('not_drained') or 'none'}")
+        print(
+            f"\nKREX region: granted {krex.get('acquire_wall_s', 0) * 1e3:.1f} ms after the request "
+            f"(arbiter acquire {rep.get('acquire_s', 0) * 1e3:.1f} ms); locked {len(rep.get('locked', []))}, "
+            f"drained {len(rep.get('drained', []))}, frozen {len(rep.get('frozen', []))}, "
+            f"cores {rep.get('cores')}, not drained: {rep.get('not_drained') or 'none'}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

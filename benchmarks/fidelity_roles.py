@@ -165,8 +165,7 @@ class Victim:
                 "launch_batch": max(1, min(100, math.ceil(BATCH_MS / t_best))),
                 "graph_batch": max(1, min(50, math.ceil(BATCH_MS / (t_best * k)))),
             }
-            out[name] = {"n": n_best, "target_ms": target, "calibrated_ms": t_best, "graph_k": k,
-                         "tried": tried}
+            out[name] = {"n": n_best, "target_ms": target, "calibrated_ms": t_best, "graph_k": k, "tried": tried}
             n = n_best
         return out
 
@@ -204,10 +203,18 @@ def victim_main(quick: bool) -> None:
         import krex_lab
 
         session = krex_lab.attach(gpu=0, name="fidelity-victim")
-    _say({"ready": True, "torch": torch.__version__, "cuda": torch.version.cuda,
-          "device": torch.cuda.get_device_name(0), "pid": os.getpid(),
-          "has_sleep": victim.timer.has_sleep, "sleep_cycles_per_ms": victim.timer.cycles_per_ms,
-          "session": getattr(session, "id", None)})
+    _say(
+        {
+            "ready": True,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0),
+            "pid": os.getpid(),
+            "has_sleep": victim.timer.has_sleep,
+            "sleep_cycles_per_ms": victim.timer.cycles_per_ms,
+            "session": getattr(session, "id", None),
+        }
+    )
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -225,8 +232,15 @@ def victim_main(quick: bool) -> None:
                     t_in = time.perf_counter()
                     results = victim.measure(quick)
                     wall = time.perf_counter() - t_in
-                _say({"results": results, "wall_s": wall, "acquire_wall_s": t_in - t,
-                      "grant_report": granted, "release_report": dict(region.report)})
+                _say(
+                    {
+                        "results": results,
+                        "wall_s": wall,
+                        "acquire_wall_s": t_in - t,
+                        "grant_report": granted,
+                        "release_report": dict(region.report),
+                    }
+                )
         except Exception as exc:
             _say({"error": repr(exc)})
 

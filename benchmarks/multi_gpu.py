@@ -92,8 +92,9 @@ class SimVictim:
     """``--backend fake``: no CUDA. A "kernel" is a CPU spin of the class's length; orchestration only."""
 
     def calibrate(self, classes: list[tuple[str, float]]) -> dict[str, Any]:
-        return {name: {"n": 0, "target_ms": t, "calibrated_ms": t, "graph_k": 1, "simulated": True}
-                for name, t in classes}
+        return {
+            name: {"n": 0, "target_ms": t, "calibrated_ms": t, "graph_k": 1, "simulated": True} for name, t in classes
+        }
 
     @staticmethod
     def _spin(ms: float) -> float:
@@ -106,10 +107,15 @@ class SimVictim:
         res: dict[str, Any] = {}
         for name, t in classes:
             n = (100 if t < 0.5 else 30) // (2 if quick else 1)
-            res[name] = {"launch": {"samples_ms": [self._spin(t) for _ in range(n)], "held": False,
-                                    "redone_batches": 0},
-                         "graph": {"samples_ms": [self._spin(t) for _ in range(n // 2)], "k": 1, "held": False,
-                                   "redone_batches": 0}}
+            res[name] = {
+                "launch": {"samples_ms": [self._spin(t) for _ in range(n)], "held": False, "redone_batches": 0},
+                "graph": {
+                    "samples_ms": [self._spin(t) for _ in range(n // 2)],
+                    "k": 1,
+                    "held": False,
+                    "redone_batches": 0,
+                },
+            }
         return res
 
 
@@ -122,12 +128,22 @@ def victim_role(gpu: int, simulated: bool, quick: bool) -> None:
         return
     import krex_lab
 
-    ready: dict[str, Any] = {"ready": True, "pid": os.getpid(), "gpu": gpu, "simulated": simulated,
-                             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    ready: dict[str, Any] = {
+        "ready": True,
+        "pid": os.getpid(),
+        "gpu": gpu,
+        "simulated": simulated,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
     if not simulated:
         torch = victim.torch
-        ready.update(torch=torch.__version__, cuda=torch.version.cuda, device=torch.cuda.get_device_name(0),
-                     has_sleep=victim.timer.has_sleep, sleep_cycles_per_ms=victim.timer.cycles_per_ms)
+        ready.update(
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            device=torch.cuda.get_device_name(0),
+            has_sleep=victim.timer.has_sleep,
+            sleep_cycles_per_ms=victim.timer.cycles_per_ms,
+        )
     _say(ready)
     region: Any = None
     t_release_sent = 0.0
@@ -211,9 +227,18 @@ def holder_role(gpu: int) -> None:
         after = cpu()
         t_release_sent = time.time()
         report = dict(region.release())
-        _say({"region": region.id, "t_granted": t_granted, "t_release_sent": t_release_sent, "report": report,
-              "cpu_gain_s": {k: round(after[k] - before[k], 4) for k in watch}, "cpus_of": cpus, "states": states,
-              "sampled_s": round(t_release_sent - t_granted, 4)})
+        _say(
+            {
+                "region": region.id,
+                "t_granted": t_granted,
+                "t_release_sent": t_release_sent,
+                "report": report,
+                "cpu_gain_s": {k: round(after[k] - before[k], 4) for k in watch},
+                "cpus_of": cpus,
+                "states": states,
+                "sampled_s": round(t_release_sent - t_granted, 4),
+            }
+        )
         n += 1
         time.sleep(cmd.get("gap_s", 0.05))
     _say({"done": n})
@@ -255,7 +280,8 @@ def ensure_provisioner_entry_point(tmp: Path) -> str:
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: krex-lab-multi-gpu-shim\nVersion: 0\n")
     (info / "entry_points.txt").write_text(
-        f"[{PROVISIONER_GROUP}]\nkrex-provisioner = krex_lab.provisioner:KrexProvisioner\n")
+        f"[{PROVISIONER_GROUP}]\nkrex-provisioner = krex_lab.provisioner:KrexProvisioner\n"
+    )
     sys.path.insert(0, str(info.parent))
     importlib.invalidate_caches()
     if not found():
@@ -266,10 +292,19 @@ def ensure_provisioner_entry_point(tmp: Path) -> str:
 def measured(reply: dict[str, Any]) -> dict[str, Any]:
     """A victim's measure reply -> per class and method: stats (samples kept apart under ``_samples``)."""
     res = reply["results"]
-    return {"t0": reply["t0"], "t1": reply["t1"], "in_region": reply.get("in_region", False),
-            "results": {cls: {m: {**stats(r["samples_ms"]), **{k: v for k, v in r.items() if k != "samples_ms"}}
-                              for m, r in per.items()} for cls, per in res.items()},
-            "_samples": {cls: {m: r["samples_ms"] for m, r in per.items()} for cls, per in res.items()}}
+    return {
+        "t0": reply["t0"],
+        "t1": reply["t1"],
+        "in_region": reply.get("in_region", False),
+        "results": {
+            cls: {
+                m: {**stats(r["samples_ms"]), **{k: v for k, v in r.items() if k != "samples_ms"}}
+                for m, r in per.items()
+            }
+            for cls, per in res.items()
+        },
+        "_samples": {cls: {m: r["samples_ms"] for m, r in per.items()} for cls, per in res.items()},
+    }
 
 
 def add_inflation(entry: dict[str, Any], base: dict[str, Any]) -> None:
@@ -282,8 +317,12 @@ def add_inflation(entry: dict[str, Any], base: dict[str, Any]) -> None:
 
 
 def within_targets(entry: dict[str, Any]) -> dict[str, bool]:
-    return {f"{cls}/{m}": st.get("p95_inflation_pct", float("inf")) <= TARGETS[cls]
-            for cls, per in entry["results"].items() for m, st in per.items() if cls in TARGETS}
+    return {
+        f"{cls}/{m}": st.get("p95_inflation_pct", float("inf")) <= TARGETS[cls]
+        for cls, per in entry["results"].items()
+        for m, st in per.items()
+        if cls in TARGETS
+    }
 
 
 def coverage(interval: tuple[float, float], holds: list[tuple[float, float]]) -> float:
@@ -311,20 +350,24 @@ class MultiGpu:
         self.arbiter: Any = None
         self.checks: dict[str, bool] = {}
         self.doc: dict[str, Any] = {
-            "benchmark": "multi_gpu", "simulated": self.simulated, "quick": args.quick,
+            "benchmark": "multi_gpu",
+            "simulated": self.simulated,
+            "quick": args.quick,
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "machine": {**machine(), "nvml_gpus": gpus},
             "method": {
                 "timing": "fidelity_roles.Victim (imported): fp32 torch matmuls sized for ~0.1 and ~1 ms; 'launch' = "
-                          "one CUDA event pair per launch, 'graph' = CUDA graph of K launches, per-kernel time = "
-                          "replay / K; every batch is enqueued behind a spin kernel holding the stream, so host launch "
-                          "latency is outside every interval",
+                "one CUDA event pair per launch, 'graph' = CUDA graph of K launches, per-kernel time = "
+                "replay / K; every batch is enqueued behind a spin kernel holding the stream, so host launch "
+                "latency is outside every interval",
                 "statistics": "median and nearest-rank p95 (fidelity.stats); inflation = condition / alone - 1",
                 "targets_p95_inflation_pct": TARGETS,
                 "samples": {cls: SAMPLES[args.quick][cls] for cls, _ in TIMED},
                 "cpu_hogs": self.cpu_hogs,
             },
-            "victims": {}, "alone": {}, "alone_after": {},
+            "victims": {},
+            "alone": {},
+            "alone_after": {},
         }
         if self.simulated:
             self.doc["method"]["timing"] = "SIMULATED (fake backend, no CUDA): CPU spins stand in for kernels"
@@ -332,8 +375,14 @@ class MultiGpu:
     # -- processes ------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
         tmp = self.tmp
-        env = dict(os.environ, KREX_RUNTIME_DIR=str(tmp), KREX_ENDPOINT=f"ipc://{tmp}/arbiter.sock",
-                   PYTHONUNBUFFERED="1", JUPYTER_RUNTIME_DIR=str(tmp / "jupyter"), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+        env = dict(
+            os.environ,
+            KREX_RUNTIME_DIR=str(tmp),
+            KREX_ENDPOINT=f"ipc://{tmp}/arbiter.sock",
+            PYTHONUNBUFFERED="1",
+            JUPYTER_RUNTIME_DIR=str(tmp / "jupyter"),
+            CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        )
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
         share = REPO / "extension" / "share" / "jupyter"
         env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(share), os.environ.get("JUPYTER_PATH", "")) if p)
@@ -351,8 +400,16 @@ class MultiGpu:
 
     def spawn(self, name: str, gpu: int, role: str) -> Child:
         if role in ("victim", "holder"):
-            argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--gpu", str(gpu),
-                    "--backend", self.args.backend] + (["--quick"] if self.args.quick else [])
+            argv = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--role",
+                role,
+                "--gpu",
+                str(gpu),
+                "--backend",
+                self.args.backend,
+            ] + (["--quick"] if self.args.quick else [])
         else:  # fidelity_roles.py's gpu-hog / cpu-hog, registered on $KREX_GPU
             argv = [sys.executable, str(HERE / "fidelity_roles.py"), role]
         child = Child(name, self.gpu_env(gpu), argv=argv)
@@ -372,8 +429,10 @@ class MultiGpu:
             if not reply.get("session"):
                 raise RuntimeError(f"{child.role} did not register with the arbiter: {reply}")
             self.hogs[gpu].append(child.role)
-        say(f"GPU {gpu}: {'a GPU hog and ' if gpu_hog else ''}{cpu_hogs} CPU busy loop(s) running, all sessions "
-            f"of GPU {gpu}")
+        say(
+            f"GPU {gpu}: {'a GPU hog and ' if gpu_hog else ''}{cpu_hogs} CPU busy loop(s) running, all sessions "
+            f"of GPU {gpu}"
+        )
 
     def stop_hogs(self) -> None:
         names = {n for names in self.hogs.values() for n in names}
@@ -415,8 +474,10 @@ class MultiGpu:
             extra = ("--fake-gpus", "2") if self.simulated else ()
             self.arbiter, hello = start_arbiter(self.env, self.args.backend, self.tmp / "arbiter.log", extra)
             doc["arbiter"] = {"backend": self.args.backend, "hello": hello}
-            say(f"arbiter up: backend {hello.get('backend')}, {hello.get('gpus')} GPUs, "
-                f"driver lock {'yes' if hello.get('capabilities', {}).get('lock') else 'no'}")
+            say(
+                f"arbiter up: backend {hello.get('backend')}, {hello.get('gpus')} GPUs, "
+                f"driver lock {'yes' if hello.get('capabilities', {}).get('lock') else 'no'}"
+            )
             if hello.get("gpus", 0) < 2:
                 raise RuntimeError(f"the arbiter sees {hello.get('gpus')} GPU(s), not 2")
             timing = bool(self.parts & {"B", "C"})
@@ -471,8 +532,12 @@ class MultiGpu:
         except Terminated:
             raise
         except Exception as exc:
-            print(f"A: krex kernels through jupyter_client failed ({exc!r}); FALLING BACK to 4 krex_lab.attach() "
-                  "processes: placement by the arbiter, not by the kernel provisioner", file=sys.stderr, flush=True)
+            print(
+                f"A: krex kernels through jupyter_client failed ({exc!r}); FALLING BACK to 4 krex_lab.attach() "
+                "processes: placement by the arbiter, not by the kernel provisioner",
+                file=sys.stderr,
+                flush=True,
+            )
             result = self._attachers(4)
             result.update(method="attach", kernel_error=repr(exc))
         result["wall_s"] = round(time.monotonic() - t0, 2)
@@ -481,8 +546,10 @@ class MultiGpu:
         self.checks["A_two_per_gpu"] = gpus == [0, 0, 1, 1]
         self.checks["A_env_agrees"] = all(k["env_ok"] for k in result["placed"])
         self.checks["A_sessions_end"] = result.get("sessions_left", 0) == 0
-        say(f"A ({result['method']}): GPUs {[k['gpu'] for k in result['placed']]}, env agrees: "
-            f"{self.checks['A_env_agrees']}, {result['wall_s']} s")
+        say(
+            f"A ({result['method']}): GPUs {[k['gpu'] for k in result['placed']]}, env agrees: "
+            f"{self.checks['A_env_agrees']}, {result['wall_s']} s"
+        )
         return result
 
     def _env_ok(self, gpu: int, krex_gpu: str | None, cvd: str | None) -> bool:
@@ -542,16 +609,26 @@ class MultiGpu:
                 s = sessions.get(pid or -1)
                 if s is None:
                     raise RuntimeError(f"kernel pid {pid} has no session of role 'kernel' at the arbiter")
-                placed.append({"pid": pid, "kernel_pid": int(kpid) if kpid else None, "gpu": s["gpu"],
-                               "session": s["id"], "name": s["name"], "krex_gpu": krex_gpu,
-                               "cuda_visible_devices": cvd, "env_ok": self._env_ok(s["gpu"], krex_gpu, cvd)})
+                placed.append(
+                    {
+                        "pid": pid,
+                        "kernel_pid": int(kpid) if kpid else None,
+                        "gpu": s["gpu"],
+                        "session": s["id"],
+                        "name": s["name"],
+                        "krex_gpu": krex_gpu,
+                        "cuda_visible_devices": cvd,
+                        "env_ok": self._env_ok(s["gpu"], krex_gpu, cvd),
+                    }
+                )
             result["placed"] = placed
             return result
         finally:
             for kc in clients:
                 kc.stop_channels()
-            await asyncio.gather(*(km.shutdown_kernel(now=True) for km in managers if km.has_kernel),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                *(km.shutdown_kernel(now=True) for km in managers if km.has_kernel), return_exceptions=True
+            )
             deadline = time.monotonic() + 10
             while kernel_sessions() and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
@@ -560,8 +637,10 @@ class MultiGpu:
     def _attachers(self, n: int) -> dict[str, Any]:
         from krex_lab import client
 
-        code = ("import json, os, sys, krex_lab; s = krex_lab.attach(name='multi-gpu-placement'); "
-                f"print({MSG!r} + json.dumps({{'gpu': s.gpu, 'pid': os.getpid()}}), flush=True); sys.stdin.read()")
+        code = (
+            "import json, os, sys, krex_lab; s = krex_lab.attach(name='multi-gpu-placement'); "
+            f"print({MSG!r} + json.dumps({{'gpu': s.gpu, 'pid': os.getpid()}}), flush=True); sys.stdin.read()"
+        )
         procs = []
         try:
             for k in range(n):  # one at a time: each registers before the next is placed
@@ -570,8 +649,15 @@ class MultiGpu:
                 child.read(60, MSG)
             st = client.status(self.env["KREX_ENDPOINT"])
             sessions = {s["pid"]: s for g in st["gpus"] for s in g["sessions"]}
-            placed = [{"pid": c.proc.pid, "gpu": sessions[c.proc.pid]["gpu"], "session": sessions[c.proc.pid]["id"],
-                       "env_ok": True} for c in procs]
+            placed = [
+                {
+                    "pid": c.proc.pid,
+                    "gpu": sessions[c.proc.pid]["gpu"],
+                    "session": sessions[c.proc.pid]["id"],
+                    "env_ok": True,
+                }
+                for c in procs
+            ]
         finally:
             for c in procs:
                 c.kill()
@@ -630,44 +716,78 @@ class MultiGpu:
         holder.kill()
         self.children.remove(holder)
         add_inflation(during, self.doc["alone"]["gpu1"])
-        during["region_coverage"] = round(coverage((during["t0"], during["t1"]),
-                                                   [(r["t_granted"], r["t_release_sent"]) for r in regions]), 3)
+        during["region_coverage"] = round(
+            coverage((during["t0"], during["t1"]), [(r["t_granted"], r["t_release_sent"]) for r in regions]), 3
+        )
         rows = []
         for r in regions:
             rep = r["report"]
             cores = set(rep["cores"])
-            rows.append({
-                "region": r["region"], "t_granted": r["t_granted"], "t_release_sent": r["t_release_sent"],
-                **{k: rep[k] for k in ("locked", "frozen", "moved", "drained", "cores", "not_drained", "degraded",
-                                       "failures", "acquire_s", "hold_s", "lock_capable") if k in rep},
-                "cpu_gain_s": r["cpu_gain_s"], "states": r["states"], "cpus_of": r["cpus_of"],
-                "gpu1_off_reserved_cores": all(not cores & set(r["cpus_of"][n]) for n in gpu1),
-            })
+            rows.append(
+                {
+                    "region": r["region"],
+                    "t_granted": r["t_granted"],
+                    "t_release_sent": r["t_release_sent"],
+                    **{
+                        k: rep[k]
+                        for k in (
+                            "locked",
+                            "frozen",
+                            "moved",
+                            "drained",
+                            "cores",
+                            "not_drained",
+                            "degraded",
+                            "failures",
+                            "acquire_s",
+                            "hold_s",
+                            "lock_capable",
+                        )
+                        if k in rep
+                    },
+                    "cpu_gain_s": r["cpu_gain_s"],
+                    "states": r["states"],
+                    "cpus_of": r["cpus_of"],
+                    "gpu1_off_reserved_cores": all(not cores & set(r["cpus_of"][n]) for n in gpu1),
+                }
+            )
         lockable = bool(regions and regions[0]["report"].get("lock_capable"))
         hold = self.args.hold
-        self.checks.update({
-            "B_regions_taken": len(rows) >= 1,
-            "B_gpu0_others_frozen": all(set(gpu0.values()) <= set(r["frozen"]) for r in rows),
-            "B_gpu0_gpu_processes_locked": (not lockable) or all(
-                {gpu0["gpu0-hog"], gpu0["victim0"]} <= set(r["locked"]) for r in rows),
-            "B_gpu0_frozen_gain_no_cpu": all(r["cpu_gain_s"][n] <= 0.01 + 0.02 * hold for r in rows for n in gpu0),
-            "B_gpu1_not_frozen_or_locked": all(not set(gpu1.values()) & set(r["frozen"] + r["locked"] + r["drained"])
-                                               for r in rows),
-            "B_gpu1_moved": all(set(gpu1.values()) <= set(r["moved"]) for r in rows),
-            "B_gpu1_kept_running": all(r["cpu_gain_s"]["gpu1-cpu-hog-0"] >= 0.25 * hold
-                                       and r["states"]["victim1"] != "T" for r in rows),
-            "B_gpu1_off_reserved_cores": all(r["gpu1_off_reserved_cores"] for r in rows),
-            "B_not_degraded": all(not r["degraded"] for r in rows),
-            "B_measured_inside_regions": during["region_coverage"] >= 0.8,
-        })
+        self.checks.update(
+            {
+                "B_regions_taken": len(rows) >= 1,
+                "B_gpu0_others_frozen": all(set(gpu0.values()) <= set(r["frozen"]) for r in rows),
+                "B_gpu0_gpu_processes_locked": (not lockable)
+                or all({gpu0["gpu0-hog"], gpu0["victim0"]} <= set(r["locked"]) for r in rows),
+                "B_gpu0_frozen_gain_no_cpu": all(r["cpu_gain_s"][n] <= 0.01 + 0.02 * hold for r in rows for n in gpu0),
+                "B_gpu1_not_frozen_or_locked": all(
+                    not set(gpu1.values()) & set(r["frozen"] + r["locked"] + r["drained"]) for r in rows
+                ),
+                "B_gpu1_moved": all(set(gpu1.values()) <= set(r["moved"]) for r in rows),
+                "B_gpu1_kept_running": all(
+                    r["cpu_gain_s"]["gpu1-cpu-hog-0"] >= 0.25 * hold and r["states"]["victim1"] != "T" for r in rows
+                ),
+                "B_gpu1_off_reserved_cores": all(r["gpu1_off_reserved_cores"] for r in rows),
+                "B_not_degraded": all(not r["degraded"] for r in rows),
+                "B_measured_inside_regions": during["region_coverage"] >= 0.8,
+            }
+        )
         fid = within_targets(during)
         during["within_targets"] = fid
         if not self.simulated:
             self.checks["B_gpu1_within_alone"] = all(fid.values())
-        say(f"B: {len(rows)} GPU-0 regions, coverage {during['region_coverage']:.0%}; GPU-1 victim moved, not "
-            f"frozen: {self.checks['B_gpu1_moved'] and self.checks['B_gpu1_not_frozen_or_locked']}")
-        return {"hold_s": hold, "gap_s": 0.05, "pids": {"gpu0": gpu0, "gpu1": gpu1, "holder": ready["pid"]},
-                "lock_capable": lockable, "regions": rows, "gpu1_victim_during": during}
+        say(
+            f"B: {len(rows)} GPU-0 regions, coverage {during['region_coverage']:.0%}; GPU-1 victim moved, not "
+            f"frozen: {self.checks['B_gpu1_moved'] and self.checks['B_gpu1_not_frozen_or_locked']}"
+        )
+        return {
+            "hold_s": hold,
+            "gap_s": 0.05,
+            "pids": {"gpu0": gpu0, "gpu1": gpu1, "holder": ready["pid"]},
+            "lock_capable": lockable,
+            "regions": rows,
+            "gpu1_victim_during": during,
+        }
 
     # -- C --------------------------------------------------------------------------------
     def part_c(self) -> dict[str, Any]:
@@ -678,8 +798,12 @@ class MultiGpu:
         self.start_hogs(1, True, max(0, self.cpu_hogs[1] - have1))
         time.sleep(2.0)
         gpu0, gpu1 = self.pids_of(0), self.pids_of(1)
-        out: dict[str, Any] = {"pids": {"gpu0": gpu0, "gpu1": gpu1}, "cpu_busy_loops": sum(
-            1 for n in [*gpu0, *gpu1] if "cpu-hog" in n), "contended": {}, "krex": {}}
+        out: dict[str, Any] = {
+            "pids": {"gpu0": gpu0, "gpu1": gpu1},
+            "cpu_busy_loops": sum(1 for n in [*gpu0, *gpu1] if "cpu-hog" in n),
+            "contended": {},
+            "krex": {},
+        }
         say("C: both victims contended (no region) ...")
         for g, r in self.both({"cmd": "measure"}).items():
             entry = measured(r)
@@ -699,11 +823,28 @@ class MultiGpu:
             out["krex"][f"gpu{g}"] = entry
             rep = released[g]["report"]
             regions[f"gpu{g}"] = {
-                "t_requested": granted[g]["t_requested"], "t_granted": granted[g]["t_granted"],
+                "t_requested": granted[g]["t_requested"],
+                "t_granted": granted[g]["t_granted"],
                 "t_release_sent": released[g]["t_release_sent"],
-                **{k: rep.get(k) for k in ("region", "gpu", "locked", "frozen", "moved", "drained", "cores",
-                                           "degraded", "failures", "not_drained", "acquire_s", "hold_s",
-                                           "lock_capable")}}
+                **{
+                    k: rep.get(k)
+                    for k in (
+                        "region",
+                        "gpu",
+                        "locked",
+                        "frozen",
+                        "moved",
+                        "drained",
+                        "cores",
+                        "degraded",
+                        "failures",
+                        "not_drained",
+                        "acquire_s",
+                        "hold_s",
+                        "lock_capable",
+                    )
+                },
+            }
         out["regions"] = regions
         out["overlap_s"] = round(t_out - t_in, 3)
         r0, r1 = regions["gpu0"], regions["gpu1"]
@@ -714,18 +855,24 @@ class MultiGpu:
         else:  # two cores: one region reserves the spare core, the other says it could not
             cores_ok = not c0 & c1 and (not c0 or not c1) and (r0["degraded"] if not c0 else r1["degraded"])
         measures_inside = all(t_in <= inside[g]["t0"] and inside[g]["t1"] <= t_out for g in (0, 1))
-        self.checks.update({
-            "C_holds_overlap": t_in < t_out,
-            "C_measurements_inside_both_holds": measures_inside,
-            "C_gpu0_region_froze_only_gpu0": set(gpu0.values()) - {gpu0["victim0"]} <= set(r0["frozen"])
-            and not set(gpu1.values()) & set(r0["frozen"]),
-            "C_gpu1_region_froze_only_gpu1": set(gpu1.values()) - {gpu1["victim1"]} <= set(r1["frozen"])
-            and not set(gpu0.values()) & set(r1["frozen"]),
-            "C_locks_per_gpu": (not lockable) or (gpu0["gpu0-hog"] in r0["locked"] and gpu1["gpu1-hog"] in r1["locked"]
-                                                  and not set(gpu1.values()) & set(r0["locked"])
-                                                  and not set(gpu0.values()) & set(r1["locked"])),
-            "C_reserved_cores_disjoint": cores_ok,
-        })
+        self.checks.update(
+            {
+                "C_holds_overlap": t_in < t_out,
+                "C_measurements_inside_both_holds": measures_inside,
+                "C_gpu0_region_froze_only_gpu0": set(gpu0.values()) - {gpu0["victim0"]} <= set(r0["frozen"])
+                and not set(gpu1.values()) & set(r0["frozen"]),
+                "C_gpu1_region_froze_only_gpu1": set(gpu1.values()) - {gpu1["victim1"]} <= set(r1["frozen"])
+                and not set(gpu0.values()) & set(r1["frozen"]),
+                "C_locks_per_gpu": (not lockable)
+                or (
+                    gpu0["gpu0-hog"] in r0["locked"]
+                    and gpu1["gpu1-hog"] in r1["locked"]
+                    and not set(gpu1.values()) & set(r0["locked"])
+                    and not set(gpu0.values()) & set(r1["locked"])
+                ),
+                "C_reserved_cores_disjoint": cores_ok,
+            }
+        )
         if not self.simulated:
             for g in (0, 1):
                 self.checks[f"C_gpu{g}_within_targets"] = all(out["krex"][f"gpu{g}"]["within_targets"].values())
@@ -768,50 +915,67 @@ def _cell(st: dict[str, Any] | None, with_infl: bool) -> str:
 
 def print_table(doc: dict[str, Any]) -> None:
     sim = "  [SIMULATED]" if doc.get("simulated") else ""
-    print(f"\n== multi_gpu{sim}: median/p95 per kernel in ms, (p95 inflation vs alone); targets "
-          f"{', '.join(f'{c} <= {t}%' for c, t in TARGETS.items())}")
+    print(
+        f"\n== multi_gpu{sim}: median/p95 per kernel in ms, (p95 inflation vs alone); targets "
+        f"{', '.join(f'{c} <= {t}%' for c, t in TARGETS.items())}"
+    )
     a = doc.get("A")
     if a:
-        print(f"A  placement via {a['method']}" + (" (FALLBACK: not the kernel provisioner)"
-                                                    if a["method"] == "attach" else "") + ":")
+        print(
+            f"A  placement via {a['method']}"
+            + (" (FALLBACK: not the kernel provisioner)" if a["method"] == "attach" else "")
+            + ":"
+        )
         for k in a["placed"]:
-            print(f"   pid {k['pid']}: GPU {k['gpu']}  KREX_GPU={k.get('krex_gpu', '-')}  "
-                  f"CUDA_VISIBLE_DEVICES={k.get('cuda_visible_devices', '-')}  {'ok' if k['env_ok'] else 'MISMATCH'}")
+            print(
+                f"   pid {k['pid']}: GPU {k['gpu']}  KREX_GPU={k.get('krex_gpu', '-')}  "
+                f"CUDA_VISIBLE_DEVICES={k.get('cuda_visible_devices', '-')}  {'ok' if k['env_ok'] else 'MISMATCH'}"
+            )
     b = doc.get("B")
     if b:
         v1 = doc["victims"]["gpu1"]["pid"]
         print(f"B  {len(b['regions'])} regions on GPU 0 ({b['hold_s']} s each), GPU-1 victim pid {v1}:")
         for r in b["regions"]:
-            print(f"   {r['region']}: locked {len(r['locked'])} frozen {len(r['frozen'])} moved {r['moved']} "
-                  f"cores {r['cores']} acquire {r.get('acquire_s', 0) * 1e3:.1f} ms; victim1 in moved "
-                  f"{v1 in r['moved']}, in frozen/locked {v1 in r['frozen'] + r['locked']}")
+            print(
+                f"   {r['region']}: locked {len(r['locked'])} frozen {len(r['frozen'])} moved {r['moved']} "
+                f"cores {r['cores']} acquire {r.get('acquire_s', 0) * 1e3:.1f} ms; victim1 in moved "
+                f"{v1 in r['moved']}, in frozen/locked {v1 in r['frozen'] + r['locked']}"
+            )
         during = b["gpu1_victim_during"]
         print(f"   GPU-1 victim (measured with {during['region_coverage']:.0%} of its time under GPU-0 regions):")
         print(f"   {'class':>6} {'method':>6} | {'alone':^26} | {'during GPU-0 regions':^26} | {'alone after':^26}")
         after = doc.get("alone_after", {}).get("gpu1", {}).get("results", {})
         for cls, _ in TIMED:
             for m in ("launch", "graph"):
-                print(f"   {cls:>6} {m:>6} | {_cell(doc['alone']['gpu1']['results'].get(cls, {}).get(m), False)} | "
-                      f"{_cell(during['results'].get(cls, {}).get(m), True)} | "
-                      f"{_cell(after.get(cls, {}).get(m), True)}")
+                print(
+                    f"   {cls:>6} {m:>6} | {_cell(doc['alone']['gpu1']['results'].get(cls, {}).get(m), False)} | "
+                    f"{_cell(during['results'].get(cls, {}).get(m), True)} | "
+                    f"{_cell(after.get(cls, {}).get(m), True)}"
+                )
     c = doc.get("C")
     if c and c.get("regions"):
         r0, r1 = c["regions"]["gpu0"], c["regions"]["gpu1"]
-        print(f"C  regions at once: GPU0 {r0['region']} cores {r0['cores']} frozen {len(r0['frozen'])} locked "
-              f"{len(r0['locked'])}; GPU1 {r1['region']} cores {r1['cores']} frozen {len(r1['frozen'])} locked "
-              f"{len(r1['locked'])}; holds overlapped {c['overlap_s']:.2f} s; {c['cpu_busy_loops']} CPU busy loops")
+        print(
+            f"C  regions at once: GPU0 {r0['region']} cores {r0['cores']} frozen {len(r0['frozen'])} locked "
+            f"{len(r0['locked'])}; GPU1 {r1['region']} cores {r1['cores']} frozen {len(r1['frozen'])} locked "
+            f"{len(r1['locked'])}; holds overlapped {c['overlap_s']:.2f} s; {c['cpu_busy_loops']} CPU busy loops"
+        )
         for g in (0, 1):
             key = f"gpu{g}"
             after = doc.get("alone_after", {}).get(key, {}).get("results", {})
-            print(f"   GPU {g} victim: {'class':>6} {'method':>6} | {'alone':^26} | {'contended':^26} | "
-                  f"{'inside region':^26} | {'alone after':^26}")
+            print(
+                f"   GPU {g} victim: {'class':>6} {'method':>6} | {'alone':^26} | {'contended':^26} | "
+                f"{'inside region':^26} | {'alone after':^26}"
+            )
             for cls, _ in TIMED:
                 for m in ("launch", "graph"):
-                    print(f"   {'':13} {cls:>6} {m:>6} | "
-                          f"{_cell(doc['alone'][key]['results'].get(cls, {}).get(m), False)} | "
-                          f"{_cell(c['contended'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
-                          f"{_cell(c['krex'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
-                          f"{_cell(after.get(cls, {}).get(m), True)}")
+                    print(
+                        f"   {'':13} {cls:>6} {m:>6} | "
+                        f"{_cell(doc['alone'][key]['results'].get(cls, {}).get(m), False)} | "
+                        f"{_cell(c['contended'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
+                        f"{_cell(c['krex'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
+                        f"{_cell(after.get(cls, {}).get(m), True)}"
+                    )
     print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in doc.get("checks", {}).items()))
     if "error" in doc:
         print(f"stopped early: {doc['error']}")
@@ -820,8 +984,12 @@ def print_table(doc: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="nvidia", choices=("nvidia", "fake"),
-                   help="fake: dry run on 2 simulated GPUs, CPU spins instead of kernels (nothing written)")
+    p.add_argument(
+        "--backend",
+        default="nvidia",
+        choices=("nvidia", "fake"),
+        help="fake: dry run on 2 simulated GPUs, CPU spins instead of kernels (nothing written)",
+    )
     p.add_argument("--parts", default="A,B,C", help="which parts to run, e.g. A or B,C (default A,B,C)")
     p.add_argument("--quick", action="store_true", help="fewer samples per condition")
     p.add_argument("--hold", type=float, default=1.0, help="length of each GPU-0 region in part B, s")
@@ -843,16 +1011,24 @@ def main(argv: list[str] | None = None) -> int:
         gpus, why = nvml_gpus()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None and len([d for d in visible.split(",") if d.strip()]) < 2:
-            print(f"multi_gpu.py needs two GPUs, but CUDA_VISIBLE_DEVICES={visible!r} shows fewer. Unset it (each "
-                  "process of the benchmark gets its own). Nothing measured.", file=sys.stderr)
+            print(
+                f"multi_gpu.py needs two GPUs, but CUDA_VISIBLE_DEVICES={visible!r} shows fewer. Unset it (each "
+                "process of the benchmark gets its own). Nothing measured.",
+                file=sys.stderr,
+            )
             return 2
         if len(gpus) < 2:
-            print(f"multi_gpu.py needs two NVIDIA GPUs of one node; NVML sees {len(gpus)} here"
-                  f"{f' ({why})' if why else ''}. Nothing measured. For a dry run of the orchestration on two "
-                  "simulated GPUs: --backend fake.", file=sys.stderr)
+            print(
+                f"multi_gpu.py needs two NVIDIA GPUs of one node; NVML sees {len(gpus)} here"
+                f"{f' ({why})' if why else ''}. Nothing measured. For a dry run of the orchestration on two "
+                "simulated GPUs: --backend fake.",
+                file=sys.stderr,
+            )
             return 2
-    say(f"{len(gpus)} GPUs: {', '.join(str(g.get('name')) for g in gpus)}; parts {args.parts}; "
-        f"{len(os.sched_getaffinity(0))} cores")
+    say(
+        f"{len(gpus)} GPUs: {', '.join(str(g.get('name')) for g in gpus)}; parts {args.parts}; "
+        f"{len(os.sched_getaffinity(0))} cores"
+    )
     signal.signal(signal.SIGTERM, _on_sigterm)
     return MultiGpu(args, gpus).run()
 

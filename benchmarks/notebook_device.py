@@ -67,8 +67,11 @@ def run_notebook(path: Path, timeout: float, workdir: Path) -> dict[str, Any]:
         entry["ok"] = False
         entry["error"] = f"{type(exc).__name__}: {exc}"[-4000:]
     entry["seconds"] = round(time.monotonic() - t0, 1)
-    entry["cells"] = [{"source": c.source.splitlines()[0] if c.source else "", "output": cell_text(c)}
-                      for c in nb.cells if c.cell_type == "code"]
+    entry["cells"] = [
+        {"source": c.source.splitlines()[0] if c.source else "", "output": cell_text(c)}
+        for c in nb.cells
+        if c.cell_type == "code"
+    ]
     name = path.stem + "-executed.ipynb"
     for folder in filter(None, [RESULTS, os.environ.get("OUT")]):
         nbformat.write(nb, Path(folder, name))
@@ -82,20 +85,34 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     args = p.parse_args()
     if not has_gpu():
-        print("notebook_device: no NVIDIA GPU here (nvidia-smi -L lists none); nothing run. "
-              "Run it on the GPU machine: bash benchmarks/device_run.sh bench", file=sys.stderr)
+        print(
+            "notebook_device: no NVIDIA GPU here (nvidia-smi -L lists none); nothing run. "
+            "Run it on the GPU machine: bash benchmarks/device_run.sh bench",
+            file=sys.stderr,
+        )
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="krex-notebooks-"))
     share = REPO / "extension" / "share" / "jupyter"
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp), "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock", "KREX_GPU": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "JUPYTER_PATH": os.pathsep.join(filter(None, [str(share), os.environ.get("JUPYTER_PATH")]))}
-    os.environ.update({k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_GPU", "PYTHONPATH",
-                                           "JUPYTER_PATH")})
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(tmp),
+        "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock",
+        "KREX_GPU": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "JUPYTER_PATH": os.pathsep.join(filter(None, [str(share), os.environ.get("JUPYTER_PATH")])),
+    }
+    os.environ.update(
+        {k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_GPU", "PYTHONPATH", "JUPYTER_PATH")}
+    )
     entry_point = ensure_provisioner_entry_point(tmp)
     arbiter, hello = start_arbiter(env, "nvidia", tmp / "arbiter.log")
-    doc: dict[str, Any] = {"benchmark": "notebook_device", "machine": machine(), "backend": hello.get("backend"),
-                           "provisioner": entry_point, "notebooks": []}
+    doc: dict[str, Any] = {
+        "benchmark": "notebook_device",
+        "machine": machine(),
+        "backend": hello.get("backend"),
+        "provisioner": entry_point,
+        "notebooks": [],
+    }
     try:
         for nb in args.notebooks:
             entry = run_notebook(nb.resolve(), args.timeout, tmp)

@@ -26,7 +26,7 @@ from common import REPO, machine, percentile, write_result
 from fidelity import start_arbiter, stop_arbiter
 from multi_gpu import ensure_provisioner_entry_point
 
-TIMER = r'''
+TIMER = r"""
 import json, time, torch
 def krex_time(n, reps=200):
     a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
@@ -37,15 +37,15 @@ def krex_time(n, reps=200):
         s.record(); a @ b; e.record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in ev]
-'''
-LOOPER = r'''
+"""
+LOOPER = r"""
 import time, torch
 x = torch.randn(4096, 4096, device="cuda"); stamps = []
 t_end = time.time() + {seconds}
 while time.time() < t_end:
     for _ in range(4): y = x @ x
     torch.cuda.synchronize(); stamps.append(time.time())
-'''
+"""
 SIZES = (2048, 4608)
 
 
@@ -79,15 +79,25 @@ def main() -> int:
     from jupyter_client.manager import KernelManager
 
     tmp = Path(tempfile.mkdtemp(prefix="krex-quickstart-"))
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp), "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock",
-           "KREX_GPU": "0", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "JUPYTER_PATH": str(REPO / "extension" / "share" / "jupyter")}
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(tmp),
+        "KREX_ENDPOINT": f"ipc://{tmp}/arbiter.sock",
+        "KREX_GPU": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "JUPYTER_PATH": str(REPO / "extension" / "share" / "jupyter"),
+    }
     os.environ.update({k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_GPU", "JUPYTER_PATH")})
     entry = ensure_provisioner_entry_point(tmp)
     arbiter, hello = start_arbiter(env, "nvidia", tmp / "arbiter.log")
     kms = []
-    doc: dict[str, Any] = {"benchmark": "quickstart_device", "machine": machine(), "provisioner": entry,
-                           "backend": hello.get("backend"), "timing": "CUDA events around each launch"}
+    doc: dict[str, Any] = {
+        "benchmark": "quickstart_device",
+        "machine": machine(),
+        "provisioner": entry,
+        "backend": hello.get("backend"),
+        "timing": "CUDA events around each launch",
+    }
     try:
         kcs = []
         for _ in range(2):
@@ -120,8 +130,15 @@ def main() -> int:
             lines = out.strip().splitlines()
             samples = next(json.loads(line) for line in lines if line.startswith("["))
             results[n]["krex"] = stats(samples, results[n]["alone"])
-            regions.append({"size": n, "report_line": [ln for ln in lines if "KREX region" in ln],
-                            "cell_start": t0, "cell_end": t1, "status": reply["status"]})
+            regions.append(
+                {
+                    "size": n,
+                    "report_line": [ln for ln in lines if "KREX region" in ln],
+                    "cell_start": t0,
+                    "cell_end": t1,
+                    "status": reply["status"],
+                }
+            )
         doc["regions"] = regions
         # B's loop ends by itself; then read its timestamps to see when it ran.
         while True:
@@ -133,9 +150,12 @@ def main() -> int:
         gaps = [(t2 - t1, t1, t2) for t1, t2 in itertools.pairwise(stamps)]
         longest = max(gaps) if gaps else (0.0, 0.0, 0.0)
         inside = [g for g in gaps if any(r["cell_start"] <= g[1] and g[2] <= r["cell_end"] + 1 for r in regions)]
-        doc["kernel_b"] = {"iterations": len(stamps), "longest_stall_s": round(longest[0], 3),
-                           "stalls_over_0.5s": [[round(g, 3), t1, t2] for g, t1, t2 in gaps if g > 0.5],
-                           "stall_inside_region": bool([g for g in inside if g[0] > 0.5])}
+        doc["kernel_b"] = {
+            "iterations": len(stamps),
+            "longest_stall_s": round(longest[0], 3),
+            "stalls_over_0.5s": [[round(g, 3), t1, t2] for g, t1, t2 in gaps if g > 0.5],
+            "stall_inside_region": bool([g for g in inside if g[0] > 0.5]),
+        }
         doc["results"] = {str(k): v for k, v in results.items()}
     finally:
         for km in kms:

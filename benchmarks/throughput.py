@@ -80,14 +80,33 @@ print(json.dumps({"done": done, "mean_wait_s": sum(waits) / len(waits) if waits 
 
 def run_mode(env: dict[str, str], mode: str, args: argparse.Namespace, gpu: bool) -> dict[str, Any]:
     until = time.time() + 3 + args.seconds  # every agent has attached well before the 3 s are up
-    agents = [subprocess.Popen([sys.executable, "-c", AGENT, mode, str(args.prepare), str(args.timing),
-                                str(until), str(int(gpu)), str(args.seconds)], env=env, stdout=subprocess.PIPE,
-                               text=True)
-              for _ in range(args.agents)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                AGENT,
+                mode,
+                str(args.prepare),
+                str(args.timing),
+                str(until),
+                str(int(gpu)),
+                str(args.seconds),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(args.agents)
+    ]
     out = [json.loads(a.communicate(timeout=args.seconds + 120)[0].strip().splitlines()[-1]) for a in agents]
     done = sum(o["done"] for o in out)
-    return {"mode": mode, "commands": done, "per_minute": round(done * 60 / args.seconds, 2),
-            "mean_wait_s": round(sum(o["mean_wait_s"] for o in out) / len(out), 4)}
+    return {
+        "mode": mode,
+        "commands": done,
+        "per_minute": round(done * 60 / args.seconds, 2),
+        "mean_wait_s": round(sum(o["mean_wait_s"] for o in out) / len(out), 4),
+    }
 
 
 def main() -> None:
@@ -101,10 +120,15 @@ def main() -> None:
     args = p.parse_args()
     gpu = args.backend == "nvidia"
     runtime = Path(tempfile.mkdtemp(prefix="krex-throughput-"))
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
-                               env=env, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    arbiter = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend], env=env, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 30
         while not (runtime / "arbiter.sock").exists():
@@ -115,23 +139,42 @@ def main() -> None:
         for mode in args.modes.split(","):
             r = run_mode(env, mode, args, gpu)
             results.append(r)
-            print(f"{mode:8s}: {r['commands']:4d} commands in {args.seconds:.0f} s = {r['per_minute']:.1f}/min, "
-                  f"mean wait for a region {r['mean_wait_s']:.3f} s", flush=True)
+            print(
+                f"{mode:8s}: {r['commands']:4d} commands in {args.seconds:.0f} s = {r['per_minute']:.1f}/min, "
+                f"mean wait for a region {r['mean_wait_s']:.3f} s",
+                flush=True,
+            )
     finally:
         arbiter.send_signal(signal.SIGTERM)
         arbiter.wait(15)
     by = {r["mode"]: r for r in results}
-    ratio = (by["region"]["commands"] / by["command"]["commands"]) if by.get("command", {}).get("commands") and \
-        "region" in by else None
+    ratio = (
+        (by["region"]["commands"] / by["command"]["commands"])
+        if by.get("command", {}).get("commands") and "region" in by
+        else None
+    )
     if ratio is not None:
-        print(f"region-granular / command-granular throughput: {ratio:.2f}x "
-              f"(ideal bound here: min(agents, (prepare+timing)/timing) = "
-              f"{min(args.agents, (args.prepare + args.timing) / args.timing):.2f}x)")
-    write_result(f"throughput-{args.backend}", {
-        "benchmark": "throughput", "backend": args.backend, "simulated_gpu_phases": not gpu,
-        "machine": machine(), "command": " ".join(sys.argv), "agents": args.agents, "seconds": args.seconds,
-        "prepare_s": args.prepare, "timing_s": args.timing, "results": results, "ratio_region_over_command": ratio,
-    })
+        print(
+            f"region-granular / command-granular throughput: {ratio:.2f}x "
+            f"(ideal bound here: min(agents, (prepare+timing)/timing) = "
+            f"{min(args.agents, (args.prepare + args.timing) / args.timing):.2f}x)"
+        )
+    write_result(
+        f"throughput-{args.backend}",
+        {
+            "benchmark": "throughput",
+            "backend": args.backend,
+            "simulated_gpu_phases": not gpu,
+            "machine": machine(),
+            "command": " ".join(sys.argv),
+            "agents": args.agents,
+            "seconds": args.seconds,
+            "prepare_s": args.prepare,
+            "timing_s": args.timing,
+            "results": results,
+            "ratio_region_over_command": ratio,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -33,21 +33,27 @@ from typing import Any
 from common import REPO, machine, percentile, write_result
 
 SCRIPTS = {
-    "torch": ("import torch\n"
-              "a = torch.randn(256, 256, device='{device}')\n"
-              "b = a @ a\n"
-              "{sync}"
-              "print(round(float(b.abs().sum()) / 1e6, 3))\n"),
-    "numpy": ("import numpy as np\n"
-              "a = np.random.rand(256, 256).astype(np.float32)\n"
-              "print(round(float(np.abs(a @ a).sum()) / 1e6, 3))\n"),
+    "torch": (
+        "import torch\n"
+        "a = torch.randn(256, 256, device='{device}')\n"
+        "b = a @ a\n"
+        "{sync}"
+        "print(round(float(b.abs().sum()) / 1e6, 3))\n"
+    ),
+    "numpy": (
+        "import numpy as np\n"
+        "a = np.random.rand(256, 256).astype(np.float32)\n"
+        "print(round(float(np.abs(a @ a).sum()) / 1e6, 3))\n"
+    ),
 }
 
 
 def check(framework: str, device: str) -> str | None:
     """Why this machine cannot run the benchmark (None: it can)."""
-    probe = ("import importlib.util, sys\n"
-             f"if importlib.util.find_spec('{framework}') is None: sys.exit('{framework} is not installed')\n")
+    probe = (
+        "import importlib.util, sys\n"
+        f"if importlib.util.find_spec('{framework}') is None: sys.exit('{framework} is not installed')\n"
+    )
     if framework == "torch" and device == "cuda":
         probe += "import torch\nif not torch.cuda.is_available(): sys.exit('torch sees no CUDA GPU')\n"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -56,8 +62,13 @@ def check(framework: str, device: str) -> str | None:
 
 def stats(xs: list[float]) -> dict[str, float]:
     ms = [x * 1e3 for x in xs]
-    return {"p50_ms": round(percentile(ms, 0.5), 2), "p90_ms": round(percentile(ms, 0.9), 2),
-            "min_ms": round(min(ms), 2), "max_ms": round(max(ms), 2), "n": len(ms)}
+    return {
+        "p50_ms": round(percentile(ms, 0.5), 2),
+        "p90_ms": round(percentile(ms, 0.9), 2),
+        "min_ms": round(min(ms), 2),
+        "max_ms": round(max(ms), 2),
+        "n": len(ms),
+    }
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
@@ -101,15 +112,21 @@ def main() -> None:
     device = "cpu" if args.framework == "numpy" else args.device
     why = check(args.framework, device)
     if why:
-        print(f"warm_vs_cold: skipped, this machine cannot run it: {why}. Run it on the GPU machine "
-              "(benchmarks/device_run.sh warm), or use --framework numpy to check the harness.")
+        print(
+            f"warm_vs_cold: skipped, this machine cannot run it: {why}. Run it on the GPU machine "
+            "(benchmarks/device_run.sh warm), or use --framework numpy to check the harness."
+        )
         return
 
     runtime = Path(tempfile.mkdtemp(prefix="krex-warm-"))
     os.chmod(runtime, 0o700)
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
-           "KREX_POOL_ENDPOINT": f"ipc://{runtime}/pool.sock",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+        "KREX_POOL_ENDPOINT": f"ipc://{runtime}/pool.sock",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    }
     os.environ.update({k: env[k] for k in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_POOL_ENDPOINT")})
     script = runtime / "matmul.py"
     sync = "torch.cuda.synchronize()\n" if device == "cuda" else ""
@@ -121,11 +138,26 @@ def main() -> None:
     warm_cmd = [*krex, "run", str(script)]  # type: ignore[list-item]
 
     with open(runtime / "arbiter.log", "wb") as arb_log, open(runtime / "pool.log", "wb") as pool_log:
-        arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=arb_log)
-        pool = subprocess.Popen([sys.executable, "-m", "krex_lab.workers.pool", f"--Pool.preload={args.framework}",
-                                 f"--workers-per-gpu={args.workers}", "--spares=1", "--Pool.arbiter_wait=60"],
-                                env=env, stdout=pool_log, stderr=subprocess.STDOUT)
+        arbiter = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=arb_log,
+        )
+        pool = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "krex_lab.workers.pool",
+                f"--Pool.preload={args.framework}",
+                f"--workers-per-gpu={args.workers}",
+                "--spares=1",
+                "--Pool.arbiter_wait=60",
+            ],
+            env=env,
+            stdout=pool_log,
+            stderr=subprocess.STDOUT,
+        )
     t_pool = time.perf_counter()
     try:
         from krex_lab.workers.client import PoolClient
@@ -137,9 +169,11 @@ def main() -> None:
         status = client.status()
         if not status["pool"]["arbiter"]:
             raise SystemExit(f"warm_vs_cold: the arbiter did not answer: {(runtime / 'arbiter.log').read_text()}")
-        print(f"pool ready in {pool_ready_s:.1f} s: backend {status['pool']['backend']}, GPUs "
-              f"{[g['index'] for g in status['gpus']]}, preloaded {status['gpus'][0]['workers'][0]['preloaded']}",
-              flush=True)
+        print(
+            f"pool ready in {pool_ready_s:.1f} s: backend {status['pool']['backend']}, GPUs "
+            f"{[g['index'] for g in status['gpus']]}, preloaded {status['gpus'][0]['workers'][0]['preloaded']}",
+            flush=True,
+        )
 
         for _ in range(2):  # first jobs on each path (file cache, worker warm-up) are not the figure
             timed(warm_cmd, env)
@@ -155,15 +189,21 @@ def main() -> None:
             r = client.run_script(script, on_output=lambda s, t: None)
             api.append(time.perf_counter() - t0)
             assert r.ok, r
-        print(f"warm  krex run empty.py : p50 {stats(floor)['p50_ms']:.1f} ms; in-process API p50 "
-              f"{stats(api)['p50_ms']:.1f} ms", flush=True)
+        print(
+            f"warm  krex run empty.py : p50 {stats(floor)['p50_ms']:.1f} ms; in-process API p50 "
+            f"{stats(api)['p50_ms']:.1f} ms",
+            flush=True,
+        )
 
         n = args.concurrent
         cold_tp = [concurrent(cold_cmd, env, n) for _ in range(args.rounds)]
         warm_tp = [concurrent(warm_cmd, env, n) for _ in range(args.rounds)]
         cold_wall, warm_wall = statistics.median(cold_tp), statistics.median(warm_tp)
-        print(f"{n} at once: cold {cold_wall:.2f} s ({n / cold_wall:.1f} cmd/s), warm {warm_wall:.2f} s "
-              f"({n / warm_wall:.1f} cmd/s)", flush=True)
+        print(
+            f"{n} at once: cold {cold_wall:.2f} s ({n / cold_wall:.1f} cmd/s), warm {warm_wall:.2f} s "
+            f"({n / warm_wall:.1f} cmd/s)",
+            flush=True,
+        )
         final = client.status()
         resets = [w["last_reset_s"] for g in final["gpus"] for w in g["workers"] if w["last_reset_s"]]
         client.close()
@@ -176,19 +216,42 @@ def main() -> None:
                 proc.kill()
     ratio = stats(cold)["p50_ms"] / stats(warm)["p50_ms"]
     print(f"latency p50: warm is {ratio:.1f}x lower (target: 20x)")
-    write_result("warm_vs_cold", {
-        "benchmark": "warm_vs_cold", "command": " ".join(sys.argv), "machine": machine(),
-        "framework": args.framework, "device": device, "script": script.read_text(),
-        "pool": {"workers_per_gpu": args.workers, "spares_per_gpu": 1, "ready_s": round(pool_ready_s, 2),
-                 "backend": final["pool"]["backend"], "counters": final["counters"], "last_resets_s": resets},
-        "latency": {"cold_python": stats(cold), "warm_krex_run": stats(warm), "krex_run_empty_script": stats(floor),
-                    "warm_api_run_script": stats(api), "p50_ratio_cold_over_warm": round(ratio, 1)},
-        "throughput": {"concurrent": n, "rounds": args.rounds,
-                       "cold_wall_s": [round(x, 3) for x in cold_tp], "warm_wall_s": [round(x, 3) for x in warm_tp],
-                       "cold_cmds_per_s": round(n / cold_wall, 2), "warm_cmds_per_s": round(n / warm_wall, 2),
-                       "speedup": round(cold_wall / warm_wall, 1)},
-        "target": "warm latency p50 at least 20x lower than cold",
-    })
+    write_result(
+        "warm_vs_cold",
+        {
+            "benchmark": "warm_vs_cold",
+            "command": " ".join(sys.argv),
+            "machine": machine(),
+            "framework": args.framework,
+            "device": device,
+            "script": script.read_text(),
+            "pool": {
+                "workers_per_gpu": args.workers,
+                "spares_per_gpu": 1,
+                "ready_s": round(pool_ready_s, 2),
+                "backend": final["pool"]["backend"],
+                "counters": final["counters"],
+                "last_resets_s": resets,
+            },
+            "latency": {
+                "cold_python": stats(cold),
+                "warm_krex_run": stats(warm),
+                "krex_run_empty_script": stats(floor),
+                "warm_api_run_script": stats(api),
+                "p50_ratio_cold_over_warm": round(ratio, 1),
+            },
+            "throughput": {
+                "concurrent": n,
+                "rounds": args.rounds,
+                "cold_wall_s": [round(x, 3) for x in cold_tp],
+                "warm_wall_s": [round(x, 3) for x in warm_tp],
+                "cold_cmds_per_s": round(n / cold_wall, 2),
+                "warm_cmds_per_s": round(n / warm_wall, 2),
+                "speedup": round(cold_wall / warm_wall, 1),
+            },
+            "target": "warm latency p50 at least 20x lower than cold",
+        },
+    )
 
 
 if __name__ == "__main__":

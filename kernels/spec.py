@@ -139,14 +139,20 @@ class KernelSpec:
             raise KeyError(f"{self.name} has candidates {', '.join(self.candidates)}, not {name!r}")
         return self.candidates[name]
 
-    def check(self, candidate: str | Callable[..., Any] = "optimised", size: str | Size | None = None,
-              trials: int = 1, seed: int | None = None) -> Any:
+    def check(
+        self,
+        candidate: str | Callable[..., Any] = "optimised",
+        size: str | Size | None = None,
+        trials: int = 1,
+        seed: int | None = None,
+    ) -> Any:
         """:func:`krex_lab.check` of a candidate (by name or a function) against the reference."""
         from krex_lab.bench import check
 
         fn = self.candidate(candidate) if isinstance(candidate, str) else candidate
-        return check(fn, self.reference, self.inputs_maker(size), rtol=self.rtol, atol=self.atol,
-                     trials=trials, seed=seed)
+        return check(
+            fn, self.reference, self.inputs_maker(size), rtol=self.rtol, atol=self.atol, trials=trials, seed=seed
+        )
 
     def estimate_ms(self, size: str | Size) -> float:
         """Roofline estimate on an H200 (see :data:`ACHIEVED_BANDWIDTH`, :data:`TILED_MATMUL_FLOPS`)."""

@@ -62,8 +62,7 @@ SPEC = KernelSpec(
     reference=reference,
     shapes=_shapes,
     candidates={"naive": naive, "optimised": optimised},
-    presets={"0.05ms": {"n": 15 << 20}, "0.1ms": {"n": 31 << 20}, "1ms": {"n": 323 << 20},
-             "10ms": {"n": 3241 << 20}},
+    presets={"0.05ms": {"n": 15 << 20}, "0.1ms": {"n": 31 << 20}, "1ms": {"n": 323 << 20}, "10ms": {"n": 3241 << 20}},
     test_sizes=({"n": 1000}, {"n": 37}),
     work=lambda n: Work(bytes=12.0 * n),
 )

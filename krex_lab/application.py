@@ -103,8 +103,11 @@ class KrexApplication(Application):
             text = (help_text or trait.help or "").strip()
             if not isinstance(trait, Container):
                 text += f" (default: {trait.default_value!r}; {target})"
-            kwargs: dict[str, Any] = {"dest": dest_of(key), "default": None,
-                                      "help": " ".join(text.split()).replace("%", "%%")}
+            kwargs: dict[str, Any] = {
+                "dest": dest_of(key),
+                "default": None,
+                "help": " ".join(text.split()).replace("%", "%%"),
+            }
             if isinstance(trait, Container):
                 kwargs.update(action="extend", nargs="+", metavar="VALUE")
                 kwargs["help"] += f" ({target})"
@@ -116,11 +119,13 @@ class KrexApplication(Application):
                     kwargs["metavar"] = _METAVARS.get(type(trait).__name__, "VALUE")
             parser.add_argument(*_option_strings(key), **kwargs)
         for key, flag in cls.flags.items():
-            parser.add_argument(*_option_strings(key), dest=dest_of(key), action="store_true",
-                                help=str(flag[1]).replace("%", "%%"))
+            parser.add_argument(
+                *_option_strings(key), dest=dest_of(key), action="store_true", help=str(flag[1]).replace("%", "%%")
+            )
         parser.add_argument("--version", action="version", version=f"%(prog)s {cls.version}")
-        parser.add_argument("--help-all", action="store_true",
-                            help="show every option of the application (its traitlets), then exit")
+        parser.add_argument(
+            "--help-all", action="store_true", help="show every option of the application (its traitlets), then exit"
+        )
         parser.set_defaults(**{PASSED_THROUGH: []})
 
     @classmethod

@@ -47,8 +47,14 @@ class CommandParser(argparse.ArgumentParser):
     ``keep_unknown``: the dest that unknown arguments are put in front of (``lab``: JupyterLab's).
     """
 
-    def __init__(self, *args: Any, populate: Callable[[argparse.ArgumentParser], None] | None = None,
-                 app_options: bool = False, keep_unknown: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        populate: Callable[[argparse.ArgumentParser], None] | None = None,
+        app_options: bool = False,
+        keep_unknown: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._populate = populate
         self._app_options = app_options
@@ -67,8 +73,11 @@ class CommandParser(argparse.ArgumentParser):
         self._ensure_populated()
         return super().format_help()
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._ensure_populated()
         result, rest = super().parse_known_args(args, namespace)
         if self._keep_unknown is not None:
@@ -87,6 +96,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 # -- arbiter, pool: traitlets applications -----------------------------------------------------
+
 
 def _arbiter_app() -> tuple[AppOptions, AppMain]:
     from .arbiter.app import ArbiterApp, main
@@ -117,6 +127,7 @@ def _app_populate(load: AppLoader) -> Callable[[argparse.ArgumentParser], None]:
 
 
 # -- status, exclusive, run, lab ----------------------------------------------------------------
+
 
 def _status(args: argparse.Namespace) -> int:
     from .arbiter.status import format_table
@@ -193,44 +204,72 @@ def _lab(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{arbiter,supervise,pool,status,exclusive,run,lab}",
-                                parser_class=CommandParser)
-    p = sub.add_parser("arbiter", help="run the node arbiter (krex arbiter --help-all for every option)",
-                       description="The KREX node arbiter: region-granular GPU exclusivity for every session "
-                       "on this node. Any --Class.trait=value option goes to the arbiter application.",
-                       populate=_app_populate(_arbiter_app), app_options=True)
+    sub = parser.add_subparsers(
+        dest="cmd",
+        required=True,
+        metavar="{arbiter,supervise,pool,status,exclusive,run,lab}",
+        parser_class=CommandParser,
+    )
+    p = sub.add_parser(
+        "arbiter",
+        help="run the node arbiter (krex arbiter --help-all for every option)",
+        description="The KREX node arbiter: region-granular GPU exclusivity for every session "
+        "on this node. Any --Class.trait=value option goes to the arbiter application.",
+        populate=_app_populate(_arbiter_app),
+        app_options=True,
+    )
     p.set_defaults(func=_app_command(_arbiter_app))
-    p = sub.add_parser("pool", help="run this user's pool of warm context workers in the foreground "
-                       "(krex pool --help-all for every option)",
-                       description="This user's KREX pool of warm context workers. Any --Class.trait=value "
-                       "option goes to the pool application.",
-                       populate=_app_populate(_pool_app), app_options=True)
+    p = sub.add_parser(
+        "pool",
+        help="run this user's pool of warm context workers in the foreground (krex pool --help-all for every option)",
+        description="This user's KREX pool of warm context workers. Any --Class.trait=value "
+        "option goes to the pool application.",
+        populate=_app_populate(_pool_app),
+        app_options=True,
+    )
     p.set_defaults(func=_app_command(_pool_app))
-    p = sub.add_parser("supervise", help="run an arbiter under a supervisor that undoes and restarts it after a "
-                       "crash (where systemd does not)",
-                       description="Run a KREX arbiter, undo its journal whenever it exits and restart it unless "
-                       "it stopped cleanly. Example: krex supervise --runtime-dir /run/krex -- krex arbiter "
-                       "--multi-user", populate=_supervise_populate)
+    p = sub.add_parser(
+        "supervise",
+        help="run an arbiter under a supervisor that undoes and restarts it after a crash (where systemd does not)",
+        description="Run a KREX arbiter, undo its journal whenever it exits and restart it unless "
+        "it stopped cleanly. Example: krex supervise --runtime-dir /run/krex -- krex arbiter "
+        "--multi-user",
+        populate=_supervise_populate,
+    )
     p.set_defaults(func=_supervise)
-    p = sub.add_parser("status", help="GPUs, holders, queues and sessions of this node",
-                       description="GPUs, holders, queues and sessions of this node.")
+    p = sub.add_parser(
+        "status",
+        help="GPUs, holders, queues and sessions of this node",
+        description="GPUs, holders, queues and sessions of this node.",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
-    p = sub.add_parser("exclusive", help="run a command with the GPU to itself",
-                       description="Run a command inside one region: the GPU to itself.")
+    p = sub.add_parser(
+        "exclusive",
+        help="run a command with the GPU to itself",
+        description="Run a command inside one region: the GPU to itself.",
+    )
     p.add_argument("--gpu", type=int, default=None)
     p.add_argument("--max-hold", type=float, default=None, help="lease in seconds")
     p.add_argument("--quiet", action="store_true", help="do not print the region report")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_exclusive)
-    p = sub.add_parser("run", help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
-                       description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
-                       populate=_run_populate)
+    p = sub.add_parser(
+        "run",
+        help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
+        description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
+        populate=_run_populate,
+    )
     p.set_defaults(func=_run)
-    p = sub.add_parser("lab", help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)",
-                       description="JupyterLab with KREX: the extension, an arbiter (embedded when none "
-                       "answers) and the krex kernelspec. Any other option goes to JupyterLab.",
-                       populate=_lab_populate, keep_unknown="jupyterlab_args", allow_abbrev=False)
+    p = sub.add_parser(
+        "lab",
+        help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)",
+        description="JupyterLab with KREX: the extension, an arbiter (embedded when none "
+        "answers) and the krex kernelspec. Any other option goes to JupyterLab.",
+        populate=_lab_populate,
+        keep_unknown="jupyterlab_args",
+        allow_abbrev=False,
+    )
     p.set_defaults(func=_lab)
     return parser
 

@@ -60,12 +60,16 @@ def _check_listener(path: str) -> None:
     try:
         _, uid, _ = listener_credentials(path)
     except OSError as exc:
-        raise ArbiterUnavailable(f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
-                                 f"with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a "
-                                 "running one.") from None
+        raise ArbiterUnavailable(
+            f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
+            f"with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a "
+            "running one."
+        ) from None
     if uid not in (0, os.geteuid()):
-        raise PermissionDenied(f"ipc://{path} is served by uid {uid}, neither root nor you: not an arbiter of "
-                               "this node, nothing was sent to it")
+        raise PermissionDenied(
+            f"ipc://{path} is served by uid {uid}, neither root nor you: not an arbiter of "
+            "this node, nothing was sent to it"
+        )
 
 
 class Connection:
@@ -87,13 +91,13 @@ class Connection:
         request.id = next(_ids)
         data = protocol.encode(request)
         if len(data) > protocol.MAX_MESSAGE:  # the arbiter's socket would drop it unanswered
-            raise ProtocolError(f"a {type(request).__name__} request of {len(data)} bytes exceeds the limit of "
-                                f"{protocol.MAX_MESSAGE}")
+            raise ProtocolError(
+                f"a {type(request).__name__} request of {len(data)} bytes exceeds the limit of {protocol.MAX_MESSAGE}"
+            )
         self.socket.send(data)
         return request.id
 
-    def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT,
-             cancelled: threading.Event | None = None) -> Any:
+    def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT, cancelled: threading.Event | None = None) -> Any:
         """The raw result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -154,8 +158,15 @@ def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dic
 class Session:
     """This process (or ``pid``), registered with the arbiter. Use :func:`attach`."""
 
-    def __init__(self, gpu: int | None = None, role: str = "client", name: str = "",
-                 endpoint: str | None = None, pid: int | None = None, control: bool = True) -> None:
+    def __init__(
+        self,
+        gpu: int | None = None,
+        role: str = "client",
+        name: str = "",
+        endpoint: str | None = None,
+        pid: int | None = None,
+        control: bool = True,
+    ) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
         self.pid = pid or os.getpid()
         self.owner_pid = os.getpid()
@@ -168,9 +179,11 @@ class Session:
                 gpu = int(os.environ[paths.GPU_ENV])
             # A process started inside a region by its holder (krex exclusive) is part of it.
             within = os.environ.get("KREX_REGION", "") if self.pid == os.getpid() else ""
-            reply: protocol.Registered = control_conn.call(protocol.Register(
-                pid=self.pid, ticket=ticket, role=role, name=name, gpu=gpu, control=control,
-                within=within))
+            reply: protocol.Registered = control_conn.call(
+                protocol.Register(
+                    pid=self.pid, ticket=ticket, role=role, name=name, gpu=gpu, control=control, within=within
+                )
+            )
         except BaseException:
             control_conn.close()
             raise
@@ -286,8 +299,7 @@ class RegionReport(dict[str, Any]):
         sim = " [simulated GPU]" if self.get("simulated") else ""
         parts = [
             f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}:",
-            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms,"
-            f" acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
+            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms, acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
             f"drained {len(self.get('drained', []))}, frozen {len(self.get('frozen', []))},"
             f" moved {len(self.get('moved', []))}, cores {self.get('cores', [])}",
         ]
@@ -305,11 +317,24 @@ class RegionReport(dict[str, Any]):
 class Exclusive:
     """A region: the GPU alone for the code inside. Context manager (sync/async) and decorator."""
 
-    def __init__(self, gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
-                 isolate: bool = True, cores: int | None = None, session: Session | None = None,
-                 exempt: Sequence[int] = ()) -> None:
-        self.options: dict[str, Any] = {"gpu": gpu, "max_hold": max_hold, "freeze": freeze, "isolate": isolate,
-                                        "cores": cores, "exempt": list(exempt)}
+    def __init__(
+        self,
+        gpu: int | None = None,
+        max_hold: float | None = None,
+        freeze: bool = True,
+        isolate: bool = True,
+        cores: int | None = None,
+        session: Session | None = None,
+        exempt: Sequence[int] = (),
+    ) -> None:
+        self.options: dict[str, Any] = {
+            "gpu": gpu,
+            "max_hold": max_hold,
+            "freeze": freeze,
+            "isolate": isolate,
+            "cores": cores,
+            "exempt": list(exempt),
+        }
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
@@ -328,8 +353,9 @@ class Exclusive:
         request = protocol.Acquire(session=session.id, token=session.token, **self.options)
         rid = conn.send(request)
         try:
-            granted: protocol.Granted = protocol.result_as(request, conn.wait(rid, timeout=None,
-                                                                              cancelled=self._cancel))
+            granted: protocol.Granted = protocol.result_as(
+                request, conn.wait(rid, timeout=None, cancelled=self._cancel)
+            )
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
@@ -374,27 +400,37 @@ class Exclusive:
             self._cancel.set()
             raise
 
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await asyncio.to_thread(self.__exit__, et, ev, tb)
 
     def __call__(self, fn: F) -> F:
         if asyncio.iscoroutinefunction(fn):
+
             @functools.wraps(fn)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
                 async with Exclusive(**self.options, session=self._session):
                     return await fn(*args, **kwargs)
+
             return awrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with Exclusive(**self.options, session=self._session):
                 return fn(*args, **kwargs)
+
         return wrapper  # type: ignore[return-value]
 
 
-def exclusive(gpu: int | None = None, max_hold: float | None = None, freeze: bool = True,
-              isolate: bool = True, cores: int | None = None, exempt: Sequence[int] = ()) -> Exclusive:
+def exclusive(
+    gpu: int | None = None,
+    max_hold: float | None = None,
+    freeze: bool = True,
+    isolate: bool = True,
+    cores: int | None = None,
+    exempt: Sequence[int] = (),
+) -> Exclusive:
     """The GPU alone inside the block (or decorated function); ``region.report`` says what was enforced.
 
     ``exempt``: pids (with their trees) of this user that the region leaves running, such as

@@ -120,9 +120,14 @@ class KrexMagics(Magics):
         args = parse_argstring(self.krex_exclusive, line)
         for attempt in (0, 1):
             try:
-                region = Exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze,
-                                   isolate=not args.no_isolate, cores=args.cores,
-                                   session=self.session(fresh=attempt == 1))
+                region = Exclusive(
+                    gpu=args.gpu,
+                    max_hold=args.max_hold,
+                    freeze=not args.no_freeze,
+                    isolate=not args.no_isolate,
+                    cores=args.cores,
+                    session=self.session(fresh=attempt == 1),
+                )
                 region.acquire()
                 break
             except UnknownSession:  # the arbiter restarted: register again, once
@@ -154,7 +159,8 @@ class KrexMagics(Magics):
         if report.get("expired") and not failed:
             raise KrexCellError(
                 f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
-                "arbiter before the cell ended: timings taken after that are not protected")
+                "arbiter before the cell ended: timings taken after that are not protected"
+            )
 
     def run_here(self, cell: str) -> Any:
         """Run ``cell`` in the user namespace; returns its last expression's value, like a cell."""
@@ -185,8 +191,9 @@ class KrexMagics(Magics):
         current = _current_session()
         gpu = current.gpu if current is not None else _env_gpu()
         try:
-            result = pool.run_code(cell, gpu=gpu, lease=self._lease, exclusive=args.exclusive,
-                                   timeout=args.timeout, on_output=_write_live)
+            result = pool.run_code(
+                cell, gpu=gpu, lease=self._lease, exclusive=args.exclusive, timeout=args.timeout, on_output=_write_live
+            )
         except KrexError as exc:
             raise _explain(exc) from None
         sys.stdout.flush()
@@ -206,8 +213,9 @@ class KrexMagics(Magics):
             from .workers.client import PoolClient
             from .workers.endpoint import default_endpoint
         except ImportError as exc:
-            raise KrexCellError(f"%%krex needs the pool service (krex_lab.workers), which is not available "
-                                f"here: {exc}") from None
+            raise KrexCellError(
+                f"%%krex needs the pool service (krex_lab.workers), which is not available here: {exc}"
+            ) from None
         endpoint = default_endpoint()
         if self._pool is not None and self._pool.endpoint != endpoint:  # KREX_POOL_ENDPOINT changed
             threading.Thread(target=_release_and_close, args=(self._pool, self._lease), daemon=True).start()
@@ -250,8 +258,10 @@ def _job_error(result: Any) -> Exception:
     if status == "exception" and result.traceback:
         return RemoteCellError(error, result.traceback)
     if status == "died":  # what the worker printed as it died was already streamed to the cell
-        return KrexCellError(f"%%krex: the context worker died ({error}). This kernel is fine; the worker's "
-                             "namespace is lost and the next %%krex cell gets a fresh worker.")
+        return KrexCellError(
+            f"%%krex: the context worker died ({error}). This kernel is fine; the worker's "
+            "namespace is lost and the next %%krex cell gets a fresh worker."
+        )
     return KrexCellError(f"%%krex: {error}", result.traceback or "")
 
 
@@ -304,5 +314,7 @@ def load_ipython_extension(ipython: Any) -> None:
         try:
             magics.session()
         except KrexError as exc:
-            print(f"KREX: this kernel is not registered with an arbiter ({exc}); %%krex_exclusive will try "
-                  "again", file=sys.stderr)
+            print(
+                f"KREX: this kernel is not registered with an arbiter ({exc}); %%krex_exclusive will try again",
+                file=sys.stderr,
+            )

@@ -125,19 +125,21 @@ def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise UnsafePath(f"{path} is a symlink: KREX never follows one in its runtime directory; "
-                             f"remove it (and check who planted it)") from None
+            raise UnsafePath(
+                f"{path} is a symlink: KREX never follows one in its runtime directory; "
+                f"remove it (and check who planted it)"
+            ) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(f"{path} is not a regular file: remove it")
         if st.st_uid != os.geteuid():
-            raise UnsafePath(f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}: "
-                             f"remove it (and check who planted it)")
+            raise UnsafePath(
+                f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}: remove it (and check who planted it)"
+            )
         if st.st_nlink > 1:
-            raise UnsafePath(f"{path} has {st.st_nlink} hard links: another name points at the same file; "
-                             f"remove it")
+            raise UnsafePath(f"{path} has {st.st_nlink} hard links: another name points at the same file; remove it")
         if stat.S_IMODE(st.st_mode) & ~mode:
             os.fchmod(fd, stat.S_IMODE(st.st_mode) & mode)
         os.set_blocking(fd, True)
@@ -229,23 +231,30 @@ def _open_dir(path: Path) -> int:
     except OSError as exc:
         st = _lstat(path)
         if st is not None and stat.S_ISLNK(st.st_mode):
-            raise UnsafePath(f"{path} is a symlink (to {os.readlink(path)!r}): KREX never follows one there; "
-                             f"remove it, or set {RUNTIME_DIR_ENV} to a directory of your own") from None
+            raise UnsafePath(
+                f"{path} is a symlink (to {os.readlink(path)!r}): KREX never follows one there; "
+                f"remove it, or set {RUNTIME_DIR_ENV} to a directory of your own"
+            ) from None
         if st is not None and not stat.S_ISDIR(st.st_mode):
-            raise UnsafePath(f"{path} is not a directory: remove it, or set {RUNTIME_DIR_ENV} "
-                             f"to another path") from None
+            raise UnsafePath(
+                f"{path} is not a directory: remove it, or set {RUNTIME_DIR_ENV} to another path"
+            ) from None
         raise UnsafePath(f"cannot open {path}: {exc.strerror}") from None
 
 
 def _check_owned_dir(path: Path, st: os.stat_result, what: str) -> None:
     euid = os.geteuid()
     if st.st_uid != euid:
-        raise UnsafePath(f"{what} {path} belongs to uid {st.st_uid}, not to uid {euid} (someone else made "
-                         f"it first): remove it, or set {RUNTIME_DIR_ENV} to a directory of your own")
+        raise UnsafePath(
+            f"{what} {path} belongs to uid {st.st_uid}, not to uid {euid} (someone else made "
+            f"it first): remove it, or set {RUNTIME_DIR_ENV} to a directory of your own"
+        )
     if st.st_mode & 0o022:
-        raise UnsafePath(f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
-                         f"anyone could plant files there; remove it and let KREX create it, or "
-                         f"chmod go-w it after checking its contents")
+        raise UnsafePath(
+            f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+            f"anyone could plant files there; remove it and let KREX create it, or "
+            f"chmod go-w it after checking its contents"
+        )
 
 
 def _check_ancestors(path: Path) -> None:
@@ -258,12 +267,16 @@ def _check_ancestors(path: Path) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise UnsafePath(f"{parent} (above {path}) is a symlink that changed while it was checked; retry")
         if st.st_uid != 0:
-            raise UnsafePath(f"{parent} belongs to uid {st.st_uid}: that user could swap {path} under root; "
-                             f"use a runtime directory under root's own directories (default {ROOT_RUNTIME_DIR})")
+            raise UnsafePath(
+                f"{parent} belongs to uid {st.st_uid}: that user could swap {path} under root; "
+                f"use a runtime directory under root's own directories (default {ROOT_RUNTIME_DIR})"
+            )
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX and not _only_root_group(st):
-            raise UnsafePath(f"{parent} is writable by others (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit): "
-                             f"any user could swap {path} under root; use a runtime directory under root's own "
-                             f"directories (default {ROOT_RUNTIME_DIR})")
+            raise UnsafePath(
+                f"{parent} is writable by others (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit): "
+                f"any user could swap {path} under root; use a runtime directory under root's own "
+                f"directories (default {ROOT_RUNTIME_DIR})"
+            )
 
 
 def _only_root_group(st: os.stat_result) -> bool:

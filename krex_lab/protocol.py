@@ -238,8 +238,10 @@ def request_decoder(union: Any, server: str = "arbiter", max_message: int = MAX_
             raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_message}")
         envelope = _envelope(data)
         if envelope.v != VERSION:
-            raise ProtocolError(f"protocol version {envelope.v!r} is not supported: this {server} speaks "
-                                f"version {VERSION}; upgrade krex-lab on the client side")
+            raise ProtocolError(
+                f"protocol version {envelope.v!r} is not supported: this {server} speaks "
+                f"version {VERSION}; upgrade krex-lab on the client side"
+            )
         try:
             request: Request = decoder.decode(data)
         except msgspec.ValidationError as exc:

@@ -186,8 +186,14 @@ class SiblingKernel:
         argv = [a.replace("{connection_file}", self.connection_file) for a in spec.argv]
         if argv[0] in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
             argv[0] = sys.executable
-        helper = subprocess.run([sys.executable, "-m", "krex_lab.provisioner", "detach", *argv], env=kenv,
-                                capture_output=True, text=True, timeout=timeout, check=True)
+        helper = subprocess.run(
+            [sys.executable, "-m", "krex_lab.provisioner", "detach", *argv],
+            env=kenv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
         self.pid = int(helper.stdout.strip())
         placements.launched(self.kernel_id, self.pid)
         self.client = BlockingKernelClient(connection_file=self.connection_file)
@@ -257,8 +263,9 @@ def _state(pid: int) -> str | None:
 
 def _detach(argv: list[str]) -> None:
     """Start ``argv`` in its own session and exit at once, so it is reparented (not our child)."""
-    proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     print(proc.pid, flush=True)
     os._exit(0)
 

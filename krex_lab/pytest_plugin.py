@@ -49,15 +49,30 @@ class ArbiterProc:
 
     def env(self) -> dict[str, str]:
         """The environment of a process that should use this arbiter."""
-        return {**os.environ, "KREX_RUNTIME_DIR": str(self.runtime), "KREX_ENDPOINT": self.endpoint,
-                "PYTHONPATH": subprocess_pythonpath()}
+        return {
+            **os.environ,
+            "KREX_RUNTIME_DIR": str(self.runtime),
+            "KREX_ENDPOINT": self.endpoint,
+            "PYTHONPATH": subprocess_pythonpath(),
+        }
 
     def start(self, timeout: float = 20) -> ArbiterProc:
         """Start it and return once it answers ``hello`` (raises, with its output, if it does not)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.backend, "--fake-gpus", str(self.gpus),
-             *self.extra],
-            env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "krex_lab.cli",
+                "arbiter",
+                "--backend",
+                self.backend,
+                "--fake-gpus",
+                str(self.gpus),
+                *self.extra,
+            ],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         from krex_lab import client
         from krex_lab.errors import ArbiterUnavailable
@@ -98,8 +113,9 @@ class ArbiterProc:
                 self.proc.wait()
 
 
-def running_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = (),
-                    gpus: int = 2) -> Iterator[ArbiterProc]:
+def running_arbiter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: tuple[str, ...] = (), gpus: int = 2
+) -> Iterator[ArbiterProc]:
     """A started arbiter on a private runtime dir, made this process's default; stopped after."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)

@@ -103,7 +103,8 @@ class Service:
         # for a gone or slow peer) and the asyncio socket's per-send futures cost more than the message.
         self._router_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
         self._pub_sync: zmq.Socket[bytes] | None = (
-            zmq.Socket.shadow(self.pub.underlying) if self.pub is not None else None)
+            zmq.Socket.shadow(self.pub.underlying) if self.pub is not None else None
+        )
         self._lockfd: int | None = None
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -284,4 +285,3 @@ class Service:
             peer.reply(None, KrexError(f"internal error: {task.exception()}"))
         else:
             peer.reply(task.result())
-

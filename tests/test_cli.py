@@ -15,8 +15,14 @@ from tests.support import ROOT
 
 
 def krex(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "krex_lab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def test_krex_alone_exits_2_with_the_top_usage() -> None:
@@ -25,10 +31,18 @@ def test_krex_alone_exits_2_with_the_top_usage() -> None:
     assert out.stderr.startswith("usage: krex [-h] {arbiter,supervise,pool,status,exclusive,run,lab}"), out.stderr
 
 
-@pytest.mark.parametrize(("cmd", "option"), [
-    ("arbiter", "--no-guardian"), ("pool", "--workers-per-gpu"), ("status", "--json"),
-    ("exclusive", "--max-hold"), ("run", "--exclusive"), ("lab", "--no-pool"), ("supervise", "--undo-only"),
-])
+@pytest.mark.parametrize(
+    ("cmd", "option"),
+    [
+        ("arbiter", "--no-guardian"),
+        ("pool", "--workers-per-gpu"),
+        ("status", "--json"),
+        ("exclusive", "--max-hold"),
+        ("run", "--exclusive"),
+        ("lab", "--no-pool"),
+        ("supervise", "--undo-only"),
+    ],
+)
 def test_each_subcommand_has_its_own_help(cmd: str, option: str) -> None:
     out = krex(cmd, "--help")
     assert out.returncode == 0, out.stderr
@@ -36,11 +50,20 @@ def test_each_subcommand_has_its_own_help(cmd: str, option: str) -> None:
     assert option in out.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ("status", "--bogus"), ("arbiter", "--bogus"), ("arbiter", "--Arbiter.fake_gpus=2", "--bogus"),
-    ("arbiter", "--fake-gpus", "two"), ("arbiter", "--backend", "cuda"), ("pool", "--bogus"),
-    ("exclusive", "--bogus", "--", "true"), ("run", "--bogus", "script.py"), ("status", "extra"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("status", "--bogus"),
+        ("arbiter", "--bogus"),
+        ("arbiter", "--Arbiter.fake_gpus=2", "--bogus"),
+        ("arbiter", "--fake-gpus", "two"),
+        ("arbiter", "--backend", "cuda"),
+        ("pool", "--bogus"),
+        ("exclusive", "--bogus", "--", "true"),
+        ("run", "--bogus", "script.py"),
+        ("status", "extra"),
+    ],
+)
 def test_a_bad_argument_prints_the_subcommand_usage_and_exits_2(args: tuple[str, ...]) -> None:
     out = krex(*args)
     assert out.returncode == 2, out.stderr
@@ -60,11 +83,25 @@ def test_argparse_declares_exactly_the_applications_aliases_and_flags() -> None:
     from krex_lab.cli import build_parser
 
     parser = build_parser()
-    args = parser.parse_args(["arbiter", "--backend=fake", "--fake-gpus", "3", "--no-guardian",
-                              "--Arbiter.telemetry_interval=0.5", "--max-hold", "7"])
-    assert ArbiterApp.argv_from(args) == ["--Arbiter.backend_name=fake", "--Arbiter.fake_gpus=3",
-                                          "--Arbiter.max_hold=7", "--no-guardian",
-                                          "--Arbiter.telemetry_interval=0.5"]
+    args = parser.parse_args(
+        [
+            "arbiter",
+            "--backend=fake",
+            "--fake-gpus",
+            "3",
+            "--no-guardian",
+            "--Arbiter.telemetry_interval=0.5",
+            "--max-hold",
+            "7",
+        ]
+    )
+    assert ArbiterApp.argv_from(args) == [
+        "--Arbiter.backend_name=fake",
+        "--Arbiter.fake_gpus=3",
+        "--Arbiter.max_hold=7",
+        "--no-guardian",
+        "--Arbiter.telemetry_interval=0.5",
+    ]
     arbiter_help = krex("arbiter", "--help").stdout
     for name in [*ArbiterApp.aliases, *ArbiterApp.flags]:
         assert f"--{name}" in arbiter_help
@@ -74,11 +111,17 @@ def test_pool_options_map_to_the_pool_application() -> None:
     from krex_lab.cli import build_parser
     from krex_lab.workers.pool import PoolApp
 
-    args = build_parser().parse_args(["pool", "--preload", "torch", "cupy", "--on-demand", "--workers-per-gpu=2",
-                                      "--Pool.job_timeout=3"])
+    args = build_parser().parse_args(
+        ["pool", "--preload", "torch", "cupy", "--on-demand", "--workers-per-gpu=2", "--Pool.job_timeout=3"]
+    )
     argv = PoolApp.argv_from(args)
-    assert argv == ["--Pool.workers_per_gpu=2", "--Pool.preload=torch", "--Pool.preload=cupy", "--on-demand",
-                    "--Pool.job_timeout=3"]
+    assert argv == [
+        "--Pool.workers_per_gpu=2",
+        "--Pool.preload=torch",
+        "--Pool.preload=cupy",
+        "--on-demand",
+        "--Pool.job_timeout=3",
+    ]
     app = PoolApp()
     app.parse_command_line(argv)
     assert app.config.Pool.preload == ["torch", "cupy"] and app.config.Pool.job_timeout == 3.0
@@ -89,8 +132,9 @@ def test_a_traitlets_option_reaches_the_arbiter(tmp_path: Path) -> None:
     """``--Arbiter.max_hold_limit=5`` (no alias) is in force: a 10 s lease is refused, a 2 s one granted."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
-    arb = ArbiterProc(runtime, gpus=1, extra=("--no-guardian", f"--runtime-dir={runtime}",
-                                              "--Arbiter.max_hold_limit=5")).start()
+    arb = ArbiterProc(
+        runtime, gpus=1, extra=("--no-guardian", f"--runtime-dir={runtime}", "--Arbiter.max_hold_limit=5")
+    ).start()
     try:
         refused = krex("exclusive", "--quiet", "--max-hold", "10", "--", "true", env=arb.env())
         assert refused.returncode == 1 and "max_hold must be in (0, 5]" in refused.stderr, refused.stderr
@@ -105,15 +149,18 @@ def test_a_traitlets_option_reaches_the_arbiter(tmp_path: Path) -> None:
 def test_lab_passes_other_options_to_jupyterlab_unchanged() -> None:
     from krex_lab.cli import build_parser
 
-    args = build_parser().parse_args(["lab", "--ServerApp.token=", "--backend=fake", "--no-pool", "--port", "9999",
-                                      "--no-browser"])
+    args = build_parser().parse_args(
+        ["lab", "--ServerApp.token=", "--backend=fake", "--no-pool", "--port", "9999", "--no-browser"]
+    )
     assert (args.backend, args.no_pool) == ("fake", True)
     assert args.jupyterlab_args == ["--ServerApp.token=", "--port", "9999", "--no-browser"]
 
 
 def test_importing_the_cli_is_cheap() -> None:
-    code = ("import sys, krex_lab.cli\n"
-            "heavy = ('zmq', 'jupyter_server', 'jupyterlab', 'jupyter_core', 'tornado', 'traitlets')\n"
-            "print([m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('krex_lab.workers')])")
+    code = (
+        "import sys, krex_lab.cli\n"
+        "heavy = ('zmq', 'jupyter_server', 'jupyterlab', 'jupyter_core', 'tornado', 'traitlets')\n"
+        "print([m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('krex_lab.workers')])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -72,10 +72,13 @@ def test_config_file_sets_the_default_lease(tmp_path: Path, monkeypatch: pytest.
     arb.start()
     try:
         assert len(arb.status()["gpus"]) == 3
-        code = ("import krex_lab, time\nr = krex_lab.exclusive(gpu=2)\n"
-                "try:\n    with r: time.sleep(0.8)\nexcept krex_lab.LeaseExpired as e: print('expired', e)")
-        out = subprocess.run([sys.executable, "-c", code], env=arb.env(), capture_output=True, text=True,
-                             timeout=30, cwd=ROOT)
+        code = (
+            "import krex_lab, time\nr = krex_lab.exclusive(gpu=2)\n"
+            "try:\n    with r: time.sleep(0.8)\nexcept krex_lab.LeaseExpired as e: print('expired', e)"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=arb.env(), capture_output=True, text=True, timeout=30, cwd=ROOT
+        )
         assert out.stdout.startswith("expired") and "max_hold=0.3" in out.stdout, out.stderr
     finally:
         arb.stop()
@@ -92,8 +95,9 @@ def test_queued_request_is_withdrawn_on_interrupt(arbiter: ArbiterProc, procs: P
     # Without freezing, so that the waiter (a sibling on GPU 0) can run and be interrupted.
     procs.start("holder", "0", "--no-freeze", wait_line="granted")
     code = "import krex_lab\nprint('waiting', flush=True)\nwith krex_lab.exclusive(gpu=0): pass"
-    waiter = subprocess.Popen([sys.executable, "-c", code], env=arbiter.env(), stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT)
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", code], env=arbiter.env(), stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     assert waiter.stdout is not None and waiter.stdout.readline().startswith("waiting")
     wait_for(lambda: arbiter.status()["gpus"][0]["queue"], timeout=10)
     waiter.send_signal(2)  # Ctrl-C while queued
@@ -120,15 +124,32 @@ def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> N
         "    print(json.dumps({'state': proc_state(child.pid), 'frozen': r.report['frozen'], 'child': child.pid}))\n"
         "child.kill()\n"
     )
-    out = subprocess.run([sys.executable, "-c", holder_code], env=arbiter.env(), capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", holder_code], env=arbiter.env(), capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["state"] == "T" and seen["child"] in seen["frozen"], out.stderr
-    nested = ("import krex_lab, json\nwith krex_lab.exclusive(gpu=0) as r:\n"
-              "    print(json.dumps(r.report))")
-    out = subprocess.run([sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--quiet", "--",
-                          sys.executable, "-c", nested], env=arbiter.env(), capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    nested = "import krex_lab, json\nwith krex_lab.exclusive(gpu=0) as r:\n    print(json.dumps(r.report))"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.cli",
+            "exclusive",
+            "--gpu",
+            "0",
+            "--quiet",
+            "--",
+            sys.executable,
+            "-c",
+            nested,
+        ],
+        env=arbiter.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["nested"] is True and report["state"] == "held"
@@ -141,12 +162,20 @@ def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> No
 
     waiting = procs.start("sibling", "0")
     other = procs.start("sibling", "0")
-    code = ("import json, sys, time, krex_lab\n"
-            "with krex_lab.exclusive(gpu=0, exempt=[int(sys.argv[1])]) as r:\n"
-            "    time.sleep(0.3)\n"  # a region that lasts a while: the exempt process keeps running
-            "    print(json.dumps(r.report), flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(waiting.pid)], env=arbiter.env(), capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+    code = (
+        "import json, sys, time, krex_lab\n"
+        "with krex_lab.exclusive(gpu=0, exempt=[int(sys.argv[1])]) as r:\n"
+        "    time.sleep(0.3)\n"  # a region that lasts a while: the exempt process keeps running
+        "    print(json.dumps(r.report), flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(waiting.pid)],
+        env=arbiter.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["exempted"] == [waiting.pid]
     assert other.pid in report["frozen"] and waiting.pid not in report["frozen"]

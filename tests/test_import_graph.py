@@ -64,7 +64,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for t in sorted(edges.get(m, ())):
             if state.get(t) == 1:
-                return [*stack[stack.index(t):], t]
+                return [*stack[stack.index(t) :], t]
             if t not in state and (cycle := visit(t)) is not None:
                 return cycle
         stack.pop()

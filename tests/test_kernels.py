@@ -58,8 +58,9 @@ class Kernels:
                     os.kill(pid, signal.SIGCONT)  # a stopped kernel cannot answer its shutdown
                 except ProcessLookupError:
                     pass
-        await asyncio.gather(*(km.shutdown_kernel(now=True) for km in self.managers if km.has_kernel),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(km.shutdown_kernel(now=True) for km in self.managers if km.has_kernel), return_exceptions=True
+        )
 
 
 @pytest.fixture
@@ -70,9 +71,19 @@ def pool(arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     endpoint = f"ipc://{arbiter.runtime / 'pool.sock'}"
     env = {**arbiter.env(), "KREX_POOL_ENDPOINT": endpoint}
     log = open(arbiter.runtime / "pool.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "krex_lab.workers.pool", f"--endpoint={endpoint}",
-                             f"--arbiter={arbiter.endpoint}", "--no-preload"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.workers.pool",
+            f"--endpoint={endpoint}",
+            f"--arbiter={arbiter.endpoint}",
+            "--no-preload",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     monkeypatch.setenv("KREX_POOL_ENDPOINT", endpoint)
 
     def answers() -> bool:
@@ -97,9 +108,25 @@ def detached(arbiter: ArbiterProc) -> Iterator[Any]:
     pids: list[int] = []
 
     def start(gpu: int) -> int:
-        out = subprocess.run([sys.executable, "-m", "krex_lab.provisioner", "detach", sys.executable, "-m",
-                              "tests.procs.session", "sibling", str(gpu), "--sleep"], cwd=ROOT, env=arbiter.env(),
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "krex_lab.provisioner",
+                "detach",
+                sys.executable,
+                "-m",
+                "tests.procs.session",
+                "sibling",
+                str(gpu),
+                "--sleep",
+            ],
+            cwd=ROOT,
+            env=arbiter.env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         pid = int(out.stdout)
         pids.append(pid)
         wait_for(lambda: any(s["pid"] == pid for g in arbiter.status()["gpus"] for s in g["sessions"]), 20)
@@ -186,8 +213,9 @@ async def test_region_in_one_kernel_stops_the_other(arbiter: ArbiterProc, kernel
     assert time.monotonic() - t0 < 30
 
 
-async def test_four_kernels_placed_two_and_two(arbiter: ArbiterProc, kernels: Kernels,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_four_kernels_placed_two_and_two(
+    arbiter: ArbiterProc, kernels: Kernels, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KREX_GPU", raising=False)
     started = await kernels.start(4)
     pids = [pid_of(km) for km, _ in started]
@@ -233,8 +261,11 @@ async def test_krex_cell_in_a_kernel(arbiter: ArbiterProc, pool: str, kernels: K
     [(km, kc)] = await kernels.start(1)
     pid = pid_of(km)
     t0 = time.monotonic()
-    reply, out = await run(kc, "%%krex\nimport os, time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
-                               "    time.sleep(0.4)\nos.getpid()")
+    reply, out = await run(
+        kc,
+        "%%krex\nimport os, time\nfor i in range(3):\n    print('tick', i, flush=True)\n"
+        "    time.sleep(0.4)\nos.getpid()",
+    )
     assert reply["status"] == "ok"
     ticks = [o["t"] for o in out if o["type"] == "stream" and "tick" in o["text"]]
     result = [o for o in out if o["type"] == "execute_result"]

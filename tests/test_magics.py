@@ -81,8 +81,9 @@ def test_exclusive_options(ip: Any, arbiter: ArbiterProc, detached: Any) -> None
         ip.run_cell_magic("krex_exclusive", "--gpu x", "pass")
 
 
-def test_exclusive_failures_are_short_messages(ip: Any, arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch,
-                                               tmp_path: Any) -> None:
+def test_exclusive_failures_are_short_messages(
+    ip: Any, arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     # Lease expiry: the cell fails with one clear line (and the report says LEASE EXPIRED).
     with capture_output() as cap, pytest.raises(KrexCellError, match=r"exceeded max_hold=0\.3 s"):
         ip.run_cell_magic("krex_exclusive", "--max-hold 0.3", "import time; time.sleep(0.8)")
@@ -119,6 +120,7 @@ def test_krex_status(ip: Any, arbiter: ArbiterProc) -> None:
 
 
 # -- %%krex on a real pool ----------------------------------------------------------------------------
+
 
 class LiveOut:
     """A stdout that records when each write arrived."""
@@ -169,8 +171,9 @@ def test_krex_cell_on_the_context_worker(ip: Any, pool: str, monkeypatch: pytest
     assert "KREX region" in out.text() and "on GPU" in out.text()
 
 
-def test_krex_without_pool_is_a_short_message(ip: Any, arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch,
-                                              tmp_path: Any) -> None:
+def test_krex_without_pool_is_a_short_message(
+    ip: Any, arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     pytest.importorskip("krex_lab.workers.client")
     from krex_lab.workers.client import PoolClient
 

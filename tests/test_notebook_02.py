@@ -20,8 +20,9 @@ krex_spec = test_kernels.krex_spec  # fixture
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_optimize_a_kernel(arbiter: ArbiterProc, krex_spec: None, tmp_path: Path,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_optimize_a_kernel(
+    arbiter: ArbiterProc, krex_spec: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
     nb = nbformat.read(ROOT / "notebooks" / "02_optimize_a_kernel.ipynb", as_version=4)
     assert nb.metadata["kernelspec"]["name"] == "krex"

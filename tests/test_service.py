@@ -56,19 +56,36 @@ async def test_every_kind_of_handler_outcome_answers_once(tmp_path: Path) -> Non
         return DEFERRED
 
     endpoint = f"ipc://{tmp_path / 's.sock'}"
-    service = Service("test server", endpoint, {protocol.Hello: hello, protocol.Status: status,
-                                                protocol.Place: place, protocol.Regions: regions,
-                                                protocol.Register: register},
-                      protocol.decode_request, lock=tmp_path / "s.lock")
+    service = Service(
+        "test server",
+        endpoint,
+        {
+            protocol.Hello: hello,
+            protocol.Status: status,
+            protocol.Place: place,
+            protocol.Regions: regions,
+            protocol.Register: register,
+        },
+        protocol.decode_request,
+        lock=tmp_path / "s.lock",
+    )
     assert service.take_lock()
     service.bind()
     ready = asyncio.Event()
     task = asyncio.ensure_future(service.run([], ready))
     await ready.wait()
     try:
-        replies = await _roundtrip(endpoint, [protocol.Hello(), protocol.Status(), protocol.Place(),
-                                              protocol.Regions(limit=3), protocol.Register(pid=1, ticket="t"),
-                                              protocol.Unregister()])
+        replies = await _roundtrip(
+            endpoint,
+            [
+                protocol.Hello(),
+                protocol.Status(),
+                protocol.Place(),
+                protocol.Regions(limit=3),
+                protocol.Register(pid=1, ticket="t"),
+                protocol.Unregister(),
+            ],
+        )
     finally:
         service.stop()
         await task

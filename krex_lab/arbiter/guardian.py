@@ -115,8 +115,12 @@ def _guard(pidfd: int | None, pid: int, journal: Path, term_grace: float, wake_r
                 log.info("SIGTERM with nothing outstanding: exiting")
                 return False
             if time.monotonic() - terms[0] > term_grace:
-                log.error("SIGTERM: arbiter %d still alive with outstanding entries after %.1f s; leaving them "
-                          "to it (or to its supervisor)", pid, term_grace)
+                log.error(
+                    "SIGTERM: arbiter %d still alive with outstanding entries after %.1f s; leaving them "
+                    "to it (or to its supervisor)",
+                    pid,
+                    term_grace,
+                )
                 return False
 
 
@@ -125,8 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pid", type=int, required=True, help="the arbiter's pid")
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--backend", default="fake")
-    parser.add_argument("--term-grace", type=float, default=5.0,
-                        help="after SIGTERM, how long to keep guarding a live arbiter with outstanding entries")
+    parser.add_argument(
+        "--term-grace",
+        type=float,
+        default=5.0,
+        help="after SIGTERM, how long to keep guarding a live arbiter with outstanding entries",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s krex-guardian %(message)s")
     wake_r, terms = _catch_signals()

@@ -65,9 +65,11 @@ class Tickets:
         """The identity a ticket was issued to; the ticket is spent. Raises PermissionDenied."""
         entry = self._issued.pop(ticket, None) if isinstance(ticket, str) else None
         if entry is None or entry[0] < time.monotonic():
-            raise PermissionDenied("no valid identity ticket: ask the arbiter's identity socket for a fresh one "
-                                   "right before registering (tickets are single-use and expire after "
-                                   f"{self.ttl:g} s)")
+            raise PermissionDenied(
+                "no valid identity ticket: ask the arbiter's identity socket for a fresh one "
+                "right before registering (tickets are single-use and expire after "
+                f"{self.ttl:g} s)"
+            )
         who = entry[1]
         if start_time(who.pid) != who.start:
             raise PermissionDenied(f"process {who.pid} that asked for this ticket has exited")
@@ -119,8 +121,10 @@ class IdentityServer:
         if start is None or real is None:
             return "error process gone"
         if real != effective:
-            return (f"error process {pid} runs with real uid {real} but effective uid {effective} (setuid): "
-                    "KREX registers only processes acting as themselves")
+            return (
+                f"error process {pid} runs with real uid {real} but effective uid {effective} (setuid): "
+                "KREX registers only processes acting as themselves"
+            )
         return "ticket " + self.tickets.issue(Identity(pid=pid, uid=uid, gid=gid, start=start))
 
     def close(self) -> None:
@@ -141,8 +145,10 @@ def fetch_ticket(path: str, timeout: float = 5.0) -> str:
             if uid not in (0, os.geteuid()):
                 # Someone else's "arbiter": a ticket from it would be worthless, and it would learn
                 # who we are. Root's (a node arbiter) or our own (an embedded one) only.
-                raise PermissionDenied(f"the identity socket {path} is served by uid {uid}, neither root nor "
-                                       "you: not an arbiter of this node")
+                raise PermissionDenied(
+                    f"the identity socket {path} is served by uid {uid}, neither root nor "
+                    "you: not an arbiter of this node"
+                )
             data = b""
             while not data.endswith(b"\n") and len(data) < 4096:
                 chunk = sock.recv(4096)

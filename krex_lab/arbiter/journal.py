@@ -150,8 +150,9 @@ def read_outstanding(path: Path) -> list[dict[str, Any]]:
         os.close(fd)
 
 
-def undo_outstanding(path: Path, unlock: UnlockFn | None = None, *, lock_path: Path | None = None,
-                     wait: float = 1.0) -> dict[str, Any]:
+def undo_outstanding(
+    path: Path, unlock: UnlockFn | None = None, *, lock_path: Path | None = None, wait: float = 1.0
+) -> dict[str, Any]:
     """Undo every outstanding action in reverse order of kind: affinity, thaw, unlock.
 
     Returns a summary (what was restored, thawed, unlocked, and what failed); never raises on

@@ -13,8 +13,24 @@ import collections
 from typing import Any
 
 #: what anyone may know of another user's region (report or holder)
-_REGION_KEYS = ("region", "gpu", "user", "state", "wait_s", "hold_s", "held_s", "max_hold_s", "waiting_s",
-                "degraded", "expired", "released_by", "backend", "simulated", "time", "event")
+_REGION_KEYS = (
+    "region",
+    "gpu",
+    "user",
+    "state",
+    "wait_s",
+    "hold_s",
+    "held_s",
+    "max_hold_s",
+    "waiting_s",
+    "degraded",
+    "expired",
+    "released_by",
+    "backend",
+    "simulated",
+    "time",
+    "event",
+)
 
 
 def _mine(entry: dict[str, Any], viewer: int | None) -> bool:
@@ -35,13 +51,15 @@ def status_view(table: dict[str, Any], viewer: int | None) -> dict[str, Any]:
         holder = g["holder"]
         own = [s for s in g["sessions"] if _mine(s, viewer)]
         others = collections.Counter(s["user"] for s in g["sessions"] if not _mine(s, viewer))
-        gpus.append({
-            **g,
-            "holder": holder if holder is None else report_view(holder, viewer),
-            "queue": [report_view(q, viewer) for q in g["queue"]],
-            "sessions": own,
-            "other_sessions": dict(others),
-        })
+        gpus.append(
+            {
+                **g,
+                "holder": holder if holder is None else report_view(holder, viewer),
+                "queue": [report_view(q, viewer) for q in g["queue"]],
+                "sessions": own,
+                "other_sessions": dict(others),
+            }
+        )
     return {**table, "gpus": gpus}
 
 

@@ -65,20 +65,31 @@ _FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_
 
 class Quotas(LoggingConfigurable):
     sessions_per_user = Int(128, help="Sessions one user may have registered at once (all GPUs).").tag(config=True)
-    sessions_per_process = Int(8, help="Sessions registered for one process (a kernel needs one; each holds a "
-                               "descriptor of the arbiter).").tag(config=True)
-    queued_per_user = Int(8, help="Requests one user may have waiting in the GPUs' queues at once.").tag(
-        config=True)
-    max_hold = Float(0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only "
-                     "Arbiter.max_hold_limit applies.").tag(config=True)
-    users = Dict(help="Per-user overrides, by user name: {'alice': {'queued_per_user': 32, 'max_hold': 3600}}. "
-                 "Keys are the option names of this class.").tag(config=True)
-    groups = Dict(help="Per-group overrides, by group name, same keys as `users`; a user in several groups gets "
-                  "the most generous value of each. A user's own entry in `users` wins over groups.").tag(config=True)
-    admin_group = Unicode("krex-admin", help="Members of this Unix group (and root) are exempt from every quota and "
-                          "may end any region or withdraw any request.").tag(config=True)
-    half_life = Float(600.0, help="Half-life in seconds of the hold time that fair share counts: the user who held "
-                      "GPUs least over roughly this long goes first.").tag(config=True)
+    sessions_per_process = Int(
+        8, help="Sessions registered for one process (a kernel needs one; each holds a descriptor of the arbiter)."
+    ).tag(config=True)
+    queued_per_user = Int(8, help="Requests one user may have waiting in the GPUs' queues at once.").tag(config=True)
+    max_hold = Float(
+        0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies."
+    ).tag(config=True)
+    users = Dict(
+        help="Per-user overrides, by user name: {'alice': {'queued_per_user': 32, 'max_hold': 3600}}. "
+        "Keys are the option names of this class."
+    ).tag(config=True)
+    groups = Dict(
+        help="Per-group overrides, by group name, same keys as `users`; a user in several groups gets "
+        "the most generous value of each. A user's own entry in `users` wins over groups."
+    ).tag(config=True)
+    admin_group = Unicode(
+        "krex-admin",
+        help="Members of this Unix group (and root) are exempt from every quota and "
+        "may end any region or withdraw any request.",
+    ).tag(config=True)
+    half_life = Float(
+        600.0,
+        help="Half-life in seconds of the hold time that fair share counts: the user who held "
+        "GPUs least over roughly this long goes first.",
+    ).tag(config=True)
 
     def _base(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in _FIELDS}
@@ -106,19 +117,24 @@ class Quotas(LoggingConfigurable):
     def check_register(self, uid: int, pid: int, sessions: Iterable[Any], capacity: int) -> None:
         every = list(sessions)
         if len(every) >= capacity:
-            raise QuotaExceeded(f"the arbiter is at its capacity of {capacity} sessions (node limit, from its "
-                                "file descriptor limit): try again when sessions end")
+            raise QuotaExceeded(
+                f"the arbiter is at its capacity of {capacity} sessions (node limit, from its "
+                "file descriptor limit): try again when sessions end"
+            )
         if self.is_admin(uid):
             return
         limits = self.limits_for(uid)
         mine = sum(1 for s in every if s.uid == uid)
         if mine >= limits.sessions_per_user:
-            raise QuotaExceeded(f"uid {uid} has {mine} sessions: the limit is sessions_per_user="
-                                f"{limits.sessions_per_user}")
+            raise QuotaExceeded(
+                f"uid {uid} has {mine} sessions: the limit is sessions_per_user={limits.sessions_per_user}"
+            )
         same_pid = sum(1 for s in every if s.pid == pid)
         if same_pid >= limits.sessions_per_process:
-            raise QuotaExceeded(f"process {pid} has {same_pid} sessions: the limit is sessions_per_process="
-                                f"{limits.sessions_per_process}")
+            raise QuotaExceeded(
+                f"process {pid} has {same_pid} sessions: the limit is sessions_per_process="
+                f"{limits.sessions_per_process}"
+            )
 
     def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> None:
         if self.is_admin(uid):
@@ -128,8 +144,10 @@ class Quotas(LoggingConfigurable):
             raise QuotaExceeded(f"max_hold {max_hold:g} s is over this user's limit max_hold={limits.max_hold:g} s")
         waiting = sum(1 for r in queued if r.session.uid == uid)
         if waiting >= limits.queued_per_user:
-            raise QuotaExceeded(f"uid {uid} already has {waiting} requests waiting: the limit is queued_per_user="
-                                f"{limits.queued_per_user}")
+            raise QuotaExceeded(
+                f"uid {uid} already has {waiting} requests waiting: the limit is queued_per_user="
+                f"{limits.queued_per_user}"
+            )
 
 
 def _more_generous(key: str, a: Any, b: Any) -> Any:

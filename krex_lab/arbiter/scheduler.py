@@ -103,15 +103,25 @@ class Scheduler:
     (:meth:`request`, :meth:`release`, :meth:`session_gone`, :meth:`intruder_session`) and at
     shutdown; everything runs on the arbiter's event loop."""
 
-    def __init__(self, gpus: int, sessions: SessionTable, steps: Enforcement, notify: Notifier,
-                 config: SchedulerConfig, policy: QueuePolicy | None = None) -> None:
+    def __init__(
+        self,
+        gpus: int,
+        sessions: SessionTable,
+        steps: Enforcement,
+        notify: Notifier,
+        config: SchedulerConfig,
+        policy: QueuePolicy | None = None,
+    ) -> None:
         self.sessions = sessions
         self.policy: QueuePolicy = policy or Fifo()
         self.steps = steps
         self.notify = notify
         self.config = config
         self.backend_info: dict[str, Any] = config.backend_info or {
-            "backend": "unknown", "simulated": True, "capabilities": {"lock": False}}
+            "backend": "unknown",
+            "simulated": True,
+            "capabilities": {"lock": False},
+        }
         self.queues: dict[int, collections.deque[Region]] = {g: collections.deque() for g in range(gpus)}
         self.active: dict[int, Region | None] = dict.fromkeys(range(gpus))
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history)
@@ -130,13 +140,30 @@ class Scheduler:
         return task
 
     # -- requests -------------------------------------------------------------------------
-    def request(self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool,
-                cores: int, reply: Reply) -> Region:
-        region = Region(id=f"r{next(self._ids)}", gpu=gpu, session=session, max_hold=max_hold,
-                        freeze=freeze, isolate=isolate, cores=cores, reply=reply)
+    def request(
+        self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool, cores: int, reply: Reply
+    ) -> Region:
+        region = Region(
+            id=f"r{next(self._ids)}",
+            gpu=gpu,
+            session=session,
+            max_hold=max_hold,
+            freeze=freeze,
+            isolate=isolate,
+            cores=cores,
+            reply=reply,
+        )
         self.queues[gpu].append(region)
-        self.notify.publish("region", {"event": "requested", "region": region.id, "gpu": gpu,
-                                    "session": session.id, "queue": len(self.queues[gpu])})
+        self.notify.publish(
+            "region",
+            {
+                "event": "requested",
+                "region": region.id,
+                "gpu": gpu,
+                "session": session.id,
+                "queue": len(self.queues[gpu]),
+            },
+        )
         self._kick(gpu)
         pending = self._intruders.pop(session.id, None)
         if pending is not None:  # it registered mid-region and has now queued: stop it now
@@ -214,8 +241,7 @@ class Scheduler:
         region.exempt |= {p for pid in region.asked_exempt for p in tree_until(pid, apart)}
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
-            siblings = [s for s in self.sessions.on_gpu(region.gpu)
-                        if s.id != holder.id and s.pid not in region.exempt]
+            siblings = [s for s in self.sessions.on_gpu(region.gpu) if s.id != holder.id and s.pid not in region.exempt]
             await self._drain(region, siblings)
             t1 = time.monotonic()
             region.times["drain"] = t1 - t0
@@ -236,7 +262,8 @@ class Scheduler:
                     region.isolated = self._isolate(region, roots, deadline)
                 else:
                     region.isolated = await asyncio.get_running_loop().run_in_executor(
-                        self._threads, self._isolate, region, roots, deadline)
+                        self._threads, self._isolate, region, roots, deadline
+                    )
             region.times["isolate"] = time.monotonic() - t2
             region.times["acquire"] = time.monotonic() - t0
         except Exception as exc:  # never leave a half-enforced region behind
@@ -246,8 +273,9 @@ class Scheduler:
             return
         if region.release_wanted:  # the holder left (or withdrew) while it was being granted
             await self._undo(region, region.release_wanted)
-            region.reply(None, RegionCancelled(f"region {region.id} was withdrawn during its grant "
-                                               f"({region.release_wanted})"))
+            region.reply(
+                None, RegionCancelled(f"region {region.id} was withdrawn during its grant ({region.release_wanted})")
+            )
             return
         region.move(RegionState.HELD)
         region.granted_at = time.monotonic()
@@ -264,12 +292,24 @@ class Scheduler:
         """Reserve cores for the holder's threads and move every other session's threads off them
         (in the isolation thread: a session with thousands of threads must not stall the loop)."""
         frozen = set(region.frozen.pids)
-        others = sorted({p for root in roots if root not in frozen
-                         for p in tree(root) if p not in frozen and p not in region.exempt})
+        others = sorted(
+            {
+                p
+                for root in roots
+                if root not in frozen
+                for p in tree(root)
+                if p not in frozen and p not in region.exempt
+            }
+        )
         holder = tree_until(region.session.pid, self._other_session_pids(region))
         return self.steps.cores.isolate(
-            region.id, holder, others, region.cores,
-            lambda threads: self.steps.journal.record("affinity", region.id, threads=threads), deadline)
+            region.id,
+            holder,
+            others,
+            region.cores,
+            lambda threads: self.steps.journal.record("affinity", region.id, threads=threads),
+            deadline,
+        )
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight."""
@@ -331,8 +371,9 @@ class Scheduler:
 
     def _journal_lock(self, region: Region) -> Callable[[list[tuple[int, int]]], None]:
         backend = self.steps.backend_name
-        return lambda procs: self.steps.journal.record("lock", region.id, backend=backend,
-                                                     procs=[list(p) for p in procs])
+        return lambda procs: self.steps.journal.record(
+            "lock", region.id, backend=backend, procs=[list(p) for p in procs]
+        )
 
     async def _watch_intruders(self, region: Region) -> None:
         """Lock processes that appear on the GPU while the region is held."""
@@ -369,8 +410,9 @@ class Scheduler:
             return
         region.drain.intruders.append(session.pid)
         # Let it hear its registration and queue first (request() then stops it at once).
-        handle = asyncio.get_running_loop().call_later(self.config.intruder_grace, self._start_intrusion,
-                                                       region, session)
+        handle = asyncio.get_running_loop().call_later(
+            self.config.intruder_grace, self._start_intrusion, region, session
+        )
         self._intruders[session.id] = (region, handle)
 
     def _start_intrusion(self, region: Region, session: Session) -> None:
@@ -396,8 +438,7 @@ class Scheduler:
     def _expire(self, region: Region) -> None:
         if region.state is not RegionState.HELD:
             return
-        log.warning("region %s on GPU %d reached max_hold %.1f s: releasing", region.id, region.gpu,
-                    region.max_hold)
+        log.warning("region %s on GPU %d reached max_hold %.1f s: releasing", region.id, region.gpu, region.max_hold)
         self.notify.control(region.session, "lease_expired", region)
         self._spawn(self.release(region, "lease expired"))
 

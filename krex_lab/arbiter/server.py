@@ -59,82 +59,135 @@ class _Notifier:
 
     def control(self, session: Session, kind: str, region: Region) -> None:
         if session.control is not None:
-            self.service.send(session.control, protocol.Control(kind=kind, region=region.id,  # type: ignore[arg-type]
-                                                                gpu=region.gpu))
+            self.service.send(
+                session.control,
+                protocol.Control(
+                    kind=kind,  # type: ignore[arg-type]
+                    region=region.id,
+                    gpu=region.gpu,
+                ),
+            )
 
 
 class Arbiter(LoggingConfigurable):
-    endpoint = Unicode("", help="ROUTER endpoint to bind (default: $KREX_ENDPOINT, else ipc:// in the "
-                       "runtime dir). Events go to the matching PUB endpoint.").tag(config=True)
-    runtime_dir = Unicode("", help="Directory for the socket, journal and lock "
-                          "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).").tag(config=True)
-    backend_name = Enum(list(BACKENDS), default_value="auto", help="GPU backend: auto picks nvidia, then amd, "
-                        "then the simulated fake backend.").tag(config=True)
+    endpoint = Unicode(
+        "",
+        help="ROUTER endpoint to bind (default: $KREX_ENDPOINT, else ipc:// in the "
+        "runtime dir). Events go to the matching PUB endpoint.",
+    ).tag(config=True)
+    runtime_dir = Unicode(
+        "",
+        help="Directory for the socket, journal and lock "
+        "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).",
+    ).tag(config=True)
+    backend_name = Enum(
+        list(BACKENDS),
+        default_value="auto",
+        help="GPU backend: auto picks nvidia, then amd, then the simulated fake backend.",
+    ).tag(config=True)
     fake_gpus = Int(1, help="Number of simulated GPUs of the fake backend.").tag(config=True)
-    max_hold = Float(60.0, help="Default lease of a region in seconds; at expiry it is force-released "
-                     "and the holder told.").tag(config=True)
+    max_hold = Float(
+        60.0, help="Default lease of a region in seconds; at expiry it is force-released and the holder told."
+    ).tag(config=True)
     max_hold_limit = Float(3600.0, help="Largest max_hold a client may ask for.").tag(config=True)
     drain_timeout = Float(1.0, help="Seconds to wait for KREX-aware sessions to confirm a drain.").tag(config=True)
-    lock_timeout = Float(5.0, help="Deadline of one driver lock (it waits for the target's queued GPU "
-                         "work).").tag(config=True)
+    lock_timeout = Float(5.0, help="Deadline of one driver lock (it waits for the target's queued GPU work).").tag(
+        config=True
+    )
     lock_foreign = Bool(True, help="Lock GPU processes that are not KREX sessions too.").tag(config=True)
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
-        config=True)
+        config=True
+    )
     poll_interval = Float(0.1, help="How often a held GPU is checked for new processes to lock.").tag(config=True)
-    history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(
-        config=True)
-    multi_user = Bool(False, help="Let other users reach the socket (runtime dir 0755, socket 0666). A "
-                      "multi-user arbiter runs as root: without root it refuses to start (see "
-                      "allow_unprivileged_multi_user).").tag(config=True)
-    allow_unprivileged_multi_user = Bool(False, help="Let a non-root arbiter serve other users anyway. Other "
-                                         "users can then stop this user's processes in their regions, and this "
-                                         "user's regions cannot freeze or lock theirs (every region is "
-                                         "degraded). For trusted test setups only.").tag(config=True)
-    cgroups = Enum(["off", "auto"], default_value="off", help="Place each session in a cgroup v2 of its own "
-                   "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
-                   "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
-                   "between cgroups can fight a host's own cgroup management.").tag(config=True)
-    guardian = Bool(True, help="Start a guardian process that undoes every lock, freeze and re-pin if "
-                    "the arbiter dies.").tag(config=True)
-    privacy = Enum(["private", "open"], default_value="private", help="What users see of each other's work: "
-                   "'private' shows other users' sessions and regions as user names and counts (no pids, names or "
-                   "reports) in status, regions and, on a multi-user arbiter, in events; 'open' shows everything "
-                   "(a trusted lab). Root and the admin group always see everything.").tag(config=True)
-    intruder_grace = Float(0.5, help="Seconds a session that registers during another's region runs before it is "
-                           "drained and frozen: it hears its registration and may queue (queueing stops it at "
-                           "once).").tag(config=True)
-    isolate_deadline = Float(0.5, help="Seconds the isolation step may spend moving other sessions' threads "
-                             "(it runs off the event loop); threads not reached by then are reported and the "
-                             "region is degraded.").tag(config=True)
-    telemetry_interval = Float(1.0, help="Seconds between `krex.telemetry` events (the node status with the GPU "
-                               "readings, holders, queues and sessions, the GPU processes' memory and the recent "
-                               "regions), computed once per period however many dashboards subscribe; 0 disables."
-                               ).tag(config=True)
-
+    history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(config=True)
+    multi_user = Bool(
+        False,
+        help="Let other users reach the socket (runtime dir 0755, socket 0666). A "
+        "multi-user arbiter runs as root: without root it refuses to start (see "
+        "allow_unprivileged_multi_user).",
+    ).tag(config=True)
+    allow_unprivileged_multi_user = Bool(
+        False,
+        help="Let a non-root arbiter serve other users anyway. Other "
+        "users can then stop this user's processes in their regions, and this "
+        "user's regions cannot freeze or lock theirs (every region is "
+        "degraded). For trusted test setups only.",
+    ).tag(config=True)
+    cgroups = Enum(
+        ["off", "auto"],
+        default_value="off",
+        help="Place each session in a cgroup v2 of its own "
+        "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
+        "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
+        "between cgroups can fight a host's own cgroup management.",
+    ).tag(config=True)
+    guardian = Bool(
+        True, help="Start a guardian process that undoes every lock, freeze and re-pin if the arbiter dies."
+    ).tag(config=True)
+    privacy = Enum(
+        ["private", "open"],
+        default_value="private",
+        help="What users see of each other's work: "
+        "'private' shows other users' sessions and regions as user names and counts (no pids, names or "
+        "reports) in status, regions and, on a multi-user arbiter, in events; 'open' shows everything "
+        "(a trusted lab). Root and the admin group always see everything.",
+    ).tag(config=True)
+    intruder_grace = Float(
+        0.5,
+        help="Seconds a session that registers during another's region runs before it is "
+        "drained and frozen: it hears its registration and may queue (queueing stops it at "
+        "once).",
+    ).tag(config=True)
+    isolate_deadline = Float(
+        0.5,
+        help="Seconds the isolation step may spend moving other sessions' threads "
+        "(it runs off the event loop); threads not reached by then are reported and the "
+        "region is degraded.",
+    ).tag(config=True)
+    telemetry_interval = Float(
+        1.0,
+        help="Seconds between `krex.telemetry` events (the node status with the GPU "
+        "readings, holders, queues and sessions, the GPU processes' memory and the recent "
+        "regions), computed once per period however many dashboards subscribe; 0 disables.",
+    ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.multi_user and os.geteuid() != 0 and not self.allow_unprivileged_multi_user:
-            raise KrexError("--multi-user needs root: run by an ordinary user, other users could stop this "
-                            "user's processes and its regions could not hold against theirs. Run it as root "
-                            "(a system service), or set Arbiter.allow_unprivileged_multi_user for a trusted test.")
+            raise KrexError(
+                "--multi-user needs root: run by an ordinary user, other users could stop this "
+                "user's processes and its regions could not hold against theirs. Run it as root "
+                "(a system service), or set Arbiter.allow_unprivileged_multi_user for a trusted test."
+            )
         self.started = time.time()
         self.backend: GpuBackend = make_backend(self.backend_name, self.fake_gpus)
         self.gpu_count = self.backend.gpu_count()
         self.backend_info = self.backend.describe()
-        self.root = paths.prepare_runtime_dir(Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir(),
-                                              multi_user=self.multi_user)
+        self.root = paths.prepare_runtime_dir(
+            Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir(), multi_user=self.multi_user
+        )
         endpoint = self.endpoint or os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{self.root / 'arbiter.sock'}"
         self.bound = endpoint
         self.events = paths.events_endpoint(endpoint)
         self.service = Service(
-            "arbiter", endpoint, {
-                protocol.Hello: self._hello, protocol.Status: self._status, protocol.Regions: self._regions,
-                protocol.Place: self._place, protocol.Register: self._register,
-                protocol.Unregister: self._unregister, protocol.Acquire: self._acquire,
-                protocol.Release: self._release, protocol.DrainAck: self._drain_ack,
-            }, protocol.decode_request, events=self.events, lock=self.root / "arbiter.lock",
-            socket_mode=0o666 if self.multi_user else 0o600)
+            "arbiter",
+            endpoint,
+            {
+                protocol.Hello: self._hello,
+                protocol.Status: self._status,
+                protocol.Regions: self._regions,
+                protocol.Place: self._place,
+                protocol.Register: self._register,
+                protocol.Unregister: self._unregister,
+                protocol.Acquire: self._acquire,
+                protocol.Release: self._release,
+                protocol.DrainAck: self._drain_ack,
+            },
+            protocol.decode_request,
+            events=self.events,
+            lock=self.root / "arbiter.lock",
+            socket_mode=0o666 if self.multi_user else 0o600,
+        )
         self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
@@ -143,21 +196,36 @@ class Arbiter(LoggingConfigurable):
         self.gate = Gate(self.notify.publish)
         self.sessions = SessionTable(self._session_died)
         self.tickets = Tickets()
-        self.identity = IdentityServer(str(self.root / "identity.sock"), self.tickets,
-                                       mode=0o666 if self.multi_user else 0o600)
-        self.freezer = Freezer(self.journal.record, self.sessions.cgroup_of,
-                               self.placer.relative if self.placer.enabled else None)
-        steps = Enforcement(gate=self.gate, locker=self.locker, freezer=self.freezer, cores=CoreBook(),
-                            journal=self.journal, gpu_processes=self.backend.processes,
-                            backend_name=self.backend.name, own_pids=self.own_pids)
-        config = SchedulerConfig(drain_timeout=self.drain_timeout, lock_foreign=self.lock_foreign,
-                                 poll_interval=self.poll_interval, history=self.history,
-                                 backend_info=self.backend_info, intruder_grace=self.intruder_grace,
-                                 isolate_deadline=self.isolate_deadline)
+        self.identity = IdentityServer(
+            str(self.root / "identity.sock"), self.tickets, mode=0o666 if self.multi_user else 0o600
+        )
+        self.freezer = Freezer(
+            self.journal.record, self.sessions.cgroup_of, self.placer.relative if self.placer.enabled else None
+        )
+        steps = Enforcement(
+            gate=self.gate,
+            locker=self.locker,
+            freezer=self.freezer,
+            cores=CoreBook(),
+            journal=self.journal,
+            gpu_processes=self.backend.processes,
+            backend_name=self.backend.name,
+            own_pids=self.own_pids,
+        )
+        config = SchedulerConfig(
+            drain_timeout=self.drain_timeout,
+            lock_foreign=self.lock_foreign,
+            poll_interval=self.poll_interval,
+            history=self.history,
+            backend_info=self.backend_info,
+            intruder_grace=self.intruder_grace,
+            isolate_deadline=self.isolate_deadline,
+        )
         self.quotas = Quotas(parent=self)
         self.capacity = node_session_capacity(raise_fd_limit())
-        self.scheduler = Scheduler(self.gpu_count, self.sessions, steps, self.notify, config,
-                                   FairShare(self.quotas.half_life))
+        self.scheduler = Scheduler(
+            self.gpu_count, self.sessions, steps, self.notify, config, FairShare(self.quotas.half_life)
+        )
         self._guardian: subprocess.Popen[bytes] | None = None
 
     def own_pids(self) -> set[int]:
@@ -173,8 +241,17 @@ class Arbiter(LoggingConfigurable):
         return self.locker.unlock_sync(procs)
 
     def _start_guardian(self) -> None:
-        cmd = [sys.executable, "-m", "krex_lab.arbiter.guardian", "--pid", str(os.getpid()),
-               "--journal", str(self.journal_path), "--backend", self.backend.name]
+        cmd = [
+            sys.executable,
+            "-m",
+            "krex_lab.arbiter.guardian",
+            "--pid",
+            str(os.getpid()),
+            "--journal",
+            str(self.journal_path),
+            "--backend",
+            self.backend.name,
+        ]
         self._guardian = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
 
     async def _keep_guardian(self) -> None:
@@ -222,8 +299,13 @@ class Arbiter(LoggingConfigurable):
 
     def status(self) -> dict[str, Any]:
         """The node table (``krex status``)."""
-        me = {"pid": os.getpid(), "endpoint": self.bound, "events": self.events, "started": self.started,
-              **self.backend_info}
+        me = {
+            "pid": os.getpid(),
+            "endpoint": self.bound,
+            "events": self.events,
+            "started": self.started,
+            **self.backend_info,
+        }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
 
     async def _telemetry(self) -> None:
@@ -236,13 +318,26 @@ class Arbiter(LoggingConfigurable):
                 data = self.status()
                 # Per-process GPU memory (NVML lists it; the fake backend has none), off the loop.
                 procs = await loop.run_in_executor(
-                    None, lambda: [{"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
-                                   for g in range(self.gpu_count) for p in self.backend.processes(g)])
+                    None,
+                    lambda: [
+                        {"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
+                        for g in range(self.gpu_count)
+                        for p in self.backend.processes(g)
+                    ],
+                )
             except Exception:
                 log.exception("telemetry failed")
                 continue
-            self.notify.publish("telemetry", {**data, "seq": seq, "interval": self.telemetry_interval,
-                                              "processes": procs, "regions": list(self.scheduler.history)[-20:]})
+            self.notify.publish(
+                "telemetry",
+                {
+                    **data,
+                    "seq": seq,
+                    "interval": self.telemetry_interval,
+                    "processes": procs,
+                    "regions": list(self.scheduler.history)[-20:],
+                },
+            )
 
     # -- requests -------------------------------------------------------------------------
     def _check_gpu(self, gpu: int) -> None:
@@ -250,8 +345,15 @@ class Arbiter(LoggingConfigurable):
             raise InvalidRequest(f"GPU {gpu} does not exist: this node has GPUs 0..{self.gpu_count - 1}")
 
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:
-        return protocol.Info(version=__version__, protocol=protocol.VERSION, pid=os.getpid(), gpus=self.gpu_count,
-                             identity=self.identity.path, events=self.events, **self.backend_info)
+        return protocol.Info(
+            version=__version__,
+            protocol=protocol.VERSION,
+            pid=os.getpid(),
+            gpus=self.gpu_count,
+            identity=self.identity.path,
+            events=self.events,
+            **self.backend_info,
+        )
 
     def _viewer(self, ticket: str) -> int | None:
         """The uid a status or regions request shows in full (None: anonymous); -1: everything."""
@@ -268,7 +370,7 @@ class Arbiter(LoggingConfigurable):
 
     def _regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
         viewer = self._viewer(req.ticket)
-        recent = list(self.scheduler.history)[-max(0, req.limit):]
+        recent = list(self.scheduler.history)[-max(0, req.limit) :]
         return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
 
     def place(self) -> int:
@@ -302,8 +404,9 @@ class Arbiter(LoggingConfigurable):
             # claim (an inherited KREX_REGION) just makes an ordinary session.
             if region is not None and region.session.pid in ancestors(req.pid):
                 within = req.within
-        session = self.sessions.add(req.pid, uid, req.role, req.name, gpu,
-                                    peer.identity if req.control else None, within)
+        session = self.sessions.add(
+            req.pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within
+        )
         session.cgroup = self.placer.place(session.id, session.pid)
         self.notify.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
@@ -337,10 +440,14 @@ class Arbiter(LoggingConfigurable):
         if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
-            return protocol.Granted(region=parent.id, gpu=gpu,
-                                    report={**parent.report(self.backend_info), "nested": True})
-        mine = [r for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
-                if r is not None and r.session.id == session.id]
+            return protocol.Granted(
+                region=parent.id, gpu=gpu, report={**parent.report(self.backend_info), "nested": True}
+            )
+        mine = [
+            r
+            for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
+            if r is not None and r.session.id == session.id
+        ]
         if mine:
             raise InvalidRequest(f"session {session.id} already holds or waits for {mine[0].id} on GPU {gpu}")
         if len(req.exempt) > 16:
@@ -368,10 +475,16 @@ class Arbiter(LoggingConfigurable):
             return {**region.report(self.backend_info), "nested": True}  # the holder releases it
         if region.session.id != session.id and req.force:
             if not self.quotas.is_admin(session.uid):
-                raise PermissionDenied(f"only root and members of group {self.quotas.admin_group!r} may end "
-                                       "another session's region")
-            log.warning("region %s of %s ended by admin uid %d (session %s)", region.id, region.session.user,
-                        session.uid, session.id)
+                raise PermissionDenied(
+                    f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
+                )
+            log.warning(
+                "region %s of %s ended by admin uid %d (session %s)",
+                region.id,
+                region.session.user,
+                session.uid,
+                session.id,
+            )
             return self.scheduler.release(region, f"ended by admin uid {session.uid}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")

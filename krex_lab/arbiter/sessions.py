@@ -23,6 +23,7 @@ from ..procutil import real_and_effective_uid, start_time
 
 log = logging.getLogger("krex.sessions")
 
+
 @dataclass
 class Session:
     id: str
@@ -103,8 +104,10 @@ class SessionTable:
         if uid != 0 and owner != uid:
             raise PermissionDenied(f"process {pid} belongs to uid {owner}; you (uid {uid}) cannot register it")
         if owner != effective:
-            raise PermissionDenied(f"process {pid} runs with real uid {owner} but effective uid {effective} "
-                                   "(setuid): KREX registers only processes acting as themselves")
+            raise PermissionDenied(
+                f"process {pid} runs with real uid {owner} but effective uid {effective} "
+                "(setuid): KREX registers only processes acting as themselves"
+            )
         self._counter += 1
         session = Session(
             id=f"s{self._counter}-{secrets.token_hex(3)}",

@@ -11,8 +11,9 @@ from .scheduler import Scheduler
 from .sessions import SessionTable
 
 
-def node_status(inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable,
-                arbiter: dict[str, Any]) -> dict[str, Any]:
+def node_status(
+    inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable, arbiter: dict[str, Any]
+) -> dict[str, Any]:
     """The table of every GPU (``inventory``) with its gate, holder, queue and sessions;
     ``arbiter`` describes the arbiter itself (pid, endpoints, backend)."""
     now = time.monotonic()
@@ -34,17 +35,26 @@ def node_status(inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sess
                 "held_s": round(now - active.granted_at, 3) if active.granted_at else 0.0,
                 "max_hold_s": active.max_hold,
             }
-        gpus.append({
-            **info.to_dict(),
-            "gate": "closed" if not gate.is_open(g) else "open",
-            "holder": holder,
-            "queue": [
-                {"region": r.id, "session": r.session.id, "pid": r.session.pid, "name": r.session.name,
-                 "uid": r.session.uid, "user": r.session.user, "waiting_s": round(now - r.requested, 3)}
-                for r in scheduler.queues[g]
-            ],
-            "sessions": [s.public() for s in sessions.on_gpu(g)],
-        })
+        gpus.append(
+            {
+                **info.to_dict(),
+                "gate": "closed" if not gate.is_open(g) else "open",
+                "holder": holder,
+                "queue": [
+                    {
+                        "region": r.id,
+                        "session": r.session.id,
+                        "pid": r.session.pid,
+                        "name": r.session.name,
+                        "uid": r.session.uid,
+                        "user": r.session.user,
+                        "waiting_s": round(now - r.requested, 3),
+                    }
+                    for r in scheduler.queues[g]
+                ],
+                "sessions": [s.public() for s in sessions.on_gpu(g)],
+            }
+        )
     return {
         "arbiter": {**arbiter, "sessions": len(sessions)},
         "gpus": gpus,
@@ -66,8 +76,10 @@ def format_table(status: dict[str, Any]) -> str:
         lines.append(f"GPU {g['index']}: {g['name']}  mem {mem}  util {util}  gate {g['gate']}")
         h = g["holder"]
         if h:
-            lines.append(f"  holder: {h['name']} (pid {h['pid']}, {h['user']}) region {h['region']} "
-                         f"{h['state']} {h['held_s']:.1f}/{h['max_hold_s']:.0f} s")
+            lines.append(
+                f"  holder: {h['name']} (pid {h['pid']}, {h['user']}) region {h['region']} "
+                f"{h['state']} {h['held_s']:.1f}/{h['max_hold_s']:.0f} s"
+            )
         else:
             lines.append("  holder: -")
         for i, q in enumerate(g["queue"], 1):

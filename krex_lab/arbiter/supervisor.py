@@ -42,8 +42,7 @@ from ..regions import isolate as _isolate  # noqa: F401
 from .guardian import _Unlocker
 from .journal import undo_outstanding
 
-DESCRIPTION = ("Run a KREX arbiter, undo its journal whenever it exits and restart it unless it stopped "
-               "cleanly.")
+DESCRIPTION = "Run a KREX arbiter, undo its journal whenever it exits and restart it unless it stopped cleanly."
 
 log = logging.getLogger("krex.supervisor")
 
@@ -91,8 +90,7 @@ def undo(runtime: Path, unlock: _Unlockers | None = None) -> dict[str, Any]:
 
 
 class Supervisor:
-    def __init__(self, command: list[str], runtime: Path, max_restarts: int, window: float,
-                 unlock: _Unlockers) -> None:
+    def __init__(self, command: list[str], runtime: Path, max_restarts: int, window: float, unlock: _Unlockers) -> None:
         self.command = command
         self.runtime = runtime
         self.max_restarts = max_restarts
@@ -134,8 +132,12 @@ class Supervisor:
             while self.restarts and now - self.restarts[0] > self.window:
                 self.restarts.popleft()
             if len(self.restarts) > self.max_restarts:
-                log.error("arbiter exited with %d; %d restarts within %.0f s: giving up", rc,
-                          len(self.restarts) - 1, self.window)
+                log.error(
+                    "arbiter exited with %d; %d restarts within %.0f s: giving up",
+                    rc,
+                    len(self.restarts) - 1,
+                    self.window,
+                )
                 return 1
             delay = delay * 2 if now - started < _QUICK else 0.1
             delay = min(delay, 5.0)
@@ -149,12 +151,20 @@ class Supervisor:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The supervisor's options (``krex supervise`` and ``python -m krex_lab.arbiter.supervisor``)."""
-    parser.add_argument("--runtime-dir", type=Path, default=None,
-                        help="the arbiter's runtime dir (journal.jsonl, arbiter.lock); default as the arbiter's")
+    parser.add_argument(
+        "--runtime-dir",
+        type=Path,
+        default=None,
+        help="the arbiter's runtime dir (journal.jsonl, arbiter.lock); default as the arbiter's",
+    )
     parser.add_argument("--max-restarts", type=int, default=10, help="restarts allowed per window (default 10)")
     parser.add_argument("--window", type=float, default=60.0, help="window of --max-restarts in s (default 60)")
-    parser.add_argument("--backend", action="append", default=[],
-                        help="GPU backend to load at start for unlocking (nvidia, amd); repeatable")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        help="GPU backend to load at start for unlocking (nvidia, amd); repeatable",
+    )
     parser.add_argument("--undo-only", action="store_true", help="undo the journal and exit (ExecStopPost=)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the arbiter command")
 
@@ -182,7 +192,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m krex_lab.arbiter.supervisor",
-        description=DESCRIPTION, epilog="Example: krex supervise --runtime-dir /run/krex -- krex arbiter --multi-user")
+        description=DESCRIPTION,
+        epilog="Example: krex supervise --runtime-dir /run/krex -- krex arbiter --multi-user",
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv), parser)
 

@@ -15,10 +15,21 @@ from .throttle import DEFAULT_THRESHOLD, ClockLog, nvml_index, open_clocks
 from .timing import HeldSampler, HostSampler, Sampler, batch_size, collect, warm_up
 
 #: defaults when the call runs in numba's CUDA simulator (a smoke test: its times mean nothing)
-SIMULATOR_DEFAULTS: dict[str, Any] = {"min_samples": 3, "min_time": 0.0, "timeout": 2.0, "max_samples": 10,
-                                      "warmup": 0.0}
-DEFAULTS: dict[str, Any] = {"min_samples": 10, "min_time": 0.5, "max_noise": 0.005, "timeout": 15.0,
-                            "max_samples": 100_000, "warmup": 0.2}
+SIMULATOR_DEFAULTS: dict[str, Any] = {
+    "min_samples": 3,
+    "min_time": 0.0,
+    "timeout": 2.0,
+    "max_samples": 10,
+    "warmup": 0.0,
+}
+DEFAULTS: dict[str, Any] = {
+    "min_samples": 10,
+    "min_time": 0.5,
+    "max_noise": 0.005,
+    "timeout": 15.0,
+    "max_samples": 100_000,
+    "warmup": 0.2,
+}
 METHODS = ("held", "graph")
 
 
@@ -30,8 +41,9 @@ class _Held:
 
 
 @contextmanager
-def _region(enabled: bool, gpu: int | None, max_hold: float | None, device_index: int | None,
-            notes: list[str]) -> Iterator[_Held]:
+def _region(
+    enabled: bool, gpu: int | None, max_hold: float | None, device_index: int | None, notes: list[str]
+) -> Iterator[_Held]:
     held = _Held()
     if not enabled:
         yield held
@@ -43,20 +55,26 @@ def _region(enabled: bool, gpu: int | None, max_hold: float | None, device_index
     if session is None and gpu is None and not os.environ.get("KREX_GPU", "").strip():
         gpu = device_index  # register on the GPU being timed, not wherever the arbiter would place us
     if session is not None and gpu is None and device_index is not None and device_index != session.gpu:
-        notes.append(f"this session is on GPU {session.gpu} but the timed device is NVML GPU {device_index}: "
-                     f"the region protects GPU {session.gpu}")
+        notes.append(
+            f"this session is on GPU {session.gpu} but the timed device is NVML GPU {device_index}: "
+            f"the region protects GPU {session.gpu}"
+        )
     region = client.Exclusive(gpu=gpu, max_hold=max_hold, session=session)
     try:
         region.acquire()
     except ArbiterUnavailable as exc:
-        raise ArbiterUnavailable(f"{exc} (krex_lab.bench measures inside a region by default; "
-                                 "exclusive=False measures without one)") from None
+        raise ArbiterUnavailable(
+            f"{exc} (krex_lab.bench measures inside a region by default; exclusive=False measures without one)"
+        ) from None
     except InvalidRequest as exc:
         if "already holds" not in str(exc):
             raise
         # Called inside the caller's own region (%%krex_exclusive, `with exclusive()`): use it.
-        held.report = {"nested": True, "region": str(exc).split(" already holds or waits for ")[-1].split()[0],
-                       "note": "measured inside a region this session already holds"}
+        held.report = {
+            "nested": True,
+            "region": str(exc).split(" already holds or waits for ")[-1].split()[0],
+            "note": "measured inside a region this session already holds",
+        }
         yield held
         return
     try:
@@ -65,16 +83,34 @@ def _region(enabled: bool, gpu: int | None, max_hold: float | None, device_index
         report = region.release()
         held.report = client.RegionReport(report)
     if report.get("expired"):
-        raise LeaseExpired(f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s before the "
-                           "measurement ended: pass a larger max_hold= or a shorter timeout=")
+        raise LeaseExpired(
+            f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s before the "
+            "measurement ended: pass a larger max_hold= or a shorter timeout="
+        )
 
 
-def bench(fn: Callable[..., Any], *args: Any, framework: str | None = None, name: str | None = None,
-          exclusive: bool = True, gpu: int | None = None, max_hold: float | None = None, l2_flush: bool = True,
-          warmup: float | None = None, min_samples: int | None = None, min_time: float | None = None,
-          max_noise: float | None = None, timeout: float | None = None, max_samples: int | None = None,
-          method: str = "held", graph_calls: int | None = None, stream: Any = None, throttle_check: bool = True,
-          throttle_threshold: float = DEFAULT_THRESHOLD, batch_ms: float = 10.0) -> Measurement:
+def bench(
+    fn: Callable[..., Any],
+    *args: Any,
+    framework: str | None = None,
+    name: str | None = None,
+    exclusive: bool = True,
+    gpu: int | None = None,
+    max_hold: float | None = None,
+    l2_flush: bool = True,
+    warmup: float | None = None,
+    min_samples: int | None = None,
+    min_time: float | None = None,
+    max_noise: float | None = None,
+    timeout: float | None = None,
+    max_samples: int | None = None,
+    method: str = "held",
+    graph_calls: int | None = None,
+    stream: Any = None,
+    throttle_check: bool = True,
+    throttle_threshold: float = DEFAULT_THRESHOLD,
+    batch_ms: float = 10.0,
+) -> Measurement:
     """Time ``fn(*args)`` on the GPU and return a :class:`Measurement` (milliseconds).
 
     Method (``method="held"``): per sample an L2 flush (``l2_flush``), then CUDA events around one
@@ -98,19 +134,30 @@ def bench(fn: Callable[..., Any], *args: Any, framework: str | None = None, name
     t_start = time.monotonic()
     adapter = make_adapter(fn, args, framework, stream)
     simulated = adapter.simulated
-    given = {"min_samples": min_samples, "min_time": min_time, "max_noise": max_noise, "timeout": timeout,
-             "max_samples": max_samples, "warmup": warmup}
+    given = {
+        "min_samples": min_samples,
+        "min_time": min_time,
+        "max_noise": max_noise,
+        "timeout": timeout,
+        "max_samples": max_samples,
+        "warmup": warmup,
+    }
     defaults = {**DEFAULTS, **(SIMULATOR_DEFAULTS if simulated else {})}
     opts = {k: (v if v is not None else defaults[k]) for k, v in given.items()}
-    criterion = Criterion(min_samples=int(opts["min_samples"]), min_time=float(opts["min_time"]),
-                          max_noise=float(opts["max_noise"]), timeout=float(opts["timeout"]),
-                          max_samples=int(opts["max_samples"]))
+    criterion = Criterion(
+        min_samples=int(opts["min_samples"]),
+        min_time=float(opts["min_time"]),
+        max_noise=float(opts["max_noise"]),
+        timeout=float(opts["timeout"]),
+        max_samples=int(opts["max_samples"]),
+    )
     notes: list[str] = []
     device_timing = adapter.device_timing
     if device_timing:
         adapter.info.nvml_index = nvml_index(adapter.info.uuid, _visible_index(adapter.info.ordinal))
-    clocks = ClockLog(open_clocks(adapter.info.nvml_index) if device_timing and throttle_check else None,
-                      throttle_threshold)
+    clocks = ClockLog(
+        open_clocks(adapter.info.nvml_index) if device_timing and throttle_check else None, throttle_threshold
+    )
     if device_timing and throttle_check and clocks.source is None:
         notes.append("NVML is not usable here: no throttle check, no clock readings")
     if max_hold is None and opts["warmup"] + criterion.timeout + 20 > 60:
@@ -131,22 +178,35 @@ def bench(fn: Callable[..., Any], *args: Any, framework: str | None = None, name
     elif got.stop_reason not in ("noise", "stable"):
         notes.append(f"stopped by {got.stop_reason} before converging: " + "; ".join(state.shortfalls()))
     if state.discarded:
-        notes.append(f"{state.discarded} samples discarded while the GPU was throttled: "
-                     + ", ".join(f"{k} ({v})" for k, v in state.discard_reasons.items()))
+        notes.append(
+            f"{state.discarded} samples discarded while the GPU was throttled: "
+            + ", ".join(f"{k} ({v})" for k, v in state.discard_reasons.items())
+        )
     if held.report and held.report.get("simulated") and device_timing:
         notes.append("the arbiter runs a simulated (fake) backend: the region did not stop real GPU work")
     return Measurement.from_samples(
-        label, adapter.name if not simulated else "numba (simulator)", method_text, list(state.samples),
-        discarded=state.discarded, discard_reasons=dict(state.discard_reasons), redone_batches=sampler.redone,
-        stop_reason=got.stop_reason, simulated=simulated, l2_flush=bool(l2_flush and device_timing), batch=batch,
-        wall_s=time.monotonic() - t_start, warmup={"calls": warm.calls, "seconds": warm.seconds,
-                                                   "estimate_ms": warm.estimate_ms},
-        clocks=clocks.summary(), device=adapter.info.to_dict(), region=held.report,
-        criterion={**criterion.to_dict(), "warmup": opts["warmup"]}, warnings=notes)
+        label,
+        adapter.name if not simulated else "numba (simulator)",
+        method_text,
+        list(state.samples),
+        discarded=state.discarded,
+        discard_reasons=dict(state.discard_reasons),
+        redone_batches=sampler.redone,
+        stop_reason=got.stop_reason,
+        simulated=simulated,
+        l2_flush=bool(l2_flush and device_timing),
+        batch=batch,
+        wall_s=time.monotonic() - t_start,
+        warmup={"calls": warm.calls, "seconds": warm.seconds, "estimate_ms": warm.estimate_ms},
+        clocks=clocks.summary(),
+        device=adapter.info.to_dict(),
+        region=held.report,
+        criterion={**criterion.to_dict(), "warmup": opts["warmup"]},
+        warnings=notes,
+    )
 
 
-def _sampler(adapter: HostAdapter, method: str, l2_flush: bool, graph_calls: int | None
-             ) -> tuple[Sampler, str, int]:
+def _sampler(adapter: HostAdapter, method: str, l2_flush: bool, graph_calls: int | None) -> tuple[Sampler, str, int]:
     adapter.prime()
     if not adapter.device_timing:
         if method == "graph":
@@ -161,8 +221,7 @@ def _sampler(adapter: HostAdapter, method: str, l2_flush: bool, graph_calls: int
             est = sorted(probe.batch(5))[2]
             k = max(1, min(1000, round(1.0 / max(est, 1e-4))))
         replay = adapter.graph(k)  # type: ignore[attr-defined]
-        text = f"CUDA graph of {k} calls per sample, held stream" + (", L2 flushed between replays" if l2_flush
-                                                                       else "")
+        text = f"CUDA graph of {k} calls per sample, held stream" + (", L2 flushed between replays" if l2_flush else "")
         return HeldSampler(adapter, replay, l2_flush, divisor=k), text, 50
     text = "CUDA events per call, stream held by a spin kernel while each batch is enqueued"
     return HeldSampler(adapter, None, l2_flush), text, 100

@@ -59,18 +59,24 @@ class OutputDiff:
             return f"{head}: {self.problem}"
         if self.ok:
             return f"{head}: ok (max abs error {self.max_abs_error:.3g}, max rel error {self.max_rel_error:.3g})"
-        lines = [f"{head}: {self.mismatches} of {self.total} elements differ",
-                 f"  first mismatch at {list(self.first_index or ())}: got {self.first_actual!r}, "
-                 f"expected {self.first_expected!r}"]
+        lines = [
+            f"{head}: {self.mismatches} of {self.total} elements differ",
+            f"  first mismatch at {list(self.first_index or ())}: got {self.first_actual!r}, "
+            f"expected {self.first_expected!r}",
+        ]
         if self.nans:
-            lines.append(f"  NaN in the output: {self.nans} element(s) (NaN never passes; outputs are NaN-filled "
-                         "before the call, so a NaN may be an element the candidate never wrote)")
+            lines.append(
+                f"  NaN in the output: {self.nans} element(s) (NaN never passes; outputs are NaN-filled "
+                "before the call, so a NaN may be an element the candidate never wrote)"
+            )
         if self.max_abs_index is None:
             lines.append("  no element compared finite (every difference is NaN or infinite)")
         else:
-            lines.append(f"  max abs error {self.max_abs_error:.6g} at {list(self.max_abs_index)}, "
-                         f"max rel error {self.max_rel_error:.6g} at {list(self.max_rel_index or ())} "
-                         "(over the finite differences)")
+            lines.append(
+                f"  max abs error {self.max_abs_error:.6g} at {list(self.max_abs_index)}, "
+                f"max rel error {self.max_rel_error:.6g} at {list(self.max_rel_index or ())} "
+                "(over the finite differences)"
+            )
         return "\n".join(lines)
 
 
@@ -89,8 +95,10 @@ class CheckResult:
 
     def message(self) -> str:
         state = "passed" if self.ok else "FAILED"
-        lines = [f"check {state}: {self.trials} trial(s) with fresh random inputs, rtol={self.rtol:g}, "
-                 f"atol={self.atol:g}, last seed {self.seeds[-1] if self.seeds else None}"]
+        lines = [
+            f"check {state}: {self.trials} trial(s) with fresh random inputs, rtol={self.rtol:g}, "
+            f"atol={self.atol:g}, last seed {self.seeds[-1] if self.seeds else None}"
+        ]
         lines += [d.describe() for d in self.outputs]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -105,8 +113,15 @@ class CheckResult:
         return f"<pre style='color:{color}'>{html.escape(self.message())}</pre>"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "rtol": self.rtol, "atol": self.atol, "trials": self.trials, "seeds": self.seeds,
-                "outputs": [vars(d).copy() for d in self.outputs], "notes": list(self.notes)}
+        return {
+            "ok": self.ok,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "trials": self.trials,
+            "seeds": self.seeds,
+            "outputs": [vars(d).copy() for d in self.outputs],
+            "notes": list(self.notes),
+        }
 
 
 def to_numpy(x: Any) -> Any:
@@ -157,8 +172,7 @@ def poison(x: Any) -> bool:
 def _split(case: Any) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
     if isinstance(case, dict):
         return tuple(case["inputs"]), tuple(case["outputs"])
-    if (isinstance(case, (tuple, list)) and len(case) == 2
-            and all(isinstance(c, (tuple, list)) for c in case)):
+    if isinstance(case, (tuple, list)) and len(case) == 2 and all(isinstance(c, (tuple, list)) for c in case):
         return tuple(case[0]), tuple(case[1])
     if isinstance(case, (tuple, list)):
         return tuple(case), None
@@ -171,12 +185,14 @@ def _as_list(value: Any) -> list[Any]:
 
 def _names(candidate: Callable[..., Any], start: int, count: int) -> list[str]:
     try:
-        params = [p.name for p in inspect.signature(candidate).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        params = [
+            p.name
+            for p in inspect.signature(candidate).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
     except (TypeError, ValueError):
         params = []
-    return [f"output {j} '{params[start + j]}'" if start + j < len(params) else f"output {j}"
-            for j in range(count)]
+    return [f"output {j} '{params[start + j]}'" if start + j < len(params) else f"output {j}" for j in range(count)]
 
 
 def compare_output(name: str, actual: Any, expected: Any, rtol: float, atol: float) -> OutputDiff:
@@ -187,8 +203,10 @@ def compare_output(name: str, actual: Any, expected: Any, rtol: float, atol: flo
     if a.shape != e.shape:
         diff.problem = f"shape {a.shape} differs from the reference's {e.shape}"
         return diff
-    af, ef = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64), e.astype(
-        np.complex128 if e.dtype.kind == "c" else np.float64)
+    af, ef = (
+        a.astype(np.complex128 if a.dtype.kind == "c" else np.float64),
+        e.astype(np.complex128 if e.dtype.kind == "c" else np.float64),
+    )
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         bad = ~np.isclose(af, ef, rtol=rtol, atol=atol, equal_nan=False)
         err = np.abs(af - ef)
@@ -209,9 +227,17 @@ def compare_output(name: str, actual: Any, expected: Any, rtol: float, atol: flo
     return diff
 
 
-def check(candidate: Callable[..., Any], reference: Callable[..., Any], make_inputs: Callable[..., Any],
-          rtol: float = 1e-5, atol: float = 1e-8, *, trials: int = 1, seed: int | None = None,
-          raise_on_failure: bool = True) -> CheckResult:
+def check(
+    candidate: Callable[..., Any],
+    reference: Callable[..., Any],
+    make_inputs: Callable[..., Any],
+    rtol: float = 1e-5,
+    atol: float = 1e-8,
+    *,
+    trials: int = 1,
+    seed: int | None = None,
+    raise_on_failure: bool = True,
+) -> CheckResult:
     """Run ``candidate`` and ``reference`` on ``trials`` fresh random inputs; raise :class:`CheckFailed`
     with a readable diff at the first failure (or return the failed result with
     ``raise_on_failure=False``). ``seed`` replays a reported failure. See the module doc."""
@@ -244,12 +270,19 @@ def check(candidate: Callable[..., Any], reference: Callable[..., Any], make_inp
         synchronize_frameworks()
         expected = _as_list(reference(*[x.copy() for x in host_inputs]))
         if len(expected) != len(actual):
-            diffs = [OutputDiff(name="outputs", shape=(), dtype="", ok=False,
-                                problem=f"the candidate gave {len(actual)} output(s), the reference "
-                                        f"{len(expected)}")]
+            diffs = [
+                OutputDiff(
+                    name="outputs",
+                    shape=(),
+                    dtype="",
+                    ok=False,
+                    problem=f"the candidate gave {len(actual)} output(s), the reference {len(expected)}",
+                )
+            ]
         else:
-            diffs = [compare_output(n, to_numpy(a), to_numpy(e), rtol, atol)
-                     for n, a, e in zip(names, actual, expected)]
+            diffs = [
+                compare_output(n, to_numpy(a), to_numpy(e), rtol, atol) for n, a, e in zip(names, actual, expected)
+            ]
         for k, (before, x) in enumerate(zip(host_inputs, inputs)):
             if not np.array_equal(before, to_numpy(x), equal_nan=True):
                 notes.append(f"trial {trial + 1}: the candidate modified input {k}")

@@ -156,9 +156,11 @@ def detect(fn: Callable[..., Any], args: Sequence[Any]) -> str:
         if owner.startswith("torch") and "torch" in in_use:
             return "torch"
         if in_use:
-            raise ValueError(f"cannot tell which framework {getattr(inner, '__name__', inner)!r} runs on (no array "
-                             f"in its arguments; {', '.join(in_use)} in use here): pass framework='torch', "
-                             "'cupy', 'numba' or 'host'")
+            raise ValueError(
+                f"cannot tell which framework {getattr(inner, '__name__', inner)!r} runs on (no array "
+                f"in its arguments; {', '.join(in_use)} in use here): pass framework='torch', "
+                "'cupy', 'numba' or 'host'"
+            )
     return "host"
 
 
@@ -235,8 +237,9 @@ class DeviceAdapter(HostAdapter):
         raise NotImplementedError
 
     def graph(self, calls: int) -> Callable[[], None]:
-        raise NotImplementedError(f"CUDA graph timing is implemented for torch only, not {self.name}; "
-                                  "use method='held'")
+        raise NotImplementedError(
+            f"CUDA graph timing is implemented for torch only, not {self.name}; use method='held'"
+        )
 
 
 class TorchAdapter(DeviceAdapter):
@@ -253,8 +256,12 @@ class TorchAdapter(DeviceAdapter):
         self.stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         props = torch.cuda.get_device_properties(self.device)
         uuid = getattr(props, "uuid", None)
-        self.info = DeviceInfo(name=str(props.name), uuid=str(uuid) if uuid is not None else None,
-                               ordinal=self.device.index, l2_bytes=getattr(props, "L2_cache_size", None))
+        self.info = DeviceInfo(
+            name=str(props.name),
+            uuid=str(uuid) if uuid is not None else None,
+            ordinal=self.device.index,
+            l2_bytes=getattr(props, "L2_cache_size", None),
+        )
         if not hasattr(torch.cuda, "_sleep"):
             raise RuntimeError("this torch has no torch.cuda._sleep (the spin kernel that holds the stream)")
         self._buf: Any = None
@@ -336,8 +343,12 @@ class CupyAdapter(DeviceAdapter):
         if isinstance(raw, (bytes, bytearray)) and len(raw) == 16:
             h = raw.hex()
             uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-        self.info = DeviceInfo(name=name.decode() if isinstance(name, bytes) else str(name), uuid=uuid,
-                               ordinal=dev.id, l2_bytes=props.get("l2CacheSize"))
+        self.info = DeviceInfo(
+            name=name.decode() if isinstance(name, bytes) else str(name),
+            uuid=uuid,
+            ordinal=dev.id,
+            l2_bytes=props.get("l2CacheSize"),
+        )
         self._spin = cupy.RawKernel(_CUPY_SPIN, "krex_spin")
         self._buf: Any = None
 
@@ -419,9 +430,12 @@ class NumbaAdapter(DeviceAdapter):
         self.stream = stream if stream is not None else cuda.default_stream()
         dev = cuda.get_current_device()
         name = dev.name
-        self.info = DeviceInfo(name=name.decode() if isinstance(name, bytes) else str(name),
-                               uuid=getattr(dev, "uuid", None), ordinal=int(dev.id),
-                               l2_bytes=getattr(dev, "L2_CACHE_SIZE", None))
+        self.info = DeviceInfo(
+            name=name.decode() if isinstance(name, bytes) else str(name),
+            uuid=getattr(dev, "uuid", None),
+            ordinal=int(dev.id),
+            l2_bytes=getattr(dev, "L2_CACHE_SIZE", None),
+        )
         self._sms = int(getattr(dev, "MULTIPROCESSOR_COUNT", 0) or 64)
         self._spin, self._zero = _numba_kernels()
         self._sink = cuda.device_array(1, dtype="float32")
@@ -461,8 +475,9 @@ class NumbaAdapter(DeviceAdapter):
         self._buf = None
 
 
-def make_adapter(fn: Callable[..., Any], args: Sequence[Any], framework: str | None = None,
-                 stream: Any = None) -> HostAdapter:
+def make_adapter(
+    fn: Callable[..., Any], args: Sequence[Any], framework: str | None = None, stream: Any = None
+) -> HostAdapter:
     """The adapter for ``fn(*args)``: ``framework`` if given, else :func:`detect`'s answer."""
     kind = framework or detect(fn, args)
     if kind not in FRAMEWORKS:

@@ -59,13 +59,24 @@ class Measurement:
     unit: str = "ms"
 
     @classmethod
-    def from_samples(cls, name: str, framework: str, method: str, samples: list[float],
-                     **fields: Any) -> Measurement:
+    def from_samples(cls, name: str, framework: str, method: str, samples: list[float], **fields: Any) -> Measurement:
         s = summarize(samples)
         reason = fields.get("stop_reason", "")
-        return cls(name=name, framework=framework, method=method, samples=list(samples), median=s.median,
-                   p5=s.p5, p95=s.p95, mean=s.mean, min=s.min, max=s.max, rel_stdev=s.rel_stdev,
-                   converged=reason in CONVERGED, **fields)
+        return cls(
+            name=name,
+            framework=framework,
+            method=method,
+            samples=list(samples),
+            median=s.median,
+            p5=s.p5,
+            p95=s.p95,
+            mean=s.mean,
+            min=s.min,
+            max=s.max,
+            rel_stdev=s.rel_stdev,
+            converged=reason in CONVERGED,
+            **fields,
+        )
 
     @property
     def n(self) -> int:
@@ -82,15 +93,33 @@ class Measurement:
     def to_dict(self, samples: bool = True) -> dict[str, Any]:
         """Plain JSON-able data (for agents and result files); ``samples=False`` leaves the raw samples out."""
         out: dict[str, Any] = {
-            "name": self.name, "unit": self.unit, "median": self.median, "p5": self.p5, "p95": self.p95,
-            "mean": self.mean, "min": self.min, "max": self.max, "rel_stdev": self.rel_stdev,
-            "n_samples": self.n, "discarded": self.discarded, "discard_reasons": dict(self.discard_reasons),
-            "redone_batches": self.redone_batches, "converged": self.converged, "stop_reason": self.stop_reason,
-            "framework": self.framework, "method": self.method, "simulated": self.simulated,
-            "l2_flush": self.l2_flush, "batch": self.batch, "wall_s": self.wall_s, "warmup": dict(self.warmup),
-            "clocks": dict(self.clocks), "device": dict(self.device),
+            "name": self.name,
+            "unit": self.unit,
+            "median": self.median,
+            "p5": self.p5,
+            "p95": self.p95,
+            "mean": self.mean,
+            "min": self.min,
+            "max": self.max,
+            "rel_stdev": self.rel_stdev,
+            "n_samples": self.n,
+            "discarded": self.discarded,
+            "discard_reasons": dict(self.discard_reasons),
+            "redone_batches": self.redone_batches,
+            "converged": self.converged,
+            "stop_reason": self.stop_reason,
+            "framework": self.framework,
+            "method": self.method,
+            "simulated": self.simulated,
+            "l2_flush": self.l2_flush,
+            "batch": self.batch,
+            "wall_s": self.wall_s,
+            "warmup": dict(self.warmup),
+            "clocks": dict(self.clocks),
+            "device": dict(self.device),
             "region": dict(self.region) if self.region is not None else None,
-            "criterion": dict(self.criterion), "warnings": list(self.warnings),
+            "criterion": dict(self.criterion),
+            "warnings": list(self.warnings),
         }
         if samples:
             out["samples"] = list(self.samples)
@@ -108,14 +137,18 @@ class Measurement:
         if r.get("nested"):
             return f"inside region {r.get('region')} (already held)"
         sim = " [simulated GPU]" if r.get("simulated") else ""
-        return (f"region {r.get('region')} on GPU {r.get('gpu')}{sim}: frozen {len(r.get('frozen', []))}, "
-                f"drained {len(r.get('drained', []))}, cores {r.get('cores', [])}")
+        return (
+            f"region {r.get('region')} on GPU {r.get('gpu')}{sim}: frozen {len(r.get('frozen', []))}, "
+            f"drained {len(r.get('drained', []))}, cores {r.get('cores', [])}"
+        )
 
     def summary(self) -> str:
         sim = " [SIMULATED: host time of numba's CUDA simulator, not a GPU time]" if self.simulated else ""
-        return (f"{self.name}: median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
-                f"noise {self.rel_stdev:.2%}, {self.n} samples, {self.discarded} discarded (throttled), "
-                f"{self._stop_text()}; {self.framework}, {self.method}{sim}")
+        return (
+            f"{self.name}: median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
+            f"noise {self.rel_stdev:.2%}, {self.n} samples, {self.discarded} discarded (throttled), "
+            f"{self._stop_text()}; {self.framework}, {self.method}{sim}"
+        )
 
     def __repr__(self) -> str:
         return f"<Measurement {self.summary()}>"
@@ -123,22 +156,28 @@ class Measurement:
     def _repr_html_(self) -> str:
         e = html.escape
         rows = [
-            ("median", fmt_ms(self.median)), ("p5 / p95", f"{fmt_ms(self.p5)} / {fmt_ms(self.p95)}"),
-            ("mean", fmt_ms(self.mean)), ("noise (rel. stdev)", f"{self.rel_stdev:.2%}"),
+            ("median", fmt_ms(self.median)),
+            ("p5 / p95", f"{fmt_ms(self.p5)} / {fmt_ms(self.p95)}"),
+            ("mean", fmt_ms(self.mean)),
+            ("noise (rel. stdev)", f"{self.rel_stdev:.2%}"),
             ("samples", f"{self.n} kept, {self.discarded} discarded (throttled)"),
-            ("stopped", self._stop_text()), ("timing", f"{self.framework}: {self.method}"),
+            ("stopped", self._stop_text()),
+            ("timing", f"{self.framework}: {self.method}"),
             ("L2 flush", "between samples" if self.l2_flush else "off"),
-            ("device", str(self.device.get("name", ""))), ("region", self._region_text()),
+            ("device", str(self.device.get("name", ""))),
+            ("region", self._region_text()),
         ]
         if self.clocks.get("sm_mhz_median"):
             rows.append(("SM clock", f"{self.clocks.get('sm_mhz_min')}-{self.clocks.get('sm_mhz_max')} MHz"))
-        body = "".join(f"<tr><th style='text-align:left'>{e(k)}</th><td style='text-align:left'>{e(str(v))}</td>"
-                       "</tr>" for k, v in rows)
+        body = "".join(
+            f"<tr><th style='text-align:left'>{e(k)}</th><td style='text-align:left'>{e(str(v))}</td></tr>"
+            for k, v in rows
+        )
         notes = list(self.warnings)
         if self.simulated:
             notes.insert(0, "SIMULATED: host time of numba's CUDA simulator, not a GPU time")
         warn = "".join(f"<div style='color:#b00'>⚠ {e(w)}</div>" for w in notes)
-        return (f"<div><b>{e(self.name)}</b><table>{body}</table>{warn}</div>")
+        return f"<div><b>{e(self.name)}</b><table>{body}</table>{warn}</div>"
 
 
 class Comparison:
@@ -152,9 +191,21 @@ class Comparison:
 
     def rows(self) -> list[dict[str, Any]]:
         base = self.measurements[self.baseline]
-        return [{"name": k, "median_ms": m.median, "p5_ms": m.p5, "p95_ms": m.p95, "noise": m.rel_stdev,
-                 "samples": m.n, "discarded": m.discarded, "speedup": m.speedup_over(base),
-                 "simulated": m.simulated, "converged": m.converged} for k, m in self.measurements.items()]
+        return [
+            {
+                "name": k,
+                "median_ms": m.median,
+                "p5_ms": m.p5,
+                "p95_ms": m.p95,
+                "noise": m.rel_stdev,
+                "samples": m.n,
+                "discarded": m.discarded,
+                "speedup": m.speedup_over(base),
+                "simulated": m.simulated,
+                "converged": m.converged,
+            }
+            for k, m in self.measurements.items()
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "rows": self.rows()}
@@ -162,22 +213,30 @@ class Comparison:
     def __repr__(self) -> str:
         lines = [f"{'':24s} {'median':>12s} {'p95':>12s} {'noise':>7s} {'vs ' + self.baseline[:12]:>16s}"]
         for r in self.rows():
-            lines.append(f"{r['name'][:24]:24s} {fmt_ms(r['median_ms']):>12s} {fmt_ms(r['p95_ms']):>12s} "
-                         f"{r['noise']:>7.2%} {r['speedup']:>15.2f}x")
+            lines.append(
+                f"{r['name'][:24]:24s} {fmt_ms(r['median_ms']):>12s} {fmt_ms(r['p95_ms']):>12s} "
+                f"{r['noise']:>7.2%} {r['speedup']:>15.2f}x"
+            )
         if any(r["simulated"] for r in self.rows()):
             lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         e = html.escape
-        head = "".join(f"<th>{h}</th>" for h in ("", "median", "p5", "p95", "noise", "samples",
-                                                  f"speed-up vs {e(self.baseline)}"))
+        head = "".join(
+            f"<th>{h}</th>" for h in ("", "median", "p5", "p95", "noise", "samples", f"speed-up vs {e(self.baseline)}")
+        )
         body = "".join(
             f"<tr><th style='text-align:left'>{e(r['name'])}</th><td>{fmt_ms(r['median_ms'])}</td>"
             f"<td>{fmt_ms(r['p5_ms'])}</td><td>{fmt_ms(r['p95_ms'])}</td><td>{r['noise']:.2%}</td>"
-            f"<td>{r['samples']}</td><td>{r['speedup']:.2f}x</td></tr>" for r in self.rows())
-        sim = ("<div style='color:#b00'>simulated: host times of numba's CUDA simulator, not GPU times</div>"
-               if any(r["simulated"] for r in self.rows()) else "")
+            f"<td>{r['samples']}</td><td>{r['speedup']:.2f}x</td></tr>"
+            for r in self.rows()
+        )
+        sim = (
+            "<div style='color:#b00'>simulated: host times of numba's CUDA simulator, not GPU times</div>"
+            if any(r["simulated"] for r in self.rows())
+            else ""
+        )
         return f"<table><tr>{head}</tr>{body}</table>{sim}"
 
 

@@ -106,8 +106,17 @@ def summarize(values: Iterable[float]) -> Summary:
         return Summary(0, nan, nan, nan, nan, nan, nan, nan, nan)
     mean = math.fsum(xs) / n
     sd = stdev(xs, mean)
-    return Summary(n=n, median=percentile(xs, 0.5), p5=percentile(xs, 0.05), p95=percentile(xs, 0.95),
-                   mean=mean, stdev=sd, rel_stdev=sd / mean if mean else math.nan, min=xs[0], max=xs[-1])
+    return Summary(
+        n=n,
+        median=percentile(xs, 0.5),
+        p5=percentile(xs, 0.05),
+        p95=percentile(xs, 0.95),
+        mean=mean,
+        stdev=sd,
+        rel_stdev=sd / mean if mean else math.nan,
+        min=xs[0],
+        max=xs[-1],
+    )
 
 
 @dataclass

@@ -24,8 +24,9 @@ from ..gpu.nvml import CLOCK_EVENT_REASONS, decode_throttle_reasons
 
 _BIT = {name: bit for bit, name in CLOCK_EVENT_REASONS}
 #: clocks-event reasons that mean the GPU slowed itself down
-SLOWDOWN_MASK = (_BIT["hw_slowdown"] | _BIT["sw_thermal_slowdown"] | _BIT["hw_thermal_slowdown"]
-                 | _BIT["hw_power_brake_slowdown"])
+SLOWDOWN_MASK = (
+    _BIT["hw_slowdown"] | _BIT["sw_thermal_slowdown"] | _BIT["hw_thermal_slowdown"] | _BIT["hw_power_brake_slowdown"]
+)
 DEFAULT_THRESHOLD = 0.75
 
 
@@ -47,8 +48,9 @@ class ClockSource(Protocol):
     def close(self) -> None: ...
 
 
-def throttle_cause(reading: ClockReading, reference_mhz: float | None,
-                   threshold: float = DEFAULT_THRESHOLD) -> str | None:
+def throttle_cause(
+    reading: ClockReading, reference_mhz: float | None, threshold: float = DEFAULT_THRESHOLD
+) -> str | None:
     """Why ``reading`` counts as throttled, or None."""
     if reading.reasons is not None and reading.reasons & SLOWDOWN_MASK:
         return "+".join(decode_throttle_reasons(reading.reasons & SLOWDOWN_MASK))

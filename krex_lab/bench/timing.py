@@ -57,8 +57,9 @@ class HostSampler:
 class HeldSampler:
     """Event pairs around each call, enqueued while a spin kernel holds the stream (see module doc)."""
 
-    def __init__(self, adapter: Any, call: Callable[[], None] | None = None, l2_flush: bool = True,
-                 divisor: int = 1) -> None:
+    def __init__(
+        self, adapter: Any, call: Callable[[], None] | None = None, l2_flush: bool = True, divisor: int = 1
+    ) -> None:
         self.ad = adapter
         self.call = call or adapter.call
         self.l2_flush = l2_flush
@@ -115,8 +116,10 @@ class HeldSampler:
             # About twice the host's enqueue time: enough under CPU load, not much GPU time wasted.
             self.hold_ms = min(MAX_HOLD_MS, max(0.3, 0.8 * self.hold_ms + 0.2 * (2 * enqueue_ms + 0.3)))
             return [ad.elapsed_ms(s, e) / self.divisor for s, e in pairs]
-        raise RuntimeError(f"could not hold the stream over a batch of {count} calls 100 times "
-                           f"(hold {self.hold_ms:.1f} ms): the host enqueues too slowly")
+        raise RuntimeError(
+            f"could not hold the stream over a batch of {count} calls 100 times "
+            f"(hold {self.hold_ms:.1f} ms): the host enqueues too slowly"
+        )
 
 
 @dataclass
@@ -156,9 +159,15 @@ class Collected:
     throttled_batches: int
 
 
-def collect(sampler: Sampler, criterion: Criterion, batch: int, clocks: ClockLog | None = None,
-            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-            recovery_delay: float = 0.05) -> Collected:
+def collect(
+    sampler: Sampler,
+    criterion: Criterion,
+    batch: int,
+    clocks: ClockLog | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    recovery_delay: float = 0.05,
+) -> Collected:
     """Sample in batches until ``criterion`` says stop; throttled batches are discarded and counted.
 
     After a throttled batch the loop pauses ``recovery_delay`` seconds (nvbench: 0.05 s, growing

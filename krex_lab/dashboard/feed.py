@@ -35,9 +35,15 @@ class Feed:
     """Calls ``on_event(Event)`` for everything the arbiter says and ``on_tick()`` at least every ``tick`` s,
     both from its own daemon thread."""
 
-    def __init__(self, on_event: Callable[[Event], None], on_tick: Callable[[], None] | None = None,
-                 endpoint: str | None = None, tick: float = 0.1, retry: float = 1.0,
-                 silence: float = 3.0) -> None:
+    def __init__(
+        self,
+        on_event: Callable[[Event], None],
+        on_tick: Callable[[], None] | None = None,
+        endpoint: str | None = None,
+        tick: float = 0.1,
+        retry: float = 1.0,
+        silence: float = 3.0,
+    ) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
         self.on_event = on_event
         self.on_tick = on_tick or (lambda: None)

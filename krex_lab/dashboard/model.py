@@ -159,12 +159,18 @@ def _snapshot(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState
 
 def _telemetry(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     new = _from_status(state, data, data.get("regions") or [], data.get("processes"), at)
-    return dataclasses.replace(new, telemetry_seq=int(data.get("seq", 0)),
-                               telemetry_interval=float(data.get("interval", 0.0)))
+    return dataclasses.replace(
+        new, telemetry_seq=int(data.get("seq", 0)), telemetry_interval=float(data.get("interval", 0.0))
+    )
 
 
-def _from_status(state: NodeState, status: Mapping[str, Any], regions: Iterable[Mapping[str, Any]],
-                 processes: Iterable[Mapping[str, Any]] | None, at: float) -> NodeState:
+def _from_status(
+    state: NodeState,
+    status: Mapping[str, Any],
+    regions: Iterable[Mapping[str, Any]],
+    processes: Iterable[Mapping[str, Any]] | None,
+    at: float,
+) -> NodeState:
     """The whole picture from a status table (a snapshot or a telemetry event taken at ``at``)."""
     arb = status.get("arbiter") or {}
     pid = arb.get("pid")
@@ -181,42 +187,78 @@ def _from_status(state: NodeState, status: Mapping[str, Any], regions: Iterable[
         index = int(g["index"])
         old = None if restarted else state.gpu(index)
         sessions = tuple(
-            SessionInfo(id=s["id"], pid=int(s["pid"]), user=str(s.get("user", "")), role=str(s.get("role", "")),
-                        name=str(s.get("name", "")), gpu=index, within=str(s.get("within", "")),
-                        since=float(s.get("since", 0.0)),
-                        memory=memory.get(int(s["pid"])) if processes is not None else _old_memory(old, s["id"]))
+            SessionInfo(
+                id=s["id"],
+                pid=int(s["pid"]),
+                user=str(s.get("user", "")),
+                role=str(s.get("role", "")),
+                name=str(s.get("name", "")),
+                gpu=index,
+                within=str(s.get("within", "")),
+                since=float(s.get("since", 0.0)),
+                memory=memory.get(int(s["pid"])) if processes is not None else _old_memory(old, s["id"]),
+            )
             for s in g.get("sessions") or ()
         )
         h = g.get("holder")
         holder = None
         if h:
             prior = old.holder if old is not None and old.holder and old.holder.region == h["region"] else None
-            holder = Holder(region=h["region"], session=h["session"], pid=int(h["pid"]), user=str(h.get("user", "")),
-                            name=str(h.get("name", "")), role=str(h.get("role", "")),
-                            since=prior.since if prior else at - float(h.get("held_s", 0.0)),
-                            max_hold_s=float(h.get("max_hold_s", 0.0)), state=str(h.get("state", "held")),
-                            degraded=prior.degraded if prior else False,
-                            intruders=prior.intruders if prior else 0, frozen=prior.frozen if prior else ())
+            holder = Holder(
+                region=h["region"],
+                session=h["session"],
+                pid=int(h["pid"]),
+                user=str(h.get("user", "")),
+                name=str(h.get("name", "")),
+                role=str(h.get("role", "")),
+                since=prior.since if prior else at - float(h.get("held_s", 0.0)),
+                max_hold_s=float(h.get("max_hold_s", 0.0)),
+                state=str(h.get("state", "held")),
+                degraded=prior.degraded if prior else False,
+                intruders=prior.intruders if prior else 0,
+                frozen=prior.frozen if prior else (),
+            )
         queue = tuple(
-            Waiter(region=q["region"], session=q["session"], pid=int(q["pid"]), user=str(q.get("user", "")),
-                   name=str(q.get("name", "")), since=at - float(q.get("waiting_s", 0.0)))
+            Waiter(
+                region=q["region"],
+                session=q["session"],
+                pid=int(q["pid"]),
+                user=str(q.get("user", "")),
+                name=str(q.get("name", "")),
+                since=at - float(q.get("waiting_s", 0.0)),
+            )
             for q in g.get("queue") or ()
         )
         util = g.get("utilization_gpu")
-        gpus.append(GpuState(
-            index=index, name=str(g.get("name", f"GPU {index}")), uuid=str(g.get("uuid", "")),
-            simulated=bool(g.get("simulated", arb.get("simulated", False))),
-            utilization=None if util is None else float(util),
-            memory_used=int(g.get("memory_used") or 0), memory_total=int(g.get("memory_total") or 0),
-            sm_clock_mhz=None if g.get("sm_clock_mhz") is None else int(g["sm_clock_mhz"]),
-            gate_closed=g.get("gate") == "closed", holder=holder, queue=queue, sessions=sessions,
-            regions=_merge(old.regions if old is not None else (), finished.get(index, [])),
-        ))
+        gpus.append(
+            GpuState(
+                index=index,
+                name=str(g.get("name", f"GPU {index}")),
+                uuid=str(g.get("uuid", "")),
+                simulated=bool(g.get("simulated", arb.get("simulated", False))),
+                utilization=None if util is None else float(util),
+                memory_used=int(g.get("memory_used") or 0),
+                memory_total=int(g.get("memory_total") or 0),
+                sm_clock_mhz=None if g.get("sm_clock_mhz") is None else int(g["sm_clock_mhz"]),
+                gate_closed=g.get("gate") == "closed",
+                holder=holder,
+                queue=queue,
+                sessions=sessions,
+                regions=_merge(old.regions if old is not None else (), finished.get(index, [])),
+            )
+        )
     caps = arb.get("capabilities") or {}
     return dataclasses.replace(
-        state, connected=True, message="live", arbiter_pid=pid, endpoint=str(arb.get("endpoint", state.endpoint)),
-        backend=str(arb.get("backend", "")), simulated=bool(arb.get("simulated", False)),
-        lock_capable=bool(caps.get("lock", False)), gpus=tuple(gpus), lost_since=None,
+        state,
+        connected=True,
+        message="live",
+        arbiter_pid=pid,
+        endpoint=str(arb.get("endpoint", state.endpoint)),
+        backend=str(arb.get("backend", "")),
+        simulated=bool(arb.get("simulated", False)),
+        lock_capable=bool(caps.get("lock", False)),
+        gpus=tuple(gpus),
+        lost_since=None,
         last_message=max(state.last_message, at),
         telemetry_seq=0 if restarted else state.telemetry_seq,
     )
@@ -230,12 +272,19 @@ def _old_memory(old: GpuState | None, session_id: str) -> int | None:
 
 def _record(r: Mapping[str, Any]) -> RegionRecord:
     return RegionRecord(
-        region=str(r.get("region", "?")), session=str(r.get("session", "")), user=str(r.get("user", "")),
-        name=str(r.get("name", "")), wait_s=float(r.get("wait_s", 0.0)),
-        hold_s=None if r.get("hold_s") is None else float(r["hold_s"]), acquire_s=float(r.get("acquire_s", 0.0)),
-        drained=len(r.get("drained") or ()), frozen=len(r.get("frozen") or ()),
-        degraded=bool(r.get("degraded", False)), expired=bool(r.get("expired", False)),
-        released_by=str(r.get("released_by", "")), not_drained=len(r.get("not_drained") or ()),
+        region=str(r.get("region", "?")),
+        session=str(r.get("session", "")),
+        user=str(r.get("user", "")),
+        name=str(r.get("name", "")),
+        wait_s=float(r.get("wait_s", 0.0)),
+        hold_s=None if r.get("hold_s") is None else float(r["hold_s"]),
+        acquire_s=float(r.get("acquire_s", 0.0)),
+        drained=len(r.get("drained") or ()),
+        frozen=len(r.get("frozen") or ()),
+        degraded=bool(r.get("degraded", False)),
+        expired=bool(r.get("expired", False)),
+        released_by=str(r.get("released_by", "")),
+        not_drained=len(r.get("not_drained") or ()),
     )
 
 
@@ -266,15 +315,27 @@ def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> Node
         g = state.gpu(int(data.get("gpu", -1)))
         if g is None or any(s.id == sid for s in g.sessions):
             return state
-        info = SessionInfo(id=sid, pid=int(data["pid"]), user=str(data.get("user", "")),
-                           role=str(data.get("role", "")), name=str(data.get("name", "")), gpu=g.index,
-                           within=str(data.get("within", "")), since=float(data.get("since", at)))
+        info = SessionInfo(
+            id=sid,
+            pid=int(data["pid"]),
+            user=str(data.get("user", "")),
+            role=str(data.get("role", "")),
+            name=str(data.get("name", "")),
+            gpu=g.index,
+            within=str(data.get("within", "")),
+            since=float(data.get("since", at)),
+        )
         return _replace_gpu(state, g.index, sessions=(*g.sessions, info))
     if data.get("event") == "left":
         # The arbiter withdraws what the session queued (and publishes "withdrawn" for each).
-        gpus = tuple(dataclasses.replace(g, sessions=tuple(s for s in g.sessions if s.id != sid),
-                                         queue=tuple(w for w in g.queue if w.session != sid))
-                     for g in state.gpus)
+        gpus = tuple(
+            dataclasses.replace(
+                g,
+                sessions=tuple(s for s in g.sessions if s.id != sid),
+                queue=tuple(w for w in g.queue if w.session != sid),
+            )
+            for g in state.gpus
+        )
         return dataclasses.replace(state, gpus=gpus)
     return state
 
@@ -301,24 +362,37 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
     if g is None:
         return state
     if kind == "requested":
-        known = ({w.region for w in g.queue} | {r.region for r in g.regions}
-                 | ({g.holder.region} if g.holder else set()))
+        known = {w.region for w in g.queue} | {r.region for r in g.regions} | ({g.holder.region} if g.holder else set())
         if rid in known:
             return state
         s = state.session(str(data.get("session", "")))
-        waiter = Waiter(region=rid, session=str(data.get("session", "")), pid=s.pid if s else 0,
-                        user=s.user if s else "", name=s.name if s else str(data.get("session", "")), since=at)
+        waiter = Waiter(
+            region=rid,
+            session=str(data.get("session", "")),
+            pid=s.pid if s else 0,
+            user=s.user if s else "",
+            name=s.name if s else str(data.get("session", "")),
+            since=at,
+        )
         return _replace_gpu(state, g.index, queue=(*g.queue, waiter))
     queue = tuple(w for w in g.queue if w.region != rid)
     if kind == "granted":
         if any(r.region == rid for r in g.regions):
             return _replace_gpu(state, g.index, queue=queue)  # a late event of a region already over
         s = state.session(str(data.get("session", "")))
-        granted = Holder(region=rid, session=str(data.get("session", "")), pid=int(data.get("holder_pid", 0)),
-                         user=str(data.get("user", "")), name=str(data.get("name", "")),
-                         role=s.role if s else "", since=at, max_hold_s=float(data.get("max_hold_s", 0.0)),
-                         degraded=bool(data.get("degraded", False)), intruders=len(data.get("intruders") or ()),
-                         frozen=tuple(int(p) for p in data.get("frozen") or ()))
+        granted = Holder(
+            region=rid,
+            session=str(data.get("session", "")),
+            pid=int(data.get("holder_pid", 0)),
+            user=str(data.get("user", "")),
+            name=str(data.get("name", "")),
+            role=s.role if s else "",
+            since=at,
+            max_hold_s=float(data.get("max_hold_s", 0.0)),
+            degraded=bool(data.get("degraded", False)),
+            intruders=len(data.get("intruders") or ()),
+            frozen=tuple(int(p) for p in data.get("frozen") or ()),
+        )
         return _replace_gpu(state, g.index, queue=queue, holder=granted, gate_closed=True)
     if kind == "withdrawn":  # left the queue before its grant (Ctrl-C, its session ended)
         return _replace_gpu(state, g.index, queue=queue)
@@ -330,8 +404,9 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
 
 def _lost(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     since = state.lost_since if state.lost_since is not None else at
-    return dataclasses.replace(state, connected=False, lost_since=since,
-                               message=str(data.get("reason", "the arbiter does not answer")))
+    return dataclasses.replace(
+        state, connected=False, lost_since=since, message=str(data.get("reason", "the arbiter does not answer"))
+    )
 
 
 _HANDLERS = {

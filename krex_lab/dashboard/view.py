@@ -91,23 +91,32 @@ def holder_html(gpu: GpuState, now: float) -> str:
     elapsed = max(0.0, now - h.since)
     frac = min(1.0, elapsed / h.max_hold_s) if h.max_hold_s else 0.0
     color = BAD_COLOR if frac > 0.9 or h.degraded else HOLD_COLOR
-    flags = "".join([
-        ' <span class="krex-badge krex-bad">DEGRADED</span>' if h.degraded else "",
-        f' <span class="krex-badge krex-bad">{h.intruders} intruder(s)</span>' if h.intruders else "",
-        f" {esc(h.state)}" if h.state != "held" else "",
-    ])
-    bar = (f'<div style="display:inline-block;width:120px;height:8px;background:#ddd;vertical-align:middle">'
-           f'<div style="width:{frac * 100:.0f}%;height:8px;background:{color}"></div></div>')
-    return (f'<b>region {esc(h.region)}</b> held by <b>{esc(h.user)}</b> &middot; {esc(h.name)} '
-            f"({esc(h.role or 'session')}, pid {h.pid}) {bar} {fmt_s(elapsed)} / {fmt_s(h.max_hold_s)} "
-            f"max_hold{flags}")
+    flags = "".join(
+        [
+            ' <span class="krex-badge krex-bad">DEGRADED</span>' if h.degraded else "",
+            f' <span class="krex-badge krex-bad">{h.intruders} intruder(s)</span>' if h.intruders else "",
+            f" {esc(h.state)}" if h.state != "held" else "",
+        ]
+    )
+    bar = (
+        f'<div style="display:inline-block;width:120px;height:8px;background:#ddd;vertical-align:middle">'
+        f'<div style="width:{frac * 100:.0f}%;height:8px;background:{color}"></div></div>'
+    )
+    return (
+        f"<b>region {esc(h.region)}</b> held by <b>{esc(h.user)}</b> &middot; {esc(h.name)} "
+        f"({esc(h.role or 'session')}, pid {h.pid}) {bar} {fmt_s(elapsed)} / {fmt_s(h.max_hold_s)} "
+        f"max_hold{flags}"
+    )
 
 
 def queue_html(gpu: GpuState, now: float) -> str:
     if not gpu.queue:
         return '<b>waiting:</b> <span class="krex-muted">nobody</span>'
-    items = "".join(f"<li>{esc(w.user)} &middot; {esc(w.name)} (pid {w.pid}, {esc(w.region)}) "
-                    f"waiting {fmt_s(max(0.0, now - w.since))}</li>" for w in gpu.queue)
+    items = "".join(
+        f"<li>{esc(w.user)} &middot; {esc(w.name)} (pid {w.pid}, {esc(w.region)}) "
+        f"waiting {fmt_s(max(0.0, now - w.since))}</li>"
+        for w in gpu.queue
+    )
     return f'<b>waiting ({len(gpu.queue)}):</b><ol style="margin:0;padding-left:20px">{items}</ol>'
 
 
@@ -118,10 +127,19 @@ def sessions_html(gpu: GpuState) -> str:
     waiting = {w.session for w in gpu.queue}
     rows = []
     for s in gpu.sessions:
-        what = ("holding" if gpu.holder and gpu.holder.session == s.id else
-                "frozen" if s.pid in frozen else "waiting" if s.id in waiting else "")
-        rows.append(f'<tr class="krex-session"><td>{esc(s.user)}</td><td>{esc(s.name)}</td><td>{esc(s.role)}</td>'
-                    f"<td>{s.pid}</td><td>{fmt_bytes(s.memory)}</td><td>{what}</td></tr>")
+        what = (
+            "holding"
+            if gpu.holder and gpu.holder.session == s.id
+            else "frozen"
+            if s.pid in frozen
+            else "waiting"
+            if s.id in waiting
+            else ""
+        )
+        rows.append(
+            f'<tr class="krex-session"><td>{esc(s.user)}</td><td>{esc(s.name)}</td><td>{esc(s.role)}</td>'
+            f"<td>{s.pid}</td><td>{fmt_bytes(s.memory)}</td><td>{what}</td></tr>"
+        )
     head = "<tr><th>user</th><th>name</th><th>role</th><th>pid</th><th>memory</th><th></th></tr>"
     return f'<b>sessions ({len(gpu.sessions)}):</b><table class="krex-tbl">{head}{"".join(rows)}</table>'
 
@@ -135,58 +153,82 @@ def timeline_svg(regions: Sequence[RegionRecord], width: int = 440, height: int 
     plot_h = height - top - rows
     slot = (width - left) / MAX_REGIONS
     longest = max((r.wait_s + (r.hold_s or 0.0)) for r in regions) or 1e-3
-    parts = [f'<svg class="krex-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="8">',
-             f'<text x="0" y="{top + 6}">{esc(fmt_s(longest))}</text>',
-             f'<line x1="{left - 2}" y1="{top + plot_h}" x2="{width}" y2="{top + plot_h}" stroke="#999"/>',
-             f'<text x="0" y="{top + plot_h + 9}">drained</text><text x="0" y="{top + plot_h + 19}">frozen</text>']
+    parts = [
+        f'<svg class="krex-timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="8">',
+        f'<text x="0" y="{top + 6}">{esc(fmt_s(longest))}</text>',
+        f'<line x1="{left - 2}" y1="{top + plot_h}" x2="{width}" y2="{top + plot_h}" stroke="#999"/>',
+        f'<text x="0" y="{top + plot_h + 9}">drained</text><text x="0" y="{top + plot_h + 19}">frozen</text>',
+    ]
     for i, r in enumerate(regions[-MAX_REGIONS:]):
         x = left + i * slot
         w = max(2.0, slot - 3)
         wait_h = plot_h * r.wait_s / longest
         hold_h = plot_h * (r.hold_s or 0.0) / longest
         bad = r.degraded or r.expired
-        tip = (f"{r.region} {r.user}/{r.name}: waited {fmt_s(r.wait_s)}, held {fmt_s(r.hold_s)}, "
-               f"drained {r.drained}, frozen {r.frozen}" + (", DEGRADED" if r.degraded else "")
-               + (", LEASE EXPIRED" if r.expired else "") + (f" ({r.released_by})" if r.released_by else ""))
+        tip = (
+            f"{r.region} {r.user}/{r.name}: waited {fmt_s(r.wait_s)}, held {fmt_s(r.hold_s)}, "
+            f"drained {r.drained}, frozen {r.frozen}"
+            + (", DEGRADED" if r.degraded else "")
+            + (", LEASE EXPIRED" if r.expired else "")
+            + (f" ({r.released_by})" if r.released_by else "")
+        )
         stroke = f' stroke="{BAD_COLOR}" stroke-width="1.5"' if bad else ""
         cls = "krex-region degraded" if bad else "krex-region"
         parts.append(f'<g class="{cls}" data-region="{esc(r.region)}"><title>{esc(tip)}</title>')
         base = top + plot_h
-        parts.append(f'<rect class="wait" x="{x:.1f}" y="{base - wait_h:.1f}" width="{w:.1f}" '
-                     f'height="{wait_h:.1f}" fill="{WAIT_COLOR}"/>')
+        parts.append(
+            f'<rect class="wait" x="{x:.1f}" y="{base - wait_h:.1f}" width="{w:.1f}" '
+            f'height="{wait_h:.1f}" fill="{WAIT_COLOR}"/>'
+        )
         color = HOLD_COLOR if r.hold_s is not None else FREE_COLOR
-        parts.append(f'<rect class="hold" x="{x:.1f}" y="{base - wait_h - hold_h:.1f}" width="{w:.1f}" '
-                     f'height="{max(hold_h, 1.0):.1f}" fill="{color}"{stroke}/>')
+        parts.append(
+            f'<rect class="hold" x="{x:.1f}" y="{base - wait_h - hold_h:.1f}" width="{w:.1f}" '
+            f'height="{max(hold_h, 1.0):.1f}" fill="{color}"{stroke}/>'
+        )
         if bad:
-            parts.append(f'<text class="mark" x="{x + w / 2:.1f}" y="{top - 2}" text-anchor="middle" '
-                         f'fill="{BAD_COLOR}" font-weight="bold">!</text>')
+            parts.append(
+                f'<text class="mark" x="{x + w / 2:.1f}" y="{top - 2}" text-anchor="middle" '
+                f'fill="{BAD_COLOR}" font-weight="bold">!</text>'
+            )
         cx = x + w / 2
-        parts.append(f'<text x="{cx:.1f}" y="{base + 9}" text-anchor="middle">{r.drained}</text>'
-                     f'<text x="{cx:.1f}" y="{base + 19}" text-anchor="middle">{r.frozen}</text></g>')
+        parts.append(
+            f'<text x="{cx:.1f}" y="{base + 9}" text-anchor="middle">{r.drained}</text>'
+            f'<text x="{cx:.1f}" y="{base + 19}" text-anchor="middle">{r.frozen}</text></g>'
+        )
     parts.append("</svg>")
     last = regions[-1]
-    legend = (f'<div class="krex-muted"><span style="color:{WAIT_COLOR}">&#9646;</span> wait '
-              f'<span style="color:{HOLD_COLOR}">&#9646;</span> hold <span style="color:{BAD_COLOR}">!</span> '
-              f"degraded/expired &middot; last: {esc(last.region)} {esc(last.user)}/{esc(last.name)} waited "
-              f"{fmt_s(last.wait_s)}, held {fmt_s(last.hold_s)}"
-              + (' <b style="color:#c62828">DEGRADED</b>' if last.degraded else "") + "</div>")
+    legend = (
+        f'<div class="krex-muted"><span style="color:{WAIT_COLOR}">&#9646;</span> wait '
+        f'<span style="color:{HOLD_COLOR}">&#9646;</span> hold <span style="color:{BAD_COLOR}">!</span> '
+        f"degraded/expired &middot; last: {esc(last.region)} {esc(last.user)}/{esc(last.name)} waited "
+        f"{fmt_s(last.wait_s)}, held {fmt_s(last.hold_s)}"
+        + (' <b style="color:#c62828">DEGRADED</b>' if last.degraded else "")
+        + "</div>"
+    )
     return "".join(parts) + legend
 
 
 def header_html(state: NodeState, now: float) -> str:
     if state.connected:
         who = f"arbiter pid {state.arbiter_pid}" + (f" at {esc(state.endpoint)}" if state.endpoint else "")
-        backend = ("<b>SIMULATED GPUs</b> (fake backend): regions are real, the GPUs are not"
-                   if state.simulated else f"backend {esc(state.backend)}")
+        backend = (
+            "<b>SIMULATED GPUs</b> (fake backend): regions are real, the GPUs are not"
+            if state.simulated
+            else f"backend {esc(state.backend)}"
+        )
         lock = "drain by driver lock" if state.lock_capable else "cooperative drain (no driver lock)"
-        return (f'{STYLE}<span class="krex-badge krex-ok">live</span> KREX dashboard &middot; {who} &middot; '
-                f"{backend} &middot; {lock}")
+        return (
+            f'{STYLE}<span class="krex-badge krex-ok">live</span> KREX dashboard &middot; {who} &middot; '
+            f"{backend} &middot; {lock}"
+        )
     if state.lost_since is not None:
         ago = fmt_s(max(0.0, now - state.lost_since))
-        return (f'{STYLE}<span class="krex-badge krex-bad">ARBITER LOST</span> for {ago}: {esc(state.message)} '
-                "&middot; reconnecting&hellip; (what follows is the last state seen)")
-    return f"{STYLE}<span class=\"krex-muted\">{esc(state.message)}&hellip;</span>"
+        return (
+            f'{STYLE}<span class="krex-badge krex-bad">ARBITER LOST</span> for {ago}: {esc(state.message)} '
+            "&middot; reconnecting&hellip; (what follows is the last state seen)"
+        )
+    return f'{STYLE}<span class="krex-muted">{esc(state.message)}&hellip;</span>'
 
 
 def panel_html(state: NodeState, gpu: GpuState, now: float) -> str:
@@ -196,20 +238,26 @@ def panel_html(state: NodeState, gpu: GpuState, now: float) -> str:
     mem_pct = 100.0 * gpu.memory_used / gpu.memory_total if gpu.memory_total else 0.0
 
     def bar(label: str, p: float, text: str) -> str:
-        return (f'<div>{label} <div style="display:inline-block;width:200px;height:10px;background:#ddd">'
-                f'<div style="width:{p:.0f}%;height:10px;background:{HOLD_COLOR}"></div></div> {esc(text)}</div>')
+        return (
+            f'<div>{label} <div style="display:inline-block;width:200px;height:10px;background:#ddd">'
+            f'<div style="width:{p:.0f}%;height:10px;background:{HOLD_COLOR}"></div></div> {esc(text)}</div>'
+        )
 
-    return (f'<div class="krex-gpu">{title_html(state, gpu)}{bar("util", pct, util)}{bar("memory", mem_pct, mem)}'
-            f"<div>{esc(clock)}</div><div>{holder_html(gpu, now)}</div><div>{queue_html(gpu, now)}</div>"
-            f"<div>{sessions_html(gpu)}</div><div>{timeline_svg(gpu.regions)}</div></div>")
+    return (
+        f'<div class="krex-gpu">{title_html(state, gpu)}{bar("util", pct, util)}{bar("memory", mem_pct, mem)}'
+        f"<div>{esc(clock)}</div><div>{holder_html(gpu, now)}</div><div>{queue_html(gpu, now)}</div>"
+        f"<div>{sessions_html(gpu)}</div><div>{timeline_svg(gpu.regions)}</div></div>"
+    )
 
 
 def page_html(state: NodeState, now: float | None = None, gpus: Iterable[int] | None = None) -> str:
     now = time.time() if now is None else now
     wanted = None if gpus is None else set(gpus)
     body = "".join(panel_html(state, g, now) for g in state.gpus if wanted is None or g.index in wanted)
-    return (f'<div class="krex-dash"><div>{header_html(state, now)}</div>'
-            f'<div style="display:flex;flex-wrap:wrap">{body}</div></div>')
+    return (
+        f'<div class="krex-dash"><div>{header_html(state, now)}</div>'
+        f'<div style="display:flex;flex-wrap:wrap">{body}</div></div>'
+    )
 
 
 # -- widgets ------------------------------------------------------------------------------
@@ -230,14 +278,34 @@ class GpuPanel(widgets.VBox):
         self.sessions = widgets.HTML()
         self.timeline = widgets.HTML()
         row = widgets.Layout(align_items="center")
-        super().__init__([self.title, widgets.HBox([self.util_bar, self.util_text], layout=row),
-                          widgets.HBox([self.memory_bar, self.memory_text], layout=row), self.clock, self.holder,
-                          self.queue, self.sessions, self.timeline])
+        super().__init__(
+            [
+                self.title,
+                widgets.HBox([self.util_bar, self.util_text], layout=row),
+                widgets.HBox([self.memory_bar, self.memory_text], layout=row),
+                self.clock,
+                self.holder,
+                self.queue,
+                self.sessions,
+                self.timeline,
+            ]
+        )
         self.add_class("krex-gpu")
 
     def parts(self) -> list[widgets.DOMWidget]:
-        return [self, self.title, self.util_bar, self.util_text, self.memory_bar, self.memory_text, self.clock,
-                self.holder, self.queue, self.sessions, self.timeline]
+        return [
+            self,
+            self.title,
+            self.util_bar,
+            self.util_text,
+            self.memory_bar,
+            self.memory_text,
+            self.clock,
+            self.holder,
+            self.queue,
+            self.sessions,
+            self.timeline,
+        ]
 
     def update(self, state: NodeState, gpu: GpuState, now: float) -> None:
         util, mem, clock = readings_html(gpu)
@@ -262,8 +330,15 @@ class GpuPanel(widgets.VBox):
 class Dashboard(widgets.VBox):
     """A live view of the node's GPUs (see :func:`krex_lab.dashboard`)."""
 
-    def __init__(self, gpus: Iterable[int] | int | None = None, refresh: float = 1.0, endpoint: str | None = None,
-                 connect: bool = True, silence: float = 3.0, retry: float = 1.0) -> None:
+    def __init__(
+        self,
+        gpus: Iterable[int] | int | None = None,
+        refresh: float = 1.0,
+        endpoint: str | None = None,
+        connect: bool = True,
+        silence: float = 3.0,
+        retry: float = 1.0,
+    ) -> None:
         self.gpus = None if gpus is None else ([gpus] if isinstance(gpus, int) else list(gpus))
         self.refresh = float(refresh)
         self.header = widgets.HTML(STYLE + "connecting to the arbiter&hellip;")
@@ -280,8 +355,9 @@ class Dashboard(widgets.VBox):
         self._last_render = 0.0
         self.feed: Feed | None = None
         if connect:
-            self.feed = Feed(self.apply, self.tick, endpoint, tick=min(0.1, self.refresh), retry=retry,
-                             silence=silence).start()
+            self.feed = Feed(
+                self.apply, self.tick, endpoint, tick=min(0.1, self.refresh), retry=retry, silence=silence
+            ).start()
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -333,16 +409,20 @@ class Dashboard(widgets.VBox):
         """A few lines of text: what the panels show."""
         now = time.time() if now is None else now
         state = self.state
-        lines = [("live" if state.connected else f"LOST: {state.message}")
-                 + f" - backend {state.backend}{' (simulated)' if state.simulated else ''}"]
+        lines = [
+            ("live" if state.connected else f"LOST: {state.message}")
+            + f" - backend {state.backend}{' (simulated)' if state.simulated else ''}"
+        ]
         for g in state.gpus:
             if self.gpus is not None and g.index not in self.gpus:
                 continue
             h = g.holder
             held = f"{h.region} held by {h.name} ({now - h.since:.1f} s)" if h else "free"
-            lines.append(f"GPU {g.index}: {held}; waiting {[w.name for w in g.queue]}; "
-                         f"sessions {[s.name for s in g.sessions]}; {len(g.regions)} recent regions"
-                         f" ({sum(r.degraded for r in g.regions)} degraded)")
+            lines.append(
+                f"GPU {g.index}: {held}; waiting {[w.name for w in g.queue]}; "
+                f"sessions {[s.name for s in g.sessions]}; {len(g.regions)} recent regions"
+                f" ({sum(r.degraded for r in g.regions)} degraded)"
+            )
         return "\n".join(lines)
 
     def close(self) -> None:

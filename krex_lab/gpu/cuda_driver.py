@@ -140,9 +140,7 @@ class CtypesCudaDriver(CudaDriver):
         self._lib = lib
         self._name_lock = threading.Lock()
         self._get_error_name = self._bind("cuGetErrorName", ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
-        self._get_error_string = self._bind(
-            "cuGetErrorString", ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)
-        )
+        self._get_error_string = self._bind("cuGetErrorString", ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
         init = self._bind("cuInit", ctypes.c_uint)
         get_version = self._bind("cuDriverGetVersion", ctypes.POINTER(ctypes.c_int))
         if init is None or get_version is None:
@@ -151,14 +149,10 @@ class CtypesCudaDriver(CudaDriver):
         version = ctypes.c_int(0)
         self._check("cuDriverGetVersion", get_version(ctypes.pointer(version)))
         self._version = version.value
-        self._lock = self._bind(
-            "cuCheckpointProcessLock", ctypes.c_int, ctypes.POINTER(CUcheckpointLockArgs)
-        )
+        self._lock = self._bind("cuCheckpointProcessLock", ctypes.c_int, ctypes.POINTER(CUcheckpointLockArgs))
         # The unlock args struct is all reserved words; NULL is allowed, so declare a void*.
         self._unlock = self._bind("cuCheckpointProcessUnlock", ctypes.c_int, ctypes.c_void_p)
-        self._get_state = self._bind(
-            "cuCheckpointProcessGetState", ctypes.c_int, ctypes.POINTER(ctypes.c_int)
-        )
+        self._get_state = self._bind("cuCheckpointProcessGetState", ctypes.c_int, ctypes.POINTER(ctypes.c_int))
 
     def _bind(self, name: str, *argtypes: Any) -> Callable[..., int] | None:
         try:

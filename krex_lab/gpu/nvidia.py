@@ -172,9 +172,7 @@ class NvidiaBackend(GpuBackend):
     name = "nvidia"
     simulated = False
 
-    def __init__(
-        self, nvml: NvmlApi | None = None, driver: CudaDriver | None = None, proc: Path = PROC
-    ) -> None:
+    def __init__(self, nvml: NvmlApi | None = None, driver: CudaDriver | None = None, proc: Path = PROC) -> None:
         self._nvml = nvml if nvml is not None else PynvmlApi()
         self._proc = proc
         self._unmapped: dict[int, list[int]] = {}

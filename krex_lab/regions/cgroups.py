@@ -46,8 +46,15 @@ def cgroup_of(pid: int) -> str | None:
 
 #: v2 interface files whose value, when not the default, limits the processes of a cgroup
 LIMIT_FILES = {
-    "memory.max": "max", "memory.high": "max", "memory.swap.max": "max", "pids.max": "max",
-    "cpu.max": "max", "io.max": "", "cpuset.cpus": "", "cpuset.mems": "", "hugetlb.2MB.max": "max",
+    "memory.max": "max",
+    "memory.high": "max",
+    "memory.swap.max": "max",
+    "pids.max": "max",
+    "cpu.max": "max",
+    "io.max": "",
+    "cpuset.cpus": "",
+    "cpuset.mems": "",
+    "hugetlb.2MB.max": "max",
 }
 
 
@@ -118,8 +125,13 @@ class CgroupPlacer:
         current = self.cgroup_of(pid)
         limits = limits_on(self.root, current) if current else {}
         if limits:
-            log.info("session %s stays in its cgroup %s, whose limits would not apply under %s (%s): SIGSTOP "
-                     "will freeze it", session, current, self.base, ", ".join(f"{k}={v}" for k, v in limits.items()))
+            log.info(
+                "session %s stays in its cgroup %s, whose limits would not apply under %s (%s): SIGSTOP will freeze it",
+                session,
+                current,
+                self.base,
+                ", ".join(f"{k}={v}" for k, v in limits.items()),
+            )
             return ""
         path = self.base / session
         try:

@@ -68,14 +68,19 @@ class Freezer:
     for none); ``relative`` turns such a path into the name /proc/PID/cgroup uses.
     """
 
-    def __init__(self, record: Record, cgroup_of_session: Callable[[int], str] | None = None,
-                 relative: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self,
+        record: Record,
+        cgroup_of_session: Callable[[int], str] | None = None,
+        relative: Callable[[str], str] | None = None,
+    ) -> None:
         self._record = record
         self._cgroup_of_session = cgroup_of_session or (lambda pid: "")
         self._relative = relative or (lambda path: path)
 
-    def freeze(self, region: str, roots: Iterable[int], exempt: set[int],
-               result: FreezeResult | None = None) -> FreezeResult:
+    def freeze(
+        self, region: str, roots: Iterable[int], exempt: set[int], result: FreezeResult | None = None
+    ) -> FreezeResult:
         result = result if result is not None else FreezeResult()
         # One walk on the critical path (trees stopped already, on drain ack, are not walked
         # again here); settle() walks everything again once the stops have landed.
@@ -96,8 +101,9 @@ class Freezer:
             except OSError as exc:
                 result.failed.append(f"cgroup {path}: {exc}")
 
-    def extend(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int],
-               passes: int = _MAX_PASSES) -> None:
+    def extend(
+        self, region: str, result: FreezeResult, roots: list[int], exempt: set[int], passes: int = _MAX_PASSES
+    ) -> None:
         """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
         self._freeze_cgroups(region, result, roots)
         result.roots.update(roots)
@@ -188,4 +194,3 @@ def thaw_cgroups(paths: Iterable[str]) -> int:
 def thaw(result: FreezeResult) -> None:
     thaw_cgroups(result.cgroups)
     thaw_procs(result.procs)
-

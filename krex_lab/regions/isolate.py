@@ -60,7 +60,12 @@ class CoreBook:
         return sorted(candidates[: max(0, min(n, room))])
 
     def isolate(
-        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn,
+        self,
+        region: str,
+        holder_pids: list[int],
+        other_pids: list[int],
+        n: int,
+        journal: JournalFn,
         deadline: float | None = None,
     ) -> IsolateResult:
         """Pin the holder's threads to ``n`` reserved cores and move the others' threads off them.
@@ -72,7 +77,12 @@ class CoreBook:
             return self._isolate(region, holder_pids, other_pids, n, journal, deadline)
 
     def _isolate(
-        self, region: str, holder_pids: list[int], other_pids: list[int], n: int, journal: JournalFn,
+        self,
+        region: str,
+        holder_pids: list[int],
+        other_pids: list[int],
+        n: int,
+        journal: JournalFn,
         deadline: float | None,
     ) -> IsolateResult:
         late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
@@ -123,8 +133,10 @@ class CoreBook:
                 held.touched.add(tid)
                 moved.add(pid)
         if skipped or unlisted:
-            result.failed.append(f"isolation stopped at its deadline: {skipped} threads and every thread of "
-                                 f"{unlisted} processes of other sessions were not moved off the reserved cores")
+            result.failed.append(
+                f"isolation stopped at its deadline: {skipped} threads and every thread of "
+                f"{unlisted} processes of other sessions were not moved off the reserved cores"
+            )
         result.holder_threads = sorted(holder_tids)
         result.moved_pids = sorted(moved)
         return result

@@ -29,31 +29,64 @@ class KrexExtensionApp(ExtensionApp):
     version = __version__
     load_other_extensions = True
 
-    endpoint = Unicode("", config=True, help="The arbiter's endpoint (ipc://PATH or tcp://HOST:PORT). Default: "
-                       "$KREX_ENDPOINT, else the ipc socket in this user's KREX runtime dir.")
-    embedded = Bool(True, config=True, help="Start an embedded arbiter (ended with the server) when none "
-                    "answers at the endpoint: the single-user default.")
-    backend = Enum(list(BACKENDS), default_value="auto", config=True, help="GPU backend of the embedded "
-                   "arbiter: auto tries nvidia, then amd, then the simulated fake backend (announced).")
-    fake_gpus = Int(2, config=True, help="Number of simulated GPUs when the embedded arbiter uses the fake "
-                    "backend.")
-    runtime_dir = Unicode("", config=True, help="KREX runtime dir of the embedded arbiter and the pool "
-                          "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).")
-    arbiter_args = List(Unicode(), config=True, help="Extra command-line options of the embedded arbiter "
-                        "(`krex arbiter --help-all`).")
-    start_pool = Bool(True, config=True, help="Start this user's pool service (context workers for %%krex "
-                      "cells); it is stopped with the server.")
-    pool_size = Int(1, config=True, help="Active context workers per GPU in the pool (it also keeps warm "
-                    "spares: see pool_args and `python -m krex_lab.workers.pool --help-all`).")
-    pool_endpoint = Unicode("", config=True, help="The pool's endpoint. Default: $KREX_POOL_ENDPOINT, else "
-                            "ipc://<runtime dir>/pool.sock.")
+    endpoint = Unicode(
+        "",
+        config=True,
+        help="The arbiter's endpoint (ipc://PATH or tcp://HOST:PORT). Default: "
+        "$KREX_ENDPOINT, else the ipc socket in this user's KREX runtime dir.",
+    )
+    embedded = Bool(
+        True,
+        config=True,
+        help="Start an embedded arbiter (ended with the server) when none "
+        "answers at the endpoint: the single-user default.",
+    )
+    backend = Enum(
+        list(BACKENDS),
+        default_value="auto",
+        config=True,
+        help="GPU backend of the embedded "
+        "arbiter: auto tries nvidia, then amd, then the simulated fake backend (announced).",
+    )
+    fake_gpus = Int(2, config=True, help="Number of simulated GPUs when the embedded arbiter uses the fake backend.")
+    runtime_dir = Unicode(
+        "",
+        config=True,
+        help="KREX runtime dir of the embedded arbiter and the pool "
+        "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).",
+    )
+    arbiter_args = List(
+        Unicode(), config=True, help="Extra command-line options of the embedded arbiter (`krex arbiter --help-all`)."
+    )
+    start_pool = Bool(
+        True,
+        config=True,
+        help="Start this user's pool service (context workers for %%krex cells); it is stopped with the server.",
+    )
+    pool_size = Int(
+        1,
+        config=True,
+        help="Active context workers per GPU in the pool (it also keeps warm "
+        "spares: see pool_args and `python -m krex_lab.workers.pool --help-all`).",
+    )
+    pool_endpoint = Unicode(
+        "", config=True, help="The pool's endpoint. Default: $KREX_POOL_ENDPOINT, else ipc://<runtime dir>/pool.sock."
+    )
     pool_args = List(Unicode(), config=True, help="Extra command-line options of the pool service.")
-    startup_timeout = Float(20.0, config=True, help="Seconds to wait for the embedded arbiter or the pool "
-                            "to answer at start.")
-    stop_timeout = Float(10.0, config=True, help="Seconds the arbiter and the pool get to exit after "
-                         "SIGTERM before they (and what they left) are killed.")
-    watch_interval = Float(5.0, config=True, help="Seconds between checks that the embedded arbiter and "
-                           "the pool still run (a dead one is started again); 0 disables.")
+    startup_timeout = Float(
+        20.0, config=True, help="Seconds to wait for the embedded arbiter or the pool to answer at start."
+    )
+    stop_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds the arbiter and the pool get to exit after SIGTERM before they (and what they left) are killed.",
+    )
+    watch_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between checks that the embedded arbiter and "
+        "the pool still run (a dead one is started again); 0 disables.",
+    )
 
     services: Services
     region_stats: RegionStats
@@ -61,11 +94,19 @@ class KrexExtensionApp(ExtensionApp):
 
     def initialize_settings(self) -> None:
         pool_args = [f"--workers-per-gpu={self.pool_size}", *self.pool_args]
-        options = Options(endpoint=self.endpoint, embedded=self.embedded, backend=self.backend,
-                          fake_gpus=self.fake_gpus, runtime_dir=self.runtime_dir,
-                          arbiter_args=list(self.arbiter_args), start_pool=self.start_pool,
-                          pool_endpoint=self.pool_endpoint, pool_args=pool_args,
-                          startup_timeout=self.startup_timeout, stop_timeout=self.stop_timeout)
+        options = Options(
+            endpoint=self.endpoint,
+            embedded=self.embedded,
+            backend=self.backend,
+            fake_gpus=self.fake_gpus,
+            runtime_dir=self.runtime_dir,
+            arbiter_args=list(self.arbiter_args),
+            start_pool=self.start_pool,
+            pool_endpoint=self.pool_endpoint,
+            pool_args=pool_args,
+            startup_timeout=self.startup_timeout,
+            stop_timeout=self.stop_timeout,
+        )
         self.services = Services(options, logger=self.log)
         self.services.start()
         self.region_stats = RegionStats()

@@ -52,30 +52,44 @@ def announce(backend: str, fake_gpus: int) -> str:
     finally:
         probe.close()
     if simulated:
-        return (f"krex lab: no GPU found - the embedded arbiter uses the FAKE backend with {count} SIMULATED "
-                "GPU(s): regions, freezing and placement are real, timings are not on a real GPU")
+        return (
+            f"krex lab: no GPU found - the embedded arbiter uses the FAKE backend with {count} SIMULATED "
+            "GPU(s): regions, freezing and placement are real, timings are not on a real GPU"
+        )
     return f"krex lab: the embedded arbiter will manage {count} GPU(s) with the {name} backend"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``krex lab``'s own options; whatever else is given goes to JupyterLab (``jupyterlab_args``)."""
-    parser.add_argument("--backend", default="auto", choices=["auto", "nvidia", "amd", "fake"],
-                        help="GPU backend of the embedded arbiter (default: auto)")
+    parser.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "nvidia", "amd", "fake"],
+        help="GPU backend of the embedded arbiter (default: auto)",
+    )
     parser.add_argument("--fake-gpus", type=int, default=2, help="simulated GPUs when the backend is fake")
     parser.add_argument("--no-pool", action="store_true", help="do not start the pool service")
-    parser.add_argument("jupyterlab_args", nargs=argparse.REMAINDER, metavar="JUPYTERLAB OPTIONS",
-                        help="options of JupyterLab (jupyter lab --help-all), passed on unchanged")
+    parser.add_argument(
+        "jupyterlab_args",
+        nargs=argparse.REMAINDER,
+        metavar="JUPYTERLAB OPTIONS",
+        help="options of JupyterLab (jupyter lab --help-all), passed on unchanged",
+    )
 
 
 def launch(args: argparse.Namespace) -> int:
     """Replace this process with JupyterLab (``args`` from :func:`add_arguments`)."""
     rest: list[str] = list(args.jupyterlab_args)
     print(announce(args.backend, args.fake_gpus), file=sys.stderr, flush=True)
-    cmd = [sys.executable, "-m", "jupyterlab",
-           f"--KrexExtensionApp.backend={args.backend}",
-           f"--KrexExtensionApp.fake_gpus={args.fake_gpus}",
-           *(["--KrexExtensionApp.start_pool=False"] if args.no_pool else []),
-           *rest]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        f"--KrexExtensionApp.backend={args.backend}",
+        f"--KrexExtensionApp.fake_gpus={args.fake_gpus}",
+        *(["--KrexExtensionApp.start_pool=False"] if args.no_pool else []),
+        *rest,
+    ]
     if os.geteuid() == 0 and "--allow-root" not in rest:
         print("krex lab: running as root (a container?): passing --allow-root to JupyterLab", file=sys.stderr)
         cmd.append("--allow-root")

@@ -39,20 +39,36 @@ class RegionStats(Collector):
 
     def __init__(self) -> None:
         labels = ("gpu",)
-        self.regions = Counter("krex_regions", "Finished regions (granted or withdrawn) by outcome",
-                               ("gpu", "outcome"), registry=None)
-        self.degraded = Counter("krex_regions_degraded", "Regions whose report says DEGRADED (something not "
-                                "drained, frozen or isolated)", labels, registry=None)
-        self.frozen = Counter("krex_region_frozen_processes", "Processes stopped by regions", labels,
-                              registry=None)
-        self.intruders = Counter("krex_region_intruders", "Processes that appeared on a GPU during a region",
-                                 labels, registry=None)
-        self.wait = Histogram("krex_region_wait_seconds", "Time a region waited in its GPU's queue", labels,
-                              buckets=WAIT_BUCKETS, registry=None)
-        self.acquire = Histogram("krex_region_acquire_seconds", "Gate + drain + freeze + isolate time of a region",
-                                 labels, buckets=ACQUIRE_BUCKETS, registry=None)
-        self.hold = Histogram("krex_region_hold_seconds", "How long a region was held", labels,
-                              buckets=HOLD_BUCKETS, registry=None)
+        self.regions = Counter(
+            "krex_regions", "Finished regions (granted or withdrawn) by outcome", ("gpu", "outcome"), registry=None
+        )
+        self.degraded = Counter(
+            "krex_regions_degraded",
+            "Regions whose report says DEGRADED (something not drained, frozen or isolated)",
+            labels,
+            registry=None,
+        )
+        self.frozen = Counter("krex_region_frozen_processes", "Processes stopped by regions", labels, registry=None)
+        self.intruders = Counter(
+            "krex_region_intruders", "Processes that appeared on a GPU during a region", labels, registry=None
+        )
+        self.wait = Histogram(
+            "krex_region_wait_seconds",
+            "Time a region waited in its GPU's queue",
+            labels,
+            buckets=WAIT_BUCKETS,
+            registry=None,
+        )
+        self.acquire = Histogram(
+            "krex_region_acquire_seconds",
+            "Gate + drain + freeze + isolate time of a region",
+            labels,
+            buckets=ACQUIRE_BUCKETS,
+            registry=None,
+        )
+        self.hold = Histogram(
+            "krex_region_hold_seconds", "How long a region was held", labels, buckets=HOLD_BUCKETS, registry=None
+        )
         self._seen: set[tuple[Any, ...]] = set()
         self._lock = threading.Lock()
 
@@ -103,10 +119,19 @@ class Snapshot(Collector):
         if not self.status:
             return
         a = self.status["arbiter"]
-        info = GaugeMetricFamily("krex_arbiter_info", "The arbiter's backend (simulated=true: fake backend, "
-                                 "no real GPU)", labels=("backend", "simulated", "lock_capable"))
-        info.add_metric([str(a.get("backend")), str(bool(a.get("simulated"))).lower(),
-                         str(bool(a.get("capabilities", {}).get("lock"))).lower()], 1.0)
+        info = GaugeMetricFamily(
+            "krex_arbiter_info",
+            "The arbiter's backend (simulated=true: fake backend, no real GPU)",
+            labels=("backend", "simulated", "lock_capable"),
+        )
+        info.add_metric(
+            [
+                str(a.get("backend")),
+                str(bool(a.get("simulated"))).lower(),
+                str(bool(a.get("capabilities", {}).get("lock"))).lower(),
+            ],
+            1.0,
+        )
         yield info
         sessions_total = GaugeMetricFamily("krex_sessions", "Sessions registered with the arbiter")
         sessions_total.add_metric([], float(a.get("sessions", 0)))
@@ -114,17 +139,20 @@ class Snapshot(Collector):
         labels = ("gpu", "name")
         fams = {
             "sessions": GaugeMetricFamily("krex_gpu_sessions", "Sessions placed on the GPU", labels=labels),
-            "kernels": GaugeMetricFamily("krex_gpu_kernel_sessions", "Notebook kernels placed on the GPU",
-                                         labels=labels),
+            "kernels": GaugeMetricFamily(
+                "krex_gpu_kernel_sessions", "Notebook kernels placed on the GPU", labels=labels
+            ),
             "queue": GaugeMetricFamily("krex_gpu_queue_length", "Regions waiting for the GPU", labels=labels),
             "holder": GaugeMetricFamily("krex_gpu_holder_present", "1 while a region holds the GPU", labels=labels),
-            "held": GaugeMetricFamily("krex_gpu_holder_held_seconds", "How long the current region has held the GPU",
-                                      labels=labels),
+            "held": GaugeMetricFamily(
+                "krex_gpu_holder_held_seconds", "How long the current region has held the GPU", labels=labels
+            ),
             "gate": GaugeMetricFamily("krex_gpu_gate_closed", "1 while the GPU's gate is closed", labels=labels),
             "mem_used": GaugeMetricFamily("krex_gpu_memory_used_bytes", "GPU memory in use", labels=labels),
             "mem_total": GaugeMetricFamily("krex_gpu_memory_total_bytes", "GPU memory", labels=labels),
-            "util": GaugeMetricFamily("krex_gpu_utilization_ratio", "GPU utilisation (0..1), where the backend "
-                                      "reports it", labels=labels),
+            "util": GaugeMetricFamily(
+                "krex_gpu_utilization_ratio", "GPU utilisation (0..1), where the backend reports it", labels=labels
+            ),
         }
         for g in self.status["gpus"]:
             lv = [str(g["index"]), str(g.get("name", ""))]
@@ -142,8 +170,9 @@ class Snapshot(Collector):
         yield from fams.values()
 
 
-def render(stats: RegionStats, status: dict[str, Any] | None, regions: list[dict[str, Any]] | None,
-           services: dict[str, Any]) -> bytes:
+def render(
+    stats: RegionStats, status: dict[str, Any] | None, regions: list[dict[str, Any]] | None, services: dict[str, Any]
+) -> bytes:
     """The Prometheus text exposition of one scrape."""
     if status is not None and regions is not None:
         stats.observe(status["arbiter"], regions)

@@ -57,8 +57,9 @@ class Options:
 class ManagedProcess:
     """A child process of the server (its own session, so the terminal's Ctrl-C is ours to relay)."""
 
-    def __init__(self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path,
-                 logger: Logger) -> None:
+    def __init__(
+        self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path, logger: Logger
+    ) -> None:
         self.log = logger
         self.name = name
         self.module = module
@@ -73,8 +74,14 @@ class ManagedProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held while the process runs
         os.chmod(self.log_path, 0o600)
         cmd = [sys.executable, "-m", "krex_lab.serverext._guard", str(os.getpid()), self.module, *self.args]
-        self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
     @property
@@ -105,8 +112,9 @@ class ManagedProcess:
             while proc.poll() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if proc.poll() is None:
-                self.log.warning("KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid,
-                                 timeout)
+                self.log.warning(
+                    "KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid, timeout
+                )
                 proc.kill()
                 proc.wait()
         # Grace for children that exit on their own once their parent is gone, then no mercy.
@@ -145,8 +153,12 @@ def pool_available() -> bool:
 class Services:
     """Finds or starts the arbiter, starts the pool, exports the endpoints; :meth:`stop` undoes it."""
 
-    def __init__(self, options: Options, logger: Logger | None = None,
-                 hello: Callable[[str, float], dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        logger: Logger | None = None,
+        hello: Callable[[str, float], dict[str, Any]] | None = None,
+    ) -> None:
         from ..client import hello as client_hello
 
         self.log: Logger = logger or logging.getLogger("krex.serverext")
@@ -172,22 +184,29 @@ class Services:
         if info is not None:
             self.endpoint = self.endpoint or paths.default_endpoint()
             self.info = info
-            self.log.info("KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"],
-                          info.get("backend"))
+            self.log.info(
+                "KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"], info.get("backend")
+            )
         elif o.embedded:
             self._start_arbiter()
         else:
             self.endpoint = self.endpoint or paths.default_endpoint()
-            self._problem(f"no KREX arbiter answers at {self.endpoint} and the embedded one is off "
-                          "(KrexExtensionApp.embedded): kernels start without a GPU placement")
+            self._problem(
+                f"no KREX arbiter answers at {self.endpoint} and the embedded one is off "
+                "(KrexExtensionApp.embedded): kernels start without a GPU placement"
+            )
         if self.info.get("simulated"):
-            self.log.warning("KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
-                             "(timings are not protected on any real device)", self.info.get("gpus"))
+            self.log.warning(
+                "KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
+                "(timings are not protected on any real device)",
+                self.info.get("gpus"),
+            )
         self._export(paths.ENDPOINT_ENV, self.endpoint)
         if self.private_runtime is not None:
             self._export(paths.RUNTIME_DIR_ENV, str(self.private_runtime))
-        self.pool_endpoint = (o.pool_endpoint or os.environ.get(paths.POOL_ENDPOINT_ENV)
-                              or f"ipc://{self._runtime() / 'pool.sock'}")
+        self.pool_endpoint = (
+            o.pool_endpoint or os.environ.get(paths.POOL_ENDPOINT_ENV) or f"ipc://{self._runtime() / 'pool.sock'}"
+        )
         self._export(paths.POOL_ENDPOINT_ENV, self.pool_endpoint)
         if o.start_pool:
             self.start_pool()
@@ -213,15 +232,28 @@ class Services:
         if _lock_held(runtime / "arbiter.lock"):
             # An arbiter owns that runtime dir but does not answer here: do not fight it, use our own.
             self.private_runtime = Path(tempfile.mkdtemp(prefix="krex-lab-"))
-            self._problem(f"an arbiter holds {runtime} but does not answer at "
-                          f"{self.endpoint or 'its socket'}: the embedded arbiter uses {self.private_runtime}")
+            self._problem(
+                f"an arbiter holds {runtime} but does not answer at "
+                f"{self.endpoint or 'its socket'}: the embedded arbiter uses {self.private_runtime}"
+            )
             runtime = self.runtime = self.private_runtime
         endpoint = self.endpoint or f"ipc://{runtime / 'arbiter.sock'}"
-        args = ["arbiter", "--backend", o.backend, "--fake-gpus", str(o.fake_gpus), "--endpoint", endpoint,
-                "--runtime-dir", str(runtime), *o.arbiter_args]
+        args = [
+            "arbiter",
+            "--backend",
+            o.backend,
+            "--fake-gpus",
+            str(o.fake_gpus),
+            "--endpoint",
+            endpoint,
+            "--runtime-dir",
+            str(runtime),
+            *o.arbiter_args,
+        ]
         env = {**os.environ, paths.RUNTIME_DIR_ENV: str(runtime), paths.ENDPOINT_ENV: endpoint}
-        self.arbiter = ManagedProcess("embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log",
-                                      self.log)
+        self.arbiter = ManagedProcess(
+            "embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log", self.log
+        )
         self.arbiter.start()
         self.endpoint = endpoint
         info = self._wait_ready(self.arbiter, lambda: self._probe(endpoint, 0.5))
@@ -229,8 +261,13 @@ class Services:
             self._problem(f"the embedded arbiter did not answer at {endpoint}:\n{self.arbiter.log_tail()}")
             return
         self.info = info
-        self.log.info("KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)", info["pid"], endpoint,
-                      info.get("backend"), info.get("gpus"))
+        self.log.info(
+            "KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)",
+            info["pid"],
+            endpoint,
+            info.get("backend"),
+            info.get("gpus"),
+        )
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
         deadline = time.monotonic() + self.options.startup_timeout
@@ -245,13 +282,13 @@ class Services:
 
     def start_pool(self) -> None:
         if not pool_available():
-            self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run "
-                          "until it is")
+            self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run until it is")
             return
         env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
         args = [f"--endpoint={self.pool_endpoint}", f"--arbiter={self.endpoint}", *self.options.pool_args]
-        self.pool = ManagedProcess("pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log",
-                                   self.log)
+        self.pool = ManagedProcess(
+            "pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log", self.log
+        )
         self.pool.start()
         if not self._wait_ready(self.pool, lambda: _pool_answers(self.pool_endpoint)):
             self._problem(f"the pool service did not answer at {self.pool_endpoint}:\n{self.pool.log_tail()}")
@@ -273,8 +310,14 @@ class Services:
             assert child.proc is not None
             self._restarts[name] = self._restarts.get(name, 0) + 1
             give_up = self._restarts[name] >= MAX_RESTARTS
-            self.log.error("KREX: the %s (pid %d) exited with status %s; %s:\n%s", child.name, child.proc.pid,
-                           child.proc.returncode, "giving up" if give_up else "starting it again", child.log_tail())
+            self.log.error(
+                "KREX: the %s (pid %d) exited with status %s; %s:\n%s",
+                child.name,
+                child.proc.pid,
+                child.proc.returncode,
+                "giving up" if give_up else "starting it again",
+                child.log_tail(),
+            )
             if give_up:
                 self._problem(f"the {child.name} keeps exiting: see {child.log_path}")
             elif name == "arbiter":

@@ -18,7 +18,7 @@ def default_endpoint() -> str:
 
 def ipc_path(endpoint: str) -> str | None:
     """The socket file of an ``ipc://`` endpoint, else None."""
-    return endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
 
 
 def lock_path(endpoint: str) -> str | None:

@@ -26,23 +26,35 @@ from tests.support.procs import Procs
 OPS = ["hello", "status", "place", "register", "unregister", "acquire", "release", "drain_ack", "regions"]
 VALID = {
     "register": {"pid": 1, "ticket": "x", "role": "client", "name": "", "gpu": 0, "control": True},
-    "acquire": {"session": "s", "token": "t", "gpu": 0, "max_hold": 1.0, "freeze": True, "isolate": True,
-                "cores": 1},
+    "acquire": {"session": "s", "token": "t", "gpu": 0, "max_hold": 1.0, "freeze": True, "isolate": True, "cores": 1},
     "release": {"session": "s", "token": "t", "region": "r1"},
     "regions": {"limit": 5},
 }
 INT64 = st.integers(-(2**63), 2**63 - 1)
-junk = st.one_of(st.none(), st.booleans(), INT64, st.floats(allow_nan=False), st.text(max_size=20),
-                 st.binary(max_size=20), st.lists(INT64, max_size=3),
-                 st.dictionaries(st.text(max_size=5), INT64, max_size=3))
+junk = st.one_of(
+    st.none(),
+    st.booleans(),
+    INT64,
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.binary(max_size=20),
+    st.lists(INT64, max_size=3),
+    st.dictionaries(st.text(max_size=5), INT64, max_size=3),
+)
 
 
 def _garbage() -> st.SearchStrategy[bytes]:
     raw = st.binary(min_size=0, max_size=300)
-    unknown_op = st.builds(lambda op, rid: protocol.encode({"v": protocol.VERSION, "id": rid, "op": op}),
-                           st.text(max_size=12).filter(lambda s: s not in OPS), st.integers(0, 2**31))
-    wrong_version = st.builds(lambda v, op: protocol.encode({"v": v, "id": 1, "op": op}),
-                              junk.filter(lambda v: v != protocol.VERSION or isinstance(v, bool)), st.sampled_from(OPS))
+    unknown_op = st.builds(
+        lambda op, rid: protocol.encode({"v": protocol.VERSION, "id": rid, "op": op}),
+        st.text(max_size=12).filter(lambda s: s not in OPS),
+        st.integers(0, 2**31),
+    )
+    wrong_version = st.builds(
+        lambda v, op: protocol.encode({"v": v, "id": 1, "op": op}),
+        junk.filter(lambda v: v != protocol.VERSION or isinstance(v, bool)),
+        st.sampled_from(OPS),
+    )
 
     def wrong_type(op: str, field: str, value: object) -> bytes:
         body = {"v": protocol.VERSION, "id": 7, "op": op, **VALID[op]}
@@ -50,8 +62,13 @@ def _garbage() -> st.SearchStrategy[bytes]:
         return protocol.encode(body)
 
     wrong_types = st.sampled_from(sorted(VALID)).flatmap(
-        lambda op: st.builds(wrong_type, st.just(op), st.sampled_from(sorted(VALID[op])),
-                             st.one_of(st.binary(max_size=4), st.lists(st.none(), max_size=2))))
+        lambda op: st.builds(
+            wrong_type,
+            st.just(op),
+            st.sampled_from(sorted(VALID[op])),
+            st.one_of(st.binary(max_size=4), st.lists(st.none(), max_size=2)),
+        )
+    )
     not_a_map = st.builds(protocol.encode, st.one_of(INT64, st.text(max_size=30), st.lists(junk, max_size=4)))
     missing = st.sampled_from(sorted(VALID)).map(lambda op: protocol.encode({"v": protocol.VERSION, "id": 3, "op": op}))
     return st.one_of(raw, unknown_op, wrong_version, wrong_types, not_a_map, missing)
@@ -144,8 +161,9 @@ def _unprivileged_uid() -> int:
     except KeyError:
         pass
     if os.geteuid() == 0:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=False,
-                       capture_output=True)
+        subprocess.run(
+            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=False, capture_output=True
+        )
         try:
             return pwd.getpwnam(name).pw_uid
         except KeyError:

@@ -76,8 +76,7 @@ def test_arbiter_sigkill_guardian_undoes_and_new_arbiter_starts(arbiter: Arbiter
     assert guardian is not None
     assert arbiter.proc is not None
     arbiter.proc.kill()
-    took = wait_for(lambda: _states(sib.pid) <= {"R", "S"} and os.sched_getaffinity(other.pid) == original,
-                    timeout=1.0)
+    took = wait_for(lambda: _states(sib.pid) <= {"R", "S"} and os.sched_getaffinity(other.pid) == original, timeout=1.0)
     assert took < 1.0
     assert cpu_gain(sib.pid) > 0.05
     wait_for(lambda: not psutil.pid_exists(guardian), timeout=5)
@@ -184,13 +183,28 @@ def test_dead_session_reaped_within_200ms(arbiter: ArbiterProc, procs: Procs) ->
 
 
 def test_krex_exclusive_cli_propagates_exit_code(arbiter: ArbiterProc) -> None:
-    cmd = [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "1", "--",
-           sys.executable, "-c", "import sys; sys.exit(7)"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "krex_lab.cli",
+        "exclusive",
+        "--gpu",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(7)",
+    ]
     out = subprocess.run(cmd, env=arbiter.env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 7, out.stderr
     assert "KREX region" in out.stderr and "simulated" in out.stderr
-    status = subprocess.run([sys.executable, "-m", "krex_lab.cli", "status", "--json"], env=arbiter.env(),
-                            capture_output=True, text=True, timeout=30)
+    status = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "status", "--json"],
+        env=arbiter.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     import json
 
     table = json.loads(status.stdout)

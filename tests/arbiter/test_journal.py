@@ -65,7 +65,8 @@ MALFORMED = {
 
 @pytest.mark.parametrize("bad", list(MALFORMED), ids=list(MALFORMED))
 def test_a_malformed_entry_is_skipped_and_the_good_ones_undone(
-        tmp_path: Path, stopped: subprocess.Popen[bytes], bad: str, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, stopped: subprocess.Popen[bytes], bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "journal.jsonl"
     text = MALFORMED[bad] + "\n" + _stop_entry(stopped) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -89,8 +90,10 @@ def test_a_journal_full_of_bad_data_still_undoes_what_it_can(tmp_path: Path, sto
         wait_for(lambda: start_time(pinned.pid) is not None)
         original = sorted(os.sched_getaffinity(pinned.pid))
         lines = list(MALFORMED.values())
-        lines.insert(5, json.dumps({"t": "affinity", "region": "r2",
-                                    "threads": [[pinned.pid, start_time(pinned.pid), original]]}))
+        lines.insert(
+            5,
+            json.dumps({"t": "affinity", "region": "r2", "threads": [[pinned.pid, start_time(pinned.pid), original]]}),
+        )
         lines.insert(9, _stop_entry(stopped, "r3"))
         lines.insert(12, json.dumps({"t": "cgfreeze", "region": "r4", "paths": [str(victim)]}))
         path = tmp_path / "journal.jsonl"
@@ -149,9 +152,18 @@ def test_undo_waits_for_no_live_arbiter(tmp_path: Path, stopped: subprocess.Pope
     path.write_text(_stop_entry(stopped) + "\n")
     path.chmod(0o600)
     lock = tmp_path / "arbiter.lock"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-        "print('held', flush=True); time.sleep(60)"), str(lock)], stdout=subprocess.PIPE)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+                "print('held', flush=True); time.sleep(60)"
+            ),
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         summary = undo_outstanding(path, lock_path=lock, wait=0.2)

@@ -68,8 +68,7 @@ def test_regions_on_gpu0_and_gpu1_held_at_once(arbiter: ArbiterProc, procs: Proc
     wait_for(lambda: _running(sib0.pid) and _running(sib1.pid), timeout=2.0)
 
 
-def test_gpu1_session_runs_through_gpu0_region_and_gets_its_affinity_back(arbiter: ArbiterProc,
-                                                                           procs: Procs) -> None:
+def test_gpu1_session_runs_through_gpu0_region_and_gets_its_affinity_back(arbiter: ArbiterProc, procs: Procs) -> None:
     other = procs.start("sibling", "1", "--child")
     wait_for(lambda: len(tree(other.pid)) == 2)
     parent, child = tree(other.pid)

@@ -98,8 +98,7 @@ class World:
     def session(self, gpu: int = 0, control: bool = False) -> Session:
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         self.sleepers.append(proc)
-        return self.sessions.add(proc.pid, os.getuid(), "client", f"s{proc.pid}", gpu,
-                                 b"ctl" if control else None)
+        return self.sessions.add(proc.pid, os.getuid(), "client", f"s{proc.pid}", gpu, b"ctl" if control else None)
 
     def acquire(self, session: Session, gpu: int = 0, max_hold: float = 30.0) -> tuple[Region, Replies]:
         replies = Replies()
@@ -107,17 +106,25 @@ class World:
         return region, replies
 
 
-async def _world(tmp_path: Path, sleepers: list[subprocess.Popen[bytes]], cores: CoreBook,
-                 drain_timeout: float = 0.2) -> World:
+async def _world(
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]], cores: CoreBook, drain_timeout: float = 0.2
+) -> World:
     backend = make_backend("fake", 2)
     notes = Recorder()
     journal_path = tmp_path / "journal.jsonl"
     journal = Journal(journal_path)
     holder: dict[str, Scheduler] = {}
     sessions = SessionTable(lambda s: holder["s"].session_gone(s, "holder process exited"))
-    steps = Enforcement(gate=Gate(notes.publish), locker=Locker(backend, 1.0), freezer=Freezer(journal.record),
-                        cores=cores, journal=journal, gpu_processes=backend.processes, backend_name="fake",
-                        own_pids=lambda: {os.getpid()})
+    steps = Enforcement(
+        gate=Gate(notes.publish),
+        locker=Locker(backend, 1.0),
+        freezer=Freezer(journal.record),
+        cores=cores,
+        journal=journal,
+        gpu_processes=backend.processes,
+        backend_name="fake",
+        own_pids=lambda: {os.getpid()},
+    )
     config = SchedulerConfig(drain_timeout=drain_timeout, backend_info=backend.describe())
     holder["s"] = Scheduler(2, sessions, steps, notes, config)
     return World(holder["s"], sessions, notes, journal_path, sleepers)
@@ -146,8 +153,9 @@ async def test_queue_is_fifo_per_gpu_and_gpus_are_independent(world: World) -> N
     assert not qc.got and world.scheduler.active[0] is rb
     await world.scheduler.release(rb, "released by holder")
     await qc.one()
-    granted = [d["region"] for t, d in world.notes.events if t == "region" and d["event"] == "granted"
-               and d["gpu"] == 0]
+    granted = [
+        d["region"] for t, d in world.notes.events if t == "region" and d["event"] == "granted" and d["gpu"] == 0
+    ]
     assert granted == [ra.id, rb.id, rc.id]
 
 
@@ -183,7 +191,8 @@ async def test_lease_expiry_releases_and_tells_the_holder(world: World) -> None:
 
 
 async def test_a_failing_step_is_undone_and_the_next_waiter_served(
-        tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
     w = await _world(tmp_path, sleepers, FailingCores(1))
     try:
         a, b, sibling = w.session(), w.session(), w.session()
@@ -216,7 +225,8 @@ async def test_withdrawal_answers_the_waiter_once(world: World) -> None:
 
 
 async def test_holder_leaving_during_its_grant_gets_exactly_one_reply(
-        tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]) -> None:
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
     # A KREX-aware sibling that never answers its drain keeps the grant going for drain_timeout.
     w = await _world(tmp_path, sleepers, CoreBook(), drain_timeout=0.5)
     try:
@@ -247,8 +257,16 @@ async def test_dead_holder_releases_through_the_session_table(world: World) -> N
 
 
 def test_transitions_are_enforced() -> None:
-    region = Region(id="r1", gpu=0, session=None, max_hold=1.0, freeze=True, isolate=True,  # type: ignore[arg-type]
-                    cores=1, reply=lambda *a: None)
+    region = Region(
+        id="r1",
+        gpu=0,
+        session=None,
+        max_hold=1.0,
+        freeze=True,
+        isolate=True,  # type: ignore[arg-type]
+        cores=1,
+        reply=lambda *a: None,
+    )
     with pytest.raises(RuntimeError, match="queued -> held"):
         region.move(RegionState.HELD)
     region.move(RegionState.GRANTING)

@@ -71,6 +71,7 @@ class FakeClocks:
 
 # -- statistics ------------------------------------------------------------------------------
 
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.001, 1e4), min_size=1, max_size=200))
 def test_summary_matches_numpy(xs: list[float]) -> None:
@@ -105,6 +106,7 @@ def test_empty_summary_is_nan_and_bad_samples_are_refused() -> None:
 
 
 # -- the stopping rule on synthetic streams --------------------------------------------------
+
 
 def run(values: Any, criterion: stats.Criterion, batch: int = 1, script: Any = ()) -> tuple[Any, FakeClock]:
     clock = FakeClock()
@@ -146,8 +148,11 @@ def test_drifting_stream_times_out_unconverged() -> None:
 def test_max_samples_caps_a_batch() -> None:
     got, _ = run(iter([1.0] * 100), stats.Criterion(min_samples=5, max_samples=7, min_time=0.0), batch=4)
     assert got.state.n == 7 and got.stop_reason == "noise", "the second batch is cut to the 3 samples left"
-    got, _ = run((1.0 + 0.01 * (i % 2) for i in range(100)),
-                 stats.Criterion(min_samples=5, max_samples=7, min_time=10.0), batch=4)
+    got, _ = run(
+        (1.0 + 0.01 * (i % 2) for i in range(100)),
+        stats.Criterion(min_samples=5, max_samples=7, min_time=10.0),
+        batch=4,
+    )
     assert got.state.n == 7 and got.stop_reason == "max_samples"
 
 
@@ -159,14 +164,21 @@ def test_throttled_batches_are_discarded_and_counted() -> None:
 
     # two reads per batch (before, after): batch 3 is slow by clock, batch 4 by a thermal slowdown,
     # batch 7 by the power brake seen only after it; gpu_idle and the software power cap do not count.
-    script = [(1980, 0x001), (1980, 0x004)] * 2 + [(1200, 0), (1980, 0)] + [(1980, 0x020), (1980, 0)] \
-        + [(1980, 0), (1980, 0)] * 2 + [(1980, 0), (1980, 0x080)]
-    got, clock = run(values(), stats.Criterion(min_samples=20, min_time=0.0, max_noise=0.001), batch=4,
-                     script=script)
+    script = (
+        [(1980, 0x001), (1980, 0x004)] * 2
+        + [(1200, 0), (1980, 0)]
+        + [(1980, 0x020), (1980, 0)]
+        + [(1980, 0), (1980, 0)] * 2
+        + [(1980, 0), (1980, 0x080)]
+    )
+    got, clock = run(values(), stats.Criterion(min_samples=20, min_time=0.0, max_noise=0.001), batch=4, script=script)
     st_ = got.state
     assert st_.discarded == 12 and got.throttled_batches == 3
-    assert dict(st_.discard_reasons) == {"sm_clock_below_75%": 4, "sw_thermal_slowdown": 4,
-                                         "hw_power_brake_slowdown": 4}
+    assert dict(st_.discard_reasons) == {
+        "sm_clock_below_75%": 4,
+        "sw_thermal_slowdown": 4,
+        "hw_power_brake_slowdown": 4,
+    }
     assert 2.5 not in st_.samples and st_.n == 20
     assert clock.slept == [0.05, 0.05, 0.05], "nvbench's recovery pause after each throttled batch"
 
@@ -218,6 +230,7 @@ def test_batch_size_and_warm_up() -> None:
 
 
 # -- the held-stream sampler on a fake device timeline -----------------------------------------
+
 
 class TimelineAdapter:
     """A stream as a timeline: spin/flush/call advance it, events take its time stamp."""
@@ -279,6 +292,7 @@ def test_held_sampler_times_only_the_call_and_redoes_unheld_batches() -> None:
 
 
 # -- bench() and friends on host callables ----------------------------------------------------
+
 
 def busy(ms: float) -> None:
     end = time.perf_counter() + ms / 1e3
@@ -348,7 +362,8 @@ GLOBAL_TENSORS = {"x": type("T", (), {"__module__": "torch", "is_cuda": True})()
 
 
 def test_a_callable_without_arrays_needs_framework_when_a_gpu_framework_is_in_use(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from krex_lab.bench import frameworks
 
     assert detect(lambda: None, []) == "host"
@@ -359,10 +374,12 @@ def test_a_callable_without_arrays_needs_framework_when_a_gpu_framework_is_in_us
 
 
 def test_lazy_public_names_and_cheap_import() -> None:
-    code = ("import sys, krex_lab\n"
-            "assert not any(m in sys.modules for m in ('numpy', 'numba', 'torch', 'zmq')), sys.modules.keys()\n"
-            "assert callable(krex_lab.bench) and krex_lab.bench.compare\n"
-            "assert krex_lab.Measurement.__name__ == 'Measurement' and callable(krex_lab.check)\n"
-            "assert 'numpy' not in sys.modules, 'importing the harness imports no numpy'\n"
-            "assert {'bench', 'check', 'Measurement'} <= set(krex_lab.__all__)\n")
+    code = (
+        "import sys, krex_lab\n"
+        "assert not any(m in sys.modules for m in ('numpy', 'numba', 'torch', 'zmq')), sys.modules.keys()\n"
+        "assert callable(krex_lab.bench) and krex_lab.bench.compare\n"
+        "assert krex_lab.Measurement.__name__ == 'Measurement' and callable(krex_lab.check)\n"
+        "assert 'numpy' not in sys.modules, 'importing the harness imports no numpy'\n"
+        "assert {'bench', 'check', 'Measurement'} <= set(krex_lab.__all__)\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

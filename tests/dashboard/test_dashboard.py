@@ -31,34 +31,95 @@ GIB = 2**30
 
 
 # -- scripted events ------------------------------------------------------------------------
-def gpu_row(i: int, sessions: tuple[dict[str, Any], ...] = (), util: float | None = None, used: int = 0,
-            sm: int | None = None, name: str = "") -> dict[str, Any]:
-    return {"index": i, "name": name or f"Simulated GPU {i} (fake backend)", "uuid": f"FAKE-{i:04d}",
-            "memory_total": 80 * GIB, "memory_used": used, "utilization_gpu": util, "sm_clock_mhz": sm,
-            "mem_clock_mhz": None, "throttle_reasons": [], "simulated": not name, "gate": "open", "holder": None,
-            "queue": [], "sessions": list(sessions)}
+def gpu_row(
+    i: int,
+    sessions: tuple[dict[str, Any], ...] = (),
+    util: float | None = None,
+    used: int = 0,
+    sm: int | None = None,
+    name: str = "",
+) -> dict[str, Any]:
+    return {
+        "index": i,
+        "name": name or f"Simulated GPU {i} (fake backend)",
+        "uuid": f"FAKE-{i:04d}",
+        "memory_total": 80 * GIB,
+        "memory_used": used,
+        "utilization_gpu": util,
+        "sm_clock_mhz": sm,
+        "mem_clock_mhz": None,
+        "throttle_reasons": [],
+        "simulated": not name,
+        "gate": "open",
+        "holder": None,
+        "queue": [],
+        "sessions": list(sessions),
+    }
 
 
 def status(pid: int = 100, gpus: list[dict[str, Any]] | None = None, backend: str = "fake") -> dict[str, Any]:
-    return {"arbiter": {"pid": pid, "endpoint": "ipc:///run/krex/arbiter.sock", "events": "", "started": T0,
-                        "sessions": 0, "backend": backend, "simulated": backend == "fake",
-                        "capabilities": {"lock": backend == "nvidia", "reason": "", "driver": "", "extra": {}}},
-            "gpus": gpus if gpus is not None else [gpu_row(0), gpu_row(1)]}
+    return {
+        "arbiter": {
+            "pid": pid,
+            "endpoint": "ipc:///run/krex/arbiter.sock",
+            "events": "",
+            "started": T0,
+            "sessions": 0,
+            "backend": backend,
+            "simulated": backend == "fake",
+            "capabilities": {"lock": backend == "nvidia", "reason": "", "driver": "", "extra": {}},
+        },
+        "gpus": gpus if gpus is not None else [gpu_row(0), gpu_row(1)],
+    }
 
 
 def sess(sid: str, pid: int, name: str, role: str = "kernel", gpu: int = 0, user: str = "alice") -> dict[str, Any]:
-    return {"id": sid, "pid": pid, "uid": 1000, "user": user, "role": role, "name": name, "gpu": gpu, "within": "",
-            "since": T0}
+    return {
+        "id": sid,
+        "pid": pid,
+        "uid": 1000,
+        "user": user,
+        "role": role,
+        "name": name,
+        "gpu": gpu,
+        "within": "",
+        "since": T0,
+    }
 
 
-def report(rid: str, sid: str, pid: int, name: str, user: str, hold: float | None = None,
-           frozen: tuple[int, ...] = (), not_drained: dict[str, str] | None = None, state: str = "held",
-           released_by: str = "") -> dict[str, Any]:
-    r: dict[str, Any] = {"region": rid, "gpu": 0, "session": sid, "holder_pid": pid, "user": user, "name": name,
-                         "state": state, "max_hold_s": 60.0, "wait_s": 0.25, "acquire_s": 0.002,
-                         "drained": list(frozen), "frozen": list(frozen), "not_drained": not_drained or {},
-                         "intruders": [], "degraded": bool(not_drained), "expired": False,
-                         "released_by": released_by, "backend": "fake", "simulated": True}
+def report(
+    rid: str,
+    sid: str,
+    pid: int,
+    name: str,
+    user: str,
+    hold: float | None = None,
+    frozen: tuple[int, ...] = (),
+    not_drained: dict[str, str] | None = None,
+    state: str = "held",
+    released_by: str = "",
+) -> dict[str, Any]:
+    r: dict[str, Any] = {
+        "region": rid,
+        "gpu": 0,
+        "session": sid,
+        "holder_pid": pid,
+        "user": user,
+        "name": name,
+        "state": state,
+        "max_hold_s": 60.0,
+        "wait_s": 0.25,
+        "acquire_s": 0.002,
+        "drained": list(frozen),
+        "frozen": list(frozen),
+        "not_drained": not_drained or {},
+        "intruders": [],
+        "degraded": bool(not_drained),
+        "expired": False,
+        "released_by": released_by,
+        "backend": "fake",
+        "simulated": True,
+    }
     if hold is not None:
         r["hold_s"] = hold
     return r
@@ -75,39 +136,70 @@ def script() -> list[Event]:
         t += dt
         ev.append(Event(topic, data, t))
 
-    add("snapshot", {"hello": {}, "status": status(), "regions": []})                           # 0
-    add("session", {"event": "joined", **sess("s1", 11, "analysis.ipynb")})                      # 1
-    add("session", {"event": "joined", **sess("s2", 12, "pool worker", "worker", user="bob")})   # 2
-    add("session", {"event": "joined", **sess("s3", 13, "train.ipynb", user="carol")})           # 3
+    add("snapshot", {"hello": {}, "status": status(), "regions": []})  # 0
+    add("session", {"event": "joined", **sess("s1", 11, "analysis.ipynb")})  # 1
+    add("session", {"event": "joined", **sess("s2", 12, "pool worker", "worker", user="bob")})  # 2
+    add("session", {"event": "joined", **sess("s3", 13, "train.ipynb", user="carol")})  # 3
     add("session", {"event": "joined", **sess("s4", 14, "no-control", "client", gpu=1, user="dave")})  # 4
     add("region", {"event": "requested", "region": "r1", "gpu": 0, "session": "s1", "queue": 1})  # 5
-    add("gate", {"gpu": 0, "closed": True, "region": "r1", "holder_pid": 11})                    # 6
+    add("gate", {"gpu": 0, "closed": True, "region": "r1", "holder_pid": 11})  # 6
     add("region", {"event": "granted", **report("r1", "s1", 11, "analysis.ipynb", "alice", frozen=(12, 13))})  # 7
     add("region", {"event": "requested", "region": "r2", "gpu": 0, "session": "s2", "queue": 1})  # 8
     add("region", {"event": "requested", "region": "r3", "gpu": 0, "session": "s3", "queue": 2})  # 9
-    add("region", {"event": "intruder", "region": "r1", "pids": [99]})                           # 10
-    add("region", {"event": "released", **report("r1", "s1", 11, "analysis.ipynb", "alice", hold=0.5,
-                                                 frozen=(12, 13), state="released",
-                                                 released_by="released by holder")})            # 11
+    add("region", {"event": "intruder", "region": "r1", "pids": [99]})  # 10
+    add(
+        "region",
+        {
+            "event": "released",
+            **report(
+                "r1",
+                "s1",
+                11,
+                "analysis.ipynb",
+                "alice",
+                hold=0.5,
+                frozen=(12, 13),
+                state="released",
+                released_by="released by holder",
+            ),
+        },
+    )  # 11
     bad = {"14": "not KREX-aware (no control channel) and not lockable"}
     add("region", {"event": "granted", **report("r2", "s2", 12, "pool worker", "bob", not_drained=bad)})  # 12
-    add("region", {"event": "released", **report("r2", "s2", 12, "pool worker", "bob", hold=2.0, not_drained=bad,
-                                                 state="released", released_by="released by holder")})  # 13
-    add("session", {"event": "left", **sess("s3", 13, "train.ipynb", user="carol")})             # 14
-    add("lost", {"reason": "arbiter lost: no KREX arbiter answers"})                             # 15
+    add(
+        "region",
+        {
+            "event": "released",
+            **report(
+                "r2",
+                "s2",
+                12,
+                "pool worker",
+                "bob",
+                hold=2.0,
+                not_drained=bad,
+                state="released",
+                released_by="released by holder",
+            ),
+        },
+    )  # 13
+    add("session", {"event": "left", **sess("s3", 13, "train.ipynb", user="carol")})  # 14
+    add("lost", {"reason": "arbiter lost: no KREX arbiter answers"})  # 15
     back = status(pid=200, gpus=[gpu_row(0, (sess("s9", 19, "after-restart"),)), gpu_row(1)])
-    add("snapshot", {"hello": {}, "status": back, "regions": []})                               # 16
+    add("snapshot", {"hello": {}, "status": back, "regions": []})  # 16
     return ev
 
 
 def test_import_stays_cheap_and_the_name_is_callable() -> None:
-    code = ("import sys, krex_lab; assert 'ipywidgets' not in sys.modules and 'zmq' not in sys.modules\n"
-            "import krex_lab.dashboard.model; assert 'ipywidgets' not in sys.modules\n"
-            "assert callable(krex_lab.dashboard) and krex_lab.dashboard.__name__ == 'krex_lab.dashboard'\n"
-            "d = krex_lab.dashboard(endpoint='ipc:///nonexistent/arbiter.sock', refresh=0.1)\n"
-            "import time; t0 = time.monotonic()\n"
-            "while 'ARBITER LOST' not in d.header.value and time.monotonic() - t0 < 10: time.sleep(0.02)\n"
-            "assert 'ARBITER LOST' in d.header.value, d.header.value; d.close()")
+    code = (
+        "import sys, krex_lab; assert 'ipywidgets' not in sys.modules and 'zmq' not in sys.modules\n"
+        "import krex_lab.dashboard.model; assert 'ipywidgets' not in sys.modules\n"
+        "assert callable(krex_lab.dashboard) and krex_lab.dashboard.__name__ == 'krex_lab.dashboard'\n"
+        "d = krex_lab.dashboard(endpoint='ipc:///nonexistent/arbiter.sock', refresh=0.1)\n"
+        "import time; t0 = time.monotonic()\n"
+        "while 'ARBITER LOST' not in d.header.value and time.monotonic() - t0 < 10: time.sleep(0.02)\n"
+        "assert 'ARBITER LOST' in d.header.value, d.header.value; d.close()"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr
 
@@ -124,8 +216,13 @@ def test_reducer_follows_a_scripted_sequence() -> None:
     assert [(w.region, w.name, w.user) for w in s[5].gpu(0).queue] == [("r1", "analysis.ipynb", "alice")]  # type: ignore[union-attr]
     g = s[7].gpu(0)
     assert g is not None and g.holder is not None and g.gate_closed and g.queue == ()
-    assert (g.holder.region, g.holder.user, g.holder.name, g.holder.role, g.holder.pid) == \
-        ("r1", "alice", "analysis.ipynb", "kernel", 11)
+    assert (g.holder.region, g.holder.user, g.holder.name, g.holder.role, g.holder.pid) == (
+        "r1",
+        "alice",
+        "analysis.ipynb",
+        "kernel",
+        11,
+    )
     assert g.holder.since == events[7].at and g.holder.max_hold_s == 60.0 and g.holder.frozen == (12, 13)
     assert [w.region for w in s[9].gpu(0).queue] == ["r2", "r3"], "the queue in order"  # type: ignore[union-attr]
     assert s[10].gpu(0).holder.intruders == 1  # type: ignore[union-attr]
@@ -137,8 +234,10 @@ def test_reducer_follows_a_scripted_sequence() -> None:
     assert g is not None and g.holder is not None and g.holder.region == "r2" and g.holder.degraded
     assert [w.region for w in g.queue] == ["r3"]
     g = s[13].gpu(0)
-    assert g is not None and [(r.region, r.degraded, r.not_drained) for r in g.regions] == \
-        [("r1", False, 0), ("r2", True, 1)]
+    assert g is not None and [(r.region, r.degraded, r.not_drained) for r in g.regions] == [
+        ("r1", False, 0),
+        ("r2", True, 1),
+    ]
     g = s[14].gpu(0)
     assert g is not None and g.queue == () and [x.id for x in g.sessions] == ["s1", "s2"], "left: its request too"
     assert not s[15].connected and s[15].lost_since == events[15].at and "no KREX arbiter" in s[15].message
@@ -146,8 +245,9 @@ def test_reducer_follows_a_scripted_sequence() -> None:
     back = s[16]
     assert back.connected and back.lost_since is None and back.arbiter_pid == 200
     g = back.gpu(0)
-    assert g is not None and [x.name for x in g.sessions] == ["after-restart"] and g.regions == (), \
+    assert g is not None and [x.name for x in g.sessions] == ["after-restart"] and g.regions == (), (
         "a new arbiter: a new picture"
+    )
     # Pure: earlier states are untouched, and replaying gives the same result.
     assert states[8].gpu(0).holder.region == "r1" and states[1].gpus[0].sessions == ()  # type: ignore[union-attr]
     assert reduce_all(NodeState(), events) == back
@@ -170,9 +270,14 @@ def test_reducer_is_idempotent_where_a_snapshot_overlaps_events() -> None:
 
 def test_telemetry_carries_readings_and_memory() -> None:
     gpus = [gpu_row(0, (sess("s1", 11, "nb.ipynb"),), util=73.0, used=20 * GIB, sm=1980, name="NVIDIA H200")]
-    tele = {**status(gpus=gpus, backend="nvidia"), "seq": 7, "interval": 1.0, "time": T0,
-            "processes": [{"gpu": 0, "pid": 11, "used_memory": 2 * GIB}, {"gpu": 0, "pid": 77, "used_memory": GIB}],
-            "regions": [report("r5", "s1", 11, "nb.ipynb", "alice", hold=1.0, state="released")]}
+    tele = {
+        **status(gpus=gpus, backend="nvidia"),
+        "seq": 7,
+        "interval": 1.0,
+        "time": T0,
+        "processes": [{"gpu": 0, "pid": 11, "used_memory": 2 * GIB}, {"gpu": 0, "pid": 77, "used_memory": GIB}],
+        "regions": [report("r5", "s1", 11, "nb.ipynb", "alice", hold=1.0, state="released")],
+    }
     s = reduce(NodeState(), Event("telemetry", tele, T0))
     g = s.gpu(0)
     assert s.telemetry_seq == 7 and s.telemetry_interval == 1.0 and not s.simulated and s.lock_capable
@@ -202,11 +307,24 @@ def test_widgets_follow_the_scripted_sequence() -> None:
         d.apply(e)
         d.render(now=e.at + 0.25)
         p = d.panels.get(0)
-        seen[i] = {"header": d.header.value, "panels": list(d.panels),
-                   **({} if p is None else {"title": p.title.value, "holder": p.holder.value, "queue": p.queue.value,
-                                            "sessions": p.sessions.value, "timeline": p.timeline.value,
-                                            "classes": list(p._dom_classes), "util": p.util_text.value,
-                                            "clock": p.clock.value})}
+        seen[i] = {
+            "header": d.header.value,
+            "panels": list(d.panels),
+            **(
+                {}
+                if p is None
+                else {
+                    "title": p.title.value,
+                    "holder": p.holder.value,
+                    "queue": p.queue.value,
+                    "sessions": p.sessions.value,
+                    "timeline": p.timeline.value,
+                    "classes": list(p._dom_classes),
+                    "util": p.util_text.value,
+                    "clock": p.clock.value,
+                }
+            ),
+        }
     assert seen[0]["panels"] == [0, 1] and "SIMULATED (fake backend)" in seen[0]["title"]
     assert "SIMULATED GPUs" in seen[0]["header"] and "live" in seen[0]["header"]
     assert seen[0]["util"] == "n/a" and "SM clock n/a" in seen[0]["clock"] and "none held" in seen[0]["holder"]
@@ -384,11 +502,29 @@ def test_ten_dashboards_cost_ten_subscribers_and_no_gpu_queries(tmp_path: Path) 
     counts = tmp_path / "queries.log"
     endpoint = f"ipc://{runtime / 'arbiter.sock'}"
     events = str(runtime / "arbiter-events.sock")
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": endpoint, "KREX_COUNT_FILE": str(counts),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.procs.counting_arbiter", "--backend", "fake",
-                             "--fake-gpus", "2", "--Arbiter.telemetry_interval=0.2"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": endpoint,
+        "KREX_COUNT_FILE": str(counts),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.procs.counting_arbiter",
+            "--backend",
+            "fake",
+            "--fake-gpus",
+            "2",
+            "--Arbiter.telemetry_interval=0.2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     dashboards: list[Any] = []
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -437,8 +573,13 @@ def _answers(client: Any, endpoint: str) -> bool:
 def test_snapshot_script_writes_the_dashboard_page(tmp_path: Path) -> None:
     """``tests.procs.dashboard_snapshot`` (what makes the GPU machine's picture) on the fake backend."""
     out = tmp_path / "snap"
-    run = subprocess.run([sys.executable, "-m", "tests.procs.dashboard_snapshot", "run", str(out), "--timeout", "30"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=80)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.procs.dashboard_snapshot", "run", str(out), "--timeout", "30"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     page = (out / "dashboard.html").read_text()
     for text in ("SIMULATED GPUs", "held by", "region-loop-a", "region-loop-b", "idle-neighbour", "<svg"):

@@ -34,16 +34,28 @@ pytestmark = pytest.mark.timeout(150)
 ARTIFACTS = ROOT / "test-artifacts"
 NOTEBOOK = ROOT / "notebooks" / "03_dashboard.ipynb"
 #: what works here as root, in a container, with no network
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 #: the whole test (server, browser, notebook) stays within this
 BUDGET_S = 90.0
 
 
 def find_chromium() -> str | None:
-    for candidate in (os.environ.get("KREX_CHROMIUM"), "/usr/bin/chromium", "/usr/bin/chromium-browser",
-                      shutil.which("chromium"), shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("KREX_CHROMIUM"),
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -69,19 +81,36 @@ class Lab:
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "lab.log"
-        env = {**os.environ, "KREX_RUNTIME_DIR": self.runtime, "JUPYTER_CONFIG_DIR": str(tmp / "cfg"),
-               "JUPYTER_RUNTIME_DIR": str(tmp / "jrt"), "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-               "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "KREX_RUNTIME_DIR": self.runtime,
+            "JUPYTER_CONFIG_DIR": str(tmp / "cfg"),
+            "JUPYTER_RUNTIME_DIR": str(tmp / "jrt"),
+            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         for var in ("KREX_ENDPOINT", "KREX_POOL_ENDPOINT", "KREX_GPU", "JUPYTER_PATH"):
             env.pop(var, None)
-        cmd = [sys.executable, "-m", "krex_lab.cli", "lab", "--backend=fake", "--fake-gpus=2", "--no-pool",
-               "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-               f"--ServerApp.root_dir={self.root}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "krex_lab.cli",
+            "lab",
+            "--backend=fake",
+            "--fake-gpus=2",
+            "--no-pool",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={self.root}",
+        ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, env=env, cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def get(self, path: str) -> int:
         return self.get_json(path)[0]
@@ -97,8 +126,12 @@ class Lab:
     def kernel_idle(self, notebook: str) -> bool:
         """The notebook's session has a ``krex`` kernel that is up and idle (the server's view)."""
         code, sessions = self.get_json("/api/sessions")
-        return code == 200 and any(s.get("path", "").endswith(notebook) and s["kernel"]["name"] == "krex"
-                                   and s["kernel"].get("execution_state") == "idle" for s in sessions)
+        return code == 200 and any(
+            s.get("path", "").endswith(notebook)
+            and s["kernel"]["name"] == "krex"
+            and s["kernel"].get("execution_state") == "idle"
+            for s in sessions
+        )
 
     def wait_ready(self, deadline: float) -> None:
         while self.get("/krex/api/status") != 200:
@@ -137,8 +170,9 @@ def chromium() -> str:
     """Debian's chromium, and Playwright to drive it; skips (saying why) before any server starts."""
     path = find_chromium()
     if path is None:
-        pytest.skip("no Chromium found (/usr/bin/chromium; `apt-get install chromium`, as .ci/run does, or set "
-                    "KREX_CHROMIUM)")
+        pytest.skip(
+            "no Chromium found (/usr/bin/chromium; `apt-get install chromium`, as .ci/run does, or set KREX_CHROMIUM)"
+        )
     pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
     return path
 
@@ -175,8 +209,12 @@ def test_dashboard_notebook_in_chromium(chromium: str, lab: Lab) -> None:
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch_persistent_context(
-                profile, executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-                viewport={"width": 1500, "height": 1100})
+                profile,
+                executable_path=chromium,
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": 1500, "height": 1100},
+            )
             try:
                 page = browser.pages[0] if browser.pages else browser.new_page()
                 page.set_default_timeout(30_000)
@@ -195,17 +233,30 @@ def test_dashboard_notebook_in_chromium(chromium: str, lab: Lab) -> None:
                 _pick_krex_kernel(page)
                 # The panels show the sessions, a held region, and finished regions on the timeline.
                 names = ["region-loop-a", "region-loop-b", "idle-neighbour"]
-                state = _wait(page, deadline, lambda s: s["panels"] >= 2 and all(n in s["text"] for n in names)
-                              and "held by" in s["text"] and s["regions"] >= 1)
+                state = _wait(
+                    page,
+                    deadline,
+                    lambda s: (
+                        s["panels"] >= 2
+                        and all(n in s["text"] for n in names)
+                        and "held by" in s["text"]
+                        and s["regions"] >= 1
+                    ),
+                )
                 assert "SIMULATED (fake backend)" in state["text"] and "live" in state["header"], state["header"]
                 # ... and keep changing while a later cell keeps the kernel busy.
                 first = state["regions"]
                 state = _wait(page, deadline, lambda s: s["regions"] > first or not s["busy"])
-                assert state["busy"] and state["regions"] > first, \
+                assert state["busy"] and state["regions"] > first, (
                     f"the dashboard stood still while a cell ran ({first} -> {state['regions']} regions)"
+                )
                 # The picture: a held region with a waiter, when the loops line up like that (else a held one).
-                _wait(page, min(deadline, time.monotonic() + 10), soft=True,
-                      done=lambda s: "held by" in s["text"] and "waiting (1)" in s["text"])
+                _wait(
+                    page,
+                    min(deadline, time.monotonic() + 10),
+                    soft=True,
+                    done=lambda s: "held by" in s["text"] and "waiting (1)" in s["text"],
+                )
                 with contextlib.suppress(Exception):
                     page.get_by_role("button", name="No", exact=True).click(timeout=500)
                 dash = page.locator(".krex-dash").first
@@ -249,5 +300,6 @@ def _wait(page: Any, deadline: float, done: Any, soft: bool = False) -> dict[str
         time.sleep(0.2)
     if soft:
         return state
-    raise AssertionError(f"the dashboard did not show it in time; it shows:\n{state.get('header')}\n"
-                         f"{state.get('text')}")
+    raise AssertionError(
+        f"the dashboard did not show it in time; it shows:\n{state.get('header')}\n{state.get('text')}"
+    )

@@ -170,8 +170,17 @@ def holder(args: argparse.Namespace) -> None:
     child = None
     if args.spawn_child is not None:
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.gpu.procs_cuda", "victim", "--autostart",
-             "--duration", str(args.spawn_child), "--prefix", "child-"],
+            [
+                sys.executable,
+                "-m",
+                "tests.gpu.procs_cuda",
+                "victim",
+                "--autostart",
+                "--duration",
+                str(args.spawn_child),
+                "--prefix",
+                "child-",
+            ],
             stdin=subprocess.DEVNULL,
         )
         out("child", child.pid)

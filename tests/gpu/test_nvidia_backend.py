@@ -53,8 +53,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class FakeNvml(NvmlApi):
-    def __init__(self, gpus: int = 1, procs: dict[int, list[tuple[int, int | None]]] | None = None,
-                 reasons: int | None = 0x5, fail: bool = False) -> None:
+    def __init__(
+        self,
+        gpus: int = 1,
+        procs: dict[int, list[tuple[int, int | None]]] | None = None,
+        reasons: int | None = 0x5,
+        fail: bool = False,
+    ) -> None:
         self.gpus = gpus
         self.procs = procs or {}
         self.reasons = reasons
@@ -522,7 +527,10 @@ def test_local_pid_inside_a_real_pid_namespace() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     out = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code, str(os.getpid())],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     outer, mapped, own, ours = out.stdout.split()
@@ -623,7 +631,8 @@ def test_every_backend_description_fits_the_wire() -> None:
     from krex_lab.gpu.fake import FakeBackend
 
     for described in (backend().describe(), FakeBackend(1).describe()):
-        info = protocol.Info(version="0", protocol=protocol.VERSION, pid=1, gpus=1, identity="x", events="y",
-                             **described)
+        info = protocol.Info(
+            version="0", protocol=protocol.VERSION, pid=1, gpus=1, identity="x", events="y", **described
+        )
         assert msgspec.structs.asdict(info)["backend"] == described["backend"]
         protocol.Registered(session="s", token="t", gpu=0, **described)

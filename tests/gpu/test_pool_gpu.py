@@ -25,14 +25,30 @@ def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
     runtime = tmp_path_factory.mktemp("rt")
     os.chmod(runtime, 0o700)
     endpoint = f"ipc://{runtime / 'arbiter.sock'}"
-    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": endpoint,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": endpoint,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    }
     with open(runtime / "arbiter.log", "wb") as log:
-        arbiter = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "nvidia"],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        arbiter = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "nvidia"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     wait_for(lambda: Path(runtime / "arbiter.sock").exists(), timeout=30)
-    pool = PoolProc(env, f"ipc://{runtime / 'pool.sock'}", "--Pool.preload=torch", "--Pool.preload=numba.cuda",
-                    "--workers-per-gpu=2", "--spares=1", "--Pool.gpus=0", log=runtime / "pool.log")
+    pool = PoolProc(
+        env,
+        f"ipc://{runtime / 'pool.sock'}",
+        "--Pool.preload=torch",
+        "--Pool.preload=numba.cuda",
+        "--workers-per-gpu=2",
+        "--spares=1",
+        "--Pool.gpus=0",
+        log=runtime / "pool.log",
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KREX_RUNTIME_DIR", str(runtime))
         mp.setenv("KREX_ENDPOINT", endpoint)
@@ -48,8 +64,10 @@ def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
 def test_workers_are_warm_on_their_gpu(gpu_pool: PoolProc) -> None:
     worker = gpu_pool.status()["gpus"][0]["workers"][0]
     assert worker["preloaded"] == ["torch", "numba.cuda"], worker
-    code = ("import os, torch\nwarm = torch.cuda.is_initialized()\nx = torch.ones(256, 256, device='cuda')\n"
-            "(warm, os.environ['CUDA_VISIBLE_DEVICES'][:4], torch.cuda.device_count(), float((x @ x)[0, 0]))")
+    code = (
+        "import os, torch\nwarm = torch.cuda.is_initialized()\nx = torch.ones(256, 256, device='cuda')\n"
+        "(warm, os.environ['CUDA_VISIBLE_DEVICES'][:4], torch.cuda.device_count(), float((x @ x)[0, 0]))"
+    )
     t0 = time.perf_counter()
     r = gpu_pool.client.run_code(code, gpu=0)
     elapsed = time.perf_counter() - t0
@@ -66,8 +84,9 @@ def test_gpu_memory_back_to_baseline_or_recycled(gpu_pool: PoolProc) -> None:
     time.sleep(1.0)  # the reset runs after the result
     assert alive(tmp.worker_pid or 0)  # memory freed with the namespace: the worker stays
     assert gpu_pool.status()["counters"].get("recycled", 0) == recycled
-    leak = client.run_code("import torch\ntorch._krex_test_leak = torch.empty(1 << 30, dtype=torch.uint8, "
-                           "device='cuda')")
+    leak = client.run_code(
+        "import torch\ntorch._krex_test_leak = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')"
+    )
     assert leak.ok
     wait_for(lambda: not alive(leak.worker_pid or 0), timeout=20)  # a leak: the worker is recycled
     assert gpu_pool.status()["counters"].get("recycled", 0) == recycled + 1
@@ -76,8 +95,10 @@ def test_gpu_memory_back_to_baseline_or_recycled(gpu_pool: PoolProc) -> None:
 
 def test_sticky_cuda_error_recycles_the_worker(gpu_pool: PoolProc) -> None:
     # An out-of-range gather trips a device-side assert: the context is unusable afterwards.
-    code = ("import torch\nx = torch.zeros(4, device='cuda')\ni = torch.tensor([1 << 20], device='cuda')\n"
-            "x[i].sum().item()\n")
+    code = (
+        "import torch\nx = torch.zeros(4, device='cuda')\ni = torch.tensor([1 << 20], device='cuda')\n"
+        "x[i].sum().item()\n"
+    )
     r = gpu_pool.client.run_code(code, gpu=0)
     assert r.status == "exception" and "device-side assert" in (r.error or "") + (r.traceback or ""), r
     wait_for(lambda: not alive(r.worker_pid or 0), timeout=20)
@@ -89,8 +110,9 @@ def test_sticky_cuda_error_recycles_the_worker(gpu_pool: PoolProc) -> None:
 def test_region_in_a_job_locks_the_other_workers(gpu_pool: PoolProc) -> None:
     gpu_pool.wait_ready(120)
     others = gpu_pool.worker_pids(gpu=0)
-    r = gpu_pool.client.run_code("import torch\nx = torch.ones(1024, 1024, device='cuda')\n"
-                                 "float((x @ x).sum())", gpu=0, exclusive=True)
+    r = gpu_pool.client.run_code(
+        "import torch\nx = torch.ones(1024, 1024, device='cuda')\nfloat((x @ x).sum())", gpu=0, exclusive=True
+    )
     assert r.ok, r
     report = r.region
     assert report is not None and report["backend"] == "nvidia" and report["holder_pid"] == r.worker_pid

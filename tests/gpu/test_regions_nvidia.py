@@ -129,8 +129,14 @@ class Child:
         self.name = name
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.gpu.procs_cuda", *args], cwd=ROOT, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            [sys.executable, "-m", "tests.gpu.procs_cuda", *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
         )
         self.lines: list[tuple[float, str]] = []  # (arrival time, line) except ticks
         self.ticks: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
@@ -359,8 +365,10 @@ def regions(endpoint: str) -> list[dict[str, Any]]:
 
 
 def report_checks(f: Findings, report: dict[str, Any], what: str) -> None:
-    f.check(report.get("backend") == "nvidia" and report.get("simulated") is False,
-            f"{what}: backend {report.get('backend')!r}, simulated {report.get('simulated')!r} (want nvidia, False)")
+    f.check(
+        report.get("backend") == "nvidia" and report.get("simulated") is False,
+        f"{what}: backend {report.get('backend')!r}, simulated {report.get('simulated')!r} (want nvidia, False)",
+    )
     f.check(report.get("lock_capable") is True, f"{what}: lock_capable is {report.get('lock_capable')!r}")
 
 
@@ -433,9 +441,7 @@ def release(f: Findings, holder: Child) -> dict[str, Any]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", ["session", "foreign"])
-def test_grant_waits_for_queued_work_and_victim_blocks_until_release(
-    kind: str, nv: Findings, probe: Probe
-) -> None:
+def test_grant_waits_for_queued_work_and_victim_blocks_until_release(kind: str, nv: Findings, probe: Probe) -> None:
     """``session``: a KREX sibling (attach(gpu=0)): drained, locked *and* frozen.
     ``foreign``: a CUDA process KREX does not know: locked only (lock_foreign), never frozen, so
     what stops its CUDA calls inside the region is the driver's lock alone.
@@ -476,27 +482,39 @@ def test_grant_waits_for_queued_work_and_victim_blocks_until_release(
     first_tick = next((ta for _, ta in victim.ticks[""] if ta > tq), None)
     if first_tick is not None:
         f.event("victim's first tick after queueing (its synchronize returned)", first_tick)
-    f.notes.append("samples while held (time, thread states, driver state): "
-                   + "; ".join(f"{f.rel(t)} {th} {st}" for t, th, st in samples))
+    f.notes.append(
+        "samples while held (time, thread states, driver state): "
+        + "; ".join(f"{f.rel(t)} {th} {st}" for t, th, st in samples)
+    )
     f.notes.append(f"victim ticks around the region: {f.ticks(victim, lo=t_grant - 0.5, hi=t_rel0 + 1.0)}")
     f.notes.append(f"after release: driver state {after}, threads {thread_states(victim.pid)}")
 
     # the queued work was real and the grant came after it
-    f.check(0.5 * WORK_S <= elapsed <= 5 * WORK_S,
-            f"the victim's queued work took {elapsed:.3f} s on the GPU (wanted about {WORK_S} s): test setup")
-    f.check(t_grant >= done, f"the grant arrived {(done - t_grant) * 1e3:.1f} ms BEFORE the victim's queued work "
-            f"finished (grant {f.rel(t_grant)}, work done {f.rel(done)})")
+    f.check(
+        0.5 * WORK_S <= elapsed <= 5 * WORK_S,
+        f"the victim's queued work took {elapsed:.3f} s on the GPU (wanted about {WORK_S} s): test setup",
+    )
+    f.check(
+        t_grant >= done,
+        f"the grant arrived {(done - t_grant) * 1e3:.1f} ms BEFORE the victim's queued work "
+        f"finished (grant {f.rel(t_grant)}, work done {f.rel(done)})",
+    )
     # no victim CUDA call completed inside the region, and it resumed after
     inside = [(tb, ta) for tb, ta in victim.ticks[""] if t_grant + TOL_S < ta < t_rel0]
-    f.check(not inside, f"{len(inside)} victim CUDA calls completed inside the region: "
-            + ", ".join(f"[{f.rel(tb)} .. {f.rel(ta)}]" for tb, ta in inside[:10]))
+    f.check(
+        not inside,
+        f"{len(inside)} victim CUDA calls completed inside the region: "
+        + ", ".join(f"[{f.rel(tb)} .. {f.rel(ta)}]" for tb, ta in inside[:10]),
+    )
     f.check(resumed is not None, "the victim made no CUDA progress within 5 s of the release")
     # the report and the states
     report_checks(f, granted, "granted report")
     f.check(victim.pid in granted["locked"], f"victim {victim.pid} not in the report's locked {granted['locked']}")
     f.check(victim.pid in granted["drained"], f"victim {victim.pid} not in drained {granted['drained']}")
-    f.check(granted["degraded"] is False, f"region degraded: not_drained {granted['not_drained']}, "
-            f"failures {granted['failures']}")
+    f.check(
+        granted["degraded"] is False,
+        f"region degraded: not_drained {granted['not_drained']}, failures {granted['failures']}",
+    )
     f.check(after == "RUNNING", f"after release the victim's driver state is {after}, not RUNNING")
     f.check(not stopped(victim.pid), f"after release the victim is still stopped: {thread_states(victim.pid)}")
     if kind == "session":
@@ -504,13 +522,18 @@ def test_grant_waits_for_queued_work_and_victim_blocks_until_release(
         f.check(all("T" in th for _, th, _ in samples), "the session victim was not stopped throughout the region")
     else:
         f.check(victim.pid not in granted["frozen"], "a foreign (non-session) process was frozen")
-        f.check(all(st == "LOCKED" for _, _, st in samples),
-                "the foreign victim's driver state was not LOCKED throughout the region")
+        f.check(
+            all(st == "LOCKED" for _, _, st in samples),
+            "the foreign victim's driver state was not LOCKED throughout the region",
+        )
         f.check(not any("T" in th for _, th, _ in samples), "the foreign victim was stopped: lock alone was wanted")
     slack = granted.get("drain_s", 0.0) - elapsed
     if slack > 0.5:
-        warnings.warn(f"[{kind}] the drain took {granted.get('drain_s'):.3f} s for {elapsed:.3f} s of queued work: "
-                      "the cooperative drain waited for its timeout (see the report)", stacklevel=1)
+        warnings.warn(
+            f"[{kind}] the drain took {granted.get('drain_s'):.3f} s for {elapsed:.3f} s of queued work: "
+            "the cooperative drain waited for its timeout (see the report)",
+            stacklevel=1,
+        )
     f.done()
 
 
@@ -543,8 +566,11 @@ def test_cuda_process_starting_mid_region_is_locked(nv: Findings, probe: Probe) 
         # 5 s after its first CUDA op returned if NVML never lists it
         if "ctx" not in seen and (ctx := intruder.find("ctx")) is not None:
             seen["ctx"] = f.event("intruder's context exists (its first CUDA op returned)", float(ctx[1]))
-        return (intruder.proc.poll() is not None or ("nvml" in seen and now - seen["nvml"] > 3.0)
-                or ("ctx" in seen and now - seen["ctx"] > 5.0))
+        return (
+            intruder.proc.poll() is not None
+            or ("nvml" in seen and now - seen["nvml"] > 3.0)
+            or ("ctx" in seen and now - seen["ctx"] > 5.0)
+        )
 
     until(watch, READY_S, interval=0.02)
     if "ctx" not in seen and (ctx := intruder.find("ctx")) is not None:
@@ -565,21 +591,29 @@ def test_cuda_process_starting_mid_region_is_locked(nv: Findings, probe: Probe) 
     f.check("nvml" in seen, "the intruder never appeared in NVML's process list while the region was held")
     f.check("locked" in seen, "the intruder was never LOCKED while the region was held")
     if "locked" in seen and "nvml" in seen:
-        f.check(seen["locked"] - seen["nvml"] <= 1.0,
-                f"locked {seen['locked'] - seen['nvml']:.3f} s after NVML listed it (poll_interval is 0.1 s)")
+        f.check(
+            seen["locked"] - seen["nvml"] <= 1.0,
+            f"locked {seen['locked'] - seen['nvml']:.3f} s after NVML listed it (poll_interval is 0.1 s)",
+        )
     f.check(all(s == "LOCKED" for s in held), f"the intruder did not stay LOCKED: {held}")
     t_lock = seen.get("locked", t_rel0)
     late = [(tb, ta) for tb, ta in intruder.ticks[""] if t_lock + TOL_S < ta < t_rel0]
     f.check(not late, f"{len(late)} intruder CUDA calls completed after it was seen LOCKED, inside the region")
     early = [(tb, ta) for tb, ta in intruder.ticks[""] if granted["t"] < ta < t_lock]
     if early:
-        f.notes.append(f"{len(early)} intruder ticks inside the region before it was seen LOCKED (or before the "
-                       f"release, if never): {f.ticks(intruder, lo=granted['t'], hi=t_lock)}")
+        f.notes.append(
+            f"{len(early)} intruder ticks inside the region before it was seen LOCKED (or before the "
+            f"release, if never): {f.ticks(intruder, lo=granted['t'], hi=t_lock)}"
+        )
         if "nvml" in seen:
-            f.check(early[-1][1] - seen["nvml"] <= 1.0,
-                    f"the intruder made CUDA progress {early[-1][1] - seen['nvml']:.3f} s after NVML listed it")
-    f.check(intruder.pid in released["intruders"], f"intruder {intruder.pid} not in the report's intruders "
-            f"{released['intruders']}")
+            f.check(
+                early[-1][1] - seen["nvml"] <= 1.0,
+                f"the intruder made CUDA progress {early[-1][1] - seen['nvml']:.3f} s after NVML listed it",
+            )
+    f.check(
+        intruder.pid in released["intruders"],
+        f"intruder {intruder.pid} not in the report's intruders {released['intruders']}",
+    )
     f.check(intruder.pid in released["locked"], f"intruder {intruder.pid} not in locked {released['locked']}")
     f.check(str(intruder.pid) not in released["not_drained"], f"intruder not drained: {released['not_drained']}")
     f.check(resumed is not None, "the intruder made no CUDA progress within 10 s of the release")
@@ -593,9 +627,7 @@ def test_cuda_process_starting_mid_region_is_locked(nv: Findings, probe: Probe) 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("who", ["holder", "arbiter"])
-def test_sigkill_inside_region_unlocks_and_thaws_within_1s(
-    who: str, nv: Findings, probe: Probe
-) -> None:
+def test_sigkill_inside_region_unlocks_and_thaws_within_1s(who: str, nv: Findings, probe: Probe) -> None:
     """A KREX session (locked + frozen) and a foreign CUDA process (locked) are victims; then the
     holder (its session dies: the arbiter undoes) or the arbiter (its guardian undoes) is
     SIGKILLed. Both victims must be thawed and RUNNING in the driver within 1 s, and resume."""
@@ -639,17 +671,21 @@ def test_sigkill_inside_region_unlocks_and_thaws_within_1s(
     resumed = until(lambda: all(any(ta > t_kill for _, ta in v.ticks[""]) for v in (session, foreign)), 5.0)
     f.notes.append(f"states after the kill (time, states): {'; '.join(f'{f.rel(t)} {s}' for t, s in trace)}")
     f.notes.append(f"kill to undone: {'not within 5 s' if took is None else f'{took:.4f} s'}")
-    f.check(took is not None and took <= RELEASE_S,
-            f"victims not thawed and RUNNING within {RELEASE_S} s of the {who}'s SIGKILL "
-            f"({'never, within 5 s' if took is None else f'{took:.3f} s'})")
+    f.check(
+        took is not None and took <= RELEASE_S,
+        f"victims not thawed and RUNNING within {RELEASE_S} s of the {who}'s SIGKILL "
+        f"({'never, within 5 s' if took is None else f'{took:.3f} s'})",
+    )
     f.check(resumed is not None, "a victim made no CUDA progress within 5 s of the kill")
     if who == "holder":
         try:
             past = regions(arb.endpoint)
             f.reports["arbiter's last regions"] = past
             last = past[-1] if past else {}
-            f.check(last.get("released_by") == "holder process exited",
-                    f"the region was not released for the holder's exit: {last.get('released_by')!r}")
+            f.check(
+                last.get("released_by") == "holder process exited",
+                f"the region was not released for the holder's exit: {last.get('released_by')!r}",
+            )
         except Exception as exc:
             f.check(False, f"the arbiter did not answer after the holder's death: {exc}")
     else:
@@ -662,9 +698,7 @@ def test_sigkill_inside_region_unlocks_and_thaws_within_1s(
 
 
 @pytest.mark.timeout(180)
-def test_cuda_child_started_by_the_holder_inside_its_region_runs(
-    nv: Findings, probe: Probe
-) -> None:
+def test_cuda_child_started_by_the_holder_inside_its_region_runs(nv: Findings, probe: Probe) -> None:
     """``krex exclusive -- python bench.py`` or ``!python bench.py`` in a %%krex cell: the
     holder starts its CUDA worker *after* the grant. It belongs to the holder's lineage, so the
     intruder watcher must not lock it (nor anything freeze it): it must run inside the region."""
@@ -699,10 +733,15 @@ def test_cuda_child_started_by_the_holder_inside_its_region_runs(
     ticks = [(tb, ta) for tb, ta in holder.ticks["child-"] if ta < t_rel0]
     f.notes.append(f"child ticks inside the region: {f.ticks(holder, 'child-', hi=t_rel0)}")
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(ticks)]
-    f.check(not locked_since, f"the holder's own child was LOCKED or stopped inside the region "
-            f"(first seen {f.rel(locked_since[0]) if locked_since else ''})")
-    f.check(bool(ticks) and ticks[-1][1] - ticks[0][1] >= run_s - 0.5,
-            f"the child ran only {ticks[-1][1] - ticks[0][1] if ticks else 0:.3f} s of its {run_s} s inside the region")
+    f.check(
+        not locked_since,
+        f"the holder's own child was LOCKED or stopped inside the region "
+        f"(first seen {f.rel(locked_since[0]) if locked_since else ''})",
+    )
+    f.check(
+        bool(ticks) and ticks[-1][1] - ticks[0][1] >= run_s - 0.5,
+        f"the child ran only {ticks[-1][1] - ticks[0][1] if ticks else 0:.3f} s of its {run_s} s inside the region",
+    )
     f.check(not gaps or max(gaps) < 0.5, f"the child stalled {max(gaps) if gaps else 0:.3f} s inside the region")
     for key in ("locked", "intruders", "frozen"):
         f.check(child_pid not in released[key], f"the holder's child is in the report's {key}: {released[key]}")

@@ -67,14 +67,33 @@ def run(out: Path, backend: str, work: str, timeout: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runtime = tempfile.mkdtemp(prefix="krex-snap-")
     endpoint = f"ipc://{runtime}/arbiter.sock"
-    env = {**os.environ, "KREX_RUNTIME_DIR": runtime, "KREX_ENDPOINT": endpoint,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": runtime,
+        "KREX_ENDPOINT": endpoint,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     env.pop("KREX_GPU", None)
     procs: list[subprocess.Popen[bytes]] = []
     log = open(out / "arbiter.log", "wb")  # noqa: SIM115 - closed below
-    procs.append(subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", backend,
-                                   "--fake-gpus", "2", "--Arbiter.telemetry_interval=0.5"], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT))
+    procs.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "krex_lab.cli",
+                "arbiter",
+                "--backend",
+                backend,
+                "--fake-gpus",
+                "2",
+                "--Arbiter.telemetry_interval=0.5",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    )
     dash: Any = None
     try:
         deadline = time.monotonic() + 30
@@ -111,9 +130,16 @@ def run(out: Path, backend: str, work: str, timeout: float) -> int:
         dash.render()
         (out / "dashboard.html").write_text(dash.to_html())
         p = dash.panels[target]
-        values = {"header": dash.header.value, "util": p.util_bar.value,
-                  "memory": [p.memory_bar.value, p.memory_bar.max], "clock": p.clock.value, "holder": p.holder.value,
-                  "queue": p.queue.value, "sessions": p.sessions.value, "telemetry_seq": dash.state.telemetry_seq}
+        values = {
+            "header": dash.header.value,
+            "util": p.util_bar.value,
+            "memory": [p.memory_bar.value, p.memory_bar.max],
+            "clock": p.clock.value,
+            "holder": p.holder.value,
+            "queue": p.queue.value,
+            "sessions": p.sessions.value,
+            "telemetry_seq": dash.state.telemetry_seq,
+        }
         (out / "dashboard.txt").write_text(dash.summary() + "\n\n" + json.dumps(values, indent=1) + "\n")
         print(dash.summary())
         return 0
@@ -139,9 +165,13 @@ def shot(page: Path, png: Path) -> int:
         print("no Chromium found", file=sys.stderr)
         return 1
     with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(tempfile.mkdtemp(prefix="krex-chromium-"), executable_path=chromium,
-                                                    headless=True, args=CHROMIUM_FLAGS,
-                                                    viewport={"width": 1100, "height": 700})
+        ctx = pw.chromium.launch_persistent_context(
+            tempfile.mkdtemp(prefix="krex-chromium-"),
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1100, "height": 700},
+        )
         try:
             tab = ctx.pages[0] if ctx.pages else ctx.new_page()
             tab.goto(page.resolve().as_uri())

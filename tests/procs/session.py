@@ -1,11 +1,11 @@
 """Fault-injection session processes for the tests (real processes, real signals).
 
-    python -m tests.procs.session sibling GPU [--child] [--forker] [--sleep]
-        attach to GPU, optionally start a busy child (or keep forking children), then spin
-        (or sleep); prints "ready" when registered.
-    python -m tests.procs.session holder GPU [--max-hold S] [--hold S]
-        attach, take a region, print "granted <json report>", hold for S seconds (forever if
-        not given), release, print "released <json report>".
+python -m tests.procs.session sibling GPU [--child] [--forker] [--sleep]
+    attach to GPU, optionally start a busy child (or keep forking children), then spin
+    (or sleep); prints "ready" when registered.
+python -m tests.procs.session holder GPU [--max-hold S] [--hold S]
+    attach, take a region, print "granted <json report>", hold for S seconds (forever if
+    not given), release, print "released <json report>".
 """
 
 from __future__ import annotations

@@ -27,8 +27,7 @@ def test_limits_anywhere_above_a_process_are_found(tmp_path: Path) -> None:
     _cgroup(tmp_path, "/free", memory_max="max", cpuset_cpus="")
     assert limits_on(tmp_path, "/pod/job") == {"/pod/memory.max": "1073741824"}
     _cgroup(tmp_path, "/pod/job", cpu_max="50000 100000")
-    assert limits_on(tmp_path, "/pod/job") == {"/pod/job/cpu.max": "50000 100000",
-                                               "/pod/memory.max": "1073741824"}
+    assert limits_on(tmp_path, "/pod/job") == {"/pod/job/cpu.max": "50000 100000", "/pod/memory.max": "1073741824"}
     assert limits_on(tmp_path, "/free") == {}
     assert limits_on(tmp_path, "/") == {}
 

@@ -52,9 +52,11 @@ def test_forking_session_frozen_by_its_cgroup(cg_arbiter: ArbiterProc, cg_procs:
 
 def test_children_from_before_placement_get_sigstop(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
     # The child exists before the session registers, so it stays outside the session's cgroup.
-    code = ("import subprocess, sys, time, krex_lab\n"
-            "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\ntime.sleep(0.3)\n"
-            "krex_lab.attach(gpu=0)\nprint('ready', flush=True)\nwhile True: pass\n")
+    code = (
+        "import subprocess, sys, time, krex_lab\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\ntime.sleep(0.3)\n"
+        "krex_lab.attach(gpu=0)\nprint('ready', flush=True)\nwhile True: pass\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], env=cg_arbiter.env(), stdout=subprocess.PIPE, text=True)
     cg_procs.procs.append(parent)
     assert parent.stdout is not None and parent.stdout.readline().startswith("ready")

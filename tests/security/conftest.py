@@ -17,8 +17,9 @@ from .users import User, needs_root_and_useradd
 def bob() -> Iterator[User]:
     needs_root_and_useradd()
     name = f"krexbob{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
     try:
         entry = pwd.getpwnam(name)
         yield User(name, entry.pw_uid, entry.pw_gid)

@@ -114,22 +114,35 @@ for c in children:
 
 
 def _env(arb: ArbiterProc) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "HOME": "/", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-            "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1",
-            "KREX_RUNTIME_DIR": str(arb.runtime), "KREX_ENDPOINT": arb.endpoint}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "KREX_RUNTIME_DIR": str(arb.runtime),
+        "KREX_ENDPOINT": arb.endpoint,
+    }
 
 
 def spawn_as(user: User, arb: ArbiterProc, code: str, *args: str, preimport: str = "") -> subprocess.Popen[bytes]:
     """Start ``code`` (after :data:`PRELUDE`) as ``user``; stdin/stdout are pipes. ``preimport``: more
     statements to run as root before dropping to the user (imports the user could not read)."""
     prelude = PRELUDE.replace("{preimport}", preimport)
-    return subprocess.Popen([sys.executable, "-c", prelude + code, str(user.uid), str(user.gid), *args],
-                            env=_env(arb), cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", prelude + code, str(user.uid), str(user.gid), *args],
+        env=_env(arb),
+        cwd="/",
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
-def run_as(user: User, arb: ArbiterProc, code: str, *args: str, timeout: float = 60, preimport: str = "",
-           check: bool = True) -> list[dict[str, Any]]:
+def run_as(
+    user: User, arb: ArbiterProc, code: str, *args: str, timeout: float = 60, preimport: str = "", check: bool = True
+) -> list[dict[str, Any]]:
     """Run ``code`` as ``user`` to its end; returns the JSON lines it printed with ``out(...)``."""
     proc = spawn_as(user, arb, code, *args, preimport=preimport)
     try:
@@ -211,8 +224,9 @@ class Agent:
                     return self.events.pop(i)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"{self.user.name}'s agent: no matching message within {timeout} s "
-                                     f"(seen: {self.events[-5:]})")
+                raise AssertionError(
+                    f"{self.user.name}'s agent: no matching message within {timeout} s (seen: {self.events[-5:]})"
+                )
             self.events.extend(self._lines(min(left, 0.5)))
 
     def call(self, op: str, timeout: float = 20, **kw: Any) -> dict[str, Any]:
@@ -249,8 +263,9 @@ def make_user(prefix: str = "krexalice") -> Iterator[User]:
     """A second real unprivileged user, made like the conftest's ``bob``."""
     needs_root_and_useradd()
     name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
     try:
         entry = pwd.getpwnam(name)
         yield User(name, entry.pw_uid, entry.pw_gid)
@@ -317,8 +332,9 @@ def status_latency(arb: ArbiterProc, n: int = 20) -> list[float]:
 def assert_healthy(arb: ArbiterProc, uids: set[int]) -> None:
     """The arbiter lives and answers ``krex status``; no process of these users is left stopped."""
     assert arb.proc is not None and arb.proc.poll() is None, "the arbiter died"
-    out = subprocess.run([sys.executable, "-m", "krex_lab.cli", "status"], env=arb.env(), capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "status"], env=arb.env(), capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, f"krex status failed: {out.stdout}{out.stderr}"
     assert "krex arbiter pid" in out.stdout
     assert not stopped_pids(uids), f"processes left stopped: {stopped_pids(uids)}"

@@ -34,8 +34,12 @@ def _queue(arb_status: dict[str, Any], gpu: int) -> list[dict[str, Any]]:
 
 
 def test_quotas_and_fair_share_between_two_users(bob: User, alice: User) -> None:
-    with multi_user_arbiter("--Quotas.queued_per_user=4", "--Quotas.max_hold=3600",
-                            "--Arbiter.max_hold_limit=7200") as arb, agents() as made:
+    with (
+        multi_user_arbiter(
+            "--Quotas.queued_per_user=4", "--Quotas.max_hold=3600", "--Arbiter.max_hold_limit=7200"
+        ) as arb,
+        agents() as made,
+    ):
         b = Agent(bob, arb)
         made.append(b)
         # 50 sessions on one pid: 8 (sessions_per_process), then QuotaExceeded naming the limit

@@ -74,8 +74,10 @@ for k in kids:
 
 
 def test_session_flood_is_refused_by_quota_and_others_still_get_a_region(bob: User, alice: User) -> None:
-    with multi_user_arbiter("--Quotas.sessions_per_user=20", "--Quotas.sessions_per_process=8") as arb, \
-            agents() as made:
+    with (
+        multi_user_arbiter("--Quotas.sessions_per_user=20", "--Quotas.sessions_per_process=8") as arb,
+        agents() as made,
+    ):
         pid = arbiter_pid(arb)
         fds_before = fd_count(pid)
         flood = spawn_as(bob, arb, REGISTER_FLOOD)
@@ -157,8 +159,10 @@ def test_big_message_flood_is_dropped_unread(bob: User) -> None:
         latencies = status_latency(arb, 20)
         growth = rss(pid) - rss_before
         median = statistics.median(latencies)
-        print(f"3 x 200 x 4 MiB in {flood_s:.1f} s: arbiter RSS +{growth / MiB:.1f} MiB, status right after "
-              f"first {latencies[0] * 1e3:.1f} ms, median {median * 1e3:.2f} ms; senders: {results}")
+        print(
+            f"3 x 200 x 4 MiB in {flood_s:.1f} s: arbiter RSS +{growth / MiB:.1f} MiB, status right after "
+            f"first {latencies[0] * 1e3:.1f} ms, median {median * 1e3:.2f} ms; senders: {results}"
+        )
         assert all(r["sent"] == 200 for r in results)
         assert all(r["answered"] is not None for r in results), "the arbiter did not answer after the flood"
         assert growth < 100 * MiB

@@ -93,9 +93,17 @@ def setuid_python() -> Iterator[Path]:
 
 def test_setuid_process_is_refused(bob: User, setuid_python: Path) -> None:
     with multi_user_arbiter() as arb:
-        proc = subprocess.Popen([str(setuid_python), "-I", "-c", SETUID_SCRIPT, str(arb.runtime / "identity.sock")],
-                                user=bob.uid, group=bob.gid, extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"},
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [str(setuid_python), "-I", "-c", SETUID_SCRIPT, str(arb.runtime / "identity.sock")],
+            user=bob.uid,
+            group=bob.gid,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             try:
                 seen = read_line(proc, timeout=20)
@@ -208,8 +216,7 @@ def test_other_users_work_is_a_count_unless_open(bob: User, alice: User, privacy
             assert not any("alice-secret-experiment" in json.dumps(e) for e in events)
         else:
             assert a.pid in seen_pids
-        print(f"privacy={privacy}: bob saw {len(events)} events; alice's pid among their numbers: "
-              f"{a.pid in seen_pids}")
+        print(f"privacy={privacy}: bob saw {len(events)} events; alice's pid among their numbers: {a.pid in seen_pids}")
         assert_healthy(arb, {bob.uid, alice.uid})
 
 
@@ -225,11 +232,17 @@ out(code=code)
 
 def test_multi_user_arbiter_refuses_to_start_as_an_ordinary_user(bob: User) -> None:
     with multi_user_arbiter() as arb:  # only for the environment of bob's process
-        (result,) = run_as(bob, arb, MULTI_USER_AS_BOB, str(time.monotonic_ns()), check=False,
-                           preimport="import krex_lab.cli, krex_lab.arbiter.app, krex_lab.arbiter.server, "
-                                     "krex_lab.application, krex_lab.gpu.fake, logging.handlers, shutil, "
-                                     "argparse, gettext, textwrap, traitlets.config, traitlets.config.loader, "
-                                     "pprint, glob, copy")
+        (result,) = run_as(
+            bob,
+            arb,
+            MULTI_USER_AS_BOB,
+            str(time.monotonic_ns()),
+            check=False,
+            preimport="import krex_lab.cli, krex_lab.arbiter.app, krex_lab.arbiter.server, "
+            "krex_lab.application, krex_lab.gpu.fake, logging.handlers, shutil, "
+            "argparse, gettext, textwrap, traitlets.config, traitlets.config.loader, "
+            "pprint, glob, copy",
+        )
     assert result["returncode"] == 0, result["stderr"]  # the wrapper itself ran to its end
     code = json.loads(result["stdout"].splitlines()[-1])["code"]
     assert code not in (0, None), result

@@ -74,10 +74,12 @@ def test_isolation_with_a_neighbour_of_8000_threads(bob: User) -> None:
             assert granted is not None and granted["event"] == "granted", granted
             report = granted["report"]
             cut = [f for f in report["failures"] if "deadline" in f]
-            print(f"{info['tasks']} tasks in bob's process: grant {grant['s'] * 1e3:.0f} ms, "
-                  f"{len(hellos)} hellos during it (max {max(hellos) * 1e3:.1f} ms, median "
-                  f"{statistics.median(hellos) * 1e3:.2f} ms), isolate {report.get('isolate_s', 0) * 1e3:.0f} ms, "
-                  f"degraded={report['degraded']}, cut at deadline: {cut}")
+            print(
+                f"{info['tasks']} tasks in bob's process: grant {grant['s'] * 1e3:.0f} ms, "
+                f"{len(hellos)} hellos during it (max {max(hellos) * 1e3:.1f} ms, median "
+                f"{statistics.median(hellos) * 1e3:.2f} ms), isolate {report.get('isolate_s', 0) * 1e3:.0f} ms, "
+                f"degraded={report['degraded']}, cut at deadline: {cut}"
+            )
             assert grant["s"] < 1.5
             assert hellos and max(hellos) < 0.1
             # the report is consistent with itself, whichever way the deadline went

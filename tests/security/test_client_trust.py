@@ -47,8 +47,9 @@ def test_a_fake_arbiter_of_another_user_gets_nothing(bob: User) -> None:
     sock, log = shared / "arbiter.sock", shared / "bob.log"
     log.touch()
     os.chown(log, bob.uid, bob.gid)
-    proc = subprocess.Popen(["/usr/bin/python3", "-c", LISTENER, str(sock), str(log)], user=bob.uid,
-                            group=bob.gid, extra_groups=[], cwd="/")
+    proc = subprocess.Popen(
+        ["/usr/bin/python3", "-c", LISTENER, str(sock), str(log)], user=bob.uid, group=bob.gid, extra_groups=[], cwd="/"
+    )
     try:
         deadline = time.monotonic() + 10
         while not Path(str(log) + ".ready").exists():

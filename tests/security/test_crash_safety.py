@@ -34,8 +34,18 @@ def stopped() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _arbiter_cmd(rt: Path) -> list[str]:
-    return [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "fake", "--fake-gpus", "1",
-            "--runtime-dir", str(rt)]
+    return [
+        sys.executable,
+        "-m",
+        "krex_lab.cli",
+        "arbiter",
+        "--backend",
+        "fake",
+        "--fake-gpus",
+        "1",
+        "--runtime-dir",
+        str(rt),
+    ]
 
 
 def _hello(rt: Path, timeout: float = 30.0, not_pid: int | None = None) -> dict[str, Any]:
@@ -96,8 +106,21 @@ def rt(tmp_path: Path) -> Path:
 
 def _supervise(rt: Path, tmp_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     log = open(tmp_path / "supervisor.log", "wb")  # noqa: SIM115 - the child keeps it
-    return subprocess.Popen([sys.executable, "-m", "krex_lab.arbiter.supervisor", "--runtime-dir", str(rt), *extra,
-                             "--", *_arbiter_cmd(rt)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.arbiter.supervisor",
+            "--runtime-dir",
+            str(rt),
+            *extra,
+            "--",
+            *_arbiter_cmd(rt),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _end(sup: subprocess.Popen[bytes], tmp_path: Path) -> int:
@@ -111,8 +134,7 @@ def _end(sup: subprocess.Popen[bytes], tmp_path: Path) -> int:
         raise AssertionError("supervisor did not stop: " + (tmp_path / "supervisor.log").read_text()) from None
 
 
-def test_sigkill_of_arbiter_and_guardian_together(rt: Path, tmp_path: Path,
-                                                  stopped: subprocess.Popen[bytes]) -> None:
+def test_sigkill_of_arbiter_and_guardian_together(rt: Path, tmp_path: Path, stopped: subprocess.Popen[bytes]) -> None:
     sup = _supervise(rt, tmp_path)
     try:
         first = _hello(rt)["pid"]
@@ -131,8 +153,7 @@ def test_sigkill_of_arbiter_and_guardian_together(rt: Path, tmp_path: Path,
     assert (rt / "journal.jsonl").read_bytes() == b""
 
 
-def test_the_supervisor_undoes_before_it_restarts(rt: Path, tmp_path: Path,
-                                                   stopped: subprocess.Popen[bytes]) -> None:
+def test_the_supervisor_undoes_before_it_restarts(rt: Path, tmp_path: Path, stopped: subprocess.Popen[bytes]) -> None:
     """No restart allowed here, so only the supervisor's own undo can resume the process."""
     sup = _supervise(rt, tmp_path, "--max-restarts", "0")
     guardian = 0
@@ -159,8 +180,9 @@ def test_a_clean_stop_ends_the_supervisor(rt: Path, tmp_path: Path) -> None:
     assert "restarting" not in (tmp_path / "supervisor.log").read_text()
 
 
-def test_the_guardian_undoes_when_sigterm_follows_the_crash(rt: Path, tmp_path: Path,
-                                                            stopped: subprocess.Popen[bytes]) -> None:
+def test_the_guardian_undoes_when_sigterm_follows_the_crash(
+    rt: Path, tmp_path: Path, stopped: subprocess.Popen[bytes]
+) -> None:
     """systemd (KillMode=control-group) SIGTERMs the guardian right after the arbiter crashed: the
     guardian must undo, not die. The guardian is held stopped so that SIGTERM lands first."""
     arb = subprocess.Popen(_arbiter_cmd(rt), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -32,14 +32,39 @@ V = protocol.VERSION
 SENTINEL = 2**62
 VALID_OPS = ["hello", "status", "place", "regions"]
 OPS = [*VALID_OPS, "register", "unregister", "acquire", "release", "drain_ack"]
-FIELDS = ["pid", "ticket", "role", "name", "gpu", "control", "within", "session", "token", "max_hold", "freeze",
-          "isolate", "cores", "exempt", "region", "force", "limit"]
+FIELDS = [
+    "pid",
+    "ticket",
+    "role",
+    "name",
+    "gpu",
+    "control",
+    "within",
+    "session",
+    "token",
+    "max_hold",
+    "freeze",
+    "isolate",
+    "cores",
+    "exempt",
+    "region",
+    "force",
+    "limit",
+]
 KNOWN_ERRORS = set(error_classes())
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 junk: st.SearchStrategy[Any] = st.one_of(
-    st.none(), st.booleans(), INT64, st.integers(2**63, 2**64 - 1), st.floats(), st.text(max_size=16),
-    st.binary(max_size=16), st.lists(INT64, max_size=4), st.dictionaries(st.text(max_size=4), INT64, max_size=3))
+    st.none(),
+    st.booleans(),
+    INT64,
+    st.integers(2**63, 2**64 - 1),
+    st.floats(),
+    st.text(max_size=16),
+    st.binary(max_size=16),
+    st.lists(INT64, max_size=4),
+    st.dictionaries(st.text(max_size=4), INT64, max_size=3),
+)
 
 
 def _enc(obj: Any) -> bytes:
@@ -69,10 +94,17 @@ single: st.SearchStrategy[bytes] = st.one_of(
     st.builds(lambda op, rid: _enc({"v": V, "id": rid, "op": op}), st.sampled_from(VALID_OPS), INT64),  # valid
     st.builds(lambda op, rid: _enc({"v": V, "id": rid, "op": op}), st.text(max_size=12), junk),  # unknown ops, ids
     st.builds(lambda v, op: _enc({"v": v, "id": 1, "op": op}), junk, st.sampled_from(OPS)),  # wrong versions
-    st.builds(lambda op, f, val: _enc({"v": V, "id": 5, "op": op, f: val}), st.sampled_from(OPS),
-              st.sampled_from(FIELDS), junk),  # wrong types
-    st.builds(_huge_int, st.sampled_from(["id", "v", "limit"]),
-              st.sampled_from([b"\xcf" + b"\xff" * 8, b"\xd3\x80" + b"\x00" * 7, b"\xcf\x80" + b"\x00" * 7])),
+    st.builds(
+        lambda op, f, val: _enc({"v": V, "id": 5, "op": op, f: val}),
+        st.sampled_from(OPS),
+        st.sampled_from(FIELDS),
+        junk,
+    ),  # wrong types
+    st.builds(
+        _huge_int,
+        st.sampled_from(["id", "v", "limit"]),
+        st.sampled_from([b"\xcf" + b"\xff" * 8, b"\xd3\x80" + b"\x00" * 7, b"\xcf\x80" + b"\x00" * 7]),
+    ),
     st.builds(_nested, st.integers(1, 30000), st.sampled_from(["id", "extra"])),  # deep nesting (up to 30 KB)
     st.builds(_enc, junk),  # not a map
     st.builds(_sized, st.integers(LIMIT - 64, LIMIT), st.sampled_from(OPS)),  # just under / at the limit
@@ -149,8 +181,9 @@ def client(arbiter: ArbiterProc) -> Iterator[Client]:
 def test_ten_thousand_hostile_messages(arbiter: ArbiterProc, client: Client) -> None:
     t0 = time.monotonic()
 
-    @settings(max_examples=10000, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=10000, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(message)
     def fuzz(frames: list[bytes]) -> None:
         client.send(frames)
@@ -161,8 +194,10 @@ def test_ten_thousand_hostile_messages(arbiter: ArbiterProc, client: Client) -> 
     assert arbiter.proc is not None and arbiter.proc.poll() is None, "the arbiter died"
     latencies = status_latency(arbiter, 20)
     median = statistics.median(latencies)
-    print(f"{client.sent} messages in {elapsed:.1f} s, {client.replies} replies (errors: {client.errors}); "
-          f"status right after: median {median * 1e3:.2f} ms, max {max(latencies) * 1e3:.2f} ms")
+    print(
+        f"{client.sent} messages in {elapsed:.1f} s, {client.replies} replies (errors: {client.errors}); "
+        f"status right after: median {median * 1e3:.2f} ms, max {max(latencies) * 1e3:.2f} ms"
+    )
     assert client.sent >= 10000
     assert median < 0.1
     table = arbiter.status()

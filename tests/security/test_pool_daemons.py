@@ -67,8 +67,16 @@ def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
 
 
 def start_pool(arb: ArbiterProc, name: str) -> PoolProc:
-    return PoolProc(arb.env(), f"ipc://{arb.runtime / name}", "--no-preload", "--workers-per-gpu=1",
-                    "--spares=1", "--Pool.interrupt_grace=1.0", "--debug", log=arb.runtime / f"{name}.log").start()
+    return PoolProc(
+        arb.env(),
+        f"ipc://{arb.runtime / name}",
+        "--no-preload",
+        "--workers-per-gpu=1",
+        "--spares=1",
+        "--Pool.interrupt_grace=1.0",
+        "--debug",
+        log=arb.runtime / f"{name}.log",
+    ).start()
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +116,7 @@ def test_a_daemon_ends_with_its_job(client: PoolClient, tmp_path: Path, daemons:
     assert again.ok and again.value == "2", again
 
 
-def test_a_leased_jobs_daemon_ends_with_that_job_too(client: PoolClient, tmp_path: Path,
-                                                     daemons: list[int]) -> None:
+def test_a_leased_jobs_daemon_ends_with_that_job_too(client: PoolClient, tmp_path: Path, daemons: list[int]) -> None:
     pidfile = tmp_path / "leased.pid"
     try:
         result = client.run_code(daemonise(pidfile, "x = 1"), lease="daemon-lease")
@@ -133,14 +140,16 @@ def test_a_daemon_ends_when_its_worker_dies_first(client: PoolClient, tmp_path: 
     assert gone_within(pid, 2.0), f"daemon {pid} outlived its worker"
 
 
-def test_nothing_a_job_started_survives_the_pools_sigterm(arb: ArbiterProc, tmp_path: Path,
-                                                          daemons: list[int]) -> None:
+def test_nothing_a_job_started_survives_the_pools_sigterm(arb: ArbiterProc, tmp_path: Path, daemons: list[int]) -> None:
     pool = start_pool(arb, "sigterm.sock")
     try:
         pidfile = tmp_path / "running.pid"
         results: list[JobResult] = []
-        job = threading.Thread(target=lambda: results.append(
-            pool.client.run_code(daemonise(pidfile, "time.sleep(600)"), on_output=lambda s, t: None)))
+        job = threading.Thread(
+            target=lambda: results.append(
+                pool.client.run_code(daemonise(pidfile, "time.sleep(600)"), on_output=lambda s, t: None)
+            )
+        )
         job.start()
         pid = read_pid(pidfile)
         daemons.append(pid)

@@ -62,8 +62,9 @@ while True:
 def make_user(prefix: str) -> Iterator[User]:
     needs_root_and_useradd()
     name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
     try:
         entry = pwd.getpwnam(name)
         yield User(name, entry.pw_uid, entry.pw_gid)
@@ -76,8 +77,9 @@ def alice() -> Iterator[User]:
     yield from make_user("krexalice")
 
 
-def as_user(user: User, fn: Callable[[], int], env: dict[str, str] | None = None, timeout: float = 20
-            ) -> tuple[int, str, str]:
+def as_user(
+    user: User, fn: Callable[[], int], env: dict[str, str] | None = None, timeout: float = 20
+) -> tuple[int, str, str]:
     """``fn()`` in a forked child that became ``user`` (setgroups, setgid, setuid): its exit code,
     stdout and stderr. Forked, not exec'd: the interpreter and every module the client needs are
     loaded already (the user may not be able to read the test's virtualenv)."""
@@ -151,10 +153,17 @@ class FakePool:
         os.chown(bob_dir, bob.uid, bob.gid)
         self.record = bob_dir / "received"
         python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-        self.proc = subprocess.Popen([python, "-c", FAKE_POOL, str(self.path), str(self.record)],
-                                     user=bob.uid, group=bob.gid, extra_groups=[], cwd="/",
-                                     env={"PATH": "/usr/bin:/bin", "HOME": "/"}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [python, "-c", FAKE_POOL, str(self.path), str(self.record)],
+            user=bob.uid,
+            group=bob.gid,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 20)
         line = self.proc.stdout.readline() if ready else ""
@@ -191,8 +200,7 @@ def fake_pool(bob: User, shared_dir: Path) -> Iterator[FakePool]:
 
 
 @pytest.mark.parametrize("start", ["no-start", "start"])
-def test_a_foreign_pool_gets_nothing_from_pool_client(fake_pool: FakePool, bob: User, alice: User,
-                                                      start: str) -> None:
+def test_a_foreign_pool_gets_nothing_from_pool_client(fake_pool: FakePool, bob: User, alice: User, start: str) -> None:
     """``KREX_POOL_ENDPOINT`` in a shared directory, bob listening there: refused, zero bytes sent."""
     code, out, err = as_user(alice, connect_as_alice(fake_pool.endpoint, start == "start"))
     assert code == 3 and out.startswith("REFUSED"), (code, out, err)
@@ -208,12 +216,12 @@ def test_krex_run_sends_no_environment_to_a_foreign_pool(fake_pool: FakePool, bo
     script = script_dir / "job.py"
     script.write_text("print('hello')\n")
     os.chown(script, alice.uid, alice.gid)
+
     def krex_run() -> int:
         krex_cli.main(["run", str(script)])  # exits (SystemExit) with krex run's code
         return 0
 
-    code, out, err = as_user(alice, krex_run,
-                             env={"KREX_POOL_ENDPOINT": fake_pool.endpoint, "ALICE_SECRET": "s3cret"})
+    code, out, err = as_user(alice, krex_run, env={"KREX_POOL_ENDPOINT": fake_pool.endpoint, "ALICE_SECRET": "s3cret"})
     assert code == 1, (code, out, err)
     assert f"uid {bob.uid}" in err and "nothing was sent" in err, err
     assert fake_pool.bytes_received() == 0, "krex run sent alice's job (and environment) to bob's pool"

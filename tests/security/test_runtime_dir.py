@@ -85,15 +85,19 @@ def _plant(bob: User, rt: Path, root_files: dict[str, Path], journal: str | None
 
 
 def _crafted_journal(victim: subprocess.Popen[bytes], root_files: dict[str, Path]) -> str:
-    return "".join(json.dumps(e) + "\n" for e in [
-        {"t": "stop", "region": "x", "procs": [[victim.pid, start_time(victim.pid)]]},
-        {"t": "cgfreeze", "region": "x", "paths": [str(root_files["dir"])]},
-        {"t": "affinity", "region": "x", "threads": [[victim.pid, start_time(victim.pid), [0]]]},
-    ])
+    return "".join(
+        json.dumps(e) + "\n"
+        for e in [
+            {"t": "stop", "region": "x", "procs": [[victim.pid, start_time(victim.pid)]]},
+            {"t": "cgfreeze", "region": "x", "paths": [str(root_files["dir"])]},
+            {"t": "affinity", "region": "x", "threads": [[victim.pid, start_time(victim.pid), [0]]]},
+        ]
+    )
 
 
-def test_a_runtime_dir_bob_made_first_is_refused(bob: User, tmp_name: Path, root_files: dict[str, Path],
-                                                   stopped_by_admin: subprocess.Popen[bytes]) -> None:
+def test_a_runtime_dir_bob_made_first_is_refused(
+    bob: User, tmp_name: Path, root_files: dict[str, Path], stopped_by_admin: subprocess.Popen[bytes]
+) -> None:
     """/tmp/krex-0 made first by bob, with links to root's files: refused, nothing followed."""
     _plant(bob, tmp_name, root_files)
     (root_files["dir"] / "cgroup.freeze").write_text("1")
@@ -104,8 +108,9 @@ def test_a_runtime_dir_bob_made_first_is_refused(bob: User, tmp_name: Path, root
     assert tmp_name.stat().st_mode & 0o777 == 0o777, "refused, not chmod'ed"
 
 
-def test_a_crafted_journal_is_never_replayed_as_root(bob: User, tmp_name: Path, root_files: dict[str, Path],
-                                                     stopped_by_admin: subprocess.Popen[bytes]) -> None:
+def test_a_crafted_journal_is_never_replayed_as_root(
+    bob: User, tmp_name: Path, root_files: dict[str, Path], stopped_by_admin: subprocess.Popen[bytes]
+) -> None:
     """bob's journal would resume root's stopped process, re-pin it and write a root 'cgroup.freeze'."""
     (root_files["dir"] / "cgroup.freeze").write_text("1")
     _plant(bob, tmp_name, root_files, journal=_crafted_journal(stopped_by_admin, root_files))
@@ -116,9 +121,20 @@ def test_a_crafted_journal_is_never_replayed_as_root(bob: User, tmp_name: Path, 
     assert summary["thawed"] == 0 and "not replayed" in summary["errors"][0]
     with pytest.raises(UnsafePath):  # nor does the guardian
         paths.check_private_dir(tmp_name)
-    guardian = subprocess.run([sys.executable, "-m", "krex_lab.arbiter.guardian", "--pid", "999999999",
-                               "--journal", str(tmp_name / "journal.jsonl")], capture_output=True, text=True,
-                              timeout=60)
+    guardian = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.arbiter.guardian",
+            "--pid",
+            "999999999",
+            "--journal",
+            str(tmp_name / "journal.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert guardian.returncode == 2 and "refusing" in guardian.stderr
     assert proc_state(stopped_by_admin.pid) == "T", "an admin's stopped process stays stopped"
     assert os.sched_getaffinity(stopped_by_admin.pid) == affinity
@@ -127,7 +143,8 @@ def test_a_crafted_journal_is_never_replayed_as_root(bob: User, tmp_name: Path, 
 
 
 def test_every_file_in_the_runtime_dir_is_opened_without_following_links(
-        tmp_path: Path, root_files: dict[str, Path]) -> None:
+    tmp_path: Path, root_files: dict[str, Path]
+) -> None:
     """Even in root's own dir (links planted while it was writable, or by a bug): never followed."""
     rt = prepare_runtime_dir(tmp_path / "rt", multi_user=True)
     assert rt.stat().st_mode & 0o7777 == 0o755
@@ -141,7 +158,8 @@ def test_every_file_in_the_runtime_dir_is_opened_without_following_links(
 
 
 def test_a_link_to_the_runtime_dir_or_a_swappable_parent_is_refused(
-        bob: User, tmp_name: Path, root_files: dict[str, Path]) -> None:
+    bob: User, tmp_name: Path, root_files: dict[str, Path]
+) -> None:
     bob.python("import os, sys; os.symlink(sys.argv[2], sys.argv[1])", str(tmp_name), str(root_files["dir"]))
     with pytest.raises(UnsafePath, match="symlink"):
         prepare_runtime_dir(tmp_name, multi_user=True)
@@ -183,16 +201,34 @@ def test_bob_refuses_a_runtime_dir_someone_else_made(bob: User, tmp_name: Path) 
     """For an ordinary user too: a /tmp/krex-<uid> made by another user (here root) is refused."""
     tmp_name.mkdir(mode=0o777)
     tmp_name.chmod(0o777)
-    res = bob.python("from krex_lab import paths; print(paths.runtime_dir())", check=False,
-                     env_extra={paths.RUNTIME_DIR_ENV: str(tmp_name)})
+    res = bob.python(
+        "from krex_lab import paths; print(paths.runtime_dir())",
+        check=False,
+        env_extra={paths.RUNTIME_DIR_ENV: str(tmp_name)},
+    )
     assert res.returncode != 0 and "UnsafePath" in res.stderr and "belongs to uid 0" in res.stderr
 
 
 def test_the_root_arbiter_refuses_bobs_runtime_dir(bob: User, tmp_name: Path, root_files: dict[str, Path]) -> None:
     """End to end: `krex arbiter --multi-user --runtime-dir <bob's dir>` refuses to start, saying why."""
     _plant(bob, tmp_name, root_files)
-    res = subprocess.run([sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "fake", "--multi-user",
-                          "--no-guardian", "--runtime-dir", str(tmp_name)], capture_output=True, text=True,
-                         timeout=30, cwd="/")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.cli",
+            "arbiter",
+            "--backend",
+            "fake",
+            "--multi-user",
+            "--no-guardian",
+            "--runtime-dir",
+            str(tmp_name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
     _unchanged(root_files)
     assert res.returncode != 0 and f"belongs to uid {bob.uid}" in res.stderr

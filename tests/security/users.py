@@ -21,8 +21,9 @@ class User:
     uid: int
     gid: int
 
-    def python(self, code: str, *args: str, check: bool = True, env_extra: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess[str]:
+    def python(
+        self, code: str, *args: str, check: bool = True, env_extra: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Python as this user: the test's interpreter if the user may run it, else the system's
         (``krex_lab.paths`` needs only the standard library)."""
         for exe in (sys.executable, "/usr/bin/python3"):
@@ -30,14 +31,24 @@ class User:
                 return self.run(exe, "-c", code, *args, check=check, env_extra=env_extra)
         pytest.skip(f"no Python that {self.name} may run imports krex_lab")
 
-    def run(self, *argv: str, check: bool = True, env_extra: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *argv: str, check: bool = True, env_extra: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run a command as this user (real setuid, no supplementary groups), in /."""
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "PYTHONPATH": str(REPO), "LC_ALL": "C.UTF-8",
-               **(env_extra or {})}
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/", "PYTHONPATH": str(REPO), "LC_ALL": "C.UTF-8", **(env_extra or {})}
         try:
-            return subprocess.run(list(argv), user=self.uid, group=self.gid, extra_groups=[], cwd="/", env=env,
-                                  capture_output=True, text=True, check=check, timeout=60)
+            return subprocess.run(
+                list(argv),
+                user=self.uid,
+                group=self.gid,
+                extra_groups=[],
+                cwd="/",
+                env=env,
+                capture_output=True,
+                text=True,
+                check=check,
+                timeout=60,
+            )
         except PermissionError as exc:  # the interpreter itself is out of the user's reach
             return subprocess.CompletedProcess(list(argv), 126, "", str(exc))
 

@@ -155,8 +155,9 @@ def test_metrics_text(jp_serverapp: Any, get: Any, procs: Procs) -> None:
         session.close()
 
 
-def test_token_required(jp_serverapp: Any, jp_asyncio_loop: Any, http_server_client: Any, jp_base_url: str,
-                        get: Any) -> None:
+def test_token_required(
+    jp_serverapp: Any, jp_asyncio_loop: Any, http_server_client: Any, jp_base_url: str, get: Any
+) -> None:
     for path in URLS:
         url = jp_base_url + path
         for headers in ({}, {"Authorization": "token not-the-token"}):
@@ -167,14 +168,16 @@ def test_token_required(jp_serverapp: Any, jp_asyncio_loop: Any, http_server_cli
 
 
 @pytest.mark.parametrize("jp_base_url", ["/user/alice/lab/", "/"])
-def test_base_url(jp_serverapp: Any, jp_asyncio_loop: Any, http_server_client: Any, jp_auth_header: Any,
-                  get: Any, jp_base_url: str) -> None:
+def test_base_url(
+    jp_serverapp: Any, jp_asyncio_loop: Any, http_server_client: Any, jp_auth_header: Any, get: Any, jp_base_url: str
+) -> None:
     assert jp_serverapp.base_url == jp_base_url
     for path in URLS:
         assert get(path)[0] == 200
         if jp_base_url != "/":
             r = jp_asyncio_loop.run_until_complete(
-                http_server_client.fetch("/" + path, headers=jp_auth_header, raise_error=False))
+                http_server_client.fetch("/" + path, headers=jp_auth_header, raise_error=False)
+            )
             assert r.code == 404, "handlers live under base_url only"
 
 
@@ -212,10 +215,21 @@ def _session_proc(runtime: str, endpoint: str, code: str) -> subprocess.Popen[st
     return proc
 
 
-@pytest.mark.parametrize("krex_config", [{"backend": "fake", "fake_gpus": 3, "watch_interval": 0,
-                                          "start_pool": pool_available(), "pool_args": ["--no-preload"]}])
-def test_embedded_arbiter_and_pool_stop_with_server(runtime: str, jp_serverapp: Any, jp_asyncio_loop: Any,
-                                                    get: Any) -> None:
+@pytest.mark.parametrize(
+    "krex_config",
+    [
+        {
+            "backend": "fake",
+            "fake_gpus": 3,
+            "watch_interval": 0,
+            "start_pool": pool_available(),
+            "pool_args": ["--no-preload"],
+        }
+    ],
+)
+def test_embedded_arbiter_and_pool_stop_with_server(
+    runtime: str, jp_serverapp: Any, jp_asyncio_loop: Any, get: Any
+) -> None:
     data = get_json(get, "krex/api/status")
     server = data["server"]
     assert server["embedded_arbiter"] == data["arbiter"]["pid"]
@@ -227,10 +241,14 @@ def test_embedded_arbiter_and_pool_stop_with_server(runtime: str, jp_serverapp: 
     if pool_available():
         assert pool is not None, server["problems"]
     # A region held while the server stops: its sibling must not stay frozen.
-    sibling = _session_proc(runtime, endpoint, "import krex_lab, time; krex_lab.attach(gpu=0); print('ready', "
-                            "flush=True); time.sleep(60)")
-    holder = _session_proc(runtime, endpoint, "import krex_lab, time\nwith krex_lab.exclusive(gpu=0):\n"
-                           "    print('ready', flush=True); time.sleep(60)")
+    sibling = _session_proc(
+        runtime, endpoint, "import krex_lab, time; krex_lab.attach(gpu=0); print('ready', flush=True); time.sleep(60)"
+    )
+    holder = _session_proc(
+        runtime,
+        endpoint,
+        "import krex_lab, time\nwith krex_lab.exclusive(gpu=0):\n    print('ready', flush=True); time.sleep(60)",
+    )
     try:
         wait_for(lambda: proc_state(sibling.pid) == "T")
         left = [*([pool, *pool.children(recursive=True)] if pool else []), arbiter, *arbiter.children(recursive=True)]
@@ -249,8 +267,9 @@ def test_embedded_arbiter_and_pool_stop_with_server(runtime: str, jp_serverapp: 
 
 @pytest.mark.skipif(not pool_available(), reason="needs the pool service")
 @pytest.mark.parametrize("krex_config", [{"start_pool": True, "pool_args": ["--no-preload"], "watch_interval": 0}])
-def test_dead_pool_is_started_again(arbiter: ArbiterProc, krex_config: dict[str, Any], jp_serverapp: Any,
-                                    get: Any) -> None:
+def test_dead_pool_is_started_again(
+    arbiter: ArbiterProc, krex_config: dict[str, Any], jp_serverapp: Any, get: Any
+) -> None:
     app = jp_serverapp.extension_manager.extension_points["krex_lab"].app
     first = get_json(get, "krex/api/status")["server"]["pool"]
     assert first, app.services.problems
@@ -259,4 +278,3 @@ def test_dead_pool_is_started_again(arbiter: ArbiterProc, krex_config: dict[str,
     app.services.check()  # what the periodic watch does
     second = get_json(get, "krex/api/status")["server"]["pool"]
     assert second and second != first and "pool_up 1.0" in get("krex/metrics")[2].decode()
-

@@ -28,7 +28,11 @@ class PoolProc:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "krex_lab.workers.pool", f"--endpoint={self.endpoint}", *self.args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -62,8 +66,13 @@ class PoolProc:
 
     def worker_pids(self, gpu: int | None = None, status: dict[str, Any] | None = None) -> list[int]:
         status = status or self.status()
-        return [w["pid"] for g in status["gpus"] if gpu is None or g["index"] == gpu for w in g["workers"]
-                if w["state"] != "dead"]
+        return [
+            w["pid"]
+            for g in status["gpus"]
+            if gpu is None or g["index"] == gpu
+            for w in g["workers"]
+            if w["state"] != "dead"
+        ]
 
     def log(self) -> str:
         try:
@@ -85,16 +94,23 @@ class PoolProc:
                 self.proc.wait()
 
 
-def krex_run(env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
-             ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "krex_lab.cli", "run", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+def krex_run(
+    env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "run", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def python_run(env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
-               ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+def python_run(
+    env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def shell_code(returncode: int) -> int:
@@ -106,4 +122,3 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-

@@ -22,10 +22,16 @@ class Procs:
         self.env = env
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, *args: str, wait_line: str | None = "ready", user_env: dict[str, str] | None = None
-              ) -> subprocess.Popen[str]:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.procs.session", *args], cwd=ROOT,
-                                env={**self.env, **(user_env or {})}, stdout=subprocess.PIPE, text=True)
+    def start(
+        self, *args: str, wait_line: str | None = "ready", user_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.procs.session", *args],
+            cwd=ROOT,
+            env={**self.env, **(user_env or {})},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.procs.append(proc)
         if wait_line:
             line = self.readline(proc)

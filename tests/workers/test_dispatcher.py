@@ -84,8 +84,9 @@ _rids = iter(range(1, 1 << 30))
 
 
 def job(d: Dispatcher, code: str, *, lease: str | None = None, client_pid: int | None = None) -> Job:
-    j = Job(id=d.new_id(), rid=next(_rids), client_pid=client_pid, spec=Run(job="", kind="code", code=code),
-            lease=lease)
+    j = Job(
+        id=d.new_id(), rid=next(_rids), client_pid=client_pid, spec=Run(job="", kind="code", code=code), lease=lease
+    )
     d.submit(j)
     return j
 

@@ -38,8 +38,16 @@ def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
 
 @pytest.fixture(scope="module")
 def pool(arb: ArbiterProc) -> Iterator[PoolProc]:
-    p = PoolProc(arb.env(), f"ipc://{arb.runtime / 'pool.sock'}", "--no-preload", "--workers-per-gpu=2",
-                 "--spares=1", "--Pool.interrupt_grace=1.0", "--debug", log=arb.runtime / "pool.log")
+    p = PoolProc(
+        arb.env(),
+        f"ipc://{arb.runtime / 'pool.sock'}",
+        "--no-preload",
+        "--workers-per-gpu=2",
+        "--spares=1",
+        "--Pool.interrupt_grace=1.0",
+        "--debug",
+        log=arb.runtime / "pool.log",
+    )
     p.start()
     yield p
     p.stop()
@@ -69,10 +77,13 @@ class Collect:
 
 # -- scripts: streaming, exit codes, tracebacks ------------------------------------------------------
 
+
 def test_script_output_streams_while_it_runs(client: PoolClient, tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
-    script.write_text("import sys, time\nprint('first', flush=True)\nprint('err1', file=sys.stderr)\n"
-                      "time.sleep(1.0)\nprint('second')\n")
+    script.write_text(
+        "import sys, time\nprint('first', flush=True)\nprint('err1', file=sys.stderr)\n"
+        "time.sleep(1.0)\nprint('second')\n"
+    )
     out = Collect()
     t0 = time.monotonic()
     result = client.run_script(script, on_output=out)
@@ -88,8 +99,9 @@ def test_script_output_streams_while_it_runs(client: PoolClient, tmp_path: Path)
 def test_krex_run_streams_in_the_terminal(env: dict[str, str], client: PoolClient, tmp_path: Path) -> None:
     script = tmp_path / "stream.py"
     script.write_text("import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second')\n")
-    proc = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline() == "first\n"
     t_first = time.monotonic()
@@ -103,12 +115,16 @@ SCRIPTS = {
     "ok.py": "import sys\nprint('out')\nprint('err', file=sys.stderr)\n",
     "exit5.py": "import sys\nprint('bye')\nsys.exit(5)\n",
     "exitmsg.py": "import sys\nsys.exit('a message for stderr')\n",
-    "chained.py": ("def inner(d):\n    return d['missing']\n\ndef outer():\n    try:\n        inner({})\n"
-                   "    except KeyError as exc:\n        raise ValueError('bad input') from exc\n\nouter()\n"),
+    "chained.py": (
+        "def inner(d):\n    return d['missing']\n\ndef outer():\n    try:\n        inner({})\n"
+        "    except KeyError as exc:\n        raise ValueError('bad input') from exc\n\nouter()\n"
+    ),
     "syntax.py": "print('never')\ndef f(:\n    pass\n",
     "kbd.py": "print('before')\nraise KeyboardInterrupt\n",
-    "args.py": ("import os, sys\nprint(sys.argv[1:], os.getcwd(), os.environ.get('KREX_TEST_VAR'), __name__)\n"
-                "print(os.path.basename(__file__), sys.path[0] == os.path.dirname(os.path.abspath(__file__)))\n"),
+    "args.py": (
+        "import os, sys\nprint(sys.argv[1:], os.getcwd(), os.environ.get('KREX_TEST_VAR'), __name__)\n"
+        "print(os.path.basename(__file__), sys.path[0] == os.path.dirname(os.path.abspath(__file__)))\n"
+    ),
 }
 
 
@@ -125,8 +141,7 @@ def test_krex_run_gives_what_python_gives(env: dict[str, str], client: PoolClien
         assert got.stderr == want.stderr, name
 
 
-def test_krex_run_exclusive_prints_the_region_report(env: dict[str, str], client: PoolClient,
-                                                     tmp_path: Path) -> None:
+def test_krex_run_exclusive_prints_the_region_report(env: dict[str, str], client: PoolClient, tmp_path: Path) -> None:
     (tmp_path / "timed.py").write_text("import krex_lab.client as c\nprint(c.current_session().gpu)\n")
     r = krex_run(env, "--exclusive", "--gpu", "1", str(tmp_path / "timed.py"))
     assert r.returncode == 0 and r.stdout == "1\n", r.stderr
@@ -157,18 +172,26 @@ def test_edited_modules_are_reloaded_between_runs(env: dict[str, str], client: P
 
 # -- crashes ------------------------------------------------------------------------------------------
 
+
 def _deaths(status: dict[str, Any]) -> int:
     return int(status["counters"].get("deaths", 0))
 
 
-@pytest.mark.parametrize(("code", "cause", "exit_code"), [
-    ("import ctypes\nprint('about to segfault', flush=True)\nctypes.string_at(0)", "SIGSEGV (segmentation fault)",
-     128 + signal.SIGSEGV),
-    ("import os\nprint('about to exit', flush=True)\nos._exit(3)", "exited with code 3", 3),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "SIGKILL (killed)", 128 + signal.SIGKILL),
-])
-def test_a_crash_costs_a_worker_not_a_result(pool: PoolProc, client: PoolClient, code: str, cause: str,
-                                             exit_code: int) -> None:
+@pytest.mark.parametrize(
+    ("code", "cause", "exit_code"),
+    [
+        (
+            "import ctypes\nprint('about to segfault', flush=True)\nctypes.string_at(0)",
+            "SIGSEGV (segmentation fault)",
+            128 + signal.SIGSEGV,
+        ),
+        ("import os\nprint('about to exit', flush=True)\nos._exit(3)", "exited with code 3", 3),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "SIGKILL (killed)", 128 + signal.SIGKILL),
+    ],
+)
+def test_a_crash_costs_a_worker_not_a_result(
+    pool: PoolProc, client: PoolClient, code: str, cause: str, exit_code: int
+) -> None:
     before = pool.status()
     size = len(pool.worker_pids(status=before))
     out = Collect()
@@ -222,6 +245,7 @@ def test_100_jobs_with_random_crashes_get_100_matched_results(pool: PoolProc, cl
 
 # -- namespaces, leases, resets -----------------------------------------------------------------------
 
+
 def test_namespace_persists_in_a_lease_and_is_reset_between_leases(client: PoolClient) -> None:
     a = client.run_code("import sys\nx = 41\nsys.argv.append('dirty')", lease="nb-1")
     b = client.run_code("x + 1", lease="nb-1")
@@ -250,13 +274,20 @@ def test_a_worker_that_cannot_be_reset_is_recycled(pool: PoolProc, client: PoolC
 
 # -- interrupts and timeouts --------------------------------------------------------------------------
 
-def test_interrupt_stops_the_job_and_the_worker_survives(pool: PoolProc, env: dict[str, str],
-                                                         client: PoolClient, tmp_path: Path) -> None:
+
+def test_interrupt_stops_the_job_and_the_worker_survives(
+    pool: PoolProc, env: dict[str, str], client: PoolClient, tmp_path: Path
+) -> None:
     script = tmp_path / "sleepy.py"
     script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
     before = pool.status()
-    proc = subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "run", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "sleeping\n"
     running = pool.status()["running"]
     assert len(running) == 1
@@ -281,8 +312,9 @@ pool.run_code("import time\\nprint('busy', flush=True)\\ntime.sleep(60)")
 """
 
 
-def test_a_client_that_dies_takes_its_jobs_and_leases_with_it(pool: PoolProc, env: dict[str, str],
-                                                              client: PoolClient) -> None:
+def test_a_client_that_dies_takes_its_jobs_and_leases_with_it(
+    pool: PoolProc, env: dict[str, str], client: PoolClient
+) -> None:
     proc = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stdout.readline() == "True\n"
@@ -303,8 +335,9 @@ def test_timeouts_interrupt_then_kill(pool: PoolProc, client: PoolClient) -> Non
     assert r.status == "timeout" and r.error == "timed out after 0.5 s", r
     assert r.traceback is not None and "KeyboardInterrupt" in r.traceback
     assert alive(r.worker_pid or 0)
-    stubborn = ("import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
-                "    except KeyboardInterrupt:\n        pass")
+    stubborn = (
+        "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass"
+    )
     s = client.run_code(stubborn, timeout=0.5)
     assert s.status == "timeout" and "its worker was killed" in (s.error or ""), s
     assert not alive(s.worker_pid or 0)
@@ -313,6 +346,7 @@ def test_timeouts_interrupt_then_kill(pool: PoolProc, client: PoolClient) -> Non
 
 
 # -- functions ------------------------------------------------------------------------------------------
+
 
 def _square(x: int) -> int:
     return x * x
@@ -349,8 +383,9 @@ with krex_lab.exclusive() as region:
 """
 
 
-def test_exclusive_in_a_job_freezes_gpu0_and_holds_its_jobs(arb: ArbiterProc, pool: PoolProc,
-                                                            client: PoolClient) -> None:
+def test_exclusive_in_a_job_freezes_gpu0_and_holds_its_jobs(
+    arb: ArbiterProc, pool: PoolProc, client: PoolClient
+) -> None:
     procs = Procs(arb.env())
     try:
         sibling = procs.start("sibling", "0")
@@ -360,8 +395,9 @@ def test_exclusive_in_a_job_freezes_gpu0_and_holds_its_jobs(arb: ArbiterProc, po
         def run(name: str, **kw: Any) -> None:
             results[name] = client.run_code(kw.pop("code"), **kw)
 
-        holder = threading.Thread(target=run, args=("holder",), kwargs={"code": EXCLUSIVE_JOB, "gpu": 0,
-                                                                        "on_output": out})
+        holder = threading.Thread(
+            target=run, args=("holder",), kwargs={"code": EXCLUSIVE_JOB, "gpu": 0, "on_output": out}
+        )
         holder.start()
         wait_for(lambda: "granted" in out.text(), timeout=10)
         t_granted = time.time()
@@ -376,8 +412,10 @@ def test_exclusive_in_a_job_freezes_gpu0_and_holds_its_jobs(arb: ArbiterProc, po
         assert all(proc_state(p) in ("T", "t") for p in others)  # the other workers of GPU 0: frozen
         assert cpu_gain(sibling.pid, 0.3) < 0.03  # another session of GPU 0: frozen
         assert pool.status()["gpus"][0]["gate"] == "closed"
-        waiting = [threading.Thread(target=run, args=(f"gpu0-{i}",), kwargs={"code": "import time\ntime.time()",
-                                                                          "gpu": 0}) for i in range(2)]
+        waiting = [
+            threading.Thread(target=run, args=(f"gpu0-{i}",), kwargs={"code": "import time\ntime.time()", "gpu": 0})
+            for i in range(2)
+        ]
         busy1 = threading.Thread(target=run, args=("gpu1",), kwargs={"code": "2 + 2", "gpu": 1})
         for t in [*waiting, busy1]:
             t.start()
@@ -409,7 +447,8 @@ def test_exclusive_flag_runs_the_job_inside_a_region(client: PoolClient) -> None
 
 
 def test_exclusive_flag_freezes_the_other_workers_though_the_client_started_the_pool(
-        pool: PoolProc, client: PoolClient) -> None:
+    pool: PoolProc, client: PoolClient
+) -> None:
     # The region exempts the waiting client's tree; this client (the test) started the pool, so
     # that tree would hold every worker if it did not stop at sessions (the workers are sessions).
     pool.wait_ready(60)

@@ -49,9 +49,15 @@ float(out.sum())
 
 def test_numba_kernel_runs_on_a_preloaded_worker(arb: ArbiterProc) -> None:
     env = {**arb.env(), "NUMBA_ENABLE_CUDASIM": "1"}
-    pool = PoolProc(env, f"ipc://{arb.runtime / 'numba.sock'}", "--Pool.preload=numba.cuda",
-                    "--Pool.preload=not_a_module_xyz", "--workers-per-gpu=1", "--spares=0",
-                    log=arb.runtime / "numba.log")
+    pool = PoolProc(
+        env,
+        f"ipc://{arb.runtime / 'numba.sock'}",
+        "--Pool.preload=numba.cuda",
+        "--Pool.preload=not_a_module_xyz",
+        "--workers-per-gpu=1",
+        "--spares=0",
+        log=arb.runtime / "numba.log",
+    )
     pool.start(timeout=90)
     try:
         worker = pool.status()["gpus"][0]["workers"][0]
@@ -60,8 +66,9 @@ def test_numba_kernel_runs_on_a_preloaded_worker(arb: ArbiterProc) -> None:
         result = pool.client.run_code(NUMBA_KERNEL)
         assert result.ok, result
         assert result.value == repr(3.0 * sum(range(64)))
-        again = pool.client.run_code("import numba.cuda\nnumba.cuda.simulator_enabled if hasattr(numba.cuda, "
-                                     "'simulator_enabled') else 'sim'")
+        again = pool.client.run_code(
+            "import numba.cuda\nnumba.cuda.simulator_enabled if hasattr(numba.cuda, 'simulator_enabled') else 'sim'"
+        )
         assert again.ok and again.worker_pid == result.worker_pid  # warm: the same worker, no recycle
     finally:
         pool.stop()
@@ -72,25 +79,35 @@ def test_sigterm_stops_every_worker_and_leaves_nothing(arb: ArbiterProc) -> None
     open_dir = Path(tempfile.mkdtemp(prefix="krex-open-"))
     os.chmod(open_dir, 0o755)
     sock = open_dir / "pool.sock"
-    pool = PoolProc(arb.env(), f"ipc://{sock}", "--no-preload", "--workers-per-gpu=1", "--spares=1",
-                    log=arb.runtime / "term.log")
+    pool = PoolProc(
+        arb.env(), f"ipc://{sock}", "--no-preload", "--workers-per-gpu=1", "--spares=1", log=arb.runtime / "term.log"
+    )
     try:
         pool.start()
         assert os.stat(sock).st_mode & 0o777 == 0o600
         if os.getuid() == 0 and shutil.which("setpriv"):
-            probe = ("import sys\nfrom krex_lab.workers.client import PoolClient\n"
-                     f"try:\n    PoolClient.connect('ipc://{sock}', start=False)\nexcept Exception as e:\n"
-                     "    print(type(e).__name__); sys.exit(3)\nprint('connected')\n")
-            other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                                    "-c", probe], capture_output=True, text=True, timeout=30, cwd="/",
-                                   env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")})
+            probe = (
+                "import sys\nfrom krex_lab.workers.client import PoolClient\n"
+                f"try:\n    PoolClient.connect('ipc://{sock}', start=False)\nexcept Exception as e:\n"
+                "    print(type(e).__name__); sys.exit(3)\nprint('connected')\n"
+            )
+            other = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                cwd="/",
+                env={"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "")},
+            )
             assert other.returncode == 3 and "PoolUnavailable" in other.stdout, (other.stdout, other.stderr)
         client = pool.client
         workers = pool.worker_pids()
         assert len(workers) == 2
         result: list[JobResult] = []
-        code = ("import subprocess, time\np = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
-                "print('child', p.pid, flush=True)\ntime.sleep(60)")
+        code = (
+            "import subprocess, time\np = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+            "print('child', p.pid, flush=True)\ntime.sleep(60)"
+        )
         out: list[str] = []
         t = threading.Thread(target=lambda: result.append(client.run_code(code, on_output=lambda s, x: out.append(x))))
         t.start()
@@ -104,8 +121,7 @@ def test_sigterm_stops_every_worker_and_leaves_nothing(arb: ArbiterProc) -> None
         for pid in [*workers, child]:
             wait_for(lambda pid=pid: not alive(pid), timeout=5)  # type: ignore[misc]
         assert not sock.exists()
-        wait_for(lambda: not any(s["pid"] in workers for g in arb.status()["gpus"] for s in g["sessions"]),
-                 timeout=5)
+        wait_for(lambda: not any(s["pid"] in workers for g in arb.status()["gpus"] for s in g["sessions"]), timeout=5)
     finally:
         pool.stop()
         shutil.rmtree(open_dir, ignore_errors=True)
@@ -125,14 +141,17 @@ def test_krex_run_starts_a_pool_on_demand_that_exits_when_idle(arb: ArbiterProc,
     config.mkdir()
     (config / "krex_pool_config.json").write_text(json.dumps({"Pool": {"preload": [], "spares_per_gpu": 0}}))
     endpoint = f"ipc://{arb.runtime / 'ondemand.sock'}"
-    env = {**arb.env(), "KREX_POOL_ENDPOINT": endpoint, "KREX_POOL_IDLE_EXIT": "2",
-           "JUPYTER_CONFIG_DIR": str(config)}
+    env = {**arb.env(), "KREX_POOL_ENDPOINT": endpoint, "KREX_POOL_IDLE_EXIT": "2", "JUPYTER_CONFIG_DIR": str(config)}
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['KREX_WORKER'])\n")
     assert not _pools_serving(endpoint)
     # Three at once with no pool: each finds none, one pool wins, all three run.
-    with_env = [subprocess.Popen([sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env,
-                                 stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    with_env = [
+        subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     outputs = [p.communicate(timeout=60)[0] for p in with_env]
     assert [p.returncode for p in with_env] == [0, 0, 0]
     assert outputs == ["hello from 1\n"] * 3
@@ -150,15 +169,27 @@ def test_krex_run_starts_a_pool_on_demand_that_exits_when_idle(arb: ArbiterProc,
 
 
 def test_tcp_endpoints_are_refused(arb: ArbiterProc) -> None:
-    r = subprocess.run([sys.executable, "-m", "krex_lab.workers.pool", "--endpoint=tcp://127.0.0.1:45671",
-                        "--no-preload"], env=arb.env(), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "krex_lab.workers.pool", "--endpoint=tcp://127.0.0.1:45671", "--no-preload"],
+        env=arb.env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 1
     assert "refusing to serve tcp://127.0.0.1:45671" in r.stderr
 
 
 def test_workers_register_again_when_the_arbiter_restarts(arb: ArbiterProc) -> None:
-    pool = PoolProc(arb.env(), f"ipc://{arb.runtime / 'restart.sock'}", "--no-preload", "--workers-per-gpu=1",
-                    "--spares=0", "--Pool.resync=0.3", log=arb.runtime / "restart.log")
+    pool = PoolProc(
+        arb.env(),
+        f"ipc://{arb.runtime / 'restart.sock'}",
+        "--no-preload",
+        "--workers-per-gpu=1",
+        "--spares=0",
+        "--Pool.resync=0.3",
+        log=arb.runtime / "restart.log",
+    )
     pool.start()
     try:
         [first] = pool.worker_pids()

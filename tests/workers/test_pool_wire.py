@@ -24,8 +24,15 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
     runtime = base / "rt"
     runtime.mkdir(mode=0o700)
     env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime), "KREX_ENDPOINT": f"ipc://{runtime / 'none.sock'}"}
-    p = PoolProc(env, f"ipc://{runtime / 'pool.sock'}", "--no-preload", "--workers-per-gpu=1", "--spares=0",
-                 "--Pool.fallback_gpus=1", log=base / "pool.log")
+    p = PoolProc(
+        env,
+        f"ipc://{runtime / 'pool.sock'}",
+        "--no-preload",
+        "--workers-per-gpu=1",
+        "--spares=0",
+        "--Pool.fallback_gpus=1",
+        log=base / "pool.log",
+    )
     p.start()
     yield p
     p.stop()

@@ -89,8 +89,7 @@ class PoolClient:
         self._closed = False
 
     @classmethod
-    def connect(cls, endpoint: str | None = None, start: bool = True, *, allow_tcp: bool | None = None
-                ) -> PoolClient:
+    def connect(cls, endpoint: str | None = None, start: bool = True, *, allow_tcp: bool | None = None) -> PoolClient:
         """The pool at ``endpoint`` (default: ``KREX_POOL_ENDPOINT``, else this user's runtime dir).
 
         With ``start`` a pool is started on demand (detached; it exits after its idle time) when
@@ -109,8 +108,10 @@ class PoolClient:
                 raise
             if not start:
                 client.close()
-                raise PoolUnavailable(f"no KREX pool answers at {client.endpoint} ({exc}); start one with "
-                                      "`krex pool`, or let `krex run` start it") from None
+                raise PoolUnavailable(
+                    f"no KREX pool answers at {client.endpoint} ({exc}); start one with "
+                    "`krex pool`, or let `krex run` start it"
+                ) from None
             client._start_pool()
         if client.info is not None and client.info.uid != os.getuid():
             client.close()
@@ -127,10 +128,12 @@ class PoolClient:
         if path is None:
             if self.endpoint.startswith("tcp://") and self.allow_tcp:
                 return None
-            raise untrusted(f"refusing to talk to a pool at {self.endpoint}: no kernel can say who serves "
-                                "it, and whoever does would run your code and hand back objects this process "
-                                "unpickles; nothing was sent. Use an ipc:// endpoint, or allow_tcp=True "
-                                "(KREX_POOL_ALLOW_TCP=1) if the network is yours alone.")
+            raise untrusted(
+                f"refusing to talk to a pool at {self.endpoint}: no kernel can say who serves "
+                "it, and whoever does would run your code and hand back objects this process "
+                "unpickles; nothing was sent. Use an ipc:// endpoint, or allow_tcp=True "
+                "(KREX_POOL_ALLOW_TCP=1) if the network is yours alone."
+            )
         self.peer = verify_ipc_endpoint(path)
         return self.peer
 
@@ -204,8 +207,15 @@ class PoolClient:
 
         def spawn() -> subprocess.Popen[bytes]:
             with open(log_dir / "pool.log", "ab") as log:
-                return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True, cwd="/")
+                return subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd="/",
+                )
 
         proc = spawn()
         spawned = 1
@@ -227,8 +237,9 @@ class PoolClient:
                 if spawned < 5:  # it lost a race with a pool that has since exited: try again
                     proc, spawned = spawn(), spawned + 1
             time.sleep(0.05)
-        raise PoolUnavailable(f"the pool started on demand did not answer within {START_TIMEOUT:g} s "
-                              f"(see {log_dir / 'pool.log'})")
+        raise PoolUnavailable(
+            f"the pool started on demand did not answer within {START_TIMEOUT:g} s (see {log_dir / 'pool.log'})"
+        )
 
     def _drop_socket(self) -> None:
         """Forget this thread's socket (the next request checks the endpoint again)."""
@@ -272,10 +283,13 @@ class PoolClient:
                         return result
                 elif not self._pool_alive():
                     self._drop_socket()  # the next request checks the endpoint afresh
-                    return JobResult(ok=False, status="died", job_id=job_id,
-                                     exit_code=1 if job.kind == "script" else None,
-                                     error=f"the pool (pid {self.info.pid if self.info else '?'}) exited "
-                                     "while the job ran")
+                    return JobResult(
+                        ok=False,
+                        status="died",
+                        job_id=job_id,
+                        exit_code=1 if job.kind == "script" else None,
+                        error=f"the pool (pid {self.info.pid if self.info else '?'}) exited while the job ran",
+                    )
             except KeyboardInterrupt:
                 interrupts += 1
                 if interrupts >= 3:
@@ -283,28 +297,55 @@ class PoolClient:
                 interrupt(interrupts >= 2)
 
     # -- the interface ------------------------------------------------------------------------------
-    def run_code(self, code: str, *, gpu: int | None = None, lease: str | None = None, exclusive: bool = False,
-                 timeout: float | None = None, on_output: OutputFn | None = None) -> JobResult:
+    def run_code(
+        self,
+        code: str,
+        *,
+        gpu: int | None = None,
+        lease: str | None = None,
+        exclusive: bool = False,
+        timeout: float | None = None,
+        on_output: OutputFn | None = None,
+    ) -> JobResult:
         """Run ``code`` like a notebook cell. With ``lease`` the namespace persists across calls (the
         same worker serves the lease until :meth:`release_lease` or its idle timeout); without, each
         call starts from an empty namespace. ``value`` is the repr of the last expression."""
-        return self._run(JobSpec(kind="code", code=code, gpu=gpu, lease=lease, exclusive=exclusive,
-                                 timeout=timeout), on_output)
+        return self._run(
+            JobSpec(kind="code", code=code, gpu=gpu, lease=lease, exclusive=exclusive, timeout=timeout), on_output
+        )
 
     def release_lease(self, lease: str) -> None:
         """End a lease: its worker's namespace is cleared and GPU memory checked, then it serves others."""
         self._request(ReleaseLease(lease=lease))
 
-    def run_script(self, path: str | os.PathLike[str], argv: Sequence[str] = (), *, gpu: int | None = None,
-                   exclusive: bool = False, cwd: str | os.PathLike[str] | None = None,
-                   env: dict[str, str] | None = None, timeout: float | None = None,
-                   on_output: OutputFn | None = None) -> JobResult:
+    def run_script(
+        self,
+        path: str | os.PathLike[str],
+        argv: Sequence[str] = (),
+        *,
+        gpu: int | None = None,
+        exclusive: bool = False,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        on_output: OutputFn | None = None,
+    ) -> JobResult:
         """Run a script as ``python PATH ARGV...`` would (runpy, ``__main__``); ``env`` replaces the
         environment for the run (the worker's GPU placement variables stay). ``exit_code`` is set."""
         cwd_s = os.fspath(cwd) if cwd is not None else os.getcwd()
-        return self._run(JobSpec(kind="script", path=os.path.join(cwd_s, os.fspath(path)),
-                                 argv=[str(a) for a in argv], cwd=cwd_s, env=env, gpu=gpu,
-                                 exclusive=exclusive, timeout=timeout), on_output)
+        return self._run(
+            JobSpec(
+                kind="script",
+                path=os.path.join(cwd_s, os.fspath(path)),
+                argv=[str(a) for a in argv],
+                cwd=cwd_s,
+                env=env,
+                gpu=gpu,
+                exclusive=exclusive,
+                timeout=timeout,
+            ),
+            on_output,
+        )
 
     def call(self, fn: Callable[..., Any], *args: Any, gpu: int | None = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker (cloudpickle). Returns its value or raises its exception

@@ -23,8 +23,7 @@ _NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_D
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", type=int, default=None, help="run on this GPU (default: any with a free worker)")
-    p.add_argument("--exclusive", action="store_true",
-                   help="run the whole script inside a region held by its worker")
+    p.add_argument("--exclusive", action="store_true", help="run the whole script inside a region held by its worker")
     p.add_argument("--timeout", type=float, default=None, help="seconds before the script is interrupted")
     p.add_argument("--quiet", action="store_true", help="do not print the region report (--exclusive)")
     p.add_argument("script", help="the Python script to run")
@@ -47,8 +46,16 @@ def run(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
     client = PoolClient.connect(start=True)
     try:
-        result = client.run_script(path, list(args.args), gpu=args.gpu, exclusive=args.exclusive,
-                                   cwd=os.getcwd(), env=env, timeout=args.timeout, on_output=_write)
+        result = client.run_script(
+            path,
+            list(args.args),
+            gpu=args.gpu,
+            exclusive=args.exclusive,
+            cwd=os.getcwd(),
+            env=env,
+            timeout=args.timeout,
+            on_output=_write,
+        )
     finally:
         client.close()
     return report(result, quiet=args.quiet)

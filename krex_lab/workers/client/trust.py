@@ -139,15 +139,18 @@ def verify_ipc_endpoint(path: str) -> PoolPeer:
     except OSError as exc:
         raise PoolUnavailable(f"the pool socket {path}: {exc.strerror}") from None
     if not stat.S_ISSOCK(before.st_mode):
-        raise untrusted(f"{path} is not a socket (it belongs to {_owner(before.st_uid)}): nothing was sent "
-                            "to it")
+        raise untrusted(f"{path} is not a socket (it belongs to {_owner(before.st_uid)}): nothing was sent to it")
     if before.st_uid != euid:
-        raise untrusted(f"the pool socket {path} belongs to {_owner(before.st_uid)}, not to you "
-                            f"({_owner(euid)}): nothing was sent to it")
+        raise untrusted(
+            f"the pool socket {path} belongs to {_owner(before.st_uid)}, not to you "
+            f"({_owner(euid)}): nothing was sent to it"
+        )
     problems = _path_problems(path, euid)
     if problems:
-        raise untrusted(f"the pool socket {path} lies where another user could replace it ("
-                            f"{'; '.join(problems)}): nothing was sent to it")
+        raise untrusted(
+            f"the pool socket {path} lies where another user could replace it ("
+            f"{'; '.join(problems)}): nothing was sent to it"
+        )
     try:
         pid, uid, gid = peer_credentials_of_ipc(path)
     except OSError as exc:
@@ -155,8 +158,10 @@ def verify_ipc_endpoint(path: str) -> PoolPeer:
             raise PoolUnavailable(f"no pool listens at {path}") from None
         raise PoolUnavailable(f"the pool socket {path}: {exc.strerror or exc}") from None
     if uid != euid:
-        raise untrusted(f"the pool at {path} is served by {_owner(uid)} (pid {pid}), not by you "
-                            f"({_owner(euid)}): nothing was sent to it")
+        raise untrusted(
+            f"the pool at {path} is served by {_owner(uid)} (pid {pid}), not by you "
+            f"({_owner(euid)}): nothing was sent to it"
+        )
     try:
         after = os.lstat(path)
     except OSError:

@@ -26,8 +26,23 @@ from typing import Any
 from ...devsync import numba_context
 from ...procutil import proc_state, tree
 
-_SIGNALS = [s for s in ("SIGINT", "SIGTERM", "SIGALRM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE",
-                        "SIGQUIT", "SIGVTALRM", "SIGPROF") if hasattr(signal, s)]
+_SIGNALS = [
+    s
+    for s in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGALRM",
+        "SIGHUP",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGCHLD",
+        "SIGPIPE",
+        "SIGQUIT",
+        "SIGVTALRM",
+        "SIGPROF",
+    )
+    if hasattr(signal, s)
+]
 
 
 def preload(names: list[str], real_gpu: bool, warmup: bool) -> tuple[list[str], dict[str, str], dict[str, float]]:
@@ -285,8 +300,13 @@ class Baseline:
         t3 = time.perf_counter()
         problems.extend(self._memory())
         t4 = time.perf_counter()
-        self.timings = {"state": t1 - t0, "modules": t_drop - t1, "import_caches": t2 - t_drop,
-                        "processes": t3 - t2, "memory": t4 - t3}
+        self.timings = {
+            "state": t1 - t0,
+            "modules": t_drop - t1,
+            "import_caches": t2 - t_drop,
+            "processes": t3 - t2,
+            "memory": t4 - t3,
+        }
         return problems
 
     def _drop_user_modules(self) -> None:

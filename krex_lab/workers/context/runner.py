@@ -29,14 +29,31 @@ _cells = itertools.count(1)
 
 #: Messages of CUDA errors after which a context is unusable ("sticky"): the worker is recycled.
 STICKY_CUDA_ERRORS = (
-    "illegal memory access", "illegal address", "cuda_error_illegal_address", "cudaerrorillegaladdress",
-    "illegal instruction", "cuda_error_illegal_instruction", "misaligned address",
-    "cuda_error_misaligned_address", "invalid program counter", "cuda_error_invalid_pc",
-    "unspecified launch failure", "cuda_error_launch_failed", "cudaerrorlaunchfailure",
-    "hardware stack error", "cuda_error_hardware_stack_error", "device-side assert",
-    "cuda_error_assert", "invalid address space", "cuda_error_invalid_address_space",
-    "uncorrectable ecc error", "cuda_error_ecc_uncorrectable", "context is destroyed",
-    "cuda_error_context_is_destroyed", "launch timed out", "cuda_error_launch_timeout",
+    "illegal memory access",
+    "illegal address",
+    "cuda_error_illegal_address",
+    "cudaerrorillegaladdress",
+    "illegal instruction",
+    "cuda_error_illegal_instruction",
+    "misaligned address",
+    "cuda_error_misaligned_address",
+    "invalid program counter",
+    "cuda_error_invalid_pc",
+    "unspecified launch failure",
+    "cuda_error_launch_failed",
+    "cudaerrorlaunchfailure",
+    "hardware stack error",
+    "cuda_error_hardware_stack_error",
+    "device-side assert",
+    "cuda_error_assert",
+    "invalid address space",
+    "cuda_error_invalid_address_space",
+    "uncorrectable ecc error",
+    "cuda_error_ecc_uncorrectable",
+    "context is destroyed",
+    "cuda_error_context_is_destroyed",
+    "launch timed out",
+    "cuda_error_launch_timeout",
 )
 
 
@@ -192,8 +209,12 @@ class Runner:
         else:  # sys.exit("message"): Python prints the message and exits 1
             print(code, file=sys.stderr)
             status = 1
-        return {"ok": status == 0, "status": "ok" if status == 0 else "exit", "exit_code": status,
-                "error": None if status == 0 else f"SystemExit: {code}"}
+        return {
+            "ok": status == 0,
+            "status": "ok" if status == 0 else "exit",
+            "exit_code": status,
+            "error": None if status == 0 else f"SystemExit: {code}",
+        }
 
     def _code(self, msg: Run) -> dict[str, Any]:
         code = msg.code or ""
@@ -241,9 +262,12 @@ class Runner:
         try:
             return {"ok": True, "status": "ok", "value": cloudpickle.dumps(value)}
         except Exception as exc:
-            return {"ok": False, "status": "exception",
-                    "error": f"the function returned a value that cannot be pickled: {_error_line(exc)}",
-                    "traceback": format_exception(exc)}
+            return {
+                "ok": False,
+                "status": "exception",
+                "error": f"the function returned a value that cannot be pickled: {_error_line(exc)}",
+                "traceback": format_exception(exc),
+            }
 
     def _script(self, msg: Run) -> dict[str, Any]:
         path = os.path.abspath(os.path.join(msg.cwd or os.getcwd(), msg.path or ""))

@@ -109,8 +109,13 @@ class Worker:
         try:
             self.send(Done(job=msg.job, result=msgspec.convert(fields, JobResult), recycle=recycle))
         except (TypeError, ValueError, OverflowError, EncodeError, msgspec.ValidationError) as exc:
-            self.send(Done(job=msg.job, recycle=recycle, result=JobResult(
-                ok=False, status="exception", error=f"the result could not be sent: {exc}")))
+            self.send(
+                Done(
+                    job=msg.job,
+                    recycle=recycle,
+                    result=JobResult(ok=False, status="exception", error=f"the result could not be sent: {exc}"),
+                )
+            )
         del fields
         clear_tracebacks()
         if msg.lease:
@@ -126,9 +131,14 @@ class Worker:
         clear_tracebacks()
         problems = self.baseline.restore()
         flush_output()
-        self.send(Ready(clean=not problems, reason="; ".join(problems) or None,
-                        reset_s=round(time.perf_counter() - t0, 4),
-                        reset_parts_s={k: round(v, 4) for k, v in self.baseline.timings.items()}))
+        self.send(
+            Ready(
+                clean=not problems,
+                reason="; ".join(problems) or None,
+                reset_s=round(time.perf_counter() - t0, 4),
+                reset_parts_s={k: round(v, 4) for k, v in self.baseline.timings.items()},
+            )
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

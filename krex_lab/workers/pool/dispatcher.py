@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -102,8 +103,15 @@ class Dispatcher:
     ``stale`` whether a worker's arbiter session is gone (it is then replaced when idle).
     """
 
-    def __init__(self, config: DispatchConfig, gates: Gates, emit: Emit, spawn_args: SpawnArgs,
-                 stale: Callable[[WorkerHandle], bool] = lambda w: False, gpus: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        config: DispatchConfig,
+        gates: Gates,
+        emit: Emit,
+        spawn_args: SpawnArgs,
+        stale: Callable[[WorkerHandle], bool] = lambda w: False,
+        gpus: list[int] | None = None,
+    ) -> None:
         self.config = config
         self.gates = gates
         self.emit = emit
@@ -164,8 +172,14 @@ class Dispatcher:
         return self.gates.is_open(gpu) and gpu not in self.exclusive_gpus
 
     def _eligible(self, w: WorkerHandle, gpu: int | None) -> bool:
-        return (w.state == "idle" and w.active and w.lease is None and w.expected is None
-                and self.gpu_open(w.gpu) and (gpu is None or w.gpu == gpu))
+        return (
+            w.state == "idle"
+            and w.active
+            and w.lease is None
+            and w.expected is None
+            and self.gpu_open(w.gpu)
+            and (gpu is None or w.gpu == gpu)
+        )
 
     def _pick(self, job: Job) -> WorkerHandle | None:
         gpu = job.gpu
@@ -214,8 +228,9 @@ class Dispatcher:
             return
         job.timed_out = True
         w.interrupt()
-        job.timers.append(asyncio.get_running_loop().call_later(
-            self.config.interrupt_grace, lambda: self._force(job, w, "timeout")))
+        job.timers.append(
+            asyncio.get_running_loop().call_later(self.config.interrupt_grace, lambda: self._force(job, w, "timeout"))
+        )
 
     def _force(self, job: Job, w: WorkerHandle, reason: str) -> None:
         if not job.finished and job.worker is w:
@@ -240,8 +255,8 @@ class Dispatcher:
             self.interrupt(job, force=False)
             if job.worker is not None:
                 w = job.worker
-                job.timers.append(asyncio.get_running_loop().call_later(
-                    self.config.interrupt_grace, lambda j=job, w=w: self._force(j, w, "interrupt")))  # type: ignore[misc]
+                force = functools.partial(self._force, job, w, "interrupt")
+                job.timers.append(asyncio.get_running_loop().call_later(self.config.interrupt_grace, force))
         for lease in [le for le in self.leases.values() if le.owner_pid == pid]:
             self.release_lease(lease.key)
 
@@ -262,8 +277,11 @@ class Dispatcher:
         result.notice = job.notice
         if job.timed_out and result.status in ("interrupted", "died", "exception", "exit"):
             result.ok, result.status = False, "timeout"
-            extra = (f"; it ignored the interrupt for {self.config.interrupt_grace:g} s and its worker was killed"
-                     if job.forced else "")
+            extra = (
+                f"; it ignored the interrupt for {self.config.interrupt_grace:g} s and its worker was killed"
+                if job.forced
+                else ""
+            )
             result.error = f"timed out after {job.timeout:g} s{extra}"
             if job.kind == "script":
                 result.exit_code = TIMEOUT_EXIT
@@ -330,8 +348,14 @@ class Dispatcher:
             self._failures[w.gpu] = 0
             if msg.session_error:
                 log.warning("worker %s not registered with the arbiter: %s", w.id, msg.session_error)
-            log.info("worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s", w.id, w.pid, w.gpu,
-                     msg.start_s or 0, msg.preloaded)
+            log.info(
+                "worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s",
+                w.id,
+                w.pid,
+                w.gpu,
+                msg.start_s or 0,
+                msg.preloaded,
+            )
         if not msg.clean:
             self.recycle(w, f"reset incomplete: {msg.reason}")
         elif w.reset_pending:
@@ -348,8 +372,9 @@ class Dispatcher:
     def on_output(self, w: WorkerHandle, stream: str, text: str) -> None:
         job = w.job
         if job is not None and not job.finished:
-            self.emit(job, Output(id=job.rid, job=job.id, stream="stderr" if stream == "stderr" else "stdout",
-                                  text=text))
+            self.emit(
+                job, Output(id=job.rid, job=job.id, stream="stderr" if stream == "stderr" else "stdout", text=text)
+            )
         else:
             log.debug("worker %s %s: %s", w.id, stream, text.rstrip())
 
@@ -363,14 +388,24 @@ class Dispatcher:
                 status, error = "interrupted", f"interrupted: the worker was killed ({cause})"
             else:
                 status, error = "died", f"worker died: {cause} [pid {w.pid}, GPU {w.gpu}]"
-            self.finish(job, JobResult(ok=False, status=status, error=error, exit_code=shell_status(code),
-                                       traceback=f"last lines of the worker's stderr:\n{tail}\n" if tail else None))
+            self.finish(
+                job,
+                JobResult(
+                    ok=False,
+                    status=status,
+                    error=error,
+                    exit_code=shell_status(code),
+                    traceback=f"last lines of the worker's stderr:\n{tail}\n" if tail else None,
+                ),
+            )
         if w.lease is not None:
             lease = w.lease
             lease.worker = None
             if lease.key in self.leases:
-                lease.notice = (f"the worker of lease {lease.key!r} ended ({w.expected or cause}): this job "
-                                "ran in a fresh worker, and the lease's earlier namespace is gone")
+                lease.notice = (
+                    f"the worker of lease {lease.key!r} ended ({w.expected or cause}): this job "
+                    "ran in a fresh worker, and the lease's earlier namespace is gone"
+                )
         if w.expected is None:
             self.counters["deaths"] += 1
             if w.state == "starting" or w.ready_at is None:
@@ -397,8 +432,15 @@ class Dispatcher:
         for job in list(self.queue):
             if (job.gpu if job.gpu is not None else -1) in failing or failing >= set(self.gpus):
                 self.queue.remove(job)
-                self.finish(job, JobResult(ok=False, status="failed", traceback=tail or None,
-                                           error=f"no worker could start on GPU {w.gpu} ({cause}); see the pool log"))
+                self.finish(
+                    job,
+                    JobResult(
+                        ok=False,
+                        status="failed",
+                        traceback=tail or None,
+                        error=f"no worker could start on GPU {w.gpu} ({cause}); see the pool log",
+                    ),
+                )
 
     # -- sizing -----------------------------------------------------------------------------------
     def _alive(self, gpu: int) -> list[WorkerHandle]:
@@ -423,12 +465,12 @@ class Dispatcher:
                 s.active = True
                 active.append(s)
             surplus = len(active) - target
-            for w in [w for w in active if w.state == "idle" and w.lease is None][:max(0, surplus)]:
+            for w in [w for w in active if w.state == "idle" and w.lease is None][: max(0, surplus)]:
                 w.active = False
                 active.remove(w)
                 spares.append(w)
             extra = len(spares) - self.config.spares_per_gpu
-            for w in [w for w in spares if w.state == "idle"][:max(0, extra)]:
+            for w in [w for w in spares if w.state == "idle"][: max(0, extra)]:
                 self.recycle(w, "more workers than needed")
                 spares.remove(w)
             want[g] = max(0, target + self.config.spares_per_gpu - len(active) - len(spares))
@@ -452,6 +494,7 @@ class Dispatcher:
                 active = sum(1 for w in self._alive(g) if w.active) < self.target_active(g)
                 self._new_worker(g, active)
         if later and self._retry_handle is None:
+
             def retry() -> None:
                 self._retry_handle = None
                 self.rebalance()
@@ -483,25 +526,60 @@ class Dispatcher:
 
     def ready(self) -> bool:
         """Every GPU has its active workers up (used by tests and ``krex pool --wait``)."""
-        return all(sum(1 for w in self._alive(g) if w.active and w.state != "starting") >= self.target_active(g)
-                   and len(self._alive(g)) >= self.target_active(g) + self.config.spares_per_gpu
-                   and all(w.state != "starting" for w in self._alive(g)) for g in self.gpus)
+        return all(
+            sum(1 for w in self._alive(g) if w.active and w.state != "starting") >= self.target_active(g)
+            and len(self._alive(g)) >= self.target_active(g) + self.config.spares_per_gpu
+            and all(w.state != "starting" for w in self._alive(g))
+            for g in self.gpus
+        )
 
     def status(self) -> dict[str, Any]:
         gates = self.gates
         return {
-            "gpus": [{"index": g, "gate": "open" if gates.is_open(g) else "closed",
-                      "holder_pid": gates.holder_pid(g), "exclusive_job": self.exclusive_gpus.get(g),
-                      "workers": [w.public() for w in self.workers.values() if w.gpu == g],
-                      "queued": sum(1 for j in self.queue if j.gpu == g)} for g in self.gpus],
-            "queue": [{"job": j.id, "kind": j.kind, "gpu": j.gpu, "lease": j.lease,
-                       "waiting_s": round(time.time() - j.submitted, 3)} for j in self.queue],
-            "running": [{"job": j.id, "kind": j.kind, "worker": j.worker.id, "pid": j.worker.pid,
-                         "gpu": j.worker.gpu, "lease": j.lease,
-                         "running_s": round(time.time() - (j.dispatched or 0), 3)}
-                        for j in self.jobs.values() if j.worker is not None],
-            "leases": [{"lease": le.key, "owner_pid": le.owner_pid, "worker": le.worker.id if le.worker else None,
-                        "gpu": le.gpu, "pending": le.pending} for le in self.leases.values()],
+            "gpus": [
+                {
+                    "index": g,
+                    "gate": "open" if gates.is_open(g) else "closed",
+                    "holder_pid": gates.holder_pid(g),
+                    "exclusive_job": self.exclusive_gpus.get(g),
+                    "workers": [w.public() for w in self.workers.values() if w.gpu == g],
+                    "queued": sum(1 for j in self.queue if j.gpu == g),
+                }
+                for g in self.gpus
+            ],
+            "queue": [
+                {
+                    "job": j.id,
+                    "kind": j.kind,
+                    "gpu": j.gpu,
+                    "lease": j.lease,
+                    "waiting_s": round(time.time() - j.submitted, 3),
+                }
+                for j in self.queue
+            ],
+            "running": [
+                {
+                    "job": j.id,
+                    "kind": j.kind,
+                    "worker": j.worker.id,
+                    "pid": j.worker.pid,
+                    "gpu": j.worker.gpu,
+                    "lease": j.lease,
+                    "running_s": round(time.time() - (j.dispatched or 0), 3),
+                }
+                for j in self.jobs.values()
+                if j.worker is not None
+            ],
+            "leases": [
+                {
+                    "lease": le.key,
+                    "owner_pid": le.owner_pid,
+                    "worker": le.worker.id if le.worker else None,
+                    "gpu": le.gpu,
+                    "pending": le.pending,
+                }
+                for le in self.leases.values()
+            ],
             "counters": dict(self.counters),
             "ready": self.ready(),
         }

@@ -90,8 +90,7 @@ class GateWatcher:
         except Exception as exc:
             log.debug("arbiter status: %s", exc)
             return False
-        self.gpus = [{"index": g["index"], "uuid": g.get("uuid", ""), "name": g.get("name", "")}
-                     for g in table["gpus"]]
+        self.gpus = [{"index": g["index"], "uuid": g.get("uuid", ""), "name": g.get("name", "")} for g in table["gpus"]]
         pid = table.get("arbiter", {}).get("pid")
         if self.info is not None and pid is not None and pid != self.info.get("pid"):
             log.warning("the arbiter restarted (pid %s, was %s): workers register anew", pid, self.info.get("pid"))

@@ -65,8 +65,9 @@ class Events(Protocol):
 class WorkerHandle:
     """One worker process. ``state``: starting, idle, busy, resetting, dead."""
 
-    def __init__(self, wid: int, gpu: int, cmd: list[str], env: dict[str, str], init: Init,
-                 events: Events, active: bool) -> None:
+    def __init__(
+        self, wid: int, gpu: int, cmd: list[str], env: dict[str, str], init: Init, events: Events, active: bool
+    ) -> None:
         self.id = wid
         self.gpu = gpu
         self.cmd = cmd
@@ -110,8 +111,15 @@ class WorkerHandle:
         err_r, err_w = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [*self.cmd, str(child.fileno())], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                pass_fds=(child.fileno(),), env=self.env, start_new_session=True, close_fds=True)
+                [*self.cmd, str(child.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(child.fileno(),),
+                env=self.env,
+                start_new_session=True,
+                close_fds=True,
+            )
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -201,8 +209,7 @@ class WorkerHandle:
     def last_stderr(self, lines: int = 20) -> str:
         """The last lines of stderr (of the current job if one runs), without the worker's own frames."""
         text = self.job_stderr if self.job is not None else self.stderr_tail
-        kept = [line for line in text.rstrip("\n").splitlines()
-                if not any(mark in line for mark in _INTERNAL_FRAMES)]
+        kept = [line for line in text.rstrip("\n").splitlines() if not any(mark in line for mark in _INTERNAL_FRAMES)]
         return "\n".join(kept[-lines:])
 
     # -- signals --------------------------------------------------------------------------------
@@ -289,11 +296,19 @@ class WorkerHandle:
 
     def public(self) -> dict[str, Any]:
         return {
-            "id": self.id, "pid": self.pid, "gpu": self.gpu, "state": self.state,
-            "role": "active" if self.active else "spare", "session": self.session,
-            "lease": getattr(self.lease, "key", None), "job": getattr(self.job, "id", None),
-            "jobs_run": self.jobs_run, "since": self.created,
-            "preloaded": self.info.preloaded if self.info else [], "skipped": self.info.skipped if self.info else {},
-            "start_s": self.info.start_s if self.info else None, "import_s": self.info.import_s if self.info else {},
+            "id": self.id,
+            "pid": self.pid,
+            "gpu": self.gpu,
+            "state": self.state,
+            "role": "active" if self.active else "spare",
+            "session": self.session,
+            "lease": getattr(self.lease, "key", None),
+            "job": getattr(self.job, "id", None),
+            "jobs_run": self.jobs_run,
+            "since": self.created,
+            "preloaded": self.info.preloaded if self.info else [],
+            "skipped": self.info.skipped if self.info else {},
+            "start_s": self.info.start_s if self.info else None,
+            "import_s": self.info.import_s if self.info else {},
             "last_reset_s": self.last_reset,
         }

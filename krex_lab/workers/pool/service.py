@@ -65,52 +65,88 @@ from .handle import WorkerHandle
 log = logging.getLogger("krex.pool")
 
 #: environment variables that place a worker; a job's environment never overrides them
-PLACEMENT = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-             paths.GPU_ENV, paths.ENDPOINT_ENV, "KREX_WORKER", "KREX_WORKER_REAL", "NUMBA_ENABLE_CUDASIM")
+PLACEMENT = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    paths.GPU_ENV,
+    paths.ENDPOINT_ENV,
+    "KREX_WORKER",
+    "KREX_WORKER_REAL",
+    "NUMBA_ENABLE_CUDASIM",
+)
 #: what a worker process runs (``python -u -m WORKER_MODULE FD``)
 WORKER_MODULE = "krex_lab.workers.context"
 
 
 class Pool(LoggingConfigurable):
-    endpoint = Unicode("", help="ROUTER endpoint to serve (default: $KREX_POOL_ENDPOINT, else "
-                       "ipc://<runtime dir>/pool.sock).").tag(config=True)
+    endpoint = Unicode(
+        "", help="ROUTER endpoint to serve (default: $KREX_POOL_ENDPOINT, else ipc://<runtime dir>/pool.sock)."
+    ).tag(config=True)
     arbiter = Unicode("", help="Arbiter endpoint (default: $KREX_ENDPOINT, else the runtime dir's).").tag(config=True)
     workers_per_gpu = Int(1, help="Active workers per GPU (they take jobs).").tag(config=True)
-    spares_per_gpu = Int(1, help="Warm spare workers per GPU, promoted at once when an active one dies "
-                         "or is recycled.").tag(config=True)
-    max_workers_per_gpu = Int(8, help="Most active workers per GPU: leases may add active workers up to "
-                              "this many, so that plain jobs keep one.").tag(config=True)
+    spares_per_gpu = Int(
+        1, help="Warm spare workers per GPU, promoted at once when an active one dies or is recycled."
+    ).tag(config=True)
+    max_workers_per_gpu = Int(
+        8,
+        help="Most active workers per GPU: leases may add active workers up to this many, so that plain jobs keep one.",
+    ).tag(config=True)
     gpus = List(Int(), help="Serve only these GPUs (arbiter indices); empty: all of them.").tag(config=True)
     fallback_gpus = Int(1, help="GPUs to assume when no arbiter answers at start.").tag(config=True)
-    preload = List(Unicode(), default_value=["numba.cuda", "cupy", "torch"],
-                   help="Modules each worker imports before it takes jobs (on a real GPU also creating "
-                   "their CUDA context); each is optional and skipped if it does not import.").tag(config=True)
-    warmup = Bool(True, help="On a real GPU, run one tiny operation per framework at start (loads cuBLAS "
-                  "and friends), so that no job pays it.").tag(config=True)
-    start_concurrency = Int(2, help="Workers starting (creating contexts) at the same time: context "
-                            "creation is serialized node-wide, so starting all at once is slower.").tag(config=True)
+    preload = List(
+        Unicode(),
+        default_value=["numba.cuda", "cupy", "torch"],
+        help="Modules each worker imports before it takes jobs (on a real GPU also creating "
+        "their CUDA context); each is optional and skipped if it does not import.",
+    ).tag(config=True)
+    warmup = Bool(
+        True,
+        help="On a real GPU, run one tiny operation per framework at start (loads cuBLAS "
+        "and friends), so that no job pays it.",
+    ).tag(config=True)
+    start_concurrency = Int(
+        2,
+        help="Workers starting (creating contexts) at the same time: context "
+        "creation is serialized node-wide, so starting all at once is slower.",
+    ).tag(config=True)
     job_timeout = Float(0.0, help="Default timeout of a job in seconds (0: none); a job may set its own.").tag(
-        config=True)
-    interrupt_grace = Float(5.0, help="Seconds a job has to stop after its interrupt (timeout, client gone) "
-                            "before its worker is killed.").tag(config=True)
-    lease_idle_timeout = Float(3600.0, help="A lease unused for this many seconds is released (its worker "
-                               "reset); 0: never.").tag(config=True)
+        config=True
+    )
+    interrupt_grace = Float(
+        5.0, help="Seconds a job has to stop after its interrupt (timeout, client gone) before its worker is killed."
+    ).tag(config=True)
+    lease_idle_timeout = Float(
+        3600.0, help="A lease unused for this many seconds is released (its worker reset); 0: never."
+    ).tag(config=True)
     idle_exit = Float(0.0, help="Exit after this many seconds without jobs or leases (0: never).").tag(config=True)
-    on_demand = Bool(False, help="Started on demand by a client (krex run): exit after on_demand_idle_exit "
-                     "seconds without work.").tag(config=True)
-    on_demand_idle_exit = Float(help="idle_exit of a pool started on demand (default: "
-                                "$KREX_POOL_IDLE_EXIT, else 600 s).").tag(config=True)
+    on_demand = Bool(
+        False, help="Started on demand by a client (krex run): exit after on_demand_idle_exit seconds without work."
+    ).tag(config=True)
+    on_demand_idle_exit = Float(
+        help="idle_exit of a pool started on demand (default: $KREX_POOL_IDLE_EXIT, else 600 s)."
+    ).tag(config=True)
     max_jobs_per_worker = Int(0, help="Recycle a worker after this many jobs (0: never).").tag(config=True)
-    memory_slack_mb = Int(256, help="A reset leaves GPU memory at most this much above the worker's "
-                          "baseline, else the worker is recycled.").tag(config=True)
+    memory_slack_mb = Int(
+        256,
+        help="A reset leaves GPU memory at most this much above the worker's baseline, else the worker is recycled.",
+    ).tag(config=True)
     python = Unicode("", help="Interpreter for workers (default: the pool's own).").tag(config=True)
     worker_env = Dict(help="Extra environment variables for workers.").tag(config=True)
-    allow_tcp = Bool(False, help="Serve a tcp:// endpoint. Anyone who can reach it runs code as you: "
-                     "leave off unless the network is yours alone.").tag(config=True)
-    arbiter_wait = Float(0.0, help="Seconds to wait at start for the arbiter to answer (it may be starting "
-                         "too); without one the pool serves unregistered workers until it appears.").tag(config=True)
+    allow_tcp = Bool(
+        False,
+        help="Serve a tcp:// endpoint. Anyone who can reach it runs code as you: "
+        "leave off unless the network is yours alone.",
+    ).tag(config=True)
+    arbiter_wait = Float(
+        0.0,
+        help="Seconds to wait at start for the arbiter to answer (it may be starting "
+        "too); without one the pool serves unregistered workers until it appears.",
+    ).tag(config=True)
     resync = Float(2.0, help="Seconds between re-reads of the arbiter's gates (events are the fast path).").tag(
-        config=True)
+        config=True
+    )
 
     @default("on_demand_idle_exit")
     def _default_idle(self) -> float:
@@ -128,38 +164,64 @@ class Pool(LoggingConfigurable):
         # Every component exists from here on; serve() only discovers the GPUs and starts them.
         self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
         config = DispatchConfig(
-            workers_per_gpu=self.workers_per_gpu, spares_per_gpu=self.spares_per_gpu,
-            max_workers_per_gpu=self.max_workers_per_gpu, start_concurrency=self.start_concurrency,
-            interrupt_grace=self.interrupt_grace, max_jobs_per_worker=self.max_jobs_per_worker,
-            keep_env=PLACEMENT)
+            workers_per_gpu=self.workers_per_gpu,
+            spares_per_gpu=self.spares_per_gpu,
+            max_workers_per_gpu=self.max_workers_per_gpu,
+            start_concurrency=self.start_concurrency,
+            interrupt_grace=self.interrupt_grace,
+            max_jobs_per_worker=self.max_jobs_per_worker,
+            keep_env=PLACEMENT,
+        )
         self.dispatcher = Dispatcher(config, self.gates, self._emit, self.spawn_args, self.stale)
         self.clients = ClientWatch(self.dispatcher.client_gone)
         lock = lock_path(self.bound)
         self.service = Service(
-            "pool", self.bound,
-            {Ping: self._ping, PoolStatus: self._status, ReleaseLease: self._release, Interrupt: self._interrupt,
-             Submit: self._submit},
-            decode_request, lock=Path(lock) if lock else None, max_message=MAX_MESSAGE, lossless=True,
-            signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+            "pool",
+            self.bound,
+            {
+                Ping: self._ping,
+                PoolStatus: self._status,
+                ReleaseLease: self._release,
+                Interrupt: self._interrupt,
+                Submit: self._submit,
+            },
+            decode_request,
+            lock=Path(lock) if lock else None,
+            max_message=MAX_MESSAGE,
+            lossless=True,
+            signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
+        )
 
     # -- workers ------------------------------------------------------------------------------------
     def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], Init]:
         python = self.python or sys.executable
         real = not self.backend.get("simulated", True)
         env = {**os.environ, **{str(k): str(v) for k, v in self.worker_env.items()}}
-        env.update({paths.GPU_ENV: str(gpu), paths.ENDPOINT_ENV: self.arbiter_endpoint, "KREX_WORKER": "1",
-                    "KREX_WORKER_REAL": "1" if real else "0"})
+        env.update(
+            {
+                paths.GPU_ENV: str(gpu),
+                paths.ENDPOINT_ENV: self.arbiter_endpoint,
+                "KREX_WORKER": "1",
+                "KREX_WORKER_REAL": "1" if real else "0",
+            }
+        )
         if real and self.backend.get("backend") == "amd":
             env["HIP_VISIBLE_DEVICES"] = str(gpu)
         elif real:
             uuid = self.gpu_uuids.get(gpu, "")
             env["CUDA_VISIBLE_DEVICES"] = uuid if uuid.startswith(("GPU-", "MIG-")) else str(gpu)
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        init = Init(gpu=gpu, parent=os.getpid(), preload=list(self.preload), warmup=self.warmup, real=real,
-                    memory_slack=self.memory_slack_mb << 20,
-                    arbiter=self.arbiter_endpoint if self.gates.connected else None,
-                    arbiter_pid=self.gates.arbiter_pid,
-                    name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})")
+        init = Init(
+            gpu=gpu,
+            parent=os.getpid(),
+            preload=list(self.preload),
+            warmup=self.warmup,
+            real=real,
+            memory_slack=self.memory_slack_mb << 20,
+            arbiter=self.arbiter_endpoint if self.gates.connected else None,
+            arbiter_pid=self.gates.arbiter_pid,
+            name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})",
+        )
         return [python, "-u", "-m", WORKER_MODULE], env, init
 
     def _gates_changed(self) -> None:
@@ -190,8 +252,11 @@ class Pool(LoggingConfigurable):
             self._learn_arbiter()
             count = int(self.gates.info["gpus"])
         else:
-            log.warning("no arbiter answers at %s: workers run unregistered, regions are unavailable and "
-                        "no gate is honoured until one answers", self.arbiter_endpoint)
+            log.warning(
+                "no arbiter answers at %s: workers run unregistered, regions are unavailable and "
+                "no gate is honoured until one answers",
+                self.arbiter_endpoint,
+            )
             count = self._local_gpus()
         gpus = [g for g in range(count) if not self.gpus or g in self.gpus]
         if not gpus:
@@ -217,8 +282,10 @@ class Pool(LoggingConfigurable):
     async def serve(self, ready: asyncio.Event | None = None) -> int:
         if lock_path(self.bound) is None and not self.allow_tcp:
             self.service.close()
-            raise KrexError(f"refusing to serve {self.bound}: any local user could run code as you there. "
-                            "Use an ipc:// endpoint, or set Pool.allow_tcp if the network is yours alone.")
+            raise KrexError(
+                f"refusing to serve {self.bound}: any local user could run code as you there. "
+                "Use an ipc:// endpoint, or set Pool.allow_tcp if the network is yours alone."
+            )
         lock = lock_path(self.bound)
         if lock is not None:
             Path(lock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -232,8 +299,10 @@ class Pool(LoggingConfigurable):
 
         handle.spared_children[:] = [ident(p) for p in children(os.getpid()) if live(p)]
         if not become_subreaper():
-            log.warning("PR_SET_CHILD_SUBREAPER refused: a daemon started by a job may outlive a worker "
-                        "that dies before its job ends")
+            log.warning(
+                "PR_SET_CHILD_SUBREAPER refused: a daemon started by a job may outlive a worker "
+                "that dies before its job ends"
+            )
         try:
             gpus = await self._discover()
             self.service.bind()
@@ -243,8 +312,15 @@ class Pool(LoggingConfigurable):
             raise
         self.dispatcher.set_gpus(gpus)
         sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
-        log.info("krex pool %s (pid %d) on %s: GPUs %s, backend %s%s", __version__, os.getpid(), self.bound,
-                 gpus, self.backend.get("backend"), sim)
+        log.info(
+            "krex pool %s (pid %d) on %s: GPUs %s, backend %s%s",
+            __version__,
+            os.getpid(),
+            self.bound,
+            gpus,
+            self.backend.get("backend"),
+            sim,
+        )
         self.dispatcher.rebalance()
         try:
             await self.service.run([self._housekeeping()], ready)
@@ -259,8 +335,15 @@ class Pool(LoggingConfigurable):
         d = self.dispatcher
         d.closing = True
         for job in list(d.jobs.values()):
-            d.finish(job, JobResult(ok=False, status="cancelled", error="the pool is shutting down",
-                                    exit_code=143 if job.kind == "script" else None))
+            d.finish(
+                job,
+                JobResult(
+                    ok=False,
+                    status="cancelled",
+                    error="the pool is shutting down",
+                    exit_code=143 if job.kind == "script" else None,
+                ),
+            )
         workers = list(d.workers.values())
         for w in workers:
             w.kill("pool shutting down")
@@ -295,9 +378,15 @@ class Pool(LoggingConfigurable):
             peer.send(message)
 
     def _ping(self, request: Ping, peer: Peer) -> PoolInfo:
-        return PoolInfo(pid=os.getpid(), uid=os.getuid(), version=__version__, endpoint=self.bound,
-                        gpus=list(self.dispatcher.gpus), backend=self.backend.get("backend"),
-                        simulated=self.backend.get("simulated"))
+        return PoolInfo(
+            pid=os.getpid(),
+            uid=os.getuid(),
+            version=__version__,
+            endpoint=self.bound,
+            gpus=list(self.dispatcher.gpus),
+            backend=self.backend.get("backend"),
+            simulated=self.backend.get("simulated"),
+        )
 
     def _status(self, request: PoolStatus, peer: Peer) -> dict[str, Any]:
         return self.status()
@@ -325,10 +414,27 @@ class Pool(LoggingConfigurable):
         timeout = spec.timeout
         if timeout is None and self.job_timeout > 0:
             timeout = self.job_timeout
-        run = Run(job="", kind=spec.kind, code=spec.code, payload=spec.payload, path=spec.path, argv=spec.argv,
-                  cwd=spec.cwd, env=spec.env)
-        job = Job(id=d.new_id(), rid=request.id, client_pid=request.pid, spec=run, client=peer, gpu=spec.gpu,
-                  lease=spec.lease, exclusive=spec.exclusive, timeout=float(timeout) if timeout else None)
+        run = Run(
+            job="",
+            kind=spec.kind,
+            code=spec.code,
+            payload=spec.payload,
+            path=spec.path,
+            argv=spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+        )
+        job = Job(
+            id=d.new_id(),
+            rid=request.id,
+            client_pid=request.pid,
+            spec=run,
+            client=peer,
+            gpu=spec.gpu,
+            lease=spec.lease,
+            exclusive=spec.exclusive,
+            timeout=float(timeout) if timeout else None,
+        )
         if request.pid is not None:
             self.clients.watch(request.pid)
         peer.send(Accepted(id=request.id, job=job.id, queued=len(d.queue)))
@@ -337,10 +443,18 @@ class Pool(LoggingConfigurable):
 
     def status(self) -> dict[str, Any]:
         return {
-            "pool": {"pid": os.getpid(), "uid": os.getuid(), "endpoint": self.bound, "started": self.started,
-                     "on_demand": self.on_demand, "arbiter": self.arbiter_endpoint if self.gates.connected else None,
-                     "preload": list(self.preload), "workers_per_gpu": self.workers_per_gpu,
-                     "spares_per_gpu": self.spares_per_gpu, **self.backend},
+            "pool": {
+                "pid": os.getpid(),
+                "uid": os.getuid(),
+                "endpoint": self.bound,
+                "started": self.started,
+                "on_demand": self.on_demand,
+                "arbiter": self.arbiter_endpoint if self.gates.connected else None,
+                "preload": list(self.preload),
+                "workers_per_gpu": self.workers_per_gpu,
+                "spares_per_gpu": self.spares_per_gpu,
+                **self.backend,
+            },
             **self.dispatcher.status(),
         }
 
@@ -380,4 +494,3 @@ class PoolApp(KrexApplication):
 
 def main(argv: list[str] | None = None) -> None:
     PoolApp.launch_instance(argv)
-
