@@ -166,28 +166,6 @@ def events_endpoint(endpoint: str) -> str:
     raise ValueError(f"unsupported endpoint {endpoint!r}: use ipc://PATH or tcp://HOST:PORT")
 
 
-def proof_dir(root: Path) -> Path:
-    """Directory where clients prove their uid by creating a file (mode 1733: write, no listing).
-
-    Made and re-moded without following links: a symlink or another user's directory there
-    is refused, never chmod'ed.
-    """
-    path = root / "proof"
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    fd = _open_dir(path)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise UnsafePath(f"{path} belongs to uid {st.st_uid}, not to uid {os.geteuid()}: remove it")
-        os.fchmod(fd, 0o1733)
-    finally:
-        os.close(fd)
-    return path
-
-
 def krex_cgroup_fd(path: str) -> int:
     """A directory fd on ``path`` if it is a cgroup KREX manages:
     ``<cgroup v2 root>/krex/<name>``, opened component by component without following links.

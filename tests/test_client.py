@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgspec
@@ -16,6 +17,7 @@ import pytest
 import krex_lab
 import krex_lab.client
 from krex_lab import protocol
+from krex_lab.errors import ArbiterUnavailable
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from tests.support import ROOT
 from tests.support.procs import Procs
@@ -191,3 +193,18 @@ def test_stopped_arbiter_leaves_no_socket_behind(arbiter: ArbiterProc) -> None:
     assert not sock.exists() and not (arbiter.runtime / "arbiter-events.sock").exists()
     with pytest.raises(krex_lab.ArbiterUnavailable, match="socket file does not exist"):
         krex_lab.client.Session()
+
+
+def test_a_stale_socket_file_fails_at_once(tmp_path: Path) -> None:
+    # An arbiter that died without removing its socket (SIGKILL, an abort) leaves the file: a
+    # client learns from the kernel that nobody listens, instead of waiting for a reply.
+    import socket
+
+    path = tmp_path / "arbiter.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+    assert path.exists()
+    t0 = time.monotonic()
+    with pytest.raises(ArbiterUnavailable, match="no KREX arbiter listens"):
+        krex_lab.client.status(f"ipc://{path}")
+    assert time.monotonic() - t0 < 1.0

@@ -19,7 +19,8 @@ import pytest
 
 from krex_lab import paths
 from krex_lab.arbiter import supervisor
-from krex_lab.paths import UnsafePath, prepare_runtime_dir, proof_dir, runtime_dir
+from krex_lab.arbiter.journal import Journal
+from krex_lab.paths import UnsafePath, prepare_runtime_dir, runtime_dir
 from krex_lab.procutil import proc_state, start_time
 from krex_lab.pytest_plugin import wait_for
 
@@ -149,11 +150,11 @@ def test_every_file_in_the_runtime_dir_is_opened_without_following_links(
     rt = prepare_runtime_dir(tmp_path / "rt", multi_user=True)
     assert rt.stat().st_mode & 0o7777 == 0o755
     (rt / "arbiter.lock").symlink_to(root_files["file"])
-    (rt / "proof").symlink_to(root_files["dir"])
+    (rt / "journal.jsonl").symlink_to(root_files["file"])
     with pytest.raises(UnsafePath, match="symlink"):
         paths.open_private(rt / "arbiter.lock", os.O_RDWR | os.O_CREAT)
     with pytest.raises(UnsafePath, match="symlink"):
-        proof_dir(rt)
+        Journal(rt / "journal.jsonl")
     _unchanged(root_files)
 
 
@@ -184,7 +185,6 @@ def test_root_defaults_to_run_krex_never_tmp(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_root_runtime_dir_bob_can_only_read(tmp_name: Path, bob: User) -> None:
     """A multi-user dir root made itself, even right in /tmp: 0755 (bob reaches the socket), nothing
     bob can plant in it, and its journal is not world-readable."""
-    from krex_lab.arbiter.journal import Journal
 
     rt = prepare_runtime_dir(tmp_name, multi_user=True)
     assert rt == tmp_name and rt.stat().st_uid == 0 and rt.stat().st_mode & 0o7777 == 0o755
