@@ -244,11 +244,14 @@ class KrexMagics(Magics):
         __tracebackhide__ = True
         from .arbiter.status import format_table
         from .client import status
+        from .serverext.arbiter_kind import describe, kind_of_current
 
         try:
             table = status(timeout=5.0)
         except KrexError as exc:
             raise _explain(exc) from None
+        endpoint = table.get("arbiter", {}).get("endpoint") or os.environ.get("KREX_ENDPOINT", "")
+        print(f"KREX: {describe(kind_of_current(), endpoint)}")
         print(format_table(table))
 
 

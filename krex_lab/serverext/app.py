@@ -2,7 +2,8 @@
 
 Loaded through ``krex_lab.serverext._jupyter_server_extension_points`` (enabled by
 ``etc/jupyter/jupyter_server_config.d/krex_lab.json``, installed as wheel shared-data). At
-start it connects to the arbiter or starts an embedded one, starts this user's pool service,
+start it connects to the arbiter (an explicit endpoint, else the node's root arbiter at
+``node_endpoint`` when one answers, else this user's) or starts an embedded one, starts this user's pool service,
 exports ``KREX_ENDPOINT``/``KREX_POOL_ENDPOINT`` for the kernels it will launch (the ``krex``
 kernelspec's provisioner places each kernel on a GPU), and serves the REST and Prometheus
 handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.services`).
@@ -10,15 +11,16 @@ handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.servic
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Enum, Float, Int, List, Unicode
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
 from .. import __version__
 from ..gpu import BACKENDS
-from . import handlers
+from . import arbiter_kind, handlers
 from .metrics import RegionStats
 from .services import Options, Services
 
@@ -35,6 +37,17 @@ class KrexExtensionApp(ExtensionApp):
         help="The arbiter's endpoint (ipc://PATH or tcp://HOST:PORT). Default: "
         "$KREX_ENDPOINT, else the ipc socket in this user's KREX runtime dir.",
     )
+    node_endpoint = Unicode(
+        config=True,
+        help="The node's root arbiter (a JupyterHub node): used when it answers there and no "
+        "endpoint is given explicitly (`endpoint`, $KREX_ENDPOINT). Default: $KREX_NODE_ENDPOINT, "
+        "else ipc:///run/krex/arbiter.sock; empty: never look for one.",
+    )
+
+    @default("node_endpoint")
+    def _node_endpoint_default(self) -> str:
+        return os.environ.get(arbiter_kind.NODE_ENDPOINT_ENV, arbiter_kind.NODE_ENDPOINT)
+
     embedded = Bool(
         True,
         config=True,
@@ -96,6 +109,7 @@ class KrexExtensionApp(ExtensionApp):
         pool_args = [f"--workers-per-gpu={self.pool_size}", *self.pool_args]
         options = Options(
             endpoint=self.endpoint,
+            node_endpoint=self.node_endpoint,
             embedded=self.embedded,
             backend=self.backend,
             fake_gpus=self.fake_gpus,
@@ -111,7 +125,7 @@ class KrexExtensionApp(ExtensionApp):
         self.services.start()
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
-        self.log.info("KREX: arbiter %s, pool %s", self.services.endpoint, self.services.pool_endpoint)
+        self.log.info("KREX: %s, pool %s", self.services.arbiter_description, self.services.pool_endpoint)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers.default_handlers)

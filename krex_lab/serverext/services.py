@@ -29,6 +29,7 @@ import psutil
 
 from .. import paths
 from ..errors import KrexError
+from . import arbiter_kind
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -42,6 +43,8 @@ class Options:
     """What :class:`Services` needs from the extension's traitlets."""
 
     endpoint: str = ""
+    #: the node's root arbiter, tried when no endpoint is given explicitly ("" : none)
+    node_endpoint: str = arbiter_kind.NODE_ENDPOINT
     embedded: bool = True
     backend: str = "auto"
     fake_gpus: int = 2
@@ -171,6 +174,8 @@ class Services:
         self.arbiter: ManagedProcess | None = None
         self.pool: ManagedProcess | None = None
         self.info: dict[str, Any] = {}
+        #: which arbiter this server uses: "node", "embedded" or "user" (see arbiter_kind)
+        self.kind = "user"
         self.problems: list[str] = []
         self._saved_env: dict[str, str | None] = {}
         self._stopped = False
@@ -179,22 +184,39 @@ class Services:
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         o = self.options
-        self.endpoint = o.endpoint or os.environ.get(paths.ENDPOINT_ENV) or ""
-        info = self._probe(self.endpoint or paths.default_endpoint(), 1.0)
-        if info is not None:
-            self.endpoint = self.endpoint or paths.default_endpoint()
-            self.info = info
-            self.log.info(
-                "KREX: using the arbiter at %s (pid %s, backend %s)", self.endpoint, info["pid"], info.get("backend")
-            )
-        elif o.embedded:
-            self._start_arbiter()
+        explicit = o.endpoint or os.environ.get(paths.ENDPOINT_ENV) or ""
+        candidates: list[tuple[str, str]] = []  # (endpoint, kind) in the order they are tried
+        if explicit:
+            kind = "node" if explicit == o.node_endpoint or self._root_listener(explicit) else "user"
+            candidates.append((explicit, kind))
         else:
-            self.endpoint = self.endpoint or paths.default_endpoint()
-            self._problem(
-                f"no KREX arbiter answers at {self.endpoint} and the embedded one is off "
-                "(KrexExtensionApp.embedded): kernels start without a GPU placement"
-            )
+            if o.node_endpoint:
+                candidates.append((o.node_endpoint, "node"))
+            own = paths.default_endpoint()
+            if own != o.node_endpoint:
+                candidates.append((own, "user"))
+        for endpoint, kind in candidates:
+            info = self._probe(endpoint, 1.0)
+            if info is not None:
+                self.endpoint, self.kind, self.info = endpoint, kind, info
+                self.log.info(
+                    "KREX: using the %s (pid %s, backend %s)",
+                    self.arbiter_description,
+                    info["pid"],
+                    info.get("backend"),
+                )
+                break
+        else:
+            self.endpoint = explicit
+            if o.embedded:
+                self._start_arbiter()
+            else:
+                self.endpoint = explicit or o.node_endpoint or paths.default_endpoint()
+                self.kind = "node" if self.endpoint == o.node_endpoint else "user"
+                self._problem(
+                    f"no KREX arbiter answers at {' or '.join(e for e, _ in candidates)} and the embedded one "
+                    "is off (KrexExtensionApp.embedded): kernels start without a GPU placement"
+                )
         if self.info.get("simulated"):
             self.log.warning(
                 "KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
@@ -202,6 +224,7 @@ class Services:
                 self.info.get("gpus"),
             )
         self._export(paths.ENDPOINT_ENV, self.endpoint)
+        self._export(arbiter_kind.KIND_ENV, self.kind)
         if self.private_runtime is not None:
             self._export(paths.RUNTIME_DIR_ENV, str(self.private_runtime))
         self.pool_endpoint = (
@@ -210,6 +233,17 @@ class Services:
         self._export(paths.POOL_ENDPOINT_ENV, self.pool_endpoint)
         if o.start_pool:
             self.start_pool()
+
+    @property
+    def arbiter_description(self) -> str:
+        """``node arbiter (root, ipc:///run/krex/arbiter.sock)``, ``embedded arbiter (this
+        server's own)`` or ``arbiter of this user (ENDPOINT)``: the log and the REST status say it."""
+        return arbiter_kind.describe(self.kind, self.endpoint)
+
+    @staticmethod
+    def _root_listener(endpoint: str) -> bool:
+        """A root-owned listener seen by a non-root server: the node's arbiter."""
+        return os.geteuid() != 0 and arbiter_kind.listener_uid(endpoint) == 0
 
     def _probe(self, endpoint: str, timeout: float) -> dict[str, Any] | None:
         try:
@@ -223,7 +257,14 @@ class Services:
 
     def _runtime(self) -> Path:
         if self.runtime is None:
-            self.runtime = Path(self.options.runtime_dir) if self.options.runtime_dir else paths.runtime_dir()
+            if self.options.runtime_dir:
+                self.runtime = Path(self.options.runtime_dir)
+            else:
+                self.runtime = paths.runtime_dir()
+                if _owner(self.runtime) != os.geteuid():
+                    # KREX_RUNTIME_DIR names the node arbiter's (root's) dir: the pool, this
+                    # user's, keeps its socket and logs in a private dir of its own.
+                    self.runtime = _own_runtime_dir()
         return self.runtime
 
     def _start_arbiter(self) -> None:
@@ -256,13 +297,15 @@ class Services:
         )
         self.arbiter.start()
         self.endpoint = endpoint
+        self.kind = "embedded"
         info = self._wait_ready(self.arbiter, lambda: self._probe(endpoint, 0.5))
         if info is None:
             self._problem(f"the embedded arbiter did not answer at {endpoint}:\n{self.arbiter.log_tail()}")
             return
         self.info = info
         self.log.info(
-            "KREX: embedded arbiter (pid %s) at %s, backend %s, %s GPU(s)",
+            "KREX: using the %s: pid %s at %s, backend %s, %s GPU(s)",
+            self.arbiter_description,
             info["pid"],
             endpoint,
             info.get("backend"),
@@ -329,6 +372,8 @@ class Services:
     def describe(self) -> dict[str, Any]:
         return {
             "endpoint": self.endpoint,
+            "arbiter": self.kind,
+            "arbiter_description": self.arbiter_description,
             "pool_endpoint": self.pool_endpoint,
             "embedded_arbiter": self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
             "pool": self.pool.pid if self.pool and self.pool.alive() else None,
@@ -353,6 +398,20 @@ class Services:
                 os.environ[name] = value
         if self.private_runtime is not None:
             shutil.rmtree(self.private_runtime, ignore_errors=True)
+
+
+def _owner(path: Path) -> int | None:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return None
+
+
+def _own_runtime_dir() -> Path:
+    """This user's private runtime dir, whatever ``KREX_RUNTIME_DIR`` says (see :mod:`krex_lab.paths`)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(xdg) / "krex" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/krex-{os.getuid()}")
+    return paths.prepare_runtime_dir(path, multi_user=False, chmod=False)
 
 
 def _lock_held(path: Path) -> bool:
