@@ -6,9 +6,9 @@ Enable it from a ``conftest.py`` (as ``jupyter_server.pytest_plugin`` is enabled
     pytest_plugins = ["krex_lab.pytest_plugin"]
 
 Fixtures: ``arbiter`` (a started :class:`ArbiterProc`, made the test process's default; stopped
-after). Helpers: :func:`running_arbiter` (the same as a generator, for fixtures with other
-options), :func:`wait_for`, :func:`cpu_gain`. Only pytest imports this module; ``import krex_lab``
-does not.
+after), ``stopped`` (a SIGSTOPped ``sleep``). Helpers: :func:`running_arbiter` (the same as a
+generator, for fixtures with other options), :func:`wait_for`, :func:`cpu_gain`. Only pytest
+imports this module; ``import krex_lab`` does not.
 """
 
 from __future__ import annotations
@@ -164,3 +164,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: fl
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
     return time.monotonic() - t0
+
+
+@pytest.fixture
+def stopped() -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``sleep``, SIGSTOPped as a region would stop it (journal and undo tests); killed after."""
+    from krex_lab.procutil import proc_state, start_time
+
+    proc = subprocess.Popen(["sleep", "120"])
+    wait_for(lambda: start_time(proc.pid) is not None)
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(proc.pid) == "T")
+    yield proc
+    proc.kill()
+    proc.wait()

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,18 +14,6 @@ from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
 from krex_lab.paths import UnsafePath
 from krex_lab.procutil import proc_state, start_time
 from krex_lab.pytest_plugin import wait_for
-
-
-@pytest.fixture
-def stopped() -> Iterator[subprocess.Popen[bytes]]:
-    """A real `sleep`, SIGSTOPped by the test (as a region would)."""
-    proc = subprocess.Popen(["sleep", "60"])
-    wait_for(lambda: start_time(proc.pid) is not None)
-    os.kill(proc.pid, signal.SIGSTOP)
-    wait_for(lambda: proc_state(proc.pid) == "T")
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def _stop_entry(proc: subprocess.Popen[bytes], region: str = "r1") -> str:

@@ -3,25 +3,14 @@
 
 from __future__ import annotations
 
-import pwd
-import secrets
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from .users import User, needs_root_and_useradd
+from .users import User, make_user
 
 
 @pytest.fixture
 def bob() -> Iterator[User]:
-    needs_root_and_useradd()
-    name = f"krexbob{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield User(name, entry.pw_uid, entry.pw_gid)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
+    with make_user("krexbob") as user:
+        yield user

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
-import secrets
 import select
 import shutil
 import signal
@@ -256,21 +254,6 @@ def agents() -> Iterator[list[Agent]]:
     finally:
         for a in made:
             a.close()
-
-
-@contextlib.contextmanager
-def make_user(prefix: str = "krexalice") -> Iterator[User]:
-    """A second real unprivileged user, made like the conftest's ``bob``."""
-    needs_root_and_useradd()
-    name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield User(name, entry.pw_uid, entry.pw_gid)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 @contextlib.contextmanager

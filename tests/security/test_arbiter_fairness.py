@@ -16,8 +16,8 @@ from krex_lab import protocol
 from krex_lab.client import Session
 from krex_lab.errors import NotHolder
 
-from .helpers_arbiter import Agent, agents, assert_healthy, make_user, multi_user_arbiter
-from .users import User
+from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter
+from .users import User, make_user
 
 NO_ENFORCEMENT = {"freeze": False, "isolate": False}
 

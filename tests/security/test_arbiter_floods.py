@@ -20,7 +20,6 @@ from .helpers_arbiter import (
     assert_healthy,
     fd_count,
     kill_tree,
-    make_user,
     multi_user_arbiter,
     read_line,
     rss,
@@ -28,7 +27,7 @@ from .helpers_arbiter import (
     spawn_as,
     status_latency,
 )
-from .users import User
+from .users import User, make_user
 
 MiB = 1 << 20
 

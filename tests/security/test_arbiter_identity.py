@@ -23,13 +23,12 @@ from .helpers_arbiter import (
     agents,
     assert_healthy,
     kill_tree,
-    make_user,
     multi_user_arbiter,
     read_line,
     run_as,
     spawn_as,
 )
-from .users import User
+from .users import User, make_user
 
 
 @pytest.fixture

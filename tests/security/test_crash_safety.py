@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,6 @@ from krex_lab import client
 from krex_lab.errors import KrexError
 from krex_lab.procutil import children, proc_state, start_time
 from krex_lab.pytest_plugin import wait_for
-
-
-@pytest.fixture
-def stopped() -> Iterator[subprocess.Popen[bytes]]:
-    """A real `sleep`, stopped as a region would stop it."""
-    proc = subprocess.Popen(["sleep", "120"])
-    wait_for(lambda: start_time(proc.pid) is not None)
-    os.kill(proc.pid, signal.SIGSTOP)
-    wait_for(lambda: proc_state(proc.pid) == "T")
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def _arbiter_cmd(rt: Path) -> list[str]:

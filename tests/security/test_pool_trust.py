@@ -7,8 +7,6 @@ refused with bob's uid named, and the fake pool receives nothing at all (not one
 from __future__ import annotations
 
 import os
-import pwd
-import secrets
 import select
 import socket
 import subprocess
@@ -27,7 +25,7 @@ from krex_lab.workers.client import PoolClient
 from krex_lab.workers.client import run_cli as _run_cli  # noqa: F401 (loaded before a child drops root)
 from krex_lab.workers.client.trust import peer_uid_of_ipc, verify_ipc_endpoint
 
-from .users import User, needs_root_and_useradd
+from .users import User, make_user
 
 #: bob's fake pool (standard library only: bob may not run the test's interpreter): holds the
 #: endpoint's lock (so a client believes a pool serves there), makes its socket connectable by
@@ -59,22 +57,10 @@ while True:
 """
 
 
-def make_user(prefix: str) -> Iterator[User]:
-    needs_root_and_useradd()
-    name = f"{prefix}{secrets.token_hex(3)}"
-    subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
-    )
-    try:
-        entry = pwd.getpwnam(name)
-        yield User(name, entry.pw_uid, entry.pw_gid)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
-
-
 @pytest.fixture
 def alice() -> Iterator[User]:
-    yield from make_user("krexalice")
+    with make_user("krexalice") as user:
+        yield user
 
 
 def as_user(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from krex_lab.arbiter import supervisor
 from krex_lab.arbiter.journal import Journal
 from krex_lab.paths import UnsafePath, prepare_runtime_dir, runtime_dir
 from krex_lab.procutil import proc_state, start_time
-from krex_lab.pytest_plugin import wait_for
 
 from .users import User, needs_root_and_useradd
 
@@ -48,15 +46,9 @@ def root_files(tmp_path: Path) -> dict[str, Path]:
 
 
 @pytest.fixture
-def stopped_by_admin() -> Iterator[subprocess.Popen[bytes]]:
+def stopped_by_admin(stopped: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
     """A root process that an admin stopped on purpose: no journal may resume it."""
-    proc = subprocess.Popen(["sleep", "60"])
-    wait_for(lambda: start_time(proc.pid) is not None)
-    os.kill(proc.pid, signal.SIGSTOP)
-    wait_for(lambda: proc_state(proc.pid) == "T")
-    yield proc
-    proc.kill()
-    proc.wait()
+    return stopped
 
 
 @pytest.fixture

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
+import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +62,18 @@ def needs_root_and_useradd() -> None:
         pytest.skip("needs root: the tests play a root arbiter against a real unprivileged user")
     if shutil.which("useradd") is None or shutil.which("userdel") is None:
         pytest.skip("needs useradd/userdel to make a real unprivileged user")
+
+
+@contextlib.contextmanager
+def make_user(prefix: str = "krexbob") -> Iterator[User]:
+    """A real unprivileged user for the length of a test: ``useradd``, then ``userdel``."""
+    needs_root_and_useradd()
+    name = f"{prefix}{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        yield User(name, entry.pw_uid, entry.pw_gid)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
