@@ -187,7 +187,24 @@ class Regions(Request, tag="regions"):
     ticket: str = ""
 
 
-ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions]
+class History(Request, tag="history"):
+    """Finished regions from the arbiter's history database (they outlive arbiter restarts), newest
+    last: the last ``limit`` of ``user`` (all users: "") released since ``since`` (epoch seconds).
+    ``usage``: instead, GPU-hours held per user, per GPU and per user and GPU in
+    ``[since, until)`` (``until`` None: now; ``since`` None: the last 7 days). The reply is a map:
+    ``{"rows": [...]}`` or ``{"since", "until", "users", "gpus", "users_gpus"}``. ``ticket``: as
+    for :class:`Status` (other users' rows are reduced on a private multi-user arbiter)."""
+
+    reply = dict
+    limit: int = 50
+    user: str = ""
+    since: float | None = None
+    until: float | None = None
+    usage: bool = False
+    ticket: str = ""
+
+
+ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions, History]
 
 
 class Control(msgspec.Struct, kw_only=True):

@@ -111,8 +111,12 @@ class Scheduler:
         notify: Notifier,
         config: SchedulerConfig,
         policy: QueuePolicy | None = None,
+        on_finish: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.sessions = sessions
+        #: called (on the loop, must not block) with each finished region's report: the history
+        #: database and the metrics (``Arbiter._region_finished``)
+        self.on_finish = on_finish
         self.policy: QueuePolicy = policy or Fifo()
         self.steps = steps
         self.notify = notify
@@ -479,7 +483,18 @@ class Scheduler:
 
     def _finish_report(self, region: Region) -> dict[str, Any]:
         report = region.report(self.backend_info)
+        # Wall-clock times (epoch seconds) for the history that outlives this process.
+        now, mono = time.time(), time.monotonic()
+        report["requested_at"] = round(now - (mono - region.requested), 6)
+        if region.granted_at:
+            report["granted_at"] = round(now - (mono - region.granted_at), 6)
+        report["released_at"] = round(now, 6)
         self.history.append(report)
+        if self.on_finish is not None:
+            try:
+                self.on_finish(report)
+            except Exception:  # recording a region never breaks the region sequence
+                log.exception("recording the end of region %s failed", region.id)
         return report
 
     async def shutdown(self) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from ..regions.freeze import Freezer
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
 from ..service import DEFERRED, Peer, Service
+from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event, report_view, status_view
@@ -43,6 +45,11 @@ from .sessions import Session, SessionTable
 from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
+
+#: the most rows one ``history`` request answers
+HISTORY_LIMIT = 5000
+#: the usage window of a ``history --usage`` request that names no start
+USAGE_DEFAULT_S = 7 * 86400.0
 
 
 class _Notifier:
@@ -151,6 +158,27 @@ class Arbiter(LoggingConfigurable):
         "regions), computed once per period however many dashboards subscribe; 0 disables.",
     ).tag(config=True)
 
+    history_db = Unicode(
+        None,
+        allow_none=True,
+        help="SQLite file that keeps every finished region (user, GPU, wait, hold, degraded, what was "
+        "drained and frozen) across restarts, for `krex history` and the admin page. Default (None): "
+        "history.sqlite in the runtime dir, which is a tmpfs for a system arbiter (/run/krex): point "
+        "it at persistent storage, e.g. /var/lib/krex/history.sqlite. Its directory is created "
+        "(0700) or must be the arbiter user's and writable by no one else. '' disables the history.",
+    ).tag(config=True)
+    history_retention_days = Float(
+        90.0, help="Days a finished region stays in history_db; older rows are deleted (0: keep forever)."
+    ).tag(config=True)
+    metrics_port = Int(
+        0,
+        help="Serve Prometheus metrics (regions, hold seconds, waits, sessions, queues, labelled by user "
+        "and GPU) at http://<metrics_addr>:<port>/metrics; 0: off. Needs prometheus_client.",
+    ).tag(config=True)
+    metrics_addr = Unicode(
+        "127.0.0.1", help="Address the metrics endpoint binds (metrics_port); 0.0.0.0 exposes it to the network."
+    ).tag(config=True)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.multi_user and os.geteuid() != 0 and not self.allow_unprivileged_multi_user:
@@ -182,6 +210,7 @@ class Arbiter(LoggingConfigurable):
                 protocol.Acquire: self._acquire,
                 protocol.Release: self._release,
                 protocol.DrainAck: self._drain_ack,
+                protocol.History: self._history,
             },
             protocol.decode_request,
             events=self.events,
@@ -223,8 +252,30 @@ class Arbiter(LoggingConfigurable):
         )
         self.quotas = Quotas(parent=self)
         self.capacity = node_session_capacity(raise_fd_limit())
+        db = self.root / "history.sqlite" if self.history_db is None else self.history_db
+        self.region_history: RegionHistory | None = (
+            RegionHistory(db, self.history_retention_days, arbiter=f"{os.getpid()}@{self.started:.3f}") if db else None
+        )
+        #: why there is no history (History requests say it)
+        self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
+        self.metrics: Any = None
+        if self.metrics_port:
+            try:
+                from .metrics import ArbiterMetrics
+            except ImportError as exc:
+                raise KrexError(
+                    f"Arbiter.metrics_port is set but prometheus_client cannot be imported ({exc}): "
+                    "install it (pip install prometheus_client, or krex-lab[jupyter]) or set metrics_port=0"
+                ) from None
+            self.metrics = ArbiterMetrics(self.region_history)
         self.scheduler = Scheduler(
-            self.gpu_count, self.sessions, steps, self.notify, config, FairShare(self.quotas.half_life)
+            self.gpu_count,
+            self.sessions,
+            steps,
+            self.notify,
+            config,
+            FairShare(self.quotas.half_life),
+            on_finish=self._region_finished,
         )
         self._guardian: subprocess.Popen[bytes] | None = None
 
@@ -264,10 +315,18 @@ class Arbiter(LoggingConfigurable):
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
             raise KrexError(f"another arbiter is running on {self.root} (see its arbiter.lock)")
+        if self.metrics is not None:
+            try:
+                self.metrics.serve(self.metrics_port, self.metrics_addr)
+            except OSError as exc:
+                raise KrexError(
+                    f"cannot serve metrics on {self.metrics_addr}:{self.metrics_port}: {exc.strerror or exc}"
+                ) from None
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
         if any(summary[k] for k in ("restored", "thawed", "unlocked")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
+        self._open_history()
         self.service.bind()
         await self.identity.start()
         background = []
@@ -276,6 +335,8 @@ class Arbiter(LoggingConfigurable):
             background.append(self._keep_guardian())
         if self.telemetry_interval > 0:
             background.append(self._telemetry())
+        if self.metrics is not None:
+            background.append(self._refresh_metrics())
         kind = "SIMULATED GPUs (fake backend)" if self.backend.simulated else self.backend.name
         log.info("krex arbiter %s on %s: %d GPU(s), %s", __version__, self.bound, self.gpu_count, kind)
         try:
@@ -292,10 +353,50 @@ class Arbiter(LoggingConfigurable):
                 self._guardian.terminate()
                 self._guardian.wait()
             self.backend.close()
+            if self.region_history is not None:
+                self.region_history.close()  # writes what the last releases queued
+            if self.metrics is not None:
+                self.metrics.close()
             log.info("krex arbiter stopped")
 
     def stop(self) -> None:
         self.service.stop()
+
+    def _open_history(self) -> None:
+        """Open the history database; a database that cannot be opened costs the history, never the
+        arbiter (it is logged, and History requests say why)."""
+        if self.region_history is None:
+            return
+        try:
+            self.region_history.open()
+        except (OSError, sqlite3.Error, KrexError) as exc:
+            self.history_off = f"the region history {self.region_history.path} could not be opened: {exc}"
+            log.error("%s; regions are not recorded", self.history_off)
+            self.region_history = None
+            if self.metrics is not None:
+                self.metrics.history = None
+
+    def _region_finished(self, report: dict[str, Any]) -> None:
+        """Each finished region's report (on the loop: both only enqueue or count)."""
+        if self.region_history is not None:
+            self.region_history.add(report)
+        if self.metrics is not None:
+            self.metrics.region_finished(report)
+            self._metrics_snapshot()
+
+    def _metrics_snapshot(self) -> None:
+        from .metrics import snapshot
+
+        self.metrics.refresh(snapshot(self.scheduler.active, self.scheduler.queues, self.sessions))
+
+    async def _refresh_metrics(self) -> None:
+        """The gauges' snapshot, taken on the loop every telemetry period (1 s when telemetry is off)."""
+        while True:
+            try:
+                self._metrics_snapshot()
+            except Exception:
+                log.exception("metrics snapshot failed")
+            await asyncio.sleep(self.telemetry_interval if self.telemetry_interval > 0 else 1.0)
 
     def status(self) -> dict[str, Any]:
         """The node table (``krex status``)."""
@@ -372,6 +473,39 @@ class Arbiter(LoggingConfigurable):
         viewer = self._viewer(req.ticket)
         recent = list(self.scheduler.history)[-max(0, req.limit) :]
         return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
+
+    def _history(self, req: protocol.History, peer: Peer) -> Any:
+        viewer = self._viewer(req.ticket)
+        db = self.region_history
+        if db is None:
+            raise InvalidRequest(self.history_off)
+        user = req.user or None
+
+        def query() -> dict[str, Any]:
+            db.flush(1.0)  # what finished before this request is in the answer
+            if not req.usage:
+                return {"rows": db.recent(min(max(0, req.limit), HISTORY_LIMIT), user, req.since)}
+            until = time.time() if req.until is None else req.until
+            since = until - USAGE_DEFAULT_S if req.since is None else req.since
+            return {
+                "since": since,
+                "until": until,
+                "users": db.usage(since, until, "user", user),
+                "gpus": db.usage(since, until, "gpu", user),
+                "users_gpus": db.usage(since, until, "user,gpu", user),
+            }
+
+        async def answer() -> dict[str, Any]:
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(None, query)
+            except (sqlite3.Error, RuntimeError) as exc:
+                raise KrexError(f"reading the region history failed: {exc}") from None
+            if "rows" in result and viewer != -1:
+                # Others' regions as who and how much; usage totals (names and hours) are public.
+                result["rows"] = [report_view(r, viewer) for r in result["rows"]]
+            return result
+
+        return answer()
 
     def place(self) -> int:
         """Fewest sessions, then most free memory."""

@@ -1,0 +1,367 @@
+"""Region history that outlives the arbiter: one row per finished region in an embedded SQLite file.
+
+The arbiter's event loop only *enqueues* a finished region's report (:meth:`RegionHistory.add`,
+non-blocking; a full queue drops the report and counts it in :attr:`RegionHistory.dropped`).
+One writer thread owns the writing connection: it inserts in batches, one transaction per batch,
+and deletes rows older than ``retention_days`` when it opens and every ``prune_interval``
+seconds. Reads (:meth:`RegionHistory.recent`, :meth:`RegionHistory.usage`) go through a separate
+connection (WAL mode: readers never wait for the writer) and are meant to run in an executor.
+
+The file is opened the way the runtime dir's other files are (:func:`krex_lab.paths.open_private`:
+no symlink, a regular file of ours with one link, mode 0600), in a directory that is the
+arbiter's own (:func:`krex_lab.paths.prepare_runtime_dir`); SQLite's ``-wal`` and ``-shm``
+files, which it creates with the database's mode, get the same checks when they already exist.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+
+log = logging.getLogger("krex.history")
+
+SCHEMA_VERSION = 1
+
+#: the pid lists of a report kept as JSON (with their lengths as ``<name>_n``)
+LISTS = ("drained", "locked", "frozen", "not_drained", "intruders")
+
+#: a report's scalar fields kept as columns, with their SQLite types
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("region", "TEXT NOT NULL"),
+    ("arbiter", "TEXT NOT NULL DEFAULT ''"),
+    ("session", "TEXT"),
+    ("holder_pid", "INTEGER"),
+    ("uid", "INTEGER"),
+    ("user", "TEXT"),
+    ("name", "TEXT"),
+    ("gpu", "INTEGER"),
+    ("requested_at", "REAL"),
+    ("granted_at", "REAL"),
+    ("released_at", "REAL NOT NULL"),
+    ("wait_s", "REAL"),
+    ("acquire_s", "REAL"),
+    ("hold_s", "REAL NOT NULL DEFAULT 0"),
+    ("max_hold_s", "REAL"),
+    ("outcome", "TEXT"),
+    ("degraded", "INTEGER NOT NULL DEFAULT 0"),
+    ("expired", "INTEGER NOT NULL DEFAULT 0"),
+    ("released_by", "TEXT"),
+    *((f"{name}_n", "INTEGER NOT NULL DEFAULT 0") for name in LISTS),
+    *((name, "TEXT NOT NULL DEFAULT '[]'") for name in LISTS),
+    ("backend", "TEXT"),
+    ("simulated", "INTEGER NOT NULL DEFAULT 0"),
+)
+_NAMES = tuple(name for name, _ in COLUMNS)
+_BOOLS = ("degraded", "expired", "simulated")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS regions (
+    id INTEGER PRIMARY KEY,
+    {", ".join(f"{name} {kind}" for name, kind in COLUMNS)}
+);
+CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at);
+CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at);
+"""
+
+#: what ``usage`` can group by
+USAGE_KEYS = {"user": ("user",), "gpu": ("gpu",), "user,gpu": ("user", "gpu")}
+
+
+def outcome(report: dict[str, Any]) -> str:
+    """How a region ended: completed, expired, revoked (by an admin), failed (enforcement) or
+    withdrawn (never granted)."""
+    released_by = str(report.get("released_by", ""))
+    if released_by.startswith("enforcement failed"):
+        return "failed"
+    if "acquire_s" not in report:
+        return "withdrawn"
+    if report.get("expired"):
+        return "expired"
+    if released_by.startswith("ended by admin"):
+        return "revoked"
+    return "completed"
+
+
+def row_of(report: dict[str, Any], arbiter: str = "") -> dict[str, Any]:
+    """The row of one finished region's report (``Region.report`` plus its wall-clock times)."""
+    released = float(report.get("released_at") or time.time())
+    hold = float(report.get("hold_s") or 0.0)
+    row: dict[str, Any] = {name: report.get(name) for name in _NAMES}
+    row.update(
+        arbiter=arbiter,
+        released_at=released,
+        hold_s=hold,
+        outcome=outcome(report),
+        granted_at=report.get("granted_at") or (released - hold if "acquire_s" in report else None),
+        **{b: int(bool(report.get(b))) for b in _BOOLS},
+    )
+    for name in LISTS:
+        value = report.get(name) or []
+        if isinstance(value, dict):  # not_drained: {pid: why}
+            value = {str(k): str(v) for k, v in value.items()}
+        row[name] = json.dumps(value, sort_keys=True)
+        row[f"{name}_n"] = len(value)
+    return row
+
+
+def _view(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    out.pop("id", None)
+    for name in LISTS:
+        out[name] = json.loads(out[name] or "[]")
+    for b in _BOOLS:
+        out[b] = bool(out[b])
+    out["time"] = out["released_at"]  # what privacy.report_view keeps of another user's row
+    out["state"] = "released"
+    return out
+
+
+def _check_sidecars(path: Path) -> None:
+    """SQLite's own files next to the database must not be links someone planted."""
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(f"{path}{suffix}")
+        if os.path.lexists(side):
+            os.close(paths.open_private(side, os.O_RDONLY))
+
+
+class RegionHistory:
+    """Finished regions in the SQLite file ``path``; rows older than ``retention_days`` (<= 0:
+    never) are deleted. :meth:`open` starts the writer thread, :meth:`close` drains and stops it."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        retention_days: float = 90.0,
+        *,
+        arbiter: str = "",
+        queue_size: int = 10_000,
+        prune_interval: float = 3600.0,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.path = Path(os.path.abspath(path))
+        self.retention_days = retention_days
+        #: tells regions of different arbiter runs apart (region ids start at r1 each run)
+        self.arbiter = arbiter
+        self.prune_interval = prune_interval
+        self.busy_timeout = busy_timeout
+        #: reports dropped because the writer's queue was full
+        self.dropped = 0
+        #: rows the writer failed to store (a database error after its retries)
+        self.failed = 0
+        #: rows written by this instance
+        self.written = 0
+        self._queue: queue.Queue[dict[str, Any] | threading.Event | None] = queue.Queue(queue_size)
+        self._thread: threading.Thread | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._open_error: BaseException | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _connect(self, *, create: bool) -> sqlite3.Connection:
+        if create:
+            os.close(paths.open_private(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        else:
+            os.close(paths.open_private(self.path, os.O_RDONLY))
+        _check_sidecars(self.path)
+        uri = f"file:{urllib.parse.quote(str(self.path))}?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def open(self) -> RegionHistory:
+        """Create or open the file, check the schema and start the writer thread (which prunes first).
+        Its directory is created (0700) or must be ours and writable by no one else
+        (:func:`krex_lab.paths.prepare_runtime_dir`). Raises what went wrong (an unsafe path, a
+        file that is not a database)."""
+        paths.prepare_runtime_dir(self.path.parent, multi_user=False, chmod=False)
+        old = os.umask(0o077)
+        try:
+            conn = self._connect(create=True)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise sqlite3.DatabaseError(
+                        f"{self.path} has schema version {version}, newer than this krex-lab's {SCHEMA_VERSION}"
+                    )
+                conn.executescript(_SCHEMA)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                conn.commit()
+            except BaseException:
+                conn.close()
+                raise
+            self._reader = self._connect(create=False)
+        finally:
+            os.umask(old)
+        self._thread = threading.Thread(target=self._run, args=(conn,), name="krex-history", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued (waiting at most ``timeout`` s), then stop the writer."""
+        if self._thread is not None:
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                log.warning("region history: the writer is stuck; %d reports not written", self._queue.qsize())
+            self._thread.join(timeout)
+            self._thread = None
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    # -- writing (the event loop: never blocks) -------------------------------------------------
+    def add(self, report: dict[str, Any]) -> bool:
+        """Queue a finished region's report; False (counted in :attr:`dropped`) when the queue is full."""
+        try:
+            self._queue.put_nowait(row_of(report, self.arbiter))
+            return True
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 100 == 0:
+                log.warning(
+                    "region history: the writer's queue is full (is %s slow or locked?): %d reports dropped",
+                    self.path,
+                    self.dropped,
+                )
+            return False
+
+    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Queue ready-made rows (:func:`row_of`), e.g. imported ones; blocks while the queue is full."""
+        for row in rows:
+            self._queue.put(row)
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until everything queued before this call is written; False on timeout."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def prune_now(self, timeout: float = 5.0) -> bool:
+        """Ask the writer to apply the retention now (and wait for it); False on timeout."""
+        self._next_prune = 0.0
+        return self.flush(timeout)
+
+    _next_prune = 0.0
+
+    def _run(self, conn: sqlite3.Connection) -> None:
+        try:
+            while True:
+                if time.monotonic() >= self._next_prune:
+                    self._guard(lambda: self._prune(conn))
+                    self._next_prune = time.monotonic() + self.prune_interval
+                wait = max(0.0, self._next_prune - time.monotonic())
+                try:
+                    first = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                batch = [first]
+                while len(batch) < 500:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                rows = [b for b in batch if isinstance(b, dict)]
+                if rows and not self._guard(functools.partial(self._insert, conn, rows)):
+                    self.failed += len(rows)
+                if time.monotonic() >= self._next_prune:
+                    self._guard(lambda: self._prune(conn))
+                    self._next_prune = time.monotonic() + self.prune_interval
+                for b in batch:
+                    if isinstance(b, threading.Event):
+                        b.set()
+                if any(b is None for b in batch):
+                    return
+        finally:
+            conn.close()
+
+    def _guard(self, work: Callable[[], None], attempts: int = 3) -> bool:
+        for attempt in range(attempts):
+            try:
+                work()
+                return True
+            except sqlite3.OperationalError as exc:  # locked past busy_timeout, disk full, ...
+                log.warning("region history: %s (attempt %d of %d)", exc, attempt + 1, attempts)
+                time.sleep(0.5 * (attempt + 1))
+            except Exception:
+                log.exception("region history: writing %s failed", self.path)
+                return False
+        return False
+
+    def _insert(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+        marks = ", ".join(f":{n}" for n in _NAMES)
+        with conn:
+            conn.executemany(f"INSERT INTO regions ({', '.join(_NAMES)}) VALUES ({marks})", rows)
+        self.written += len(rows)
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        if self.retention_days <= 0:
+            return
+        cutoff = time.time() - self.retention_days * 86400.0
+        with conn:
+            gone = conn.execute("DELETE FROM regions WHERE released_at < ?", (cutoff,)).rowcount
+        if gone:
+            log.info("region history: deleted %d regions older than %g days", gone, self.retention_days)
+
+    # -- reading (an executor thread) -----------------------------------------------------------
+    def _read(self, sql: str, args: dict[str, Any]) -> list[sqlite3.Row]:
+        with self._read_lock:
+            if self._reader is None:
+                raise RuntimeError("the region history is not open")
+            return self._reader.execute(sql, args).fetchall()
+
+    def recent(self, limit: int = 50, user: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        """The last ``limit`` finished regions (of ``user``, released since ``since``), newest last."""
+        where = ["1"]
+        if user:
+            where.append("user = :user")
+        if since is not None:
+            where.append("released_at >= :since")
+        rows = self._read(
+            f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY released_at DESC, id DESC LIMIT :limit",
+            {"user": user, "since": since, "limit": max(0, int(limit))},
+        )
+        return [_view(r) for r in reversed(rows)]
+
+    def usage(
+        self, since: float, until: float | None = None, by: str = "user", user: str | None = None
+    ) -> list[dict[str, Any]]:
+        """GPU-hours held in ``[since, until)`` grouped ``by`` "user", "gpu" or "user,gpu": each
+        region's hold (``granted_at`` to ``released_at``) counts for the part inside the window.
+        Rows: the group's keys, ``gpu_hours``, ``hold_s``, ``regions``, most hours first."""
+        keys = USAGE_KEYS.get(by)
+        if keys is None:
+            raise ValueError(f"usage by {by!r}: one of {', '.join(USAGE_KEYS)}")
+        until = time.time() if until is None else until
+        group = ", ".join(keys)
+        held = "MAX(0.0, MIN(released_at, :until) - MAX(released_at - hold_s, :since))"
+        rows = self._read(
+            f"SELECT {group}, SUM({held}) AS hold_s, COUNT(*) AS regions FROM regions "
+            "WHERE released_at >= :since AND released_at - hold_s < :until AND hold_s > 0"
+            f"{' AND user = :user' if user else ''} GROUP BY {group} ORDER BY hold_s DESC, {group}",
+            {"since": since, "until": until, "user": user},
+        )
+        return [{**dict(r), "hold_s": round(r["hold_s"], 3), "gpu_hours": r["hold_s"] / 3600.0} for r in rows]
+
+    def count(self) -> int:
+        return int(self._read("SELECT COUNT(*) FROM regions", {})[0][0])

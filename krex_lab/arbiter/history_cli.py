@@ -1,0 +1,198 @@
+"""``krex history``: finished regions from the arbiter's history database, or GPU-hours per user.
+
+    krex history                          the last 50 regions (time, user, GPU, wait, hold, degraded)
+    krex history --user alice --since 7d  alice's regions of the last 7 days
+    krex history --usage                  GPU-hours held per user and per GPU since Monday 00:00
+    krex history --usage --since 2026-11-01 --until 2026-12-01 --json
+
+Times (``--since``/``--until``): ISO dates or times (``2026-12-01``, ``2026-12-01T09:30``, local
+unless they carry a zone), relative ``30m``, ``24h``, ``7d``, ``2w`` (that long ago), ``today``,
+``yesterday``, ``this-week`` (Monday 00:00 local), ``last-week``, ``this-month``, or epoch seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+import time
+from typing import Any
+
+from .. import protocol
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def _midnight(day: dt.date) -> float:
+    return dt.datetime.combine(day, dt.time()).timestamp()  # local time
+
+
+def week_start(now: float | None = None) -> float:
+    """Monday 00:00 local time of the week of ``now``."""
+    today = dt.datetime.fromtimestamp(time.time() if now is None else now).date()
+    return _midnight(today - dt.timedelta(days=today.weekday()))
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """Epoch seconds of ``text`` (see the module's docstring); ValueError saying what is accepted."""
+    now = time.time() if now is None else now
+    word = text.strip().lower()
+    today = dt.datetime.fromtimestamp(now).date()
+    named = {
+        "now": lambda: now,
+        "today": lambda: _midnight(today),
+        "yesterday": lambda: _midnight(today - dt.timedelta(days=1)),
+        "this-week": lambda: week_start(now),
+        "last-week": lambda: week_start(now) - 7 * 86400.0,
+        "this-month": lambda: _midnight(today.replace(day=1)),
+    }
+    if word in named:
+        return float(named[word]())
+    m = _RELATIVE.match(word)
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return float(word)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(text.strip()).timestamp()  # naive: local time
+    except ValueError:
+        raise ValueError(
+            f"cannot read the time {text!r}: give an ISO date or time (2026-12-01, 2026-12-01T09:30), "
+            "a relative one (30m, 24h, 7d, 2w), today, yesterday, this-week, last-week, this-month, "
+            "or epoch seconds"
+        ) from None
+
+
+def _time_arg(text: str) -> float:
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = parser.description or (
+        "Finished regions from the arbiter's history database (kept across restarts), or with "
+        "--usage the GPU-hours held per user and per GPU."
+    )
+    parser.add_argument("--user", default="", help="only this user's regions")
+    parser.add_argument(
+        "--since",
+        type=_time_arg,
+        default=None,
+        metavar="T",
+        help="from T: 2026-12-01, 2026-12-01T09:30, 7d, 24h, today, this-week, ... "
+        "(default: all kept; with --usage, this-week: Monday 00:00 local)",
+    )
+    parser.add_argument(
+        "--until", type=_time_arg, default=None, metavar="T", help="with --usage: up to T (default: now)"
+    )
+    parser.add_argument("--limit", type=int, default=50, metavar="N", help="at most N regions, newest last (50)")
+    parser.add_argument("--usage", action="store_true", help="GPU-hours held per user and per GPU since T")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _clock(t: float | None) -> str:
+    return "-" if t is None else dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(s: Any) -> str:
+    if not isinstance(s, (int, float)):
+        return "-"
+    if s < 1.0:
+        return f"{s * 1e3:.1f} ms"
+    if s < 120.0:
+        return f"{s:.2f} s"
+    if s < 7200.0:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.2f} h"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *rows])
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "no finished regions recorded"
+    return _table(
+        ["TIME", "USER", "GPU", "WAIT", "HOLD", "DEGRADED", "ENDED"],
+        [
+            [
+                _clock(r.get("released_at", r.get("time"))),
+                str(r.get("user", "?")),
+                str(r.get("gpu", "?")),
+                _seconds(r.get("wait_s")),
+                _seconds(r.get("hold_s")),
+                "DEGRADED" if r.get("degraded") else "",
+                "expired" if r.get("expired") else str(r.get("released_by", "")),
+            ]
+            for r in rows
+        ],
+    )
+
+
+def format_usage(usage: dict[str, Any]) -> str:
+    head = f"GPU-hours held from {_clock(usage['since'])} to {_clock(usage['until'])}"
+    if not usage["users"]:
+        return f"{head}: none"
+    users = _table(
+        ["USER", "GPU-HOURS", "HELD", "REGIONS"],
+        [[str(u["user"]), f"{u['gpu_hours']:.4f}", _seconds(u["hold_s"]), str(u["regions"])] for u in usage["users"]],
+    )
+    gpus = _table(
+        ["GPU", "GPU-HOURS", "HELD", "REGIONS"],
+        [[str(g["gpu"]), f"{g['gpu_hours']:.4f}", _seconds(g["hold_s"]), str(g["regions"])] for g in usage["gpus"]],
+    )
+    total = sum(u["gpu_hours"] for u in usage["users"])
+    return f"{head}\n\n{users}\n\n{gpus}\n\ntotal {total:.4f} GPU-hours"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..client import Connection
+
+    since = args.since
+    if args.usage and since is None:
+        since = week_start()
+    conn = Connection()
+    try:
+        request = protocol.History(
+            limit=args.limit,
+            user=args.user,
+            since=since,
+            until=args.until if args.usage else None,
+            usage=args.usage,
+            ticket=conn.ticket(),
+        )
+        result: dict[str, Any] = conn.call(request)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps(result if args.usage else result["rows"], indent=2))
+    else:
+        print(format_usage(result) if args.usage else format_rows(result["rows"]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m krex_lab.arbiter.history_cli`` (the same as ``krex history``)."""
+    from ..errors import KrexError
+
+    parser = argparse.ArgumentParser(prog="krex history")
+    add_arguments(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        sys.exit(run(args))
+    except KrexError as exc:
+        print(f"krex: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
