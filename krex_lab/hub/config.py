@@ -57,8 +57,9 @@ def render(cfg: HubConfig) -> str:
     endpoint = f"ipc://{cfg.runtime_dir.rstrip('/')}/arbiter.sock"
     arbiter_cmd = (
         "[KREX_PYTHON, '-m', 'krex_lab.cli', 'supervise', '--runtime-dir', KREX_RUNTIME_DIR, '--',\n"
-        "             KREX_PYTHON, '-m', 'krex_lab.cli', 'arbiter', '--multi-user', '--runtime-dir', KREX_RUNTIME_DIR,\n"
-        f"             '--backend', {_py(cfg.backend)}, '--config', THIS_FILE, *{_py(cfg.arbiter_args)}]"
+        "             KREX_PYTHON, '-m', 'krex_lab.cli', 'arbiter', '--multi-user',\n"
+        f"             '--runtime-dir', KREX_RUNTIME_DIR, '--backend', {_py(cfg.backend)},\n"
+        f"             '--config', THIS_FILE, *{_py(cfg.arbiter_args)}]"
     )
     arbiter_service = (
         f"""    {{
@@ -69,8 +70,8 @@ def render(cfg: HubConfig) -> str:
     }},
 """
         if cfg.arbiter_service
-        else f"""    # The arbiter runs under systemd (extension/systemd/krex-arbiter.service); give its
-    # ExecStart `--config {{THIS_FILE}}` so that the quotas above apply.
+        else """    # The arbiter runs under systemd (extension/systemd/krex-arbiter.service); give its
+    # ExecStart `--config` with this file's path so that the quotas above apply.
 """
     )
     return f'''\
@@ -118,7 +119,7 @@ c.JupyterHub.services = [
         # use, and buttons that end a region. Runs as root (the arbiter's full view).
         "name": "{ADMIN_SERVICE}",
         "url": f"http://127.0.0.1:{{KREX_ADMIN_PORT}}",
-        "command": [KREX_PYTHON, "-m", "krex_lab.hub.service"],
+        "command": [KREX_PYTHON, "-m", "krex_lab.hub.service", "--config", THIS_FILE],  # reads c.Quotas
         "environment": {{"KREX_ENDPOINT": KREX_NODE_ENDPOINT}},
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["{ADMIN_SCOPE}"],
@@ -148,8 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --output file")
     parser.add_argument("--python", default=d.python, help="the Python of krex-lab, for the services (default: this)")
-    parser.add_argument("--runtime-dir", default=d.runtime_dir, help="the root arbiter's runtime dir (default /run/krex)")
-    parser.add_argument("--admin-port", type=int, default=d.admin_port, help="port of the admin page service (127.0.0.1)")
+    parser.add_argument(
+        "--runtime-dir", default=d.runtime_dir, help="the root arbiter's runtime dir (default /run/krex)"
+    )
+    parser.add_argument(
+        "--admin-port", type=int, default=d.admin_port, help="port of the admin page service (127.0.0.1)"
+    )
     parser.add_argument(
         "--admin", action="append", default=[], metavar="USER", help="hub user with the KREX admin page (repeatable)"
     )
