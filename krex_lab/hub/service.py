@@ -237,6 +237,14 @@ class AdminHandler(HubOAuthenticated, web.RequestHandler):
         t: Telemetry = self.settings["krex_telemetry"]
         return t
 
+    def check_xsrf_cookie(self) -> None:
+        # tornado checks XSRF before it asks who the user is; a request that carries a hub token in
+        # its Authorization header (a script, not a browser: no cookie to ride on) is exempt, as
+        # in JupyterHub itself, once the token is known to be valid.
+        if self.request.headers.get("Authorization"):
+            self.current_user  # noqa: B018 - authenticates, marking a token-authenticated request
+        super().check_xsrf_cookie()
+
     def require_admin(self) -> dict[str, Any]:
         user: dict[str, Any] | None = self.current_user
         if user is None:
