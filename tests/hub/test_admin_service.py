@@ -23,11 +23,11 @@ import pytest
 pytest.importorskip("jupyterhub")
 pytest.importorskip("matplotlib")
 
-import requests  # noqa: E402
+import requests
 
-from krex_lab import protocol  # noqa: E402
-from krex_lab.hub.config import HubConfig, render  # noqa: E402
-from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath  # noqa: E402
+from krex_lab import protocol
+from krex_lab.hub.config import HubConfig, render
+from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the admin service runs as root")
 
@@ -56,7 +56,9 @@ class Hub:
             arbiter_service=False,
             backend="fake",
         )
-        text = render(cfg) + f"""
+        text = (
+            render(cfg)
+            + f"""
 # -- test only: ports, state in tmp, no proxy process, no login (tokens) ----------------------
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = {self.port}
@@ -70,6 +72,7 @@ c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allowed_users = {{"bob"}}
 c.JupyterHub.api_tokens = {{"{ADMIN_TOKEN}": "alice", "{USER_TOKEN}": "bob"}}
 """
+        )
         self.config = tmp / "jupyterhub_config.py"
         self.config.write_text(text)
         self.log = tmp / "hub.log"
