@@ -168,6 +168,18 @@ def _run_cli() -> Any:
     return run_cli
 
 
+def _hub_config_populate(parser: argparse.ArgumentParser) -> None:
+    from .hub import config
+
+    config.add_arguments(parser)
+
+
+def _hub_config(args: argparse.Namespace) -> int:
+    from .hub import config
+
+    return config.run(args)
+
+
 def _supervise_populate(parser: argparse.ArgumentParser) -> None:
     from .arbiter import supervisor
 
@@ -207,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{arbiter,supervise,pool,status,exclusive,run,lab}",
+        metavar="{arbiter,supervise,pool,status,exclusive,run,lab,hub-config}",
         parser_class=CommandParser,
     )
     p = sub.add_parser(
@@ -271,6 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.set_defaults(func=_lab)
+    p = sub.add_parser(
+        "hub-config",
+        help="write a jupyterhub_config.py with KREX wired in (node arbiter, admin page, quotas)",
+        description="A jupyterhub_config.py for a GPU node: the node arbiter and the KREX admin page as "
+        "managed services, every user's server on the node arbiter, quotas (c.Quotas) in the same file.",
+        populate=_hub_config_populate,
+    )
+    p.set_defaults(func=_hub_config)
     return parser
 
 
