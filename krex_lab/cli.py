@@ -168,6 +168,18 @@ def _run_cli() -> Any:
     return run_cli
 
 
+def _history_populate(parser: argparse.ArgumentParser) -> None:
+    from .arbiter import history_cli
+
+    history_cli.add_arguments(parser)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from .arbiter import history_cli
+
+    return history_cli.run(args)
+
+
 def _hub_config_populate(parser: argparse.ArgumentParser) -> None:
     from .hub import config
 
@@ -219,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{arbiter,supervise,pool,status,exclusive,run,lab,hub-config}",
+        metavar="{arbiter,supervise,pool,status,history,exclusive,run,lab,hub-config}",
         parser_class=CommandParser,
     )
     p = sub.add_parser(
@@ -256,6 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
+    p = sub.add_parser(
+        "history",
+        help="finished regions (kept across arbiter restarts), or GPU-hours per user with --usage",
+        description="Finished regions from the arbiter's history database, or with --usage the "
+        "GPU-hours held per user and per GPU.",
+        populate=_history_populate,
+    )
+    p.set_defaults(func=_history)
     p = sub.add_parser(
         "exclusive",
         help="run a command with the GPU to itself",

@@ -32,6 +32,8 @@ class ArbiterApp(KrexApplication):
         "drain-timeout": "Arbiter.drain_timeout",
         "config": "ArbiterApp.config_file",
         "cgroups": "Arbiter.cgroups",
+        "history-db": "Arbiter.history_db",
+        "metrics-port": "Arbiter.metrics_port",
         "log-level": "Application.log_level",
     }
     flags = {

@@ -165,7 +165,7 @@ def _region(arb: ArbiterProc, *cmd: str, gpu: int = 0) -> None:
 
 def _history_cli(arb: ArbiterProc, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "krex_lab.arbiter.history_cli", *args],
+        [sys.executable, "-m", "krex_lab.cli", "history", *args],
         env=arb.env(),
         capture_output=True,
         text=True,
