@@ -35,7 +35,7 @@ import psutil
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
-from tests.hubsupport.hub import Hub
+from tests.hubsupport.hub import Hub, free_port
 from tests.hubsupport.kernel import KernelWS
 from tests.hubsupport.users import HubUser, can_make_users, describe, kernel_process, make_users, processes_of
 from tests.hubsupport.venv import VenvUnavailable, user_venv
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.timeout(300)
 MAX_HOLD_QUOTA = 45
 
 ADMIN_REASON = (
-    "krex_lab.hub (the JupyterHub admin service and `krex hub-config`) is not in this tree yet: "
+    "krex_lab.hub (the JupyterHub admin service and `krex hub-config`) is not installed: "
     "no admin page to end a region through"
 )
 
@@ -64,6 +64,8 @@ class Node:
     kernel_ids: dict[str, str] = field(default_factory=dict)
     kernels: dict[str, KernelWS] = field(default_factory=dict)
     admin_service: bool = False
+    #: the output of alice's cell whose region the admin page ended
+    admin_ended_cell: str | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -118,12 +120,38 @@ def _as_user(user: HubUser, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _hub_config_of_krex_hub(venv: Path) -> str:
-    """What ``krex hub-config`` prints (the admin service's hub config), if krex_lab.hub exists."""
+def _krex_hub_config(python: str, runtime: Path, admin: str, admin_port: int) -> str:
+    """What ``krex hub-config`` generates for this node (the deployment's own file: the admin page
+    service, its roles, every server on the node arbiter, the quotas), or "" without krex_lab.hub.
+    The arbiter is the test's own (``--no-arbiter-service``: one simulated GPU, stopped by the test)."""
     if importlib.util.find_spec("krex_lab.hub") is None:
         return ""
-    r = subprocess.run([sys.executable, "-m", "krex_lab.cli", "hub-config"], capture_output=True, text=True, timeout=60)
-    return r.stdout if r.returncode == 0 else ""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.cli",
+            "hub-config",
+            "--python",
+            python,
+            "--runtime-dir",
+            str(runtime),
+            "--admin",
+            admin,
+            "--admin-port",
+            str(admin_port),
+            "--max-hold",
+            str(MAX_HOLD_QUOTA),
+            "--backend",
+            "fake",
+            "--no-arbiter-service",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, f"krex hub-config failed: {r.stdout}{r.stderr}"
+    return r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -144,22 +172,20 @@ def node() -> Iterator[Node]:
             rt = base / "rt" / u.name
             rt.mkdir(mode=0o700)
             os.chown(rt, u.uid, u.gid)
-        # The node's root arbiter on a root-owned 0755 runtime dir (as /run/krex would be).
+        # The node's root arbiter on a root-owned 0755 runtime dir (as /run/krex would be); it reads
+        # its quotas from the hub's config file, as the generated arbiter service would.
         runtime = base / "arbiter"
         runtime.mkdir(mode=0o755)
-        arb = ArbiterProc(runtime, gpus=1, extra=("--multi-user", f"--Quotas.max_hold={MAX_HOLD_QUOTA}"))
-        arb.start()
-        stack.callback(arb.stop)
+        admin = f"khadmin{alice.name[-6:]}"
+        generated = _krex_hub_config(sys.executable, runtime, admin, free_port())
         rt = str(base / "rt")
         environment = (
             "{"
-            f"'KREX_ENDPOINT': {arb.endpoint!r}, "
+            f"'KREX_ENDPOINT': {f'ipc://{runtime}/arbiter.sock'!r}, "
             f"'KREX_RUNTIME_DIR': lambda spawner: {rt!r} + '/' + spawner.user.name, "
             f"'KREX_POOL_ENDPOINT': lambda spawner: 'ipc://' + {rt!r} + '/' + spawner.user.name + '/pool.sock'"
             "}"
         )
-        admin = f"khadmin{alice.name[-6:]}"
-        extra = _hub_config_of_krex_hub(venv)
         hub = Hub(
             base / "hub",
             venv,
@@ -169,11 +195,17 @@ def node() -> Iterator[Node]:
             environment=environment,
             # the pool preloads nothing: a warm import of torch & co. is not what this test is about
             spawner_args=["--KrexExtensionApp.pool_args=--no-preload", "--KrexExtensionApp.watch_interval=0"],
-            extra_config=extra,
+            base_config=generated,
         )
+        hub.config_file.write_text(hub.config())
+        quotas = ("--config", str(hub.config_file)) if generated else (f"--Quotas.max_hold={MAX_HOLD_QUOTA}",)
+        arb = ArbiterProc(runtime, gpus=1, extra=("--multi-user", *quotas))
+        arb.start()
+        stack.callback(arb.stop)
+        assert arb.endpoint == f"ipc://{runtime}/arbiter.sock"
         stack.callback(hub.stop)
         hub.start()
-        n = Node(hub, arb, alice, bob, admin, base, admin_service=bool(extra))
+        n = Node(hub, arb, alice, bob, admin, base, admin_service=bool(generated))
         for u in (alice, bob):
             hub.spawn(u.name)
         for u in (alice, bob):
@@ -369,25 +401,50 @@ def test_quota_refuses_with_a_clear_message(node: Node) -> None:
     node.kernels[node.bob.name].run("%%krex_exclusive --max-hold 10\nprint('ran')", timeout=60)
 
 
-@pytest.mark.xfail(strict=False, reason=ADMIN_REASON)
 def test_admin_page_ends_a_region(node: Node) -> None:
+    """The krex-admin service (registered by the generated hub config) ends alice's region for an
+    admin's token; bob's token gets 403."""
     if not node.admin_service:
-        pytest.fail(ADMIN_REASON)
+        pytest.xfail(ADMIN_REASON)
     services = node.hub.api("GET", "/services")
-    name = next(s for s in services if "krex" in s)
-    prefix = services[name]["prefix"]
-    token = str(node.hub.api("POST", f"/users/{node.admin}/tokens", {"expires_in": 600})["token"])
-    flag = node.base / "never"
+    assert "krex-admin" in services, services
+    prefix = services["krex-admin"]["prefix"]
+    page_url = f"{node.hub.url}{prefix}"
+    admin_token = str(node.hub.api("POST", f"/users/{node.admin}/tokens", {"expires_in": 600})["token"])
+    code, _ = node.hub.request("GET", page_url, node.tokens[node.bob.name])
+    assert code == 403, f"bob got the admin page: {code}"
+    flag = node.base / "admin-test-release"
     region = _alice_holds_until(node, flag)
-    holder = _holder(node)
-    assert holder is not None
-    code, page = node.hub.request("GET", f"{node.hub.url}{prefix}", token)
-    assert code == 200 and holder["region"] in str(page), page
-    code, body = node.hub.request("POST", f"{node.hub.url}{prefix}api/regions/{holder['region']}/end", token, {})
-    assert code in (200, 202, 204), body
+    try:
+        holder = _holder(node)
+        assert holder is not None
+        rid = holder["region"]
+        code, page = node.hub.request("GET", page_url, admin_token)
+        assert code == 200 and rid in str(page) and node.alice.name in str(page), (code, str(page)[:2000])
+        code, body = node.hub.request("POST", f"{page_url}end-region", node.tokens[node.bob.name], form={"region": rid})
+        assert code == 403 and (_holder(node) or {}).get("region") == rid, "bob cannot end it through the page"
+        code, body = node.hub.request("POST", f"{page_url}end-region", admin_token, form={"region": rid})
+        assert code == 200 and "ended region" in str(body), (code, body)
+        wait_for(lambda: _holder(node) is None, 10, 0.05)
+        report = _last_region(node)
+        assert report["region"] == rid and "ended by admin" in report["released_by"], report
+    finally:
+        flag.touch()
     node.kernels[node.alice.name].wait(region, 30)
-    assert _holder(node) is None
-    assert "ended by admin" in region.output
+    node.admin_ended_cell = region.output
+    assert not node.stopped(), describe(node.stopped())
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="krex_lab/magics.py + client.py RegionReport.summary(): a %%krex_exclusive cell whose region an "
+    "admin ended says nothing about it (the final report has released_by='ended by admin uid 0', the summary "
+    "omits it and the cell succeeds), unlike a lease expiry ('LEASE EXPIRED', cell fails)",
+)
+def test_holder_hears_that_an_admin_ended_the_region(node: Node) -> None:
+    if node.admin_ended_cell is None:
+        pytest.skip("the admin page test did not end a region")
+    assert "ended by admin" in node.admin_ended_cell.lower(), node.admin_ended_cell
 
 
 def test_shutdown_leaves_no_process_and_nothing_stopped(node: Node) -> None:
@@ -407,5 +464,6 @@ def test_shutdown_leaves_no_process_and_nothing_stopped(node: Node) -> None:
         wait_for(gone, 20, 0.2)
     assert not left, f"processes that survived their server's shutdown:\n{describe(left)}"
     assert not node.stopped()
-    wait_for(lambda: not _sessions(node), 10, 0.1)  # their sessions ended with them
+    # their sessions ended with them (the admin page's own session is root's)
+    wait_for(lambda: not [s for s in _sessions(node) if s["uid"] in node.uids], 10, 0.1)
     assert _holder(node) is None

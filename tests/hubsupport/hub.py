@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,14 @@ class HubError(AssertionError):
 
 
 class Hub:
-    """``jupyterhub -f <dir>/jupyterhub_config.py``, run in ``workdir`` (root's, 0700)."""
+    """``jupyterhub -f <dir>/jupyterhub_config.py``, run in ``workdir`` (root's, 0700).
+
+    The file is ``base_config`` (what ``krex hub-config`` generated, as a deployment would use it)
+    followed by the test's settings: ports, the dummy authenticator, the local process spawner
+    running ``venv``'s ``jupyterhub-singleuser``, and a service token with admin scopes. Lists and
+    dicts the base may have set (``Spawner.args``/``environment``, ``services``, ``load_roles``,
+    ``admin_users``) are extended, never replaced.
+    """
 
     def __init__(
         self,
@@ -55,7 +63,7 @@ class Hub:
         chp: str,
         environment: str,
         spawner_args: list[str] | None = None,
-        extra_config: str = "",
+        base_config: str = "",
     ) -> None:
         self.dir = workdir
         self.venv = venv
@@ -68,14 +76,24 @@ class Hub:
         #: Python source of ``c.Spawner.environment`` (values may be callables of the spawner)
         self.environment = environment
         self.spawner_args = spawner_args or []
-        self.extra_config = extra_config
+        self.base_config = base_config
+        self.config_file = workdir / "jupyterhub_config.py"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "jupyterhub.log"
 
     def config(self) -> str:
         d = self.dir
-        return f"""
+        role = {"name": "krex-test-admin", "scopes": ADMIN_SCOPES, "services": ["krex-test"]}
+        return f"""{self.base_config}
+
+# -- the test's settings (tests/hubsupport/hub.py) --
 c = get_config()  # noqa
+
+
+def _krex_test_get(section, key, default):
+    return c[section][key] if key in c[section] else default
+
+
 c.JupyterHub.ip = "127.0.0.1"
 c.JupyterHub.port = {self.port}
 c.JupyterHub.hub_ip = "127.0.0.1"
@@ -89,22 +107,23 @@ c.JupyterHub.cookie_secret_file = {str(d / "cookie_secret")!r}
 c.JupyterHub.pid_file = {str(d / "hub.pid")!r}
 c.JupyterHub.authenticator_class = "dummy"
 c.Authenticator.allowed_users = {set(self.users)!r}
-c.Authenticator.admin_users = {{{self.admin!r}}}
+c.Authenticator.admin_users = set(_krex_test_get("Authenticator", "admin_users", set())) | {{{self.admin!r}}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{str(self.venv / "bin" / "jupyterhub-singleuser")!r}]
-c.Spawner.args = {self.spawner_args!r}
+c.Spawner.args = list(_krex_test_get("Spawner", "args", [])) + {self.spawner_args!r}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
-c.Spawner.environment = {self.environment}
-c.JupyterHub.services = [{{"name": "krex-test", "api_token": {self.token!r}}}]
-c.JupyterHub.load_roles = [{{"name": "krex-test-admin", "scopes": {ADMIN_SCOPES!r}, "services": ["krex-test"]}}]
+c.Spawner.environment = {{**_krex_test_get("Spawner", "environment", {{}}), **{self.environment}}}
+c.JupyterHub.services = list(_krex_test_get("JupyterHub", "services", [])) + [
+    {{"name": "krex-test", "api_token": {self.token!r}}}
+]
+c.JupyterHub.load_roles = list(_krex_test_get("JupyterHub", "load_roles", [])) + [{role!r}]
 c.JupyterHub.cleanup_servers = True
 c.JupyterHub.cleanup_proxy = True
-{self.extra_config}
 """
 
     def start(self, timeout: float = 60) -> None:
-        cfg = self.dir / "jupyterhub_config.py"
+        cfg = self.config_file
         cfg.write_text(self.config())
         env = {
             "PATH": f"{Path(sys.executable).parent}:{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
@@ -139,12 +158,26 @@ c.JupyterHub.cleanup_proxy = True
             return ""
 
     # -- REST ----------------------------------------------------------------------------
-    def request(self, method: str, url: str, token: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        url: str,
+        token: str,
+        body: Any = None,
+        timeout: float = 60,
+        form: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """``body`` goes as JSON, ``form`` as a form; JSON replies are decoded, others are text."""
         data = None if body is None else json.dumps(body).encode()
+        if form is not None:
+            data = urllib.parse.urlencode(form).encode()
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("Authorization", f"token {token}")
-        if data is not None:
+        req.add_header("Accept", "application/json")
+        if body is not None:
             req.add_header("Content-Type", "application/json")
+        elif form is not None:
+            req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 raw = r.read()
