@@ -36,6 +36,7 @@ from .errors import (
     PermissionDenied,
     ProtocolError,
     RegionCancelled,
+    RegionRevoked,
     error_from_wire,
 )
 from .peercred import listener_credentials
@@ -311,6 +312,8 @@ class RegionReport(dict[str, Any]):
             parts.append(" - DEGRADED")
         if self.get("expired"):
             parts.append(" - LEASE EXPIRED")
+        if self.get("revoked"):
+            parts.append(f" - {str(self.get('released_by', 'ended by admin')).upper()}")
         return " ".join(parts)
 
 
@@ -391,6 +394,11 @@ class Exclusive:
             raise LeaseExpired(
                 f"region {self.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
                 "arbiter before the block ended: timings taken after that are not protected"
+            )
+        if report.get("revoked") and et is None:
+            raise RegionRevoked(
+                f"region {self.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
+                "the block ended: timings taken after that are not protected"
             )
 
     async def __aenter__(self) -> Exclusive:

@@ -11,6 +11,7 @@
     │   ├── InvalidRequest          a value is out of range (a GPU that does not exist, ...)
     │   └── QuotaExceeded           a per-user, per-process or node limit refused it (the message names it)
     ├── LeaseExpired                the region was force-released at its max_hold
+    ├── RegionRevoked               an admin ended the region before its holder did
     ├── RegionCancelled             the request was withdrawn or the arbiter shut down before grant
     ├── BackendError                the GPU backend failed (driver, NVML, amdsmi)
     └── RemoteError                 a job failed in its context worker (``traceback``: the remote one)
@@ -70,6 +71,10 @@ class QuotaExceeded(RequestRejected):
 
 class LeaseExpired(KrexError):
     """The region outlived its ``max_hold`` and was released by the arbiter."""
+
+
+class RegionRevoked(KrexError):
+    """An admin ended the region (``Release(force=True)``) before its block ended."""
 
 
 class RegionCancelled(KrexError):

@@ -161,6 +161,11 @@ class KrexMagics(Magics):
                 f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
                 "arbiter before the cell ended: timings taken after that are not protected"
             )
+        if report.get("revoked") and not failed:
+            raise KrexCellError(
+                f"region {region.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
+                "the cell ended: timings taken after that are not protected"
+            )
 
     def run_here(self, cell: str) -> Any:
         """Run ``cell`` in the user namespace; returns its last expression's value, like a cell."""

@@ -210,3 +210,26 @@ def test_a_stale_socket_file_fails_at_once(tmp_path: Path) -> None:
     with pytest.raises(ArbiterUnavailable, match="no KREX arbiter listens"):
         krex_lab.client.status(f"ipc://{path}")
     assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="ending another session's region takes root or the admin group")
+def test_a_region_an_admin_ends_raises_in_its_holder(arbiter: ArbiterProc) -> None:
+    code = (
+        "import krex_lab, time\nr = krex_lab.exclusive(gpu=0)\n"
+        "try:\n    with r:\n        print('granted', r.id, flush=True)\n        time.sleep(5)\n"
+        "except krex_lab.RegionRevoked as e: print('revoked', e)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], env=arbiter.env(), stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert holder.stdout is not None
+        region = holder.stdout.readline().split()[1]
+        admin = krex_lab.client.attach(gpu=1)
+        report = admin.call(protocol.Release(region=region, force=True))
+        assert report["revoked"] is True and report["released_by"] == "ended by admin uid 0"
+        out, _ = holder.communicate(timeout=20)
+        assert out.startswith("revoked") and "ended by admin uid 0" in out, out
+    finally:
+        holder.kill()
+        holder.wait()

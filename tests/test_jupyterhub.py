@@ -435,12 +435,6 @@ def test_admin_page_ends_a_region(node: Node) -> None:
     assert not node.stopped(), describe(node.stopped())
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="krex_lab/magics.py + client.py RegionReport.summary(): a %%krex_exclusive cell whose region an "
-    "admin ended says nothing about it (the final report has released_by='ended by admin uid 0', the summary "
-    "omits it and the cell succeeds), unlike a lease expiry ('LEASE EXPIRED', cell fails)",
-)
 def test_holder_hears_that_an_admin_ended_the_region(node: Node) -> None:
     if node.admin_ended_cell is None:
         pytest.skip("the admin page test did not end a region")

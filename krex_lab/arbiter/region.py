@@ -28,6 +28,9 @@ from .sessions import Session
 
 Reply = Callable[[Any, "KrexError | None"], None]
 
+#: how ``released_by`` begins when an admin ended the region (``Release(force=True)``)
+REVOKED = "ended by admin"
+
 
 class RegionState(enum.Enum):
     QUEUED = "queued"  # waiting in its GPU's queue
@@ -119,6 +122,7 @@ class Region:
             "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
             "degraded": degraded,
             "expired": self.released_by == "lease expired",
+            "revoked": self.released_by.startswith(REVOKED),
             "released_by": self.released_by,
             "backend": backend["backend"],
             "simulated": backend["simulated"],

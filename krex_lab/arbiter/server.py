@@ -39,7 +39,7 @@ from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event, report_view, status_view
 from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
-from .region import Region, RegionState
+from .region import REVOKED, Region, RegionState
 from .scheduler import Enforcement, Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
 from .status import node_status
@@ -619,7 +619,7 @@ class Arbiter(LoggingConfigurable):
                 session.uid,
                 session.id,
             )
-            return self.scheduler.release(region, f"ended by admin uid {session.uid}")
+            return self.scheduler.release(region, f"{REVOKED} uid {session.uid}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         return self.scheduler.release(region, "released by holder")

@@ -9,6 +9,7 @@ the config). Needs root (the service runs as root to see the arbiter's full view
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -100,13 +101,19 @@ c.JupyterHub.api_tokens = {{"{ADMIN_TOKEN}": "alice", "{USER_TOKEN}": "bob"}}
         raise AssertionError(f"the admin service did not answer:\n{self.log.read_text()[-5000:]}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
+                pass
+        # The hub leads its own process group: whatever it started and left behind (a managed
+        # service of a hub that failed to start, say) goes with it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9)
+        self.proc.wait()
 
     def get(self, path: str = "", token: str | None = None, **kw: Any) -> requests.Response:
         headers = {"Authorization": f"token {token}"} if token else {}
