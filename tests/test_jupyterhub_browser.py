@@ -1,0 +1,338 @@
+"""KREX on a real JupyterHub, the way a person uses it: headless Chromium logs in as alice through
+the hub's login page, the hub spawns her server (JupyterLab, the default URL ``krex hub-config``
+sets), a notebook on the ``krex`` kernel ("Python 3 (KREX)") runs a ``%%krex_exclusive`` timing
+loop, whose one-line region report must appear in the cell's output, and then
+``krex_lab.dashboard()``, whose GPU panel must render (the node arbiter's simulated GPU, alice's
+session, her region on the timeline). Screenshots go to ``test-artifacts/jupyterhub-alice-*.png``.
+
+The hub is the one :mod:`tests.test_jupyterhub` runs (its helpers, :mod:`tests.hubsupport`): root
+``jupyterhub`` with the config ``krex hub-config`` generates, the dummy authenticator (given a
+password here), the local process spawner, configurable-http-proxy, a ``useradd`` user and the
+node's root arbiter (fake backend, one GPU). Chromium is Debian's, driven by Playwright as in
+:mod:`tests.dashboard.test_dashboard_browser`; Playwright's own browsers are never downloaded.
+
+Skipped, saying why, unless root with useradd, configurable-http-proxy, jupyterhub, a venv the
+user can run, Chromium and Playwright. Everything (browser, server, hub, arbiter, user) is torn
+down at the end, and no process of alice may survive her server's shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from tests.dashboard.test_dashboard_browser import CHROMIUM_FLAGS, find_chromium
+from tests.hubsupport.hub import Hub, free_port
+from tests.hubsupport.users import HubUser, describe, make_users, processes_of
+from tests.support import ROOT
+from tests.test_jupyterhub import _as_user, _krex_hub_config, _skip_unless_possible
+
+pytestmark = pytest.mark.timeout(240)
+
+ARTIFACTS = ROOT / "test-artifacts"
+SHOT_REGION = ARTIFACTS / "jupyterhub-alice-region.png"
+SHOT_DASHBOARD = ARTIFACTS / "jupyterhub-alice-dashboard.png"
+SHOT_FAILURE = ARTIFACTS / "jupyterhub-alice-failure.png"
+#: from the login page to the rendered dashboard
+BUDGET_S = 120.0
+NOTEBOOK = "krex-region.ipynb"
+
+REGION_CELL = """%%krex_exclusive --max-hold 20
+import time
+t0 = time.perf_counter()
+total = 0
+for i in range(200_000):
+    total += i * i
+print(f"timing loop: {(time.perf_counter() - t0) * 1e3:.1f} ms")"""
+
+DASHBOARD_CELL = """import krex_lab
+dash = krex_lab.dashboard()
+dash"""
+
+#: "KREX region r… on GPU 0 [simulated GPU]: waited …" (krex_lab.client.RegionReport.summary)
+REPORT_RE = re.compile(r"KREX region (\S+) on GPU 0 \[simulated GPU\]:.*")
+
+
+@dataclass
+class AliceHub:
+    hub: Hub
+    arbiter: ArbiterProc
+    alice: HubUser
+    password: str
+
+
+def _notebook() -> dict[str, Any]:
+    def cell(source: str) -> dict[str, Any]:
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source}
+
+    return {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "kernelspec": {"name": "krex", "display_name": "Python 3 (KREX)", "language": "python"},
+            "language_info": {"name": "python"},
+        },
+        "cells": [cell(REGION_CELL), cell(DASHBOARD_CELL)],
+    }
+
+
+@pytest.fixture
+def chromium() -> str:
+    """Debian's chromium and Playwright; skips (saying why) before any user or hub is made."""
+    path = find_chromium()
+    if path is None:
+        pytest.skip(
+            "no Chromium found (/usr/bin/chromium; `apt-get install chromium`, as .ci/run does, or set KREX_CHROMIUM)"
+        )
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    return path
+
+
+@contextlib.contextmanager
+def alice_hub() -> Iterator[AliceHub]:
+    """The hub of :mod:`tests.test_jupyterhub`'s ``node`` fixture with one user, alice, who has a
+    password and no server yet (her browser's login spawns it). Undone in reverse at exit: her
+    server (through the API), the hub, the arbiter, the user and every process of hers."""
+    chp, venv = _skip_unless_possible()
+    with contextlib.ExitStack() as stack:
+        base = Path(tempfile.mkdtemp(prefix="krex-hubb-"))
+        os.chmod(base, 0o755)
+        stack.callback(shutil.rmtree, base, True)
+        for sub, mode in (("home", 0o755), ("rt", 0o755), ("hub", 0o700), ("arbiter", 0o755)):
+            (base / sub).mkdir(mode=mode)
+        (alice,) = stack.enter_context(make_users(base / "home", "kbalice"))
+        r = _as_user(alice, str(venv / "bin" / "python"), "-c", "import krex_lab.serverext, jupyterhub, ipykernel")
+        if r.returncode != 0:
+            pytest.skip(f"the test user cannot run the venv {venv}: {r.stderr[-800:]}")
+        rt = base / "rt" / alice.name  # her KREX runtime dir (pool socket, logs): hers, 0700
+        rt.mkdir(mode=0o700)
+        os.chown(rt, alice.uid, alice.gid)
+        runtime = base / "arbiter"
+        admin = f"kbadmin{alice.name[-6:]}"  # a hub admin for the generated config; never logs in
+        password = secrets.token_urlsafe(12)
+        generated = _krex_hub_config(sys.executable, runtime, admin, free_port())
+        # The dummy authenticator checks this one password (any allowed user name).
+        generated += f"\nc.DummyAuthenticator.password = {password!r}\n"
+        rts = str(base / "rt")
+        environment = (
+            "{"
+            f"'KREX_ENDPOINT': {f'ipc://{runtime}/arbiter.sock'!r}, "
+            f"'KREX_RUNTIME_DIR': lambda spawner: {rts!r} + '/' + spawner.user.name, "
+            f"'KREX_POOL_ENDPOINT': lambda spawner: 'ipc://' + {rts!r} + '/' + spawner.user.name + '/pool.sock'"
+            "}"
+        )
+        hub = Hub(
+            base / "hub",
+            venv,
+            users=[alice.name, admin],
+            admin=admin,
+            chp=chp,
+            environment=environment,
+            spawner_args=["--KrexExtensionApp.pool_args=--no-preload", "--KrexExtensionApp.watch_interval=0"],
+            base_config=generated,
+        )
+        hub.config_file.write_text(hub.config())
+        quotas = ("--config", str(hub.config_file)) if "c.Quotas" in generated else ()
+        arb = ArbiterProc(runtime, gpus=1, extra=("--multi-user", *quotas))
+        arb.start()
+        stack.callback(arb.stop)
+        stack.callback(hub.stop)
+        hub.start()
+        stack.callback(_stop_server, hub, alice.name)
+        yield AliceHub(hub, arb, alice, password)
+
+
+def _stop_server(hub: Hub, user: str) -> None:
+    with contextlib.suppress(Exception):
+        hub.stop_server(user)
+
+
+def test_alice_logs_in_runs_a_region_and_sees_the_dashboard(chromium: str) -> None:
+    from playwright import sync_api
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    for shot in (SHOT_REGION, SHOT_DASHBOARD, SHOT_FAILURE):
+        shot.unlink(missing_ok=True)
+    with alice_hub() as node:
+        hub, alice = node.hub, node.alice
+        t0 = time.monotonic()
+        deadline = t0 + BUDGET_S
+        profile = tempfile.mkdtemp(prefix="krex-chromium-")
+        page: Any = None
+        try:
+            with sync_api.sync_playwright() as pw:
+                browser = pw.chromium.launch_persistent_context(
+                    profile,
+                    executable_path=chromium,
+                    headless=True,
+                    args=CHROMIUM_FLAGS,
+                    viewport={"width": 1400, "height": 1000},
+                )
+                try:
+                    page = browser.pages[0] if browser.pages else browser.new_page()
+                    page.set_default_timeout(30_000)
+                    state = _run_in_browser(page, node, deadline)
+                except BaseException:
+                    if page is not None:
+                        with contextlib.suppress(Exception):
+                            page.screenshot(path=str(SHOT_FAILURE))
+                    raise
+                finally:
+                    browser.close()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n(screenshot: {SHOT_FAILURE})\n--- hub log ---\n{hub.log_tail()}") from None
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+        elapsed = time.monotonic() - t0
+        # Her server, stopped through the API, leaves no process of hers behind.
+        hub.stop_server(alice.name)
+        left: list[psutil.Process] = []
+
+        def gone() -> bool:
+            left[:] = processes_of({alice.uid})
+            return not left
+
+        with contextlib.suppress(AssertionError):
+            wait_for(gone, 20, 0.2)
+        assert not left, f"processes of alice that survived her server's shutdown:\n{describe(left)}"
+    assert elapsed < BUDGET_S + 5, f"{elapsed:.0f} s from the login page to the dashboard"
+    assert state["report"] and state["panels"] >= 1
+
+
+def _run_in_browser(page: Any, node: AliceHub, deadline: float) -> dict[str, Any]:
+    hub, alice = node.hub, node.alice
+    # -- the hub's login page: a wrong password is refused, hers lets her in -------------------
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", alice.name)
+    page.fill("#password_input", "not-" + node.password)
+    page.click("#login_submit")
+    page.wait_for_selector(".login_error", timeout=_left(deadline))
+    assert "/hub/login" in page.url, f"a wrong password got past the login page: {page.url}"
+    page.fill("#username_input", alice.name)
+    page.fill("#password_input", node.password)
+    page.click("#login_submit")
+    # The hub spawns her server (spawn-pending page) and sends her to it: /user/<alice>/lab.
+    page.wait_for_url(re.compile(rf"/user/{re.escape(alice.name)}/lab"), timeout=_left(deadline))
+    page.wait_for_selector(".jp-LabShell", timeout=_left(deadline))
+    server = hub.api("GET", f"/users/{alice.name}")["servers"].get("")
+    assert server and server.get("ready"), f"the hub does not list her server as ready: {server}"
+    # -- a notebook on the krex kernel, saved through her server's contents API ----------------
+    token = hub.user_token(alice.name)
+    hub.user_api(alice.name, token, "PUT", f"/contents/{NOTEBOOK}", {"type": "notebook", "content": _notebook()})
+    page.goto(f"{hub.url}/user/{alice.name}/lab/tree/{NOTEBOOK}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=_left(deadline))
+    while not _kernel_idle(hub, alice.name, token):
+        assert time.monotonic() < deadline, "the notebook's krex kernel did not start"
+        _pick_krex_kernel(page)
+        time.sleep(0.3)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=_left(deadline))
+    _dismiss_news(page)
+    page.click(".lm-MenuBar-item:has-text('Run')")
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    _pick_krex_kernel(page)
+    # -- the region's report line -----------------------------------------------------------
+    state = _wait(page, deadline, lambda s: bool(s["region_out"]) and "KREX region" in s["region_out"])
+    match = REPORT_RE.search(state["region_out"])
+    page.locator(".jp-CodeCell").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOT_REGION))
+    out = f"(screenshot: {SHOT_REGION}):\n{state['region_out']}"
+    assert match, f"no 'KREX region … on GPU 0 [simulated GPU]' line in the cell's output {out}"
+    assert "timing loop:" in state["region_out"], f"the timed loop did not print {out}"
+    assert "Error" not in state["region_out"], f"the region cell failed {out}"
+    region = match.group(1)
+    # -- the dashboard: the GPU panel with her session and her region -----------------------
+    state = _wait(
+        page,
+        deadline,
+        lambda s: s["panels"] >= 1 and "GPU 0" in s["text"] and alice.name in s["text"] and region in s["regions"],
+        soft=True,
+    )
+    _dismiss_news(page)
+    dash = page.locator(".krex-dash").first
+    with contextlib.suppress(Exception):
+        dash.scroll_into_view_if_needed(timeout=2000)
+    page.screenshot(path=str(SHOT_DASHBOARD))
+    where = f"(screenshot: {SHOT_DASHBOARD}); it shows:\n{state['header']}\n{state['text']}"
+    assert state["panels"] >= 1, f"the dashboard rendered no GPU panel {where}"
+    assert "live" in state["header"] and "SIMULATED" in state["text"], f"not the live simulated GPU {where}"
+    assert alice.name in state["text"].split("sessions", 1)[-1], f"her session is not in the table {where}"
+    assert region in state["regions"], f"her region {region} is not on the timeline {state['regions']} {where}"
+    assert "held by" not in state["text"], f"the region is still shown held after its cell ended {where}"
+    state["report"] = match.group(0)
+    return state
+
+
+STATE_JS = """() => {
+  const cells = [...document.querySelectorAll('.jp-CodeCell')];
+  const region = cells.find(c => c.innerText.includes('krex_exclusive'));
+  const out = region ? region.querySelector('.jp-OutputArea') : null;
+  const panels = [...document.querySelectorAll('.krex-gpu')];
+  return {
+    region_out: out ? out.innerText : '',
+    panels: panels.length,
+    text: panels.map(p => p.innerText).join('\\n'),
+    regions: [...document.querySelectorAll('.krex-gpu g.krex-region')].map(g => g.getAttribute('data-region')),
+    header: (document.querySelector('.krex-dash') || {innerText: ''}).innerText,
+  };
+}"""
+
+
+def _wait(page: Any, deadline: float, done: Any, soft: bool = False) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = page.evaluate(STATE_JS)
+        if done(state):
+            return state
+        time.sleep(0.25)
+    if soft:
+        return state
+    raise AssertionError(f"the notebook did not show it in time; it shows:\n{json.dumps(state, indent=1)}")
+
+
+def _kernel_idle(hub: Hub, user: str, token: str) -> bool:
+    """The notebook's session has a ``krex`` kernel that is up and idle (her server's view)."""
+    try:
+        sessions = hub.user_api(user, token, "GET", "/sessions")
+    except AssertionError:
+        return False
+    return any(
+        s.get("path", "").endswith(NOTEBOOK)
+        and s["kernel"]["name"] == "krex"
+        and s["kernel"].get("execution_state") == "idle"
+        for s in sessions
+    )
+
+
+def _pick_krex_kernel(page: Any) -> None:
+    """Answer a "Select Kernel" dialog, should Lab show one, with the notebook's kernel."""
+    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
+    if dialog.count():
+        with contextlib.suppress(Exception):
+            dialog.locator("select").select_option(label="Python 3 (KREX)", timeout=2000)
+            dialog.get_by_role("button", name="Select", exact=True).click(timeout=2000)
+
+
+def _dismiss_news(page: Any) -> None:
+    """The "official Jupyter news?" toast, when it shows."""
+    with contextlib.suppress(Exception):
+        page.get_by_role("button", name="No", exact=True).click(timeout=500)
+
+
+def _left(deadline: float) -> float:
+    """Milliseconds left until ``deadline`` (Playwright's unit)."""
+    return max(1000.0, (deadline - time.monotonic()) * 1000)
