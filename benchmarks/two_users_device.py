@@ -15,6 +15,7 @@ what a shared node adds over the single-user quickstart. JSON: results/two_users
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import pwd
