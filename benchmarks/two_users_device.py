@@ -214,7 +214,7 @@ def main() -> int:
         stamps = answer(b, 300)["stamps"]
         doc["bob"] = {
             "iterations": len(stamps),
-            "longest_stall_s": round(max((y - x for x, y in zip(stamps, stamps[1:])), default=0.0), 3),
+            "longest_stall_s": round(max((y - x for x, y in itertools.pairwise(stamps)), default=0.0), 3),
         }
         doc["target"] = "alice's p95 inside a region beside bob's loop within 0.5% of alone"
         path = write_result("two_users_device", doc)
