@@ -221,8 +221,9 @@ def main() -> int:
         for n in sizes:
             r = results[str(n)]
             print(
-                f"{n}^2: alone p95 {r['alone']['p95_ms']:.4f} ms; beside bob {r['contended']['p95_inflation_pct']:+.2f}%;"
-                f" in a region beside bob {r['krex']['p95_inflation_pct']:+.2f}%"
+                f"{n}^2: alone p95 {r['alone']['p95_ms']:.4f} ms; "
+                f"beside bob {r['contended']['p95_inflation_pct']:+.2f}%; "
+                f"in a region beside bob {r['krex']['p95_inflation_pct']:+.2f}%"
             )
         for r in regions:
             print(
