@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command with the GPU to itself",
         description="Run a command inside one region: the GPU to itself.",
     )
-    p.add_argument("--gpu", type=int, default=None)
+    p.add_argument("--gpu", type=int, default=None, help="the GPU (default: KREX_GPU, else the arbiter places)")
     p.add_argument("--max-hold", type=float, default=None, help="lease in seconds")
     p.add_argument("--quiet", action="store_true", help="do not print the region report")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     except KrexError as exc:
         print(f"krex: {exc}", file=sys.stderr)
         sys.exit(1)
+    except BrokenPipeError:  # `krex status | head -1`: the reader has gone, as for any filter
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
 
 
 if __name__ == "__main__":

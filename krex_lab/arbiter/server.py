@@ -84,8 +84,8 @@ class Arbiter(LoggingConfigurable):
     ).tag(config=True)
     runtime_dir = Unicode(
         "",
-        help="Directory for the socket, journal and lock "
-        "(default: $KREX_RUNTIME_DIR, else $XDG_RUNTIME_DIR/krex or /tmp/krex-UID).",
+        help="Directory for the socket, journal and lock (default: $KREX_RUNTIME_DIR; else /run/krex for root, "
+        "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID for other users).",
     ).tag(config=True)
     backend_name = Enum(
         list(BACKENDS),

@@ -108,7 +108,10 @@ class Supervisor:
 
     def _start(self) -> subprocess.Popen[bytes]:
         log.info("starting %s", " ".join(self.command))
-        return subprocess.Popen(self.command, cwd="/", stdin=subprocess.DEVNULL)
+        # The arbiter must use the runtime dir whose journal this supervisor undoes (an explicit
+        # --runtime-dir in the command still wins over the environment).
+        env = {**os.environ, paths.RUNTIME_DIR_ENV: str(self.runtime)}
+        return subprocess.Popen(self.command, cwd="/", stdin=subprocess.DEVNULL, env=env)
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
