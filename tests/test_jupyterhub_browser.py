@@ -389,13 +389,6 @@ def _left(deadline: float) -> float:
 
 
 #: krex_lab's dashboard on a private multi-user arbiter (what a hub runs) is fed the anonymous view
-OWN_SESSION_BUG = (
-    "krex_lab bug: on a multi-user arbiter with privacy 'private' the dashboard's telemetry events are the "
-    "anonymous view (krex_lab/arbiter/privacy.py public_event: status_view(data, None)), and each one replaces "
-    "the picture (krex_lab/dashboard/model.py _telemetry/_from_status): a user's own sessions vanish "
-    "('sessions: none') and her held region shows 'pid 0'; a telemetry event while anyone holds a region "
-    "raises KeyError 'session' (model.py _from_status: h['session'], h['pid'])"
-)
 
 
 def test_her_dashboard_shows_her_own_kernel(chromium: str) -> None:
@@ -406,6 +399,4 @@ def test_her_dashboard_shows_her_own_kernel(chromium: str) -> None:
     pid = SEEN["kernel_pid"]
     assert pid is not None, "her notebook's kernel process was not found"
     where = f"(screenshots: {SHOT_DASHBOARD}, {SHOT_HELD})"
-    if not SEEN["table"] or f"pid {pid}" not in SEEN["held"]:
-        pytest.xfail(f"{OWN_SESSION_BUG}; table: {SEEN['table']!r}; held: {SEEN['held']!r} {where}")
     assert str(pid) in SEEN["table"], f"her kernel (pid {pid}) is not in the table: {SEEN['table']!r} {where}"

@@ -100,15 +100,23 @@ class Feed:
             try:
                 status = conn.call(protocol.Status(ticket=conn.ticket()), timeout=5.0)
                 regions = conn.call(protocol.Regions(limit=SNAPSHOT_REGIONS, ticket=conn.ticket()), timeout=5.0)
+                self.connects += 1
+                self._emit("snapshot", {"hello": info, "status": status, "regions": regions})
+                self._listen(sub, info, conn)
             finally:
                 conn.close()
-            self.connects += 1
-            self._emit("snapshot", {"hello": info, "status": status, "regions": regions})
-            self._listen(sub, info)
         finally:
             sub.close(linger=0)
 
-    def _listen(self, sub: zmq.Socket[bytes], info: dict[str, Any]) -> None:
+    def _own_view(self, conn: Connection, event: Event) -> Event:
+        """A shared private arbiter publishes one anonymous telemetry view to every subscriber; this
+        user's own sessions and regions come from a status request with an identity ticket."""
+        if not any("other_sessions" in g for g in event.data.get("gpus") or ()):
+            return event
+        status = conn.call(protocol.Status(ticket=conn.ticket()), timeout=5.0)
+        return Event(event.topic, {**event.data, **status}, event.at)
+
+    def _listen(self, sub: zmq.Socket[bytes], info: dict[str, Any], conn: Connection) -> None:
         last = time.monotonic()
         interval = 0.0
         while not self._stop.is_set():
@@ -129,6 +137,7 @@ class Feed:
                         pid = (event.data.get("arbiter") or {}).get("pid")
                         if pid is not None and pid != info["pid"]:
                             return  # another arbiter on this endpoint: snapshot it afresh
+                        event = self._own_view(conn, event)
                     self._emit_event(event)
                 last = time.monotonic()
                 continue

@@ -108,6 +108,8 @@ class GpuState:
     queue: tuple[Waiter, ...] = ()
     sessions: tuple[SessionInfo, ...] = ()
     regions: tuple[RegionRecord, ...] = ()
+    #: other users' sessions, by user name, where a private shared arbiter shows only counts
+    others: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,8 @@ def _from_status(
             prior = old.holder if old is not None and old.holder and old.holder.region == h["region"] else None
             holder = Holder(
                 region=h["region"],
-                session=h["session"],
-                pid=int(h["pid"]),
+                session=str(h.get("session", "")),  # absent: another user's, on a private arbiter
+                pid=int(h.get("pid") or 0),
                 user=str(h.get("user", "")),
                 name=str(h.get("name", "")),
                 role=str(h.get("role", "")),
@@ -221,8 +223,8 @@ def _from_status(
         queue = tuple(
             Waiter(
                 region=q["region"],
-                session=q["session"],
-                pid=int(q["pid"]),
+                session=str(q.get("session", "")),
+                pid=int(q.get("pid") or 0),
                 user=str(q.get("user", "")),
                 name=str(q.get("name", "")),
                 since=at - float(q.get("waiting_s", 0.0)),
@@ -245,6 +247,7 @@ def _from_status(
                 queue=queue,
                 sessions=sessions,
                 regions=_merge(old.regions if old is not None else (), finished.get(index, [])),
+                others=tuple(sorted((str(u), int(n)) for u, n in (g.get("other_sessions") or {}).items())),
             )
         )
     caps = arb.get("capabilities") or {}

@@ -121,8 +121,10 @@ def queue_html(gpu: GpuState, now: float) -> str:
 
 
 def sessions_html(gpu: GpuState) -> str:
+    others = ", ".join(f"{esc(u)} ({n})" for u, n in gpu.others)
+    tail = f' <span class="krex-muted">other users: {others}</span>' if others else ""
     if not gpu.sessions:
-        return '<b>sessions:</b> <span class="krex-muted">none</span>'
+        return f'<b>sessions:</b> <span class="krex-muted">none</span>{tail}'
     frozen = set(gpu.holder.frozen) if gpu.holder else set()
     waiting = {w.session for w in gpu.queue}
     rows = []
@@ -141,7 +143,7 @@ def sessions_html(gpu: GpuState) -> str:
             f"<td>{s.pid}</td><td>{fmt_bytes(s.memory)}</td><td>{what}</td></tr>"
         )
     head = "<tr><th>user</th><th>name</th><th>role</th><th>pid</th><th>memory</th><th></th></tr>"
-    return f'<b>sessions ({len(gpu.sessions)}):</b><table class="krex-tbl">{head}{"".join(rows)}</table>'
+    return f'<b>sessions ({len(gpu.sessions)}):</b>{tail}<table class="krex-tbl">{head}{"".join(rows)}</table>'
 
 
 def timeline_svg(regions: Sequence[RegionRecord], width: int = 440, height: int = 96) -> str:

@@ -594,3 +594,30 @@ def test_withdrawn_request_leaves_the_queue_at_once() -> None:
     after = reduce(before, Event("region", {"event": "withdrawn", "region": "r2", "gpu": 0}, events[9].at + 1))
     assert [w.region for w in after.gpu(0).queue] == ["r3"]  # type: ignore[union-attr]
     assert after.gpu(0).holder == before.gpu(0).holder  # type: ignore[union-attr]
+
+
+def test_another_users_region_on_a_private_node_is_drawn_without_its_details() -> None:
+    # What a private multi-user arbiter publishes (krex_lab.arbiter.privacy.public_event): the
+    # holder and waiters of other users without session or pid, their sessions only as counts.
+    from krex_lab.arbiter.privacy import public_event
+    from krex_lab.dashboard.view import sessions_html
+
+    holder = {
+        "region": "r3",
+        "session": "s9",
+        "pid": 99,
+        "uid": 1001,
+        "user": "bob",
+        "name": "b.ipynb",
+        "state": "held",
+        "held_s": 1.5,
+        "max_hold_s": 30.0,
+    }
+    waiter = {"region": "r4", "session": "s8", "pid": 98, "uid": 1001, "user": "bob", "name": "w", "waiting_s": 0.2}
+    bob = {**sess("s9", 99, "b.ipynb"), "uid": 1001, "user": "bob"}
+    gpus = [{**gpu_row(0, (bob,)), "holder": holder, "queue": [waiter]}]
+    anonymous = public_event("telemetry", {**status(gpus=gpus), "seq": 3, "interval": 1.0, "time": T0})
+    g = reduce(NodeState(), Event("telemetry", anonymous, T0)).gpu(0)
+    assert g is not None and g.holder is not None and g.holder.user == "bob" and g.holder.pid == 0
+    assert [w.user for w in g.queue] == ["bob"] and not g.sessions and g.others == (("bob", 1),)
+    assert "other users: bob (1)" in sessions_html(g)
