@@ -182,7 +182,13 @@ class Session:
             within = os.environ.get("KREX_REGION", "") if self.pid == os.getpid() else ""
             reply: protocol.Registered = control_conn.call(
                 protocol.Register(
-                    pid=self.pid, ticket=ticket, role=role, name=name, gpu=gpu, control=control, within=within
+                    pid=0 if self.pid == os.getpid() else self.pid,
+                    ticket=ticket,
+                    role=role,
+                    name=name,
+                    gpu=gpu,
+                    control=control,
+                    within=within,
                 )
             )
         except BaseException:

@@ -133,7 +133,9 @@ class Place(Request, tag="place"):
 
 class Register(Request, tag="register"):
     """Make ``pid`` a session. ``ticket`` comes from the arbiter's identity socket, which learnt the
-    caller's uid from the kernel; ``pid`` must be the caller or a process of the caller's user."""
+    caller's pid and uid from the kernel; ``pid`` 0 means that very process (its number in the
+    arbiter's pid namespace, which a containerised client does not know), else a process of the
+    caller's user."""
 
     reply = Registered
     pid: int

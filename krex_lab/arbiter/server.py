@@ -529,18 +529,20 @@ class Arbiter(LoggingConfigurable):
             raise InvalidRequest("a session name has at most 200 characters")
         gpu = self.place() if req.gpu is None else req.gpu
         self._check_gpu(gpu)
-        uid = self.tickets.redeem(req.ticket).uid
-        self.quotas.check_register(uid, req.pid, self.sessions, self.capacity)
+        who = self.tickets.redeem(req.ticket)
+        uid = who.uid
+        # pid 0: the process that asked for the ticket, as the kernel numbers it for us (a client in
+        # a container knows only its own namespace's number).
+        pid = who.pid if req.pid == 0 else req.pid
+        self.quotas.check_register(uid, pid, self.sessions, self.capacity)
         within = ""
         if req.within:
             region = self.scheduler.find(req.within)
             # Only a descendant of a live region's holder is part of it; a stale or false
             # claim (an inherited KREX_REGION) just makes an ordinary session.
-            if region is not None and region.session.pid in ancestors(req.pid):
+            if region is not None and region.session.pid in ancestors(pid):
                 within = req.within
-        session = self.sessions.add(
-            req.pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within
-        )
+        session = self.sessions.add(pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
         self.notify.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
