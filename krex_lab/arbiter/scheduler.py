@@ -316,16 +316,21 @@ class Scheduler:
         )
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
-        """Walk the frozen trees again for children forked while the stops were in flight."""
-        deadline = time.monotonic() + 1.0
+        """Walk the frozen trees again for children forked while the stops were in flight, until two
+        walks in a row find nothing new with every stop landed. A stop still in flight (a process in
+        D state, slow on a loaded machine) does not hold the walks back: its siblings may be forking."""
+        deadline = time.monotonic() + 2.0
+        clean = 0
         while region.state is RegionState.HELD and time.monotonic() < deadline:
-            if self.steps.freezer.pending(region.frozen):
-                await asyncio.sleep(0.001)
-                continue
             late = self.steps.freezer.settle(region.id, region.frozen, roots, region.exempt)
-            if not late:
-                return
-            region.drain.intruders.extend(late)
+            if late:
+                region.drain.intruders.extend(late)
+                clean = 0
+            elif not self.steps.freezer.pending(region.frozen):
+                clean += 1
+                if clean >= 2:
+                    return
+            await asyncio.sleep(0.002)
 
     async def _drain(self, region: Region, siblings: list[Session]) -> None:
         """Lock what the driver can lock; ask the other KREX-aware sessions to synchronise.

@@ -145,7 +145,7 @@ class Freezer:
         return late + [c for c in result.cgroups if not is_frozen(c)]
 
     def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
-        """Once every stop has landed: walk the trees again; returns processes caught late."""
+        """Walk the trees again and stop what is new; returns the processes caught late."""
         before = set(result.pids)
         self.extend(region, result, roots, exempt)
         return [p for p in result.pids if p not in before]
