@@ -40,8 +40,9 @@ def dest_of(key: str | tuple[str, ...]) -> str:
     return max(_names(key), key=len).replace("-", "_")
 
 
-def _checker(trait: TraitType[Any, Any], name: str) -> Callable[[str], str]:
-    """An argparse ``type`` that checks a value as traitlets will, and keeps the string as given."""
+def _checker(trait: TraitType[Any, Any], name: str, minimum: float | None = None) -> Callable[[str], str]:
+    """An argparse ``type`` that checks a value as traitlets will (and against ``minimum``), and
+    keeps the string as given."""
 
     def check(text: str) -> str:
         try:
@@ -51,6 +52,8 @@ def _checker(trait: TraitType[Any, Any], name: str) -> Callable[[str], str]:
                 validate(None, value)
         except (TraitError, ValueError, SyntaxError) as exc:
             raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r}") from exc
+        if minimum is not None and value is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r} (at least {minimum:g})")
         return text
 
     check.__name__ = name
@@ -65,6 +68,10 @@ class KrexApplication(Application):
     config_basename = "krex_config"
 
     config_file = Unicode("", help="A config file to load (Python or JSON).").tag(config=True)
+
+    #: the smallest value an alias takes on the command line (a usage error below it), e.g.
+    #: ``{"fake-gpus": 1}``
+    minimums: dict[str, float] = {}
 
     def initialize(self, argv: Any = None) -> None:
         super().initialize(argv)
@@ -112,7 +119,7 @@ class KrexApplication(Application):
                 kwargs.update(action="extend", nargs="+", metavar="VALUE")
                 kwargs["help"] += f" ({target})"
             else:
-                kwargs["type"] = _checker(trait, type(trait).__name__.lower())
+                kwargs["type"] = _checker(trait, type(trait).__name__.lower(), cls.minimums.get(_names(key)[0]))
                 if isinstance(trait, Enum):
                     kwargs["metavar"] = "{" + ",".join(str(v) for v in trait.values or ()) + "}"
                 else:

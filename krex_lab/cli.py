@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,28 +139,77 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``krex exclusive --strict``: the exit code when the command succeeded but its region did not
+#: hold to the end (the lease expired, or an admin ended it)
+STRICT_EXIT = 3
+
+
+def _command_problem(name: str) -> tuple[int, str] | None:
+    """What a shell would say before running ``name``: (127, "command not found"),
+    (126, "Permission denied" / "Is a directory"), or None when it can be run."""
+    if os.sep not in name:
+        found = shutil.which(name)
+        if found is None:
+            return 127, "command not found"
+        name = found
+    if not os.path.exists(name):
+        return 127, "No such file or directory"
+    if os.path.isdir(name):
+        return 126, "Is a directory"
+    if not os.access(name, os.X_OK):
+        return 126, "Permission denied"
+    return None
+
+
+def _exit_code(code: int) -> int:
+    """Like a shell: a command killed by signal N exits 128 + N."""
+    return code if code >= 0 else 128 - code
+
+
 def _exclusive(args: argparse.Namespace) -> int:
     from .client import attach, exclusive
+    from .errors import LeaseExpired, RegionRevoked
 
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         print("krex exclusive: give a command after --", file=sys.stderr)
         return 2
-    attach(gpu=args.gpu, name=f"krex exclusive {os.path.basename(cmd[0])}", role="cli")
-    with exclusive(gpu=args.gpu, max_hold=args.max_hold) as region:
-        if not args.quiet:
-            print(region.report.summary(), file=sys.stderr)
-        env = dict(os.environ, KREX_REGION=region.id or "")
-        proc = subprocess.Popen(cmd, env=env)
+    problem = _command_problem(cmd[0])
+    if problem is not None:  # said before the GPU is taken, as a shell says it
+        print(f"krex exclusive: {cmd[0]}: {problem[1]}", file=sys.stderr)
+        return problem[0]
+    code = 0
+    cut_short = False
+    try:
+        attach(gpu=args.gpu, name=f"krex exclusive {os.path.basename(cmd[0])}", role="cli")
+        region = exclusive(gpu=args.gpu, max_hold=args.max_hold)
         try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            code = proc.wait()
+            with region:
+                if not args.quiet:
+                    print(region.report.summary(), file=sys.stderr)
+                env = dict(os.environ, KREX_REGION=region.id or "")
+                try:
+                    proc = subprocess.Popen(cmd, env=env)
+                except OSError as exc:  # removed or changed since the check above
+                    print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
+                    code = 127 if isinstance(exc, FileNotFoundError) else 126
+                else:
+                    try:
+                        code = _exit_code(proc.wait())
+                    except KeyboardInterrupt:
+                        proc.send_signal(signal.SIGINT)
+                        proc.wait()
+                        code = 130
+        except (LeaseExpired, RegionRevoked) as exc:
+            print(f"krex exclusive: {exc}", file=sys.stderr)
+            cut_short = True
+    except KeyboardInterrupt:  # while waiting for the region: nothing ran
+        return 130
     if not args.quiet:
         print(region.report.summary(), file=sys.stderr)
-    # Like a shell: a command killed by signal N exits 128 + N.
-    return code if code >= 0 else 128 - code
+    if cut_short and args.strict and code == 0:
+        return STRICT_EXIT
+    return code
 
 
 def _run_cli() -> Any:
@@ -279,11 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "exclusive",
         help="run a command with the GPU to itself",
-        description="Run a command inside one region: the GPU to itself.",
+        description="Run a command inside one region: the GPU to itself. Exits with the command's own "
+        "code, as a shell would: 127 when it is not found, 126 when it cannot be run, 128+N when "
+        "killed by signal N, 130 on Ctrl-C. A lease that expires before the command ends is "
+        f"reported on stderr and changes the code only with --strict (then {STRICT_EXIT}).",
     )
     p.add_argument("--gpu", type=int, default=None, help="the GPU (default: KREX_GPU, else the arbiter places)")
     p.add_argument("--max-hold", type=float, default=None, help="lease in seconds")
     p.add_argument("--quiet", action="store_true", help="do not print the region report")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit {STRICT_EXIT} when the command succeeded but its region did not hold to the end "
+        "(the lease expired, or an admin ended it); without it that is reported on stderr only",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_exclusive)
     p = sub.add_parser(
@@ -314,16 +373,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def _quiet_stdout() -> None:
+    """The reader of stdout has gone (``krex ... | head``): point stdout at /dev/null so that
+    nothing more fails on the way out, as ``python`` and any filter end."""
     try:
-        sys.exit(args.func(args))
-    except KrexError as exc:
-        print(f"krex: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except BrokenPipeError:  # `krex status | head -1`: the reader has gone, as for any filter
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(141)
+    except (OSError, ValueError):
+        pass
+
+
+#: set to see the traceback of an unexpected error instead of its one line
+DEBUG_ENV = "KREX_DEBUG"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 (2 for usage errors,
+    130 on Ctrl-C, 141 when stdout's reader has gone)."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    prog = f"krex {args.cmd}"
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except KrexError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        code = 1
+    except BrokenPipeError:  # `krex status | head -1`, `krex run big.py | head`
+        _quiet_stdout()
+        code = 141
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV) or args.cmd == "pool":  # the pool's crashes keep their traceback
+            raise
+        print(f"{prog}: {type(exc).__name__}: {exc} (unexpected; {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        code = 1
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from traitlets import TraitError, default
+
 from .. import __version__
 from ..application import KrexApplication
+from ..errors import KrexError
 from .quotas import Quotas
 from .server import Arbiter
 
@@ -36,6 +39,7 @@ class ArbiterApp(KrexApplication):
         "metrics-port": "Arbiter.metrics_port",
         "log-level": "Application.log_level",
     }
+    minimums = {"fake-gpus": 1}
     flags = {
         "multi-user": ({"Arbiter": {"multi_user": True}}, "Serve every user of the node (run as root)."),
         "no-guardian": ({"Arbiter": {"guardian": False}}, "Do not start the guardian (tests only)."),
@@ -43,9 +47,57 @@ class ArbiterApp(KrexApplication):
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }
 
+    @default("log_level")
+    def _log_level_default(self) -> int:
+        return logging.INFO  # the start-up line ("serving on ...") shows without --log-level
+
     def start(self) -> None:
-        arbiter = Arbiter(parent=self)
-        asyncio.run(arbiter.serve())
+        try:
+            arbiter = Arbiter(parent=self)
+        except (ValueError, TraitError, OSError) as exc:  # --Arbiter.fake_gpus=0, an unusable runtime dir, ...
+            raise KrexError(str(exc)) from None
+        asyncio.run(self._serve(arbiter))
+
+    async def _serve(self, arbiter: Arbiter) -> None:
+        ready = asyncio.Event()
+        serving = asyncio.ensure_future(arbiter.serve(ready))
+        started = asyncio.ensure_future(ready.wait())
+        await asyncio.wait([serving, started], return_when=asyncio.FIRST_COMPLETED)
+        if started.done():
+            log.info("%s", serving_line(arbiter))
+        else:
+            started.cancel()
+        try:
+            await serving
+        except Exception:
+            if started.done():  # a crash after start-up: its traceback in the log, one line on stderr
+                log.exception("krex arbiter stopped on an error")
+            raise
+
+
+def serving_line(arbiter: Arbiter) -> str:
+    """``krex arbiter serving on ipc://... (2 GPUs, backend nvidia)``; for the fake backend, how
+    many GPUs it simulates and why."""
+    n = arbiter.gpu_count
+    gpus = f"{n} GPU" + ("" if n == 1 else "s")
+    if not arbiter.backend.simulated:
+        return f"krex arbiter {__version__} serving on {arbiter.bound} ({gpus}, backend {arbiter.backend.name})"
+    why = "no GPU library answered" if arbiter.backend_name == "auto" else f"--backend {arbiter.backend_name}"
+    return (
+        f"krex arbiter {__version__} serving on {arbiter.bound} (fake backend: {n} simulated "
+        f"GPU{'' if n == 1 else 's'}, because {why}; --fake-gpus N for more)"
+    )
+
+
+class _SupersededStartLine(logging.Filter):
+    """Drops the server's own start-up line: :func:`serving_line` says it, and more."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("krex arbiter %s on %s:")
+
+
+log = logging.getLogger("krex.arbiter")
+log.addFilter(_SupersededStartLine())
 
 
 def main(argv: list[str] | None = None) -> None:

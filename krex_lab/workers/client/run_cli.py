@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -24,10 +25,23 @@ _NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_D
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", type=int, default=None, help="run on this GPU (default: any with a free worker)")
     p.add_argument("--exclusive", action="store_true", help="run the whole script inside a region held by its worker")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before the script is interrupted")
+    p.add_argument(
+        "--timeout", type=_positive, default=None, metavar="SECONDS", help="seconds before the script is interrupted"
+    )
     p.add_argument("--quiet", action="store_true", help="do not print the region report (--exclusive)")
     p.add_argument("script", help="the Python script to run")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    rest = p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    rest.required = False  # argparse counts a REMAINDER as required: "required: script, args"
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {text!r}")
+    return value
 
 
 def _write(stream: str, text: str) -> None:
@@ -63,14 +77,18 @@ def run(args: argparse.Namespace) -> int:
 
 def report(result: JobResult, quiet: bool = False) -> int:
     """Print what ``python`` would have printed at the end, plus what only KREX knows; the exit code."""
-    if result.status in ("exception", "interrupted") and result.traceback:
+    never_ran = bool(result.error and result.error.startswith("exclusive=True"))
+    if result.error and never_ran:
+        # the region was never had (no arbiter, a refused request): the script did not run, and
+        # the worker's frames that found it out are KREX's, not the script's
+        why = re.sub(r"\bkrex_lab\.errors\.\w+: ", "", result.error.removeprefix("exclusive=True: "))
+        print(f"krex run: --exclusive: {why}", file=sys.stderr)
+    elif result.status in ("exception", "interrupted") and result.traceback:
         sys.stderr.write(result.traceback)
-        if result.error and result.error.startswith("exclusive=True"):
-            print(f"krex: {result.error}", file=sys.stderr)
     elif result.status in ("died", "timeout", "failed", "cancelled") or (not result.ok and result.exit_code is None):
-        print(f"krex: {result.error}", file=sys.stderr)
-    if result.notice:
-        print(f"krex: {result.notice}", file=sys.stderr)
+        print(f"krex run: {result.error}", file=sys.stderr)
+    if result.notice and not never_ran:  # "ran without GPU exclusivity": it did not run at all
+        print(f"krex run: {result.notice}", file=sys.stderr)
     if result.region and not quiet:
         from ...client import RegionReport
 
