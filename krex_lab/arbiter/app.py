@@ -89,15 +89,7 @@ def serving_line(arbiter: Arbiter) -> str:
     )
 
 
-class _SupersededStartLine(logging.Filter):
-    """Drops the server's own start-up line: :func:`serving_line` says it, and more."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("krex arbiter %s on %s:")
-
-
 log = logging.getLogger("krex.arbiter")
-log.addFilter(_SupersededStartLine())
 
 
 def main(argv: list[str] | None = None) -> None:

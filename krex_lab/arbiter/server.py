@@ -337,8 +337,6 @@ class Arbiter(LoggingConfigurable):
             background.append(self._telemetry())
         if self.metrics is not None:
             background.append(self._refresh_metrics())
-        kind = "SIMULATED GPUs (fake backend)" if self.backend.simulated else self.backend.name
-        log.info("krex arbiter %s on %s: %d GPU(s), %s", __version__, self.bound, self.gpu_count, kind)
         try:
             await self.service.run(background, ready)
         finally:
@@ -537,10 +535,29 @@ class Arbiter(LoggingConfigurable):
         self.quotas.check_register(uid, pid, self.sessions, self.capacity)
         within = ""
         if req.within:
-            region = self.scheduler.find(req.within)
+            # "REGION via TICKET" (workers/pool): a pool worker started for one job of a client
+            # inside REGION. TICKET is the client's own identity ticket (the kernel named its pid
+            # and uid); the worker joins the region only if that client is the holder itself or its
+            # descendant, and the client, the worker and the holder are one user. A failed check
+            # is refused (the pool then fails that job rather than run it frozen).
+            region_id, _, via = req.within.partition(" via ")
+            region = self.scheduler.find(region_id)
+            if via:
+                client = self.tickets.redeem(via)
+                if (
+                    region is None
+                    or region.gpu != gpu
+                    or not (client.uid == uid == region.session.uid)
+                    or not (client.pid == region.session.pid or region.session.pid in ancestors(client.pid))
+                ):
+                    raise PermissionDenied(
+                        f"process {client.pid} is not inside region {region_id} on GPU {gpu} "
+                        "(not its holder or the holder's descendant of the same user, or the region has ended)"
+                    )
+                within = region_id
             # Only a descendant of a live region's holder is part of it; a stale or false
             # claim (an inherited KREX_REGION) just makes an ordinary session.
-            if region is not None and region.session.pid in ancestors(pid):
+            elif region is not None and region.session.pid in ancestors(pid):
                 within = req.within
         session = self.sessions.add(pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
