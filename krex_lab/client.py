@@ -202,6 +202,9 @@ class Session:
         self.paused = threading.Event()
         self.expired: set[str] = set()
         self.drain_hooks: list[Callable[[], None]] = []
+        #: the region this session holds on each GPU (an ``exclusive()`` inside it nests)
+        self._held: dict[int, Exclusive] = {}
+        self._held_lock = threading.Lock()
         self._local = threading.local()
         self._closed = threading.Event()
         self._control = control_conn
@@ -222,6 +225,17 @@ class Session:
         if isinstance(request, protocol.SessionRequest):
             request.session, request.token = self.id, self.token
         return self.connection().call(request, timeout)
+
+    def holding(self, gpu: int) -> Exclusive | None:
+        """The region this session holds on ``gpu`` through an :class:`Exclusive`, if any."""
+        with self._held_lock:
+            held = self._held.get(gpu)
+        return held if held is not None and held.id not in self.expired else None
+
+    def holds_any(self) -> bool:
+        with self._held_lock:
+            gpus = list(self._held)
+        return any(self.holding(g) is not None for g in gpus)
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -306,7 +320,15 @@ class RegionReport(dict[str, Any]):
         sim = " [simulated GPU]" if self.get("simulated") else ""
         parts = [
             f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}:",
-            f"waited {self.get('wait_s', 0) * 1e3:.1f} ms, acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
+            # The caller's own wait where the client measured it (a caller stopped as another
+            # region's intruder before it could queue waited longer than the queue saw).
+            f"waited {self.get('caller_wait_s', self.get('wait_s', 0)) * 1e3:.1f} ms,"
+            + (
+                f" stopped {self['stopped_before_request_s'] * 1e3:.1f} ms by another region before it queued,"
+                if self.get("stopped_before_request_s")
+                else ""
+            )
+            + f" acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
             f"drained {len(self.get('drained', []))}, frozen {len(self.get('frozen', []))},"
             f" moved {len(self.get('moved', []))}, cores {self.get('cores', [])}",
         ]
@@ -349,14 +371,31 @@ class Exclusive:
         self.gpu: int | None = gpu
         self.report = RegionReport()
         self._cancel = threading.Event()
+        #: inside a region this session already holds on the same GPU: granted at once, ended
+        #: with the outer one
+        self.nested = False
 
     @property
     def expired(self) -> bool:
         return bool(self.report.get("expired"))
 
     def acquire(self) -> Exclusive:
-        session = self._session or attach(self.options["gpu"])
+        called = time.monotonic()
+        self.nested = False
+        session = self._session
+        if session is None:
+            # A session holding a region keeps it (attach() to another GPU would end it): the
+            # request names its GPU.
+            current = current_session()
+            session = current if current is not None and current.holds_any() else attach(self.options["gpu"])
         self._session = session
+        gpu = session.gpu if self.options["gpu"] is None else self.options["gpu"]
+        outer = session.holding(gpu)
+        if outer is not None:  # `with exclusive(): with exclusive():` in one process
+            self.id, self.gpu, self.nested = outer.id, gpu, True
+            wait = round(time.monotonic() - called, 6)
+            self.report = RegionReport({**outer.report, "nested": True, "caller_wait_s": wait})
+            return self
         devsync.synchronize_frameworks()
         conn = session.connection()
         request = protocol.Acquire(session=session.id, token=session.token, **self.options)
@@ -371,7 +410,10 @@ class Exclusive:
             raise
         self.id = granted.region
         self.gpu = granted.gpu
-        self.report = RegionReport(granted.report)
+        # What the caller waited, attaching included (the arbiter's wait_s is its queue's).
+        self.report = RegionReport({**granted.report, "caller_wait_s": round(time.monotonic() - called, 6)})
+        with session._held_lock:
+            session._held[granted.gpu] = self
         return self
 
     def _withdraw(self, session: Session, conn: Connection) -> None:
@@ -387,8 +429,19 @@ class Exclusive:
 
     def release(self) -> RegionReport:
         assert self._session is not None and self.id is not None, "release() before acquire()"
-        result = self._session.call(protocol.Release(region=self.id), timeout=60.0)
-        self.report = RegionReport(result or self.report)
+        if self.nested:  # the outer region ends it
+            return self.report
+        session = self._session
+        try:
+            result = session.call(protocol.Release(region=self.id), timeout=60.0)
+        finally:
+            with session._held_lock:
+                if self.gpu is not None and session._held.get(self.gpu) is self:
+                    del session._held[self.gpu]
+        final = RegionReport(result or self.report)
+        if "caller_wait_s" in self.report:
+            final["caller_wait_s"] = self.report["caller_wait_s"]
+        self.report = final
         return self.report
 
     def __enter__(self) -> Exclusive:

@@ -75,6 +75,8 @@ class Region:
     locking: bool = False
     asked_exempt: list[int] = field(default_factory=list)
     watch_errors: list[str] = field(default_factory=list)
+    #: sessions that exited, or ended their session, while being drained (nothing left to drain)
+    gone: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def move(self, new: RegionState) -> None:
@@ -113,6 +115,7 @@ class Region:
             "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],
             "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
             "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
+            "gone": self.gone,
             "intruders": self.drain.intruders,
             "frozen": self.frozen.all_pids(),
             "frozen_cgroups": self.frozen.cgroups,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
 from ..gpu.base import GpuProcess
-from ..procutil import ancestors, task_count, tree, tree_until
+from ..procutil import ancestors, state_and_start, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer, thaw
@@ -36,6 +36,10 @@ log = logging.getLogger("krex.scheduler")
 
 #: up to this many threads, isolation runs on the event loop (cheaper than a thread hand-off)
 INLINE_THREADS = 256
+
+#: a request that arrives within this many seconds of the end of its session's stop as an
+#: intruder was on its way when it was stopped: its report says how long that stop was
+STOPPED_WINDOW = 1.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,12 @@ class Enforcement:
     backend_name: str
     #: the arbiter's own processes (itself, its guardian): never locked, frozen or moved
     own_pids: Callable[[], set[int]]
+
+
+def _running(session: Session) -> bool:
+    """Is the session's process still there (not exited, not a zombie, not a reused pid)?"""
+    state, start = state_and_start(session.pid)
+    return state not in (None, "Z", "X") and start == session.start
 
 
 class QueuePolicy(Protocol):
@@ -132,6 +142,8 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._intruders: dict[str, tuple[Region, asyncio.TimerHandle]] = {}
+        #: sessions stopped as intruders before they queued: when, and by which region
+        self._stopped: dict[str, tuple[float, Region]] = {}
         # Per-thread work (affinities of every thread of every session) runs here, off the loop;
         # one thread, so that the core book is only ever touched by one at a time.
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
@@ -168,11 +180,19 @@ class Scheduler:
                 "queue": len(self.queues[gpu]),
             },
         )
+        stopped = self._stopped.pop(session.id, None)
+        if stopped is not None:
+            # Stopped as an intruder on its way here (between registering and queueing): the
+            # caller waited that long too, though this queue only saw it now.
+            since, by = stopped
+            until = by.granted_at + by.times.get("hold", 0.0) if by.state is RegionState.RELEASED else region.requested
+            if region.requested - until <= STOPPED_WINDOW:
+                region.times["stopped_before_request"] = until - since
         self._kick(gpu)
         pending = self._intruders.pop(session.id, None)
         if pending is not None:  # it registered mid-region and has now queued: stop it now
             pending[1].cancel()
-            self._start_intrusion(pending[0], session)
+            self._start_intrusion(pending[0], session, queued=True)
         return region
 
     def find(self, region_id: str) -> Region | None:
@@ -208,6 +228,7 @@ class Scheduler:
         return self.past(region.id) or {}
 
     def session_gone(self, session: Session, reason: str) -> None:
+        self._stopped.pop(session.id, None)
         pending = self._intruders.pop(session.id, None)
         if pending is not None:
             pending[1].cancel()
@@ -249,6 +270,8 @@ class Scheduler:
             await self._drain(region, siblings)
             t1 = time.monotonic()
             region.times["drain"] = t1 - t0
+            # A session that left while being drained is no session to freeze any more.
+            siblings = [s for s in siblings if s.pid not in region.gone]
             if region.freeze:
                 # Sessions that acknowledged the drain may already be stopped (see _drain).
                 self.steps.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt, result=region.frozen)
@@ -360,17 +383,26 @@ class Scheduler:
             if s.control is None and s.pid not in targets:
                 region.drain.not_drained[s.pid] = "not KREX-aware (no control channel) and not lockable"
         waits: list[Any] = []
-        if region.acks:
-            waits.append(asyncio.wait(list(region.acks.values()), timeout=self.config.drain_timeout))
+        # Futures kept here too: a session that ends meanwhile takes its own out of region.acks.
+        acks = dict(region.acks)
+        asked = time.monotonic()
+        if acks:
+            waits.append(asyncio.wait(list(acks.values()), timeout=self.config.drain_timeout))
         if lock_job is not None:
             waits.append(lock_job)
         await asyncio.gather(*waits)
+        # What was measured: the wait ends early when every ack arrived or a session left.
+        waited = time.monotonic() - asked
+        live = {s.id for s in self.sessions}
         for s in cooperative:
-            fut = region.acks.get(s.id)
+            fut = acks.get(s.id)
             if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
                 region.drain.acked.append(s.pid)
+            elif s.id not in live or not _running(s):
+                # It exited, or ended its session, while being drained: nothing left to drain.
+                region.gone.append(s.pid)
             else:
-                region.drain.not_drained[s.pid] = f"did not answer drain within {self.config.drain_timeout:.2f} s"
+                region.drain.not_drained[s.pid] = f"did not answer drain within {waited:.2f} s"
             if fut is not None and not fut.done():
                 fut.cancel()
 
@@ -424,9 +456,11 @@ class Scheduler:
         )
         self._intruders[session.id] = (region, handle)
 
-    def _start_intrusion(self, region: Region, session: Session) -> None:
+    def _start_intrusion(self, region: Region, session: Session, queued: bool = False) -> None:
         self._intruders.pop(session.id, None)
         if region.state is RegionState.HELD:
+            if region.freeze and not queued:  # stopped before it could queue (see request())
+                self._stopped[session.id] = (time.monotonic(), region)
             self._spawn(self._intrude(region, session))
 
     async def _intrude(self, region: Region, session: Session) -> None:
