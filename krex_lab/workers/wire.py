@@ -65,6 +65,7 @@ class JobSpec(msgspec.Struct, kw_only=True, omit_defaults=True):
     argv: list[str] = []
     cwd: str | None = None
     env: dict[str, str] | None = None
+    stdin: bytes | None = None  # a script's whole stdin (None: none, as from /dev/null)
 
 
 class Ping(Request, tag="ping"):
@@ -98,6 +99,11 @@ class Submit(Request, tag="submit"):
     reply = JobResult
     job: JobSpec
     pid: int | None = None  # the submitting process: its jobs and leases end when it exits
+    #: the client runs inside this region (its KREX_REGION), proven by ``region_ticket``: an
+    #: identity ticket the client itself took from the arbiter, which the job's worker hands on
+    #: when it registers, so that the arbiter checks the client is the region holder's descendant
+    region: str | None = None
+    region_ticket: str | None = None
 
 
 PoolRequest = Union[Ping, PoolStatus, ReleaseLease, Interrupt, Submit]
@@ -153,6 +159,9 @@ class Init(msgspec.Struct, tag_field="op", tag="init", kw_only=True):
     memory_slack: int = 256 << 20
     arbiter: str | None = None  # register there as a worker session (None: no arbiter answered)
     arbiter_pid: int | None = None
+    #: register as part of this region: ``"REGION via TICKET"`` (the job's client's identity
+    #: ticket; the arbiter checks that client is the holder's descendant). Empty: an ordinary worker.
+    within: str = ""
 
 
 class Run(msgspec.Struct, tag_field="op", tag="run", kw_only=True):
@@ -168,6 +177,7 @@ class Run(msgspec.Struct, tag_field="op", tag="run", kw_only=True):
     cwd: str | None = None
     env: dict[str, str] | None = None
     keep_env: list[str] = []  # placement variables a script's env never overrides
+    stdin: bytes | None = None  # a script's stdin (its fd 0 for the run); None: /dev/null
 
 
 class Reset(msgspec.Struct, tag_field="op", tag="reset"):

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ... import paths, protocol
-from ...errors import JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
+from ...errors import InvalidRequest, JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
 from ...protocol import Request
 from ..endpoint import default_endpoint, ipc_path, lock_path
 from ..results import JobResult, RemoteTraceback
@@ -66,6 +66,57 @@ OutputFn = Callable[[str, str], None]
 
 #: how long connect() waits for a pool it started to answer
 START_TIMEOUT = 60.0
+#: the most stdin a script job carries (:func:`read_stdin`): it travels whole, in the submit
+STDIN_LIMIT = 64 << 20
+
+
+def read_stdin(limit: int = STDIN_LIMIT) -> bytes | None:
+    """This process's stdin for a script job, as ``krex run`` forwards it: the whole content of a
+    pipe or a regular file, read to its end (None for a terminal, ``/dev/null`` or a socket, which
+    the script then does not get). Over ``limit`` bytes: :class:`InvalidRequest`."""
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return None
+    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(0, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise InvalidRequest(
+                f"stdin is larger than {limit >> 20} MiB: `krex run` sends a script's stdin whole; "
+                "pass a file name instead"
+            )
+
+
+def _region_claim() -> tuple[str | None, str | None]:
+    """(KREX_REGION, an identity ticket of this process) when this process runs inside a region, so
+    that the pool runs its jobs on a worker the arbiter lets join that region; (None, None) otherwise,
+    or when the arbiter gives no ticket (the job is then an ordinary one)."""
+    region = os.environ.get("KREX_REGION", "").strip()
+    if not region:
+        return None, None
+    from ...client import Connection
+
+    try:
+        conn = Connection()
+    except Exception:
+        return None, None
+    try:
+        ticket = conn.ticket()
+    except Exception:
+        ticket = ""
+    finally:
+        conn.close()
+    return (region, ticket) if ticket else (None, None)
 
 
 def print_output(stream: str, text: str) -> None:
@@ -256,7 +307,8 @@ class PoolClient:
         """Submit one job, stream its output, return its one result (the submit's reply)."""
         out = on_output or print_output
         sock = self._socket()
-        submit = Submit(id=_rid(), pid=os.getpid(), job=job)
+        region, ticket = _region_claim()
+        submit = Submit(id=_rid(), pid=os.getpid(), job=job, region=region, region_ticket=ticket)
         sock.send(protocol.encode(submit))
         job_id: str | None = None
         interrupts = 0
@@ -329,9 +381,12 @@ class PoolClient:
         env: dict[str, str] | None = None,
         timeout: float | None = None,
         on_output: OutputFn | None = None,
+        stdin: bytes | None = None,
     ) -> JobResult:
         """Run a script as ``python PATH ARGV...`` would (runpy, ``__main__``); ``env`` replaces the
-        environment for the run (the worker's GPU placement variables stay). ``exit_code`` is set."""
+        environment for the run (the worker's GPU placement variables stay). ``exit_code`` is set.
+        ``stdin``: what the script reads from its stdin (fd 0; :func:`read_stdin` gives this
+        process's); None: ``/dev/null``."""
         cwd_s = os.fspath(cwd) if cwd is not None else os.getcwd()
         return self._run(
             JobSpec(
@@ -343,6 +398,7 @@ class PoolClient:
                 gpu=gpu,
                 exclusive=exclusive,
                 timeout=timeout,
+                stdin=stdin,
             ),
             on_output,
         )

@@ -283,13 +283,47 @@ class Runner:
         sys.argv = [path, *argv]
         extra = [p for p in ((env or {}).get("PYTHONPATH") or "").split(os.pathsep) if p]
         sys.path[:0] = [os.path.dirname(path), *extra]
+        stdin = _StdinSwap(msg.stdin) if msg.stdin is not None else None
         try:
             _guarded(lambda: runpy.run_path(path, run_name="__main__"))
         except SystemExit as exc:
             return self._exit(exc, "script")
         except BaseException as exc:
             return self._failure(exc, "script")
+        finally:
+            if stdin is not None:
+                stdin.restore()
         return {"ok": True, "status": "ok", "exit_code": 0}
+
+
+class _StdinSwap:
+    """The client's stdin as the script's fd 0 and ``sys.stdin`` (a memfd, so that C code and
+    children read it too), put back afterwards (a reset would too; a leased run does not reset)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.saved_fd = os.dup(0)
+        os.set_inheritable(self.saved_fd, False)
+        self.saved = sys.stdin
+        fd = os.memfd_create("krex-stdin")
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.dup2(fd, 0)
+        finally:
+            os.close(fd)
+        sys.stdin = open(0, encoding=getattr(self.saved, "encoding", None), closefd=False)  # noqa: SIM115
+
+    def restore(self) -> None:
+        current = sys.stdin
+        sys.stdin = self.saved
+        try:
+            current.close()
+        except Exception:
+            pass
+        os.dup2(self.saved_fd, 0)
+        os.close(self.saved_fd)
 
 
 def new_namespace() -> dict[str, Any]:

@@ -67,6 +67,13 @@ class Worker:
         t0 = time.perf_counter()
         ready = Ready(first=True, pid=os.getpid(), clean=True)
         if self.init.arbiter:
+            # A worker started for one job of a client inside a region registers as part of that
+            # region (``Register.within``, read from KREX_REGION by the session): "REGION via
+            # TICKET", the client's own identity ticket, which the arbiter checks (the client
+            # must be the holder's descendant, of this user). Ordinary workers never claim one.
+            os.environ.pop("KREX_REGION", None)
+            if self.init.within:
+                os.environ["KREX_REGION"] = self.init.within
             try:
                 from ...client import attach
 
@@ -74,6 +81,8 @@ class Worker:
                 ready.session = self.session.id
             except Exception as exc:
                 ready.session_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                os.environ.pop("KREX_REGION", None)
         t1 = time.perf_counter()
         loaded, skipped, seconds = preload(list(self.init.preload), self.init.real, self.init.warmup)
         install_sigint()

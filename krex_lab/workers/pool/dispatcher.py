@@ -74,6 +74,9 @@ class Job:
     timed_out: bool = False
     forced: bool = False
     notice: str | None = None
+    #: ``"REGION via TICKET"``: the client runs inside that region on ``gpu``; the job runs on a
+    #: worker of its own, started for it and registered as part of the region (never frozen by it)
+    within: str | None = None
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
     @property
@@ -156,6 +159,8 @@ class Dispatcher:
             lease.pending += 1
         self.queue.append(job)
         self.counters["submitted"] += 1
+        if job.within is not None and job.gpu is not None:
+            self._new_worker(job.gpu, False, for_job=job)
         self.dispatch()
 
     def dispatch(self) -> None:
@@ -173,7 +178,8 @@ class Dispatcher:
 
     def _eligible(self, w: WorkerHandle, gpu: int | None) -> bool:
         return (
-            w.state == "idle"
+            w.for_job is None
+            and w.state == "idle"
             and w.active
             and w.lease is None
             and w.expected is None
@@ -182,6 +188,10 @@ class Dispatcher:
         )
 
     def _pick(self, job: Job) -> WorkerHandle | None:
+        if job.within is not None:
+            # Its own worker, part of the region: the region's closed gate is no bar to it.
+            mine = [w for w in self.workers.values() if w.for_job is job]
+            return next((w for w in mine if w.state == "idle" and w.expected is None), None)
         gpu = job.gpu
         if job.lease is not None:
             lease = self.leases[job.lease]
@@ -222,7 +232,7 @@ class Dispatcher:
         if job.finished or w is None:
             return
         holder = self.gates.holder_pid(w.gpu)
-        if not self.gates.is_open(w.gpu) and holder != w.pid:
+        if job.within is None and not self.gates.is_open(w.gpu) and holder != w.pid:
             # Frozen by someone else's region: that time is not the job's.
             job.timers.append(asyncio.get_running_loop().call_later(0.5, self._timeout, job))
             return
@@ -336,6 +346,8 @@ class Dispatcher:
                 self.finish(job, msg.result)
             if msg.recycle:
                 self.recycle(w, msg.recycle)
+            elif w.for_job is not None:
+                self.recycle(w, "it ran the one job of a region it was started for")
         elif isinstance(msg, Ready):
             self._on_ready(w, msg)
 
@@ -348,6 +360,22 @@ class Dispatcher:
             self._failures[w.gpu] = 0
             if msg.session_error:
                 log.warning("worker %s not registered with the arbiter: %s", w.id, msg.session_error)
+            job = w.for_job
+            if job is not None and msg.session is None and not job.finished:
+                # Not part of the region: it would run frozen, or unchecked. The job fails instead.
+                if job in self.queue:
+                    self.queue.remove(job)
+                self.finish(
+                    job,
+                    JobResult(
+                        ok=False,
+                        status="failed",
+                        exit_code=1 if job.kind == "script" else None,
+                        error="the job's client runs inside region "
+                        f"{(job.within or '').split(' ')[0]}, but its worker could not join that region: "
+                        f"{msg.session_error or 'no arbiter'}",
+                    ),
+                )
             log.info(
                 "worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s",
                 w.id,
@@ -356,7 +384,11 @@ class Dispatcher:
                 msg.start_s or 0,
                 msg.preloaded,
             )
-        if not msg.clean:
+        if w.expected is not None:
+            pass  # being killed already
+        elif w.for_job is not None and (w.for_job.finished or w.for_job.worker not in (None, w)):
+            self.recycle(w, "its region job has ended")
+        elif not msg.clean:
             self.recycle(w, f"reset incomplete: {msg.reason}")
         elif w.reset_pending:
             self._reset(w)
@@ -381,6 +413,19 @@ class Dispatcher:
     def on_exit(self, w: WorkerHandle, code: int) -> None:
         self.workers.pop(w.id, None)
         cause = describe_exit(code)
+        mine = w.for_job
+        if mine is not None and not mine.finished and mine.worker is None:
+            if mine in self.queue:
+                self.queue.remove(mine)
+            self.finish(
+                mine,
+                JobResult(
+                    ok=False,
+                    status="failed",
+                    exit_code=1 if mine.kind == "script" else None,
+                    error=f"the worker started for this job (inside a region) ended before it ran: {cause}",
+                ),
+            )
         job = w.job
         if job is not None and not job.finished:
             tail = w.last_stderr()
@@ -444,7 +489,12 @@ class Dispatcher:
 
     # -- sizing -----------------------------------------------------------------------------------
     def _alive(self, gpu: int) -> list[WorkerHandle]:
-        return [w for w in self.workers.values() if w.gpu == gpu and w.state != "dead" and w.expected is None]
+        """The GPU's pool workers (those started for one region job are not counted)."""
+        return [
+            w
+            for w in self.workers.values()
+            if w.gpu == gpu and w.state != "dead" and w.expected is None and w.for_job is None
+        ]
 
     def target_active(self, gpu: int) -> int:
         leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
@@ -478,7 +528,7 @@ class Dispatcher:
 
     def _spawn(self, want: dict[int, int]) -> None:
         loop = asyncio.get_running_loop()
-        starting = sum(1 for w in self.workers.values() if w.state == "starting")
+        starting = sum(1 for w in self.workers.values() if w.state == "starting" and w.for_job is None)
         now = time.monotonic()
         later = [self._retry_at[g] for g, n in want.items() if n and self._retry_at[g] > now]
         order = sorted((g for g, n in want.items() if n), key=lambda g: -want[g])
@@ -501,10 +551,14 @@ class Dispatcher:
 
             self._retry_handle = loop.call_later(max(0.05, min(later) - now), retry)
 
-    def _new_worker(self, gpu: int, active: bool) -> None:
+    def _new_worker(self, gpu: int, active: bool, for_job: Job | None = None) -> None:
         self._wids += 1
         cmd, env, init = self.spawn_args(self._wids, gpu)
+        if for_job is not None:
+            init.within = for_job.within or ""
+            init.name = f"{init.name} for job {for_job.id} inside region {init.within.split(' ')[0]}"
         w = WorkerHandle(self._wids, gpu, cmd, env, init, self, active)
+        w.for_job = for_job
         self.workers[w.id] = w
         self.counters["started"] += 1
 

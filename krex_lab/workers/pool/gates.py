@@ -41,6 +41,8 @@ class GateWatcher:
         self._sub: zmq.asyncio.Socket | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: the last re-read of the arbiter's status failed (it stopped answering)
+        self.failing = False
 
     @property
     def connected(self) -> bool:
@@ -135,7 +137,9 @@ class GateWatcher:
                     log.info("arbiter at %s answered: gates honoured from now on", self.endpoint)
                     self.on_change()
                 continue
-            if not await self._read_status() and self.closed:
+            ok = await self._read_status()
+            self.failing = not ok
+            if not ok and self.closed:
                 log.warning("the arbiter does not answer: treating every gate as open")
                 self._apply({})
 

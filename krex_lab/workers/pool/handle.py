@@ -76,6 +76,8 @@ class WorkerHandle:
         self.events = events
         self.active = active
         self.state = "starting"
+        #: the one job (of a client inside a region) this worker was started for; None: a pool worker
+        self.for_job: Any = None
         self.pid: int | None = None
         self.session: str | None = None
         self.info: Any = None  # its first wire.Ready (what it preloaded, how long it took)
@@ -300,7 +302,7 @@ class WorkerHandle:
             "pid": self.pid,
             "gpu": self.gpu,
             "state": self.state,
-            "role": "active" if self.active else "spare",
+            "role": "region job" if self.for_job is not None else "active" if self.active else "spare",
             "session": self.session,
             "lease": getattr(self.lease, "key", None),
             "job": getattr(self.job, "id", None),

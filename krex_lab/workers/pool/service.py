@@ -147,6 +147,11 @@ class Pool(LoggingConfigurable):
     resync = Float(2.0, help="Seconds between re-reads of the arbiter's gates (events are the fast path).").tag(
         config=True
     )
+    arbiter_gone_exit = Float(
+        3.0,
+        help="A pool started on demand whose arbiter has stopped answering exits after this many "
+        "seconds without work (0: only on_demand_idle_exit applies).",
+    ).tag(config=True)
 
     @default("on_demand_idle_exit")
     def _default_idle(self) -> float:
@@ -161,6 +166,7 @@ class Pool(LoggingConfigurable):
         self.gpu_uuids: dict[int, str] = {}
         self._last_busy = time.monotonic()
         self._arbiter_known = False
+        self._arbiter_gone_since: float | None = None
         # Every component exists from here on; serve() only discovers the GPUs and starts them.
         self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
         config = DispatchConfig(
@@ -197,6 +203,9 @@ class Pool(LoggingConfigurable):
         python = self.python or sys.executable
         real = not self.backend.get("simulated", True)
         env = {**os.environ, **{str(k): str(v) for k, v in self.worker_env.items()}}
+        # A pool started inside a region (krex run under krex exclusive) must not make every
+        # worker claim it: only a worker started for a region job joins one (Init.within).
+        env.pop("KREX_REGION", None)
         env.update(
             {
                 paths.GPU_ENV: str(gpu),
@@ -368,14 +377,65 @@ class Pool(LoggingConfigurable):
             elif limit > 0 and time.monotonic() - self._last_busy > limit:
                 log.info("idle for %.0f s: exiting", limit)
                 self.stop()
+            elif self._arbiter_gone():
+                log.info(
+                    "the arbiter at %s has stopped answering and this pool (started on demand) is idle: exiting",
+                    self.arbiter_endpoint,
+                )
+                self.stop()
+
+    def _arbiter_gone(self) -> bool:
+        """An on-demand pool whose arbiter answered once and has not for ``arbiter_gone_exit`` s."""
+        if not (self.on_demand and self.arbiter_gone_exit > 0 and self._arbiter_known):
+            return False
+        now = time.monotonic()
+        if self._arbiter_listens():
+            self._arbiter_gone_since = None
+            return False
+        if self._arbiter_gone_since is None:
+            self._arbiter_gone_since = now
+        return now - max(self._arbiter_gone_since, self._last_busy) >= self.arbiter_gone_exit
+
+    def _arbiter_listens(self) -> bool:
+        """Someone listens on the arbiter's ipc socket (a plain connect, nothing sent); for other
+        endpoints, the last re-read of the gates succeeded."""
+        path = self.arbiter_endpoint[len("ipc://") :] if self.arbiter_endpoint.startswith("ipc://") else None
+        if path is None:
+            return not self.gates.failing
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(path)
+            except BlockingIOError:
+                return True  # listening, its backlog full
+            except OSError:
+                return False
+        return True
 
     # -- clients ------------------------------------------------------------------------------------
     def _emit(self, job: Job, message: Output | JobResult) -> None:
         peer: Peer = job.client
         if isinstance(message, JobResult):
+            unchecked = self._unregistered(job)
+            if unchecked:
+                message.notice = f"{message.notice}; {unchecked}" if message.notice else unchecked
             peer.reply(message)  # the submit's one reply: the job's one result
         else:
             peer.send(message)
+
+    def _unregistered(self, job: Job) -> str | None:
+        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it)."""
+        w = job.worker
+        if w is None or w.session is not None or w.info is None:
+            return None
+        if w.init.arbiter is None:
+            return f"no arbiter answers at {self.arbiter_endpoint}: the job ran without GPU exclusivity"
+        return (
+            f"the worker could not register with the arbiter at {self.arbiter_endpoint} "
+            f"({w.info.session_error}): the job ran without GPU exclusivity"
+        )
 
     def _ping(self, request: Ping, peer: Peer) -> PoolInfo:
         return PoolInfo(
@@ -423,14 +483,24 @@ class Pool(LoggingConfigurable):
             argv=spec.argv,
             cwd=spec.cwd,
             env=spec.env,
+            stdin=spec.stdin,
         )
+        gpu, within = spec.gpu, None
+        if request.region and request.region_ticket:
+            # The client says it runs inside this region. If the region holds one of our GPUs, the
+            # job gets a worker of its own that joins the region (the arbiter checks the claim
+            # with the client's ticket); else the job is an ordinary one.
+            held = [g for g, (region, _pid) in self.gates.closed.items() if region == request.region]
+            if held and held[0] in d.gpus and gpu in (None, held[0]) and spec.lease is None:
+                gpu, within = held[0], f"{request.region} via {request.region_ticket}"
         job = Job(
             id=d.new_id(),
             rid=request.id,
             client_pid=request.pid,
             spec=run,
             client=peer,
-            gpu=spec.gpu,
+            gpu=gpu,
+            within=within,
             lease=spec.lease,
             exclusive=spec.exclusive,
             timeout=float(timeout) if timeout else None,

@@ -1,0 +1,196 @@
+"""What a new user hits with the pool: a job from inside a region (``krex exclusive -- krex run``,
+``--exclusive`` nested in it), stdin, no arbiter, an on-demand pool after its arbiter stopped."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
+from tests.support import ROOT
+from tests.support.pool import PoolProc, alive, krex_run
+
+
+@pytest.fixture(scope="module")
+def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
+    with pytest.MonkeyPatch.context() as mp:
+        yield from running_arbiter(tmp_path_factory.mktemp("arb"), mp, gpus=1)
+
+
+@pytest.fixture(scope="module")
+def pool(arb: ArbiterProc) -> Iterator[PoolProc]:
+    proc = PoolProc(
+        arb.env(),
+        f"ipc://{arb.runtime / 'newuser.sock'}",
+        "--no-preload",
+        "--workers-per-gpu=1",
+        "--spares=1",
+        log=arb.runtime / "newuser.log",
+    )
+    proc.start(timeout=90)
+    yield proc
+    proc.stop()
+
+
+def _env(arb: ArbiterProc, pool: PoolProc) -> dict[str, str]:
+    return {**arb.env(), "KREX_POOL_ENDPOINT": pool.endpoint}
+
+
+def test_krex_run_inside_krex_exclusive_runs_and_nests(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) -> None:
+    (tmp_path / "s.py").write_text("print('inside', flush=True)\n")
+    inner = f"{sys.executable} -m krex_lab.cli run"
+    script = (
+        f"{inner} {tmp_path / 's.py'} && {inner} --exclusive {tmp_path / 's.py'} && "
+        f"{inner} --exclusive --gpu 0 {tmp_path / 's.py'}"
+    )
+    env = _env(arb, pool)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "krex_lab.cli", "exclusive", "--max-hold", "120", "--", "sh", "-c", script],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"krex exclusive -- krex run hangs: {exc.stderr!r}\n{pool.log()}")
+    assert r.returncode == 0, (r.stderr, pool.log())
+    assert r.stdout == "inside\n" * 3
+    # --exclusive inside it nests: both inner reports are the outer region's (no second region)
+    regions = re.findall(r"KREX region (\S+) on GPU", r.stderr)
+    assert len(regions) == 4 and len(set(regions)) == 1, r.stderr
+    pool.wait_ready()  # the region's workers are gone, the pool's own are back and serve
+    assert pool.client.run_code("1").ok
+
+
+def test_a_false_region_claim_does_not_join_it(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) -> None:
+    """KREX_REGION in the environment of a process outside the region: the arbiter refuses it."""
+    marker = tmp_path / "region"
+    env = _env(arb, pool)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.cli",
+            "exclusive",
+            "--quiet",
+            "--max-hold",
+            "60",
+            "--",
+            "sh",
+            "-c",
+            f'echo "$KREX_REGION" > {marker}.tmp && mv {marker}.tmp {marker} && sleep 60',
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(marker.exists, 20)
+        region = marker.read_text().strip()
+        assert region
+        (tmp_path / "s.py").write_text("print('ran')\n")
+        try:
+            r = krex_run({**env, "KREX_REGION": region}, str(tmp_path / "s.py"), timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job of a false claim neither joined the region nor failed")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert r.stdout == ""
+        assert "could not join that region" in r.stderr and "not inside region" in r.stderr, r.stderr
+    finally:
+        holder.terminate()
+        holder.wait(15)
+    pool.wait_ready()
+
+
+def test_stdin_reaches_the_script(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) -> None:
+    (tmp_path / "cat.py").write_text(
+        "import sys, os\nprint(repr(sys.stdin.read()))\nprint(repr(os.read(0, 10)))\nprint(sys.stdin.isatty())\n"
+    )
+    out: list[str] = []
+    r = pool.client.run_script(
+        tmp_path / "cat.py", stdin=b"hi\nthere\n", on_output=lambda s, t: out.append(t) if s == "stdout" else None
+    )
+    assert r.ok, r
+    assert "".join(out) == "'hi\\nthere\\n'\nb''\nFalse\n"
+    out.clear()
+    r = pool.client.run_script(tmp_path / "cat.py", on_output=lambda s, t: out.append(t) if s == "stdout" else None)
+    assert r.ok and "".join(out) == "''\nb''\nFalse\n"  # none given: /dev/null, as before
+
+
+def test_read_stdin_reads_a_pipe_and_nothing_else(tmp_path: Path) -> None:
+    code = "from krex_lab.workers.client.pool_client import read_stdin; print(repr(read_stdin()))"
+    piped = subprocess.run(
+        [sys.executable, "-c", code], input="hi\n", capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert piped.stdout == "b'hi\\n'\n", piped.stderr
+    null = subprocess.run(
+        [sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert null.stdout == "None\n", null.stderr
+
+
+@pytest.mark.xfail(reason="needs run_cli.run to pass stdin=read_stdin() (another engineer's file)", strict=False)
+def test_echo_into_krex_run(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) -> None:
+    (tmp_path / "cat.py").write_text("import sys\nprint(sys.stdin.read().upper(), end='')\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "run", str(tmp_path / "cat.py")],
+        env=_env(arb, pool),
+        input="hi\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout == "HI\n", r.stderr
+
+
+def test_no_arbiter_is_said_on_stderr(tmp_path: Path) -> None:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    nobody = f"ipc://{runtime / 'nobody.sock'}"
+    env = {**ArbiterProc(runtime).env(), "KREX_ENDPOINT": nobody}
+    pool = PoolProc(env, f"ipc://{runtime / 'pool.sock'}", "--no-preload", "--spares=0", log=runtime / "pool.log")
+    pool.start(timeout=90)
+    try:
+        (tmp_path / "s.py").write_text("print('ok')\n")
+        r = krex_run(pool.env, str(tmp_path / "s.py"))
+        assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+        # one line (run_cli's prefix: "krex:" or "krex run:")
+        line = f"no arbiter answers at {nobody}: the job ran without GPU exclusivity"
+        assert re.fullmatch(rf"krex( run)?: {re.escape(line)}\n", r.stderr), r.stderr
+    finally:
+        pool.stop()
+
+
+def test_on_demand_pool_exits_soon_after_its_arbiter_stops(tmp_path: Path) -> None:
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    arb = ArbiterProc(runtime, gpus=1).start()
+    env = {**arb.env(), "KREX_POOL_IDLE_EXIT": "600"}
+    pool = PoolProc(
+        env, f"ipc://{runtime / 'od.sock'}", "--on-demand", "--no-preload", "--spares=0", log=runtime / "od.log"
+    )
+    try:
+        pool.start(timeout=90)
+        assert pool.proc is not None
+        assert pool.client.run_code("1").ok
+        arb.stop()
+        t0 = time.monotonic()
+        wait_for(lambda: pool.proc is not None and pool.proc.poll() is not None, 15)
+        assert time.monotonic() - t0 < 10, pool.log()
+        assert pool.proc.returncode == 0
+    finally:
+        arb.stop()
+        pool.stop()
+
+
+def test_a_pool_with_a_live_arbiter_stays(arb: ArbiterProc, pool: PoolProc) -> None:
+    time.sleep(1.0)
+    assert pool.proc is not None and alive(pool.proc.pid)
