@@ -82,6 +82,13 @@ def read_stdin(limit: int = STDIN_LIMIT) -> bytes | None:
         return None
     if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
         return None
+    if stat.S_ISFIFO(mode):
+        import select
+
+        # A pipe that some parent holds open without writing (agents' and IDEs' shells do) must not
+        # hang `krex run`: forward a pipe only when it has data or is closed within a moment.
+        if not select.select([0], [], [], 0.05)[0]:
+            return None
     chunks: list[bytes] = []
     size = 0
     while True:

@@ -55,8 +55,14 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory", file=sys.stderr)
         return 2
-    from .pool_client import PoolClient
+    from ...errors import InvalidRequest
+    from .pool_client import PoolClient, read_stdin
 
+    try:
+        stdin = read_stdin()
+    except InvalidRequest as exc:
+        print(f"krex run: {exc}", file=sys.stderr)
+        return 2
     env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
     client = PoolClient.connect(start=True)
     try:
@@ -69,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             env=env,
             timeout=args.timeout,
             on_output=_write,
+            stdin=stdin,
         )
     finally:
         client.close()
