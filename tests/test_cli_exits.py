@@ -94,6 +94,8 @@ def test_ctrl_c_exits_130_even_when_the_command_exits_0_on_it(arbiter: ArbiterPr
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A shell starts background jobs with SIGINT ignored and children inherit it: give krex Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_for(lambda: psutil.Process(proc.pid).children(), timeout=20)

@@ -351,6 +351,12 @@ class Services:
             if child is None or child.alive() or self._restarts.get(name, 0) >= MAX_RESTARTS:
                 continue
             assert child.proc is not None
+            if name == "pool" and child.proc.returncode == 0 and _pool_answers(self.pool_endpoint):
+                # Another pool of this user already serves the endpoint (one `krex run` started on
+                # demand): ours stepped aside, as a second pool does. Use that one; nothing to restart.
+                self.log.info("KREX: using the pool already serving at %s", self.pool_endpoint)
+                self.pool = None
+                continue
             self._restarts[name] = self._restarts.get(name, 0) + 1
             give_up = self._restarts[name] >= MAX_RESTARTS
             self.log.error(

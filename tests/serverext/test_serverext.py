@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -278,3 +279,30 @@ def test_dead_pool_is_started_again(
     app.services.check()  # what the periodic watch does
     second = get_json(get, "krex/api/status")["server"]["pool"]
     assert second and second != first and "pool_up 1.0" in get("krex/metrics")[2].decode()
+
+
+@pytest.fixture
+def pool_already_serving(arbiter: ArbiterProc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A pool of this user that serves before the server starts (one `krex run` started on demand)."""
+    from tests.support.pool import PoolProc
+
+    endpoint = f"ipc://{arbiter.runtime / 'pool.sock'}"
+    monkeypatch.setenv("KREX_POOL_ENDPOINT", endpoint)
+    pool = PoolProc(arbiter.env(), endpoint, "--no-preload", "--spares=0", log=tmp_path / "pool.log").start(90)
+    yield pool
+    pool.stop()
+
+
+@pytest.mark.skipif(not pool_available(), reason="needs the pool service")
+@pytest.mark.parametrize("krex_config", [{"start_pool": True, "pool_args": ["--no-preload"], "watch_interval": 0}])
+def test_a_pool_already_serving_is_used_not_restarted(
+    pool_already_serving: Any, krex_config: dict[str, Any], jp_serverapp: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = jp_serverapp.extension_manager.extension_points["krex_lab"].app
+    ours = app.services.pool
+    if ours is not None and ours.proc is not None:
+        ours.proc.wait(30)  # it steps aside: another pool holds the endpoint's lock
+    for _ in range(3):
+        app.services.check()  # what the periodic watch does
+    assert not [r for r in caplog.records if "starting it again" in r.getMessage()], "no restart loop"
+    assert app.services.pool is None and not app.services.problems
