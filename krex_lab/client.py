@@ -319,7 +319,9 @@ class RegionReport(dict[str, Any]):
             return "region not granted"
         sim = " [simulated GPU]" if self.get("simulated") else ""
         parts = [
-            f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}:",
+            f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}"
+            + (" (nested: the enclosing region's)" if self.get("nested") else "")
+            + ":",
             # The caller's own wait where the client measured it (a caller stopped as another
             # region's intruder before it could queue waited longer than the queue saw).
             f"waited {self.get('caller_wait_s', self.get('wait_s', 0)) * 1e3:.1f} ms,"
