@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 pytest.importorskip("jupyterhub")
@@ -109,11 +110,16 @@ c.JupyterHub.api_tokens = {{"{ADMIN_TOKEN}": "alice", "{USER_TOKEN}": "bob"}}
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
                 pass
-        # The hub leads its own process group: whatever it started and left behind (a managed
-        # service of a hub that failed to start, say) goes with it.
+        # The hub leads its own process group: whatever it started and left behind goes with it. Its
+        # managed services run in sessions of their own: find them by the config file they were given.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, 9)
         self.proc.wait()
+        for p in psutil.process_iter(["cmdline"]):
+            if str(self.config) in (p.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+                    p.wait(5)
 
     def get(self, path: str = "", token: str | None = None, **kw: Any) -> requests.Response:
         headers = {"Authorization": f"token {token}"} if token else {}
