@@ -13,6 +13,7 @@ when that subcommand's parser is first used, or when it runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -212,68 +213,18 @@ def _exclusive(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_cli() -> Any:
-    from .workers.client import run_cli
+def _delegate(module: str, run: str = "run") -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]]:
+    """(populate, func) of a subcommand whose options and body live in ``module`` (relative to this
+    package: ``add_arguments(parser)`` and ``run(args)``), imported only when that subcommand is used,
+    so that ``import krex_lab.cli`` stays cheap."""
 
-    return run_cli
+    def populate(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(module, __package__).add_arguments(parser)
 
+    def func(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module, __package__), run)(args))
 
-def _history_populate(parser: argparse.ArgumentParser) -> None:
-    from .arbiter import history_cli
-
-    history_cli.add_arguments(parser)
-
-
-def _history(args: argparse.Namespace) -> int:
-    from .arbiter import history_cli
-
-    return history_cli.run(args)
-
-
-def _hub_config_populate(parser: argparse.ArgumentParser) -> None:
-    from .hub import config
-
-    config.add_arguments(parser)
-
-
-def _hub_config(args: argparse.Namespace) -> int:
-    from .hub import config
-
-    return config.run(args)
-
-
-def _supervise_populate(parser: argparse.ArgumentParser) -> None:
-    from .arbiter import supervisor
-
-    supervisor.add_arguments(parser)
-
-
-def _supervise(args: argparse.Namespace) -> int:
-    from .arbiter import supervisor
-
-    return supervisor.run(args)
-
-
-def _run_populate(parser: argparse.ArgumentParser) -> None:
-    _run_cli().add_arguments(parser)
-
-
-def _run(args: argparse.Namespace) -> int:
-    code: int = _run_cli().run(args)
-    return code
-
-
-def _lab_populate(parser: argparse.ArgumentParser) -> None:
-    from .serverext.lab import add_arguments
-
-    add_arguments(parser)
-
-
-def _lab(args: argparse.Namespace) -> int:
-    """JupyterLab with the KREX extension, arbiter and kernelspec (see krex_lab.serverext.lab)."""
-    from .serverext.lab import launch
-
-    return launch(args)
+    return populate, func
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,15 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
         app_options=True,
     )
     p.set_defaults(func=_app_command(_pool_app))
+    populate, func = _delegate(".arbiter.supervisor")
     p = sub.add_parser(
         "supervise",
         help="run an arbiter under a supervisor that undoes and restarts it after a crash (where systemd does not)",
         description="Run a KREX arbiter, undo its journal whenever it exits and restart it unless "
         "it stopped cleanly. Example: krex supervise --runtime-dir /run/krex -- krex arbiter "
         "--multi-user",
-        populate=_supervise_populate,
+        populate=populate,
     )
-    p.set_defaults(func=_supervise)
+    p.set_defaults(func=func)
     p = sub.add_parser(
         "status",
         help="GPUs, holders, queues and sessions of this node",
@@ -318,14 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_status)
+    populate, func = _delegate(".arbiter.history_cli")
     p = sub.add_parser(
         "history",
         help="finished regions (kept across arbiter restarts), or GPU-hours per user with --usage",
         description="Finished regions from the arbiter's history database, or with --usage the "
         "GPU-hours held per user and per GPU.",
-        populate=_history_populate,
+        populate=populate,
     )
-    p.set_defaults(func=_history)
+    p.set_defaults(func=func)
     p = sub.add_parser(
         "exclusive",
         help="run a command with the GPU to itself",
@@ -345,31 +298,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_exclusive)
+    populate, func = _delegate(".workers.client.run_cli")
     p = sub.add_parser(
         "run",
         help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
         description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
-        populate=_run_populate,
+        populate=populate,
     )
-    p.set_defaults(func=_run)
+    p.set_defaults(func=func)
+    populate, func = _delegate(".serverext.lab", run="launch")
     p = sub.add_parser(
         "lab",
         help="JupyterLab with KREX (embedded arbiter; fake backend without a GPU)",
         description="JupyterLab with KREX: the extension, an arbiter (embedded when none "
         "answers) and the krex kernelspec. Any other option goes to JupyterLab.",
-        populate=_lab_populate,
+        populate=populate,
         keep_unknown="jupyterlab_args",
         allow_abbrev=False,
     )
-    p.set_defaults(func=_lab)
+    p.set_defaults(func=func)
+    populate, func = _delegate(".hub.config")
     p = sub.add_parser(
         "hub-config",
         help="write a jupyterhub_config.py with KREX wired in (node arbiter, admin page, quotas)",
         description="A jupyterhub_config.py for a GPU node: the node arbiter and the KREX admin page as "
         "managed services, every user's server on the node arbiter, quotas (c.Quotas) in the same file.",
-        populate=_hub_config_populate,
+        populate=populate,
     )
-    p.set_defaults(func=_hub_config)
+    p.set_defaults(func=func)
     return parser
 
 

@@ -86,6 +86,7 @@ class Connection:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.endpoint)
         self.arbiter_pid: int | None = None
+        self._identity: str | None = None  # the arbiter's identity socket, learnt from one hello
 
     def send(self, request: protocol.Request) -> int:
         """Send ``request`` (its ``id`` is set here); returns the id to :meth:`wait` for."""
@@ -124,9 +125,12 @@ class Connection:
         """An identity ticket of this process (the arbiter shows its own sessions in full), or ""
         where the arbiter has no identity socket this process can reach (a remote endpoint)."""
         try:
-            info: protocol.Info = self.call(protocol.Hello(), timeout=timeout)
-            return fetch_ticket(info.identity, timeout)
+            if self._identity is None:
+                info: protocol.Info = self.call(protocol.Hello(), timeout=timeout)
+                self._identity = info.identity
+            return fetch_ticket(self._identity, timeout)
         except (ArbiterUnavailable, PermissionDenied):
+            self._identity = None  # ask again next time: the arbiter may have moved or restarted
             return ""
 
     def call(self, request: protocol.Request, timeout: float | None = REQUEST_TIMEOUT) -> Any:
@@ -217,6 +221,7 @@ class Session:
         if conn is None:
             conn = Connection(self.endpoint)
             conn.arbiter_pid = self.info.pid
+            conn._identity = self.info.identity
             self._local.conn = conn
         return conn
 
