@@ -17,7 +17,7 @@ os.environ.setdefault("KREX_NODE_ENDPOINT", "")
 from krex_lab.pytest_plugin import ArbiterProc  # noqa: E402
 from tests.support.procs import Procs, session_processes  # noqa: E402
 
-pytest_plugins = ["krex_lab.pytest_plugin"]
+pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser"]
 
 
 @pytest.fixture

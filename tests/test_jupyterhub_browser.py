@@ -36,10 +36,12 @@ import psutil
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
-from tests.dashboard.test_dashboard_browser import CHROMIUM_FLAGS, find_chromium
 from tests.hubsupport.hub import Hub, free_port
 from tests.hubsupport.users import HubUser, describe, kernel_process, make_users, processes_of
 from tests.support import ROOT
+from tests.support.browser import chromium_page
+from tests.support.browser import ms_left as _left
+from tests.support.browser import pick_krex_kernel as _pick_krex_kernel
 from tests.test_jupyterhub import _as_user, _krex_hub_config, _skip_unless_possible
 
 pytestmark = pytest.mark.timeout(240)
@@ -116,18 +118,6 @@ def _notebook(flags: Path) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def chromium() -> str:
-    """Debian's chromium and Playwright; skips (saying why) before any user or hub is made."""
-    path = find_chromium()
-    if path is None:
-        pytest.skip(
-            "no Chromium found (/usr/bin/chromium; `apt-get install chromium`, as .ci/run does, or set KREX_CHROMIUM)"
-        )
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
-    return path
-
-
 @contextlib.contextmanager
 def alice_hub() -> Iterator[AliceHub]:
     """The hub of :mod:`tests.test_jupyterhub`'s ``node`` fixture with one user, alice, who has a
@@ -188,8 +178,6 @@ def _stop_server(hub: Hub, user: str) -> None:
 
 
 def test_alice_logs_in_runs_a_region_and_sees_the_dashboard(chromium: str) -> None:
-    from playwright import sync_api
-
     ARTIFACTS.mkdir(exist_ok=True)
     for shot in (SHOT_REGION, SHOT_DASHBOARD, SHOT_HELD, SHOT_FAILURE):
         shot.unlink(missing_ok=True)
@@ -197,32 +185,11 @@ def test_alice_logs_in_runs_a_region_and_sees_the_dashboard(chromium: str) -> No
         hub, alice = node.hub, node.alice
         t0 = time.monotonic()
         deadline = t0 + BUDGET_S
-        profile = tempfile.mkdtemp(prefix="krex-chromium-")
-        page: Any = None
         try:
-            with sync_api.sync_playwright() as pw:
-                browser = pw.chromium.launch_persistent_context(
-                    profile,
-                    executable_path=chromium,
-                    headless=True,
-                    args=CHROMIUM_FLAGS,
-                    viewport={"width": 1400, "height": 1000},
-                )
-                try:
-                    page = browser.pages[0] if browser.pages else browser.new_page()
-                    page.set_default_timeout(30_000)
-                    state = _run_in_browser(page, node, deadline)
-                except BaseException:
-                    if page is not None:
-                        with contextlib.suppress(Exception):
-                            page.screenshot(path=str(SHOT_FAILURE))
-                    raise
-                finally:
-                    browser.close()
+            with chromium_page(chromium, {"width": 1400, "height": 1000}, SHOT_FAILURE) as page:
+                state = _run_in_browser(page, node, deadline)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n(screenshot: {SHOT_FAILURE})\n--- hub log ---\n{hub.log_tail()}") from None
-        finally:
-            shutil.rmtree(profile, ignore_errors=True)
         elapsed = time.monotonic() - t0
         # Her server, stopped through the API, leaves no process of hers behind.
         hub.stop_server(alice.name)
@@ -368,27 +335,10 @@ def _kernel_idle(hub: Hub, user: str, token: str) -> bool:
     )
 
 
-def _pick_krex_kernel(page: Any) -> None:
-    """Answer a "Select Kernel" dialog, should Lab show one, with the notebook's kernel."""
-    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
-    if dialog.count():
-        with contextlib.suppress(Exception):
-            dialog.locator("select").select_option(label="Python 3 (KREX)", timeout=2000)
-            dialog.get_by_role("button", name="Select", exact=True).click(timeout=2000)
-
-
 def _dismiss_news(page: Any) -> None:
     """The "official Jupyter news?" toast, when it shows."""
     with contextlib.suppress(Exception):
         page.get_by_role("button", name="No", exact=True).click(timeout=500)
-
-
-def _left(deadline: float) -> float:
-    """Milliseconds left until ``deadline`` (Playwright's unit)."""
-    return max(1000.0, (deadline - time.monotonic()) * 1000)
-
-
-#: krex_lab's dashboard on a private multi-user arbiter (what a hub runs) is fed the anonymous view
 
 
 def test_her_dashboard_shows_her_own_kernel(chromium: str) -> None:

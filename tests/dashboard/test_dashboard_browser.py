@@ -28,37 +28,16 @@ import psutil
 import pytest
 
 from tests.support import ROOT
+from tests.support.browser import chromium_page
+from tests.support.browser import ms_left as _left
+from tests.support.browser import pick_krex_kernel as _pick_krex_kernel
 
 pytestmark = pytest.mark.timeout(150)
 
 ARTIFACTS = ROOT / "test-artifacts"
 NOTEBOOK = ROOT / "notebooks" / "03_dashboard.ipynb"
-#: what works here as root, in a container, with no network
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 #: the whole test (server, browser, notebook) stays within this
 BUDGET_S = 90.0
-
-
-def find_chromium() -> str | None:
-    for candidate in (
-        os.environ.get("KREX_CHROMIUM"),
-        "/usr/bin/chromium",
-        "/usr/bin/chromium-browser",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def _free_port() -> int:
@@ -166,18 +145,6 @@ class Lab:
 
 
 @pytest.fixture
-def chromium() -> str:
-    """Debian's chromium, and Playwright to drive it; skips (saying why) before any server starts."""
-    path = find_chromium()
-    if path is None:
-        pytest.skip(
-            "no Chromium found (/usr/bin/chromium; `apt-get install chromium`, as .ci/run does, or set KREX_CHROMIUM)"
-        )
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
-    return path
-
-
-@pytest.fixture
 def lab(chromium: str, tmp_path: Path) -> Iterator[Lab]:
     server = Lab(tmp_path)
     try:
@@ -197,98 +164,61 @@ PANELS_JS = """() => {
 
 
 def test_dashboard_notebook_in_chromium(chromium: str, lab: Lab) -> None:
-    from playwright import sync_api
-
     t0 = time.monotonic()
     deadline = t0 + BUDGET_S
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "dashboard-failure.png").unlink(missing_ok=True)
     lab.wait_ready(min(deadline, t0 + 45))
-    profile = tempfile.mkdtemp(prefix="krex-chromium-")
-    page: Any = None
     try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch_persistent_context(
-                profile,
-                executable_path=chromium,
-                headless=True,
-                args=CHROMIUM_FLAGS,
-                viewport={"width": 1500, "height": 1100},
-            )
-            try:
-                page = browser.pages[0] if browser.pages else browser.new_page()
-                page.set_default_timeout(30_000)
-                page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
-                page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=_left(deadline))
-                # The notebook's own kernel (krex) must be up before Run All, or Lab asks which kernel to start.
-                while not lab.kernel_idle(NOTEBOOK.name):
-                    assert time.monotonic() < deadline, "the notebook's krex kernel did not start"
-                    _pick_krex_kernel(page)
-                    time.sleep(0.2)
-                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=_left(deadline))
-                with contextlib.suppress(Exception):  # the "official Jupyter news?" toast, when it shows
-                    page.get_by_role("button", name="No", exact=True).click(timeout=1000)
-                page.click(".lm-MenuBar-item:has-text('Run')")
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        with chromium_page(chromium, {"width": 1500, "height": 1100}, ARTIFACTS / "dashboard-failure.png") as page:
+            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
+            page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=_left(deadline))
+            # The notebook's own kernel (krex) must be up before Run All, or Lab asks which kernel to start.
+            while not lab.kernel_idle(NOTEBOOK.name):
+                assert time.monotonic() < deadline, "the notebook's krex kernel did not start"
                 _pick_krex_kernel(page)
-                # The panels show the sessions, a held region, and finished regions on the timeline.
-                names = ["region-loop-a", "region-loop-b", "idle-neighbour"]
-                state = _wait(
-                    page,
-                    deadline,
-                    lambda s: (
-                        s["panels"] >= 2
-                        and all(n in s["text"] for n in names)
-                        and "held by" in s["text"]
-                        and s["regions"] >= 1
-                    ),
-                )
-                assert "SIMULATED (fake backend)" in state["text"] and "live" in state["header"], state["header"]
-                # ... and keep changing while a later cell keeps the kernel busy.
-                first = state["regions"]
-                state = _wait(page, deadline, lambda s: s["regions"] > first or not s["busy"])
-                assert state["busy"] and state["regions"] > first, (
-                    f"the dashboard stood still while a cell ran ({first} -> {state['regions']} regions)"
-                )
-                # The picture: a held region with a waiter, when the loops line up like that (else a held one).
-                _wait(
-                    page,
-                    min(deadline, time.monotonic() + 10),
-                    soft=True,
-                    done=lambda s: "held by" in s["text"] and "waiting (1)" in s["text"],
-                )
-                with contextlib.suppress(Exception):
-                    page.get_by_role("button", name="No", exact=True).click(timeout=500)
-                dash = page.locator(".krex-dash").first
-                dash.scroll_into_view_if_needed()
-                page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
-                dash.screenshot(path=str(ARTIFACTS / "dashboard-panels.png"))
-            except BaseException:
-                if page is not None:
-                    with contextlib.suppress(Exception):
-                        page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))
-                raise
-            finally:
-                browser.close()
+                time.sleep(0.2)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=_left(deadline))
+            with contextlib.suppress(Exception):  # the "official Jupyter news?" toast, when it shows
+                page.get_by_role("button", name="No", exact=True).click(timeout=1000)
+            page.click(".lm-MenuBar-item:has-text('Run')")
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            _pick_krex_kernel(page)
+            # The panels show the sessions, a held region, and finished regions on the timeline.
+            names = ["region-loop-a", "region-loop-b", "idle-neighbour"]
+            state = _wait(
+                page,
+                deadline,
+                lambda s: (
+                    s["panels"] >= 2
+                    and all(n in s["text"] for n in names)
+                    and "held by" in s["text"]
+                    and s["regions"] >= 1
+                ),
+            )
+            assert "SIMULATED (fake backend)" in state["text"] and "live" in state["header"], state["header"]
+            # ... and keep changing while a later cell keeps the kernel busy.
+            first = state["regions"]
+            state = _wait(page, deadline, lambda s: s["regions"] > first or not s["busy"])
+            assert state["busy"] and state["regions"] > first, (
+                f"the dashboard stood still while a cell ran ({first} -> {state['regions']} regions)"
+            )
+            # The picture: a held region with a waiter, when the loops line up like that (else a held one).
+            _wait(
+                page,
+                min(deadline, time.monotonic() + 10),
+                soft=True,
+                done=lambda s: "held by" in s["text"] and "waiting (1)" in s["text"],
+            )
+            with contextlib.suppress(Exception):
+                page.get_by_role("button", name="No", exact=True).click(timeout=500)
+            dash = page.locator(".krex-dash").first
+            dash.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+            dash.screenshot(path=str(ARTIFACTS / "dashboard-panels.png"))
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n--- krex lab log ---\n{lab.log()}") from None
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
     assert time.monotonic() - t0 < BUDGET_S + 5
-
-
-def _pick_krex_kernel(page: Any) -> None:
-    """Answer a "Select Kernel" dialog, should Lab show one, with the notebook's kernel."""
-    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
-    if dialog.count():
-        with contextlib.suppress(Exception):
-            dialog.locator("select").select_option(label="Python 3 (KREX)", timeout=2000)
-            dialog.get_by_role("button", name="Select", exact=True).click(timeout=2000)
-
-
-def _left(deadline: float) -> float:
-    """Milliseconds left until ``deadline`` (Playwright's unit)."""
-    return max(1000.0, (deadline - time.monotonic()) * 1000)
 
 
 def _wait(page: Any, deadline: float, done: Any, soft: bool = False) -> dict[str, Any]:

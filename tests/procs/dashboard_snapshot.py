@@ -158,7 +158,7 @@ def run(out: Path, backend: str, work: str, timeout: float) -> int:
 def shot(page: Path, png: Path) -> int:
     from playwright.sync_api import sync_playwright
 
-    from tests.dashboard.test_dashboard_browser import CHROMIUM_FLAGS, find_chromium
+    from tests.support.browser import CHROMIUM_FLAGS, find_chromium
 
     chromium = find_chromium()
     if chromium is None:
