@@ -6,6 +6,7 @@ No sockets: replies and notifications are recorded, so each test can count them 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -106,9 +107,11 @@ class World:
         return region, replies
 
 
-async def _world(
+@contextlib.asynccontextmanager
+async def running_world(
     tmp_path: Path, sleepers: list[subprocess.Popen[bytes]], cores: CoreBook, drain_timeout: float = 0.2
-) -> World:
+) -> AsyncIterator[World]:
+    """A scheduler on real enforcement steps (fake backend); shut down, its sessions closed, after."""
     backend = make_backend("fake", 2)
     notes = Recorder()
     journal_path = tmp_path / "journal.jsonl"
@@ -127,15 +130,17 @@ async def _world(
     )
     config = SchedulerConfig(drain_timeout=drain_timeout, backend_info=backend.describe())
     holder["s"] = Scheduler(2, sessions, steps, notes, config)
-    return World(holder["s"], sessions, notes, journal_path, sleepers)
+    try:
+        yield World(holder["s"], sessions, notes, journal_path, sleepers)
+    finally:
+        await holder["s"].shutdown()
+        sessions.close()
 
 
 @pytest.fixture
 async def world(tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]) -> AsyncIterator[World]:
-    w = await _world(tmp_path, sleepers, CoreBook())
-    yield w
-    await w.scheduler.shutdown()
-    w.sessions.close()
+    async with running_world(tmp_path, sleepers, CoreBook()) as w:
+        yield w
 
 
 async def test_queue_is_fifo_per_gpu_and_gpus_are_independent(world: World) -> None:
@@ -193,8 +198,7 @@ async def test_lease_expiry_releases_and_tells_the_holder(world: World) -> None:
 async def test_a_failing_step_is_undone_and_the_next_waiter_served(
     tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
 ) -> None:
-    w = await _world(tmp_path, sleepers, FailingCores(1))
-    try:
+    async with running_world(tmp_path, sleepers, FailingCores(1)) as w:
         a, b, sibling = w.session(), w.session(), w.session()
         ra, qa = w.acquire(a)
         rb, qb = w.acquire(b)
@@ -207,9 +211,6 @@ async def test_a_failing_step_is_undone_and_the_next_waiter_served(
         await w.scheduler.release(rb, "released by holder")
         assert proc_state(sibling.pid) != "T" and proc_state(a.pid) != "T"
         assert read_outstanding(w.journal_path) == []
-    finally:
-        await w.scheduler.shutdown()
-        w.sessions.close()
 
 
 async def test_withdrawal_answers_the_waiter_once(world: World) -> None:
@@ -228,8 +229,7 @@ async def test_holder_leaving_during_its_grant_gets_exactly_one_reply(
     tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
 ) -> None:
     # A KREX-aware sibling that never answers its drain keeps the grant going for drain_timeout.
-    w = await _world(tmp_path, sleepers, CoreBook(), drain_timeout=0.5)
-    try:
+    async with running_world(tmp_path, sleepers, CoreBook(), drain_timeout=0.5) as w:
         a, mute = w.session(), w.session(control=True)
         ra, qa = w.acquire(a)
         await asyncio.sleep(0.1)
@@ -240,9 +240,6 @@ async def test_holder_leaving_during_its_grant_gets_exactly_one_reply(
         await asyncio.sleep(0.1)
         assert ra.state is RegionState.RELEASED and w.scheduler.active[0] is None
         assert proc_state(mute.pid) != "T" and read_outstanding(w.journal_path) == []
-    finally:
-        await w.scheduler.shutdown()
-        w.sessions.close()
 
 
 async def test_dead_holder_releases_through_the_session_table(world: World) -> None:
