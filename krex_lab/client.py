@@ -20,7 +20,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -60,6 +59,8 @@ def _check_listener(path: str) -> None:
     user's process listening at the endpoint would capture registrations and answer with lies."""
     try:
         _, uid, _ = listener_credentials(path)
+    except FileNotFoundError:
+        raise _unavailable(f"ipc://{path}", "its socket file does not exist") from None
     except OSError as exc:
         raise ArbiterUnavailable(
             f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
@@ -78,8 +79,6 @@ class Connection:
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
-        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[6:]).exists():
-            raise _unavailable(self.endpoint, "its socket file does not exist")
         if self.endpoint.startswith("ipc://"):
             _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
