@@ -132,10 +132,13 @@ def test_intruder_hears_its_registration_and_queues_before_it_is_frozen(bob: Use
         while time.monotonic() < deadline and _state(a.pid) != "T":
             time.sleep(0.02)
         assert _state(a.pid) == "T", "the intruder runs on in bob's region"
-        # ... and bob's release resumes it and grants it the GPU
-        assert b.call("release", tag="rb")["ok"]
+        # ... and bob's release resumes it and grants it the GPU. Bob is then a sibling in alice's
+        # region and may be frozen before its agent has printed the release reply: read that reply
+        # only once alice has released too.
+        released = b.send("release", tag="rb")
         assert a.event("granted|acquire_failed", "ra")["event"] == "granted"
         assert a.call("release", tag="ra")["ok"]
+        assert b.wait(lambda m: m.get("seq") == released)["ok"]
         assert_healthy(arb, {bob.uid, alice.uid})
 
 
