@@ -14,6 +14,7 @@
     ├── RegionRevoked               an admin ended the region before its holder did
     ├── RegionCancelled             the request was withdrawn or the arbiter shut down before grant
     ├── BackendError                the GPU backend failed (driver, NVML, amdsmi)
+    ├── MissingDependency           an optional package a feature needs is not installed (also an ImportError)
     └── RemoteError                 a job failed in its context worker (``traceback``: the remote one)
         ├── WorkerDied              the worker running the job died (segfault, ``os._exit``, killed)
         └── JobTimeout              the job ran past its timeout
@@ -83,6 +84,18 @@ class RegionCancelled(KrexError):
 
 class BackendError(KrexError):
     """The GPU backend failed."""
+
+
+class MissingDependency(KrexError, ImportError):
+    """A package a feature needs (torch for ``bench(framework="torch")``, ipywidgets for the
+    dashboard, ...) is not installed; the message names it and the command that installs it.
+    Also an ``ImportError``, so code that already catches that keeps working."""
+
+    @classmethod
+    def of(cls, package: str, feature: str, install: str, cause: BaseException | None = None) -> MissingDependency:
+        """The error for ``feature`` needing ``package``; ``cause`` (the ImportError seen) adds what failed."""
+        seen = f" ({cause})" if cause is not None and str(cause) and package not in str(cause) else ""
+        return cls(f"{feature} needs {package}, which is not installed here{seen}: {install}", name=package)
 
 
 class RemoteError(KrexError):

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from .frameworks import HostAdapter, make_adapter
-from .measurement import Measurement
-from .stats import Criterion
+from .measurement import NO_GPU, Measurement
+from .stats import CONVERGED, STABLE, Criterion, noise_met
 from .throttle import DEFAULT_THRESHOLD, ClockLog, nvml_index, open_clocks
 from .timing import HeldSampler, HostSampler, Sampler, batch_size, collect, warm_up
 
@@ -173,16 +173,28 @@ def bench(
         clocks.close()
         adapter.close()
     state = got.state
+    if not device_timing:
+        # Said first: every figure below is a host time, whatever the region or the backend.
+        what = "numba's CUDA simulator on the host" if simulated else "the call on the host clock"
+        notes.append(
+            f"{NO_GPU}: these are times of {what} (no torch/CuPy/numba GPU arrays in the call; "
+            "GPU work it launches asynchronously is not in them)"
+        )
     if not state.samples:
         notes.append("no sample was kept: every batch was taken while the GPU was throttled")
-    elif got.stop_reason not in ("noise", "stable"):
+    elif got.stop_reason == STABLE and not noise_met(state.noise, state.n, criterion.max_noise):
+        notes.append(
+            f"not converged: the noise settled at {state.noise:.2%}, above max_noise={criterion.max_noise:.2%} "
+            "(more samples would not lower it: a quieter machine, a region, or a larger max_noise)"
+        )
+    elif got.stop_reason not in CONVERGED:
         notes.append(f"stopped by {got.stop_reason} before converging: " + "; ".join(state.shortfalls()))
     if state.discarded:
         notes.append(
             f"{state.discarded} samples discarded while the GPU was throttled: "
             + ", ".join(f"{k} ({v})" for k, v in state.discard_reasons.items())
         )
-    if held.report and held.report.get("simulated") and device_timing:
+    if held.report and held.report.get("simulated"):
         notes.append("the arbiter runs a simulated (fake) backend: the region did not stop real GPU work")
     return Measurement.from_samples(
         label,
@@ -194,6 +206,7 @@ def bench(
         redone_batches=sampler.redone,
         stop_reason=got.stop_reason,
         simulated=simulated,
+        gpu_timed=device_timing,
         l2_flush=bool(l2_flush and device_timing),
         batch=batch,
         wall_s=time.monotonic() - t_start,

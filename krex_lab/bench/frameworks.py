@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -475,6 +476,27 @@ class NumbaAdapter(DeviceAdapter):
         self._buf = None
 
 
+#: the module each GPU framework imports first, and how to install it
+INSTALL = {
+    "torch": ("torch", "pip install torch (a CUDA build: see https://pytorch.org/get-started/locally/)"),
+    "cupy": ("cupy", "pip install cupy-cuda12x (or cupy-cuda11x, matching the CUDA driver)"),
+    "numba": ("numba.cuda", "pip install 'krex-lab[numba]'"),
+}
+
+
+def _require(kind: str) -> None:
+    """Import ``kind``'s module now, so that a missing one is one clear error (the adapters import it
+    inside their constructors, where a bare ModuleNotFoundError would say nothing about bench)."""
+    from ..errors import MissingDependency
+
+    module, install = INSTALL[kind]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        package = module.split(".")[0]
+        raise MissingDependency.of(package, f"krex_lab.bench(framework={kind!r})", install, exc) from exc
+
+
 def make_adapter(
     fn: Callable[..., Any], args: Sequence[Any], framework: str | None = None, stream: Any = None
 ) -> HostAdapter:
@@ -482,6 +504,8 @@ def make_adapter(
     kind = framework or detect(fn, args)
     if kind not in FRAMEWORKS:
         raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, not {kind!r}")
+    if kind != "host":
+        _require(kind)
     if kind == "numba" and numba_simulator():
         return HostAdapter(fn, args, simulated=True)
     if kind == "torch":

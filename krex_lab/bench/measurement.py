@@ -8,7 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import CONVERGED, summarize
+from .stats import CONVERGED, noise_met, summarize
+
+#: said wherever a measurement shows that its times are host times (no GPU work was timed)
+NO_GPU = "no GPU was timed"
 
 
 def fmt_ms(ms: float) -> str:
@@ -46,6 +49,9 @@ class Measurement:
     stop_reason: str = ""
     converged: bool = False
     simulated: bool = False
+    #: whether the times are GPU times (events on a stream); False: the host clock timed the call, so a
+    #: plain Python callable, NumPy, or numba's simulator: nothing here says anything about a GPU
+    gpu_timed: bool = False
     l2_flush: bool = True
     batch: int = 1
     wall_s: float = 0.0
@@ -62,6 +68,9 @@ class Measurement:
     def from_samples(cls, name: str, framework: str, method: str, samples: list[float], **fields: Any) -> Measurement:
         s = summarize(samples)
         reason = fields.get("stop_reason", "")
+        max_noise = fields.get("criterion", {}).get("max_noise")
+        # Converged only when the noise criterion was met, whatever stopped the loop.
+        met = max_noise is None or noise_met(s.rel_stdev, s.n, float(max_noise))
         return cls(
             name=name,
             framework=framework,
@@ -74,7 +83,7 @@ class Measurement:
             min=s.min,
             max=s.max,
             rel_stdev=s.rel_stdev,
-            converged=reason in CONVERGED,
+            converged=reason in CONVERGED and met,
             **fields,
         )
 
@@ -111,6 +120,7 @@ class Measurement:
             "framework": self.framework,
             "method": self.method,
             "simulated": self.simulated,
+            "gpu_timed": self.gpu_timed,
             "l2_flush": self.l2_flush,
             "batch": self.batch,
             "wall_s": self.wall_s,
@@ -126,9 +136,27 @@ class Measurement:
         return out
 
     def _stop_text(self) -> str:
+        """``converged (noise 0.21% < max_noise 0.50%)`` or ``not converged (noise 23.00% > max_noise 0.50%;
+        it settled there)``: the noise and the bound it was held to, so the word is checkable."""
+        noise = f"noise {self.rel_stdev:.2%}" if math.isfinite(self.rel_stdev) else "noise n/a"
+        bound = self.criterion.get("max_noise")
         if self.converged:
-            return f"converged ({self.stop_reason})"
-        return f"NOT converged ({self.stop_reason})" if self.stop_reason else "not converged"
+            return f"converged ({noise}" + (f" < max_noise {bound:.2%})" if bound is not None else ")")
+        why = {
+            "stable": "it settled there",
+            "timeout": "stopped by timeout",
+            "max_samples": "stopped at max_samples",
+        }.get(self.stop_reason, f"stopped: {self.stop_reason}" if self.stop_reason else "")
+        above = f" > max_noise {bound:.2%}" if bound is not None and math.isfinite(self.rel_stdev) else ""
+        return f"not converged ({noise}{above}" + (f"; {why})" if why else ")")
+
+    def _host_text(self) -> str:
+        """What the times are when no GPU was timed ('' when they are GPU times)."""
+        if self.gpu_timed:
+            return ""
+        if self.simulated:
+            return f"SIMULATED, {NO_GPU}: host time of numba's CUDA simulator"
+        return f"{NO_GPU}: host clock around the call"
 
     def _region_text(self) -> str:
         if self.region is None:
@@ -143,7 +171,8 @@ class Measurement:
         )
 
     def summary(self) -> str:
-        sim = " [SIMULATED: host time of numba's CUDA simulator, not a GPU time]" if self.simulated else ""
+        host = self._host_text()
+        sim = f" [{host}]" if host else ""
         return (
             f"{self.name}: median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
             f"noise {self.rel_stdev:.2%}, {self.n} samples, {self.discarded} discarded (throttled), "
@@ -163,6 +192,7 @@ class Measurement:
             ("samples", f"{self.n} kept, {self.discarded} discarded (throttled)"),
             ("stopped", self._stop_text()),
             ("timing", f"{self.framework}: {self.method}"),
+            ("GPU timed", "yes (events on the stream)" if self.gpu_timed else f"no: {self._host_text()}"),
             ("L2 flush", "between samples" if self.l2_flush else "off"),
             ("device", str(self.device.get("name", ""))),
             ("region", self._region_text()),
@@ -174,8 +204,8 @@ class Measurement:
             for k, v in rows
         )
         notes = list(self.warnings)
-        if self.simulated:
-            notes.insert(0, "SIMULATED: host time of numba's CUDA simulator, not a GPU time")
+        if not self.gpu_timed and not any(NO_GPU in w for w in notes):
+            notes.insert(0, self._host_text())
         warn = "".join(f"<div style='color:#b00'>⚠ {e(w)}</div>" for w in notes)
         return f"<div><b>{e(self.name)}</b><table>{body}</table>{warn}</div>"
 
@@ -202,6 +232,7 @@ class Comparison:
                 "discarded": m.discarded,
                 "speedup": m.speedup_over(base),
                 "simulated": m.simulated,
+                "gpu_timed": m.gpu_timed,
                 "converged": m.converged,
             }
             for k, m in self.measurements.items()
@@ -219,6 +250,9 @@ class Comparison:
             )
         if any(r["simulated"] for r in self.rows()):
             lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
+        host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
+        if host:
+            lines.append(f"({NO_GPU} for {', '.join(host)}: host clock)")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -237,6 +271,9 @@ class Comparison:
             if any(r["simulated"] for r in self.rows())
             else ""
         )
+        host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
+        if host:
+            sim += f"<div style='color:#b00'>{NO_GPU} for {e(', '.join(host))}: host clock</div>"
         return f"<table><tr>{head}</tr>{body}</table>{sim}"
 
 

@@ -8,7 +8,8 @@ The stopping rule is nvbench's ``stdrel`` criterion (its cold measurement):
   (the sum of the kept samples, not wall time), then
 * stop when the relative standard deviation of the samples ("noise") is under ``max_noise``, or
 * when the noise has settled above that bound: more than 64 noise values recorded, and the
-  relative spread of the trailing ones (up to 512, checked every 16 samples) is under 5 %;
+  relative spread of the trailing ones (up to 512, checked every 16 samples) is under 5 % (this
+  stops, but is *not* a convergence: the measurement says "not converged (noise X%)");
 * in any case stop after ``timeout`` seconds of wall time (not converged) or ``max_samples``.
 
 Discarded samples (taken while the GPU was throttled) never enter the statistics; they are
@@ -23,9 +24,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: why a measurement stopped
+#: why a measurement stopped; only NOISE is a convergence: STABLE stops (as nvbench does) because
+#: more samples would not lower a noise that settled above ``max_noise``, but the criterion was not met
 NOISE, STABLE, TIMEOUT, MAX_SAMPLES = "noise", "stable", "timeout", "max_samples"
-CONVERGED = (NOISE, STABLE)
+CONVERGED = (NOISE,)
+
+
+def noise_met(noise: float, n: int, max_noise: float) -> bool:
+    """Whether ``n`` samples of relative stdev ``noise`` meet ``max_noise``: at least two samples (one
+    has no noise to speak of) and the noise under the bound, or NaN from a zero mean (all zero)."""
+    return n >= 2 and (not math.isfinite(noise) or noise < max_noise)
 
 
 @dataclass(frozen=True)
@@ -198,8 +206,7 @@ class Convergence:
         """Why to stop now (``noise``, ``stable``, ``max_samples``, ``timeout``), or None to go on."""
         c = self.criterion
         if self.n >= c.min_samples and self.total_s > c.min_time:
-            noise = self.noise
-            if not math.isfinite(noise) or noise < c.max_noise:  # NaN: one sample, or all zero
+            if noise_met(self.noise, self.n, c.max_noise):
                 return NOISE
             if self.noise_settled():
                 return STABLE

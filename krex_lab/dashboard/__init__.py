@@ -40,7 +40,10 @@ def dashboard(gpus: Iterable[int] | int | None = None, refresh: float = 1.0, end
     try:
         from .view import Dashboard
     except ImportError as exc:
-        raise ImportError(f"krex_lab.dashboard() needs ipywidgets (pip install 'krex-lab[jupyter]'): {exc}") from exc
+        from ..errors import MissingDependency
+
+        install = "pip install 'krex-lab[jupyter]'"
+        raise MissingDependency.of("ipywidgets", "krex_lab.dashboard()", install, exc) from exc
 
     return Dashboard(gpus=gpus, refresh=refresh, endpoint=endpoint)
 
