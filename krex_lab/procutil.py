@@ -8,6 +8,7 @@ trees (compiler children included) and every thread.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 
 import psutil
@@ -87,6 +88,16 @@ def task_count(pids: Iterable[int]) -> int:
         except OSError:
             continue
     return n
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def boot_ticks() -> int:
+    """Now, in the unit of :func:`start_time` (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def children(pid: int) -> list[int]:

@@ -68,6 +68,10 @@ class ArbiterProc:
                 self.backend,
                 "--fake-gpus",
                 str(self.gpus),
+                # A test's regions keep other sessions off their cores, never the machine's other
+                # processes (tests running beside it, the developer's shell): the shield's own
+                # tests ask for more.
+                *(() if any("shield" in a for a in self.extra) else ("--Arbiter.shield=sessions",)),
                 *self.extra,
             ],
             env=self.env(),

@@ -8,6 +8,8 @@ frozen processes with it, so no fsync). Entries:
     {"t": "cgfreeze", "region": R, "paths": [cgroup dir, ...]}         cgroup.freeze = 1
     {"t": "affinity", "region": R, "threads": [[tid, start, [cpus]]]}  original affinities
     {"t": "lock",     "region": R, "backend": B, "procs": [[pid, start], ...]}
+    {"t": "partition", "region": R, "path": P, "procs": [[pid, start, cgroup], ...]}  cpuset shield
+    {"t": "irq",      "region": R, "irqs": [[irq, original cpu list], ...]}
     {"t": "end",      "region": R}                                     all of R undone
 
 A region without ``end`` is *outstanding*: :func:`undo_outstanding` (run by the guardian when
@@ -70,11 +72,22 @@ class Lock(msgspec.Struct, tag_field="t", tag="lock"):
     procs: list[tuple[Pid, Tick]]
 
 
+class Partition(msgspec.Struct, tag_field="t", tag="partition"):
+    region: Name
+    path: Name
+    procs: list[tuple[Pid, Tick, Name]]
+
+
+class Irq(msgspec.Struct, tag_field="t", tag="irq"):
+    region: Name
+    irqs: list[tuple[Annotated[int, msgspec.Meta(ge=0, le=65535)], Annotated[str, msgspec.Meta(max_length=1024)]]]
+
+
 class End(msgspec.Struct, tag_field="t", tag="end"):
     region: Name
 
 
-Entry = Stop | CgFreeze | Affinity | Lock | End
+Entry = Stop | CgFreeze | Affinity | Lock | Partition | Irq | End
 _decoder: msgspec.json.Decoder[Entry] = msgspec.json.Decoder(Entry)
 
 
@@ -153,7 +166,8 @@ def read_outstanding(path: Path) -> list[dict[str, Any]]:
 def undo_outstanding(
     path: Path, unlock: UnlockFn | None = None, *, lock_path: Path | None = None, wait: float = 1.0
 ) -> dict[str, Any]:
-    """Undo every outstanding action in reverse order of kind: affinity, thaw, unlock.
+    """Undo every outstanding action in reverse order of kind: shield (cpuset partitions, IRQs),
+    affinity, thaw, unlock.
 
     Returns a summary (what was restored, thawed, unlocked, and what failed); never raises on
     what the journal holds. Truncates the journal afterwards, through the same no-follow fd.
@@ -165,8 +179,9 @@ def undo_outstanding(
     from ..procutil import same_process
     from ..regions.freeze import thaw_cgroups, thaw_procs
     from ..regions.isolate import restore_threads
+    from ..regions.shield import restore_irqs, undo_partitions
 
-    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "errors": []}
+    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "unshielded": 0, "errors": []}
     with contextlib.ExitStack() as stack:
         if lock_path is not None:
             try:
@@ -191,6 +206,8 @@ def undo_outstanding(
         cgroups: list[str] = []
         stopped: list[tuple[int, int]] = []
         locks: dict[str, list[tuple[int, int]]] = {}
+        partitions: list[tuple[str, list[list[Any]]]] = []
+        irqs: dict[int, list[Any]] = {}  # the first record of an IRQ holds its true original
         for e in entries:
             if isinstance(e, Affinity):
                 for tid, start, cpus in e.threads:
@@ -201,6 +218,13 @@ def undo_outstanding(
                 stopped.extend(e.procs)
             elif isinstance(e, Lock):
                 locks.setdefault(e.backend, []).extend(e.procs)
+            elif isinstance(e, Partition):
+                partitions.append((e.path, [list(p) for p in e.procs]))
+            elif isinstance(e, Irq):
+                for irq, original in e.irqs:
+                    irqs.setdefault(irq, [irq, original])
+        summary["unshielded"] = _safely(summary, "end cpuset partitions", undo_partitions, partitions)
+        summary["unshielded"] += _safely(summary, "restore IRQ affinities", restore_irqs, list(irqs.values()))
         summary["restored"] = _safely(summary, "restore affinities", restore_threads, list(first.values()))
         summary["thawed"] = _safely(summary, "thaw cgroups", thaw_cgroups, cgroups)
         summary["thawed"] += _safely(summary, "thaw processes", thaw_procs, stopped)

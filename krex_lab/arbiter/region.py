@@ -24,6 +24,7 @@ from ..procutil import ancestors
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult
 from ..regions.isolate import IsolateResult
+from ..regions.shield import ShieldResult
 from .sessions import Session
 
 Reply = Callable[[Any, "KrexError | None"], None]
@@ -66,7 +67,11 @@ class Region:
     drain: DrainResult = field(default_factory=DrainResult)
     frozen: FreezeResult = field(default_factory=FreezeResult)
     isolated: IsolateResult = field(default_factory=IsolateResult)
+    shielded: ShieldResult = field(default_factory=ShieldResult)
+    #: never stopped or moved by the region (the holder, its ancestors, exempt clients)
     exempt: set[int] = field(default_factory=set)
+    #: never drained (the holder's own process tree and the arbiter's processes)
+    drain_exempt: set[int] = field(default_factory=set)
     times: dict[str, float] = field(default_factory=dict)
     lease: asyncio.TimerHandle | None = None
     watcher: asyncio.Future[Any] | None = None
@@ -122,6 +127,7 @@ class Region:
             "skipped_stopped": self.frozen.skipped,
             "moved": self.isolated.moved_pids,
             "cores": self.isolated.cores,
+            "shield": self.shielded.report(),
             "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
             "degraded": degraded,
             "expired": self.released_by == "lease expired",

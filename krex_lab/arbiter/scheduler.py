@@ -15,19 +15,21 @@ import concurrent.futures
 import functools
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
 from ..gpu.base import GpuProcess
-from ..procutil import ancestors, state_and_start, task_count, tree, tree_until
+from ..procutil import ancestors, boot_ticks, state_and_start, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer, thaw
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook, IsolateResult
+from ..regions.shield import Shield, node_pids
 from .journal import Journal
 from .region import Region, RegionState, Reply
 from .sessions import Session, SessionTable
@@ -72,8 +74,10 @@ class Enforcement:
     #: the processes with a context on a GPU (the backend's list; the fake backend has none)
     gpu_processes: Callable[[int], list[GpuProcess]]
     backend_name: str
-    #: the arbiter's own processes (itself, its guardian): never locked, frozen or moved
+    #: the arbiter's own processes (itself, its guardian): never locked or frozen
     own_pids: Callable[[], set[int]]
+    #: what keeps everyone but the holder off its reserved cores (default: KREX sessions only)
+    shield: Shield = field(default_factory=lambda: Shield("sessions"))
 
 
 def _running(session: Session) -> bool:
@@ -260,10 +264,14 @@ class Scheduler:
         # that are sessions of their own (a kernel started from a notebook, a pool on demand),
         # except those that registered as part of this very region (KREX_REGION).
         apart = self._other_session_pids(region)
-        region.exempt = set(ancestors(holder.pid)) | set(tree_until(holder.pid, apart)) | self.steps.own_pids()
-        # An exempt client's tree stops at sessions too: a pool started by the client it serves
-        # is the client's child, and its other workers must still be drained and frozen.
-        region.exempt |= {p for pid in region.asked_exempt for p in tree_until(pid, apart)}
+        own = set(tree_until(holder.pid, apart)) | self.steps.own_pids()
+        # Drained is everyone's GPU work but the holder's own: its ancestors' and an exempt
+        # client's too (a client waiting for a job's output, or a pool's parent, may hold a
+        # context with work queued: a lock only blocks their next GPU call).
+        region.drain_exempt = own
+        # Never stopped: the holder, its ancestors, and the clients it named (each process
+        # itself, not its other descendants: a client's other children are drained and frozen).
+        region.exempt = own | set(ancestors(holder.pid)) | set(region.asked_exempt)
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in self.sessions.on_gpu(region.gpu) if s.id != holder.id and s.pid not in region.exempt]
@@ -284,7 +292,7 @@ class Scheduler:
             if region.isolate:
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
-                if task_count([holder.pid, *roots]) <= INLINE_THREADS:
+                if self.steps.shield.mode == "sessions" and task_count([holder.pid, *roots]) <= INLINE_THREADS:
                     # A handful of threads: a thread hand-off would cost more than the work.
                     region.isolated = self._isolate(region, roots, deadline)
                 else:
@@ -316,20 +324,33 @@ class Scheduler:
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
 
     def _isolate(self, region: Region, roots: list[int], deadline: float) -> IsolateResult:
-        """Reserve cores for the holder's threads and move every other session's threads off them
-        (in the isolation thread: a session with thousands of threads must not stall the loop)."""
+        """Reserve cores for the holder's threads and keep everyone else off them: the shield
+        (a cpuset partition, or every process's affinity) or, in ``sessions`` mode, other sessions'
+        threads. In the isolation thread: thousands of threads must not stall the loop."""
         frozen = set(region.frozen.pids)
-        others = sorted(
-            {
-                p
-                for root in roots
-                if root not in frozen
-                for p in tree(root)
-                if p not in frozen and p not in region.exempt
-            }
-        )
         holder = tree_until(region.session.pid, self._other_session_pids(region))
-        return self.steps.cores.isolate(
+        cores = self.steps.cores.reserve(region.id, region.cores)
+        if cores:
+            region.shielded = self.steps.shield.take(region.id, set(cores), holder, self.steps.journal.record)
+        others: list[int] = []
+        region.shielded.since = boot_ticks() - 1  # a tick's slack: start times are rounded down
+        if region.shielded.mode == "affinity":
+            # Frozen processes do not run: moving them would only cost time (and undoing it).
+            uid = None if os.geteuid() == 0 else os.geteuid()
+            others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), uid)
+            if foreign:
+                region.shielded.notes.append(f"{foreign} processes of other users left (the arbiter is not root)")
+        elif region.shielded.mode == "sessions":
+            others = sorted(
+                {
+                    p
+                    for root in roots
+                    if root not in frozen
+                    for p in tree(root)
+                    if p not in frozen and p not in region.exempt
+                }
+            )
+        result = self.steps.cores.isolate(
             region.id,
             holder,
             others,
@@ -337,6 +358,17 @@ class Scheduler:
             lambda threads: self.steps.journal.record("affinity", region.id, threads=threads),
             deadline,
         )
+        region.shielded.processes = len(result.moved_pids)
+        return result
+
+    def _unisolate(self, region: Region) -> None:
+        """Give the reserved cores back: the partition and IRQs first (moving the holder back
+        to its cgroup resets its affinity), then every affinity the core book changed."""
+        region.isolated.failed.extend(self.steps.shield.give_back(region.id))
+        self.steps.cores.release(region.id)
+        if region.shielded.mode == "affinity" and region.isolated.cores:
+            pids, _, _ = node_pids(set(), None if os.geteuid() == 0 else os.geteuid())
+            self.steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since)
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight, until two
@@ -364,11 +396,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         targets: set[int] = set()
         lock_job = None
+        listed = {p.pid for p in self.steps.gpu_processes(region.gpu)} - region.drain_exempt
         if self.steps.locker.can_lock:
-            targets = {p.pid for p in self.steps.gpu_processes(region.gpu)}
+            targets = set(listed)
             if not self.config.lock_foreign:
                 targets &= {p for s in self.sessions for p in tree(s.pid)}
-            targets -= region.exempt
             lock_job = self.steps.locker.lock_all(sorted(targets), region.drain, self._journal_lock(region))
         cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
         # Without driver locks nothing can be stopped before it is locked, so a session is
@@ -405,6 +437,17 @@ class Scheduler:
                 region.drain.not_drained[s.pid] = f"did not answer drain within {waited:.2f} s"
             if fut is not None and not fut.done():
                 fut.cancel()
+        # Whatever is on the GPU and neither locked, synchronised nor known to need no lock
+        # shares the region: name it (the report is then degraded).
+        done = set(region.drain.acked) | set(region.drain.locked_pids) | set(region.drain.unlocked_ok)
+        for pid in sorted(listed - done - set(region.drain.not_drained) - set(region.gone)):
+            if not os.path.exists(f"/proc/{pid}"):
+                continue
+            region.drain.not_drained[pid] = (
+                "on the GPU and not locked: not a KREX session's process (lock_foreign is off)"
+                if self.steps.locker.can_lock
+                else f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
+            )
 
     def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
         if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
@@ -496,10 +539,10 @@ class Scheduler:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
-            if self.steps.cores.touched(region.id) <= INLINE_THREADS:
-                self.steps.cores.release(region.id)
+            if self.steps.cores.touched(region.id) <= INLINE_THREADS and not region.shielded.partition:
+                self._unisolate(region)
             else:
-                await asyncio.get_running_loop().run_in_executor(self._threads, self.steps.cores.release, region.id)
+                await asyncio.get_running_loop().run_in_executor(self._threads, self._unisolate, region)
             thaw(region.frozen)
             region.drain.closed = True
             errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)

@@ -33,6 +33,8 @@ from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
+from ..regions.shield import MODES as SHIELD_MODES
+from ..regions.shield import Shield
 from ..service import DEFERRED, Peer, Service
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
@@ -105,6 +107,14 @@ class Arbiter(LoggingConfigurable):
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True
     )
+    shield = Enum(
+        list(SHIELD_MODES),
+        "auto",
+        help="What keeps everyone but a region's holder off its reserved cores: 'cpuset' (a cgroup v2 "
+        "partition: one operation, the kernel moves every process), 'affinity' (every process's "
+        "threads, one by one), 'sessions' (KREX sessions' threads only), 'auto' (cpuset where the "
+        "arbiter may make partitions, else affinity). IRQ affinities move too where /proc/irq is writable.",
+    ).tag(config=True)
     poll_interval = Float(0.1, help="How often a held GPU is checked for new processes to lock.").tag(config=True)
     history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(config=True)
     multi_user = Bool(
@@ -236,6 +246,7 @@ class Arbiter(LoggingConfigurable):
             locker=self.locker,
             freezer=self.freezer,
             cores=CoreBook(),
+            shield=Shield(self.shield),
             journal=self.journal,
             gpu_processes=self.backend.processes,
             backend_name=self.backend.name,
@@ -323,7 +334,7 @@ class Arbiter(LoggingConfigurable):
                     f"cannot serve metrics on {self.metrics_addr}:{self.metrics_port}: {exc.strerror or exc}"
                 ) from None
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
-        if any(summary[k] for k in ("restored", "thawed", "unlocked")):
+        if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
         self._open_history()

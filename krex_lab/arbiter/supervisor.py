@@ -70,7 +70,7 @@ class _Unlockers:
 def undo(runtime: Path, unlock: _Unlockers | None = None) -> dict[str, Any]:
     """Undo what the journal of ``runtime`` names (if the directory is safe and no live arbiter
     holds its lock). Never raises; returns the summary."""
-    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "errors": []}
+    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "unshielded": 0, "errors": []}
     if not os.path.lexists(runtime):
         return summary
     try:
@@ -84,7 +84,7 @@ def undo(runtime: Path, unlock: _Unlockers | None = None) -> dict[str, Any]:
     except (OSError, KrexError) as exc:
         summary["errors"].append(f"journal not replayed: {exc}")
         log.error("journal not replayed: %s", exc)
-    if any(summary[k] for k in ("restored", "thawed", "unlocked")) or summary["errors"]:
+    if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")) or summary["errors"]:
         log.warning("undone after the arbiter exited: %s", summary)
     return summary
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..procutil import same_process, start_time, threads
+from ..procutil import parent_pid, same_process, start_time, threads
 
 JournalFn = Callable[[list[list[Any]]], None]
 
@@ -59,6 +59,15 @@ class CoreBook:
         room = len(self.cpus) - len(taken) - 1
         return sorted(candidates[: max(0, min(n, room))])
 
+    def reserve(self, region: str, n: int) -> list[int]:
+        """Set ``n`` cores aside for ``region`` before :meth:`isolate` pins anyone to them (so that
+        the shield can take them first); [] when none is free."""
+        with self._lock:
+            cores = self.pick(n)
+            if cores:
+                self._held[region] = _Held(cores=set(cores), holder_tids=set(), touched=set())
+            return cores
+
     def isolate(
         self,
         region: str,
@@ -86,7 +95,8 @@ class CoreBook:
         deadline: float | None,
     ) -> IsolateResult:
         late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
-        result = IsolateResult(cores=self.pick(n))
+        reserved = self._held.get(region)
+        result = IsolateResult(cores=sorted(reserved.cores) if reserved is not None else self.pick(n))
         if not result.cores:
             result.failed.append(f"no core to reserve among {len(self.cpus)} (others hold the rest)")
             return result
@@ -115,7 +125,7 @@ class CoreBook:
             fresh.append([tid, self._original[tid][0], sorted(original)])
         if fresh:
             journal(fresh)
-        held = _Held(cores=cores, holder_tids=holder_tids, touched=set())
+        held = _Held(cores=cores, holder_tids=holder_tids, touched=reserved.touched if reserved else set())
         self._held[region] = held
         moved: set[int] = set()
         for tid in holder_tids:
@@ -172,6 +182,38 @@ class CoreBook:
             if target == original and not any(tid in h.touched for h in self._held.values()):
                 self._original.pop(tid, None)
         return n
+
+    def widen_born(self, pids: Iterable[int], cores: set[int], since: int) -> int:
+        """Threads and processes born during a region (start time >= ``since``, boot ticks) inherit
+        their creator's narrowed affinity, which the core book never recorded. Once the creator has
+        its own back, give each what its creator has (less cores still reserved). Returns how many."""
+        with self._lock:
+            reserved = self.reserved()
+            n = 0
+            for pid in pids:
+                try:
+                    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                except OSError:
+                    continue
+                for tid in tids:
+                    if tid in self._original:
+                        continue
+                    start = start_time(tid)
+                    creator = pid if tid != pid else parent_pid(pid)
+                    if start is None or start < since or not creator:
+                        continue
+                    try:
+                        mine, theirs = os.sched_getaffinity(tid), os.sched_getaffinity(creator)
+                    except OSError:
+                        continue
+                    if mine & cores or not theirs & cores or mine != theirs - cores:
+                        continue  # not the creator's mask less the region's cores: its own choice
+                    try:
+                        os.sched_setaffinity(tid, (theirs - reserved) or theirs)
+                        n += 1
+                    except OSError:
+                        continue
+            return n
 
     def _target(self, tid: int) -> set[int] | None:
         """Affinity a thread should have under the regions still held (None: its original)."""

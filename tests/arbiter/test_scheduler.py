@@ -10,7 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from krex_lab.arbiter.scheduler import Enforcement, Scheduler, SchedulerConfig
 from krex_lab.arbiter.sessions import Session, SessionTable
 from krex_lab.errors import KrexError, RegionCancelled
 from krex_lab.gpu import make_backend
+from krex_lab.gpu.base import GpuProcess
 from krex_lab.procutil import proc_state
 from krex_lab.regions.drain import Locker
 from krex_lab.regions.freeze import Freezer
@@ -109,7 +110,11 @@ class World:
 
 @contextlib.asynccontextmanager
 async def running_world(
-    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]], cores: CoreBook, drain_timeout: float = 0.2
+    tmp_path: Path,
+    sleepers: list[subprocess.Popen[bytes]],
+    cores: CoreBook,
+    drain_timeout: float = 0.2,
+    gpu_processes: Callable[[int], list[GpuProcess]] | None = None,
 ) -> AsyncIterator[World]:
     """A scheduler on real enforcement steps (fake backend); shut down, its sessions closed, after."""
     backend = make_backend("fake", 2)
@@ -124,7 +129,7 @@ async def running_world(
         freezer=Freezer(journal.record),
         cores=cores,
         journal=journal,
-        gpu_processes=backend.processes,
+        gpu_processes=gpu_processes or backend.processes,
         backend_name="fake",
         own_pids=lambda: {os.getpid()},
     )
@@ -211,6 +216,45 @@ async def test_a_failing_step_is_undone_and_the_next_waiter_served(
         await w.scheduler.release(rb, "released by holder")
         assert proc_state(sibling.pid) != "T" and proc_state(a.pid) != "T"
         assert read_outstanding(w.journal_path) == []
+
+
+async def test_an_exempt_client_is_spared_stopping_never_its_gpu_work(
+    tmp_path: Path, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    # A client that waits for a job's output (exempt) has a child with work on the GPU, and the
+    # holder has work of its own there. The fake backend cannot lock: the client's child is
+    # named as not drained (the region is degraded); the holder's own work is not named.
+    on_gpu: list[int] = []
+    async with running_world(
+        tmp_path, sleepers, CoreBook(), gpu_processes=lambda gpu: [GpuProcess(p, gpu) for p in on_gpu]
+    ) as w:
+        holder = w.session()
+        parent = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, sys, time\n"
+                "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                "print(kid.pid, flush=True)\ntime.sleep(60)",
+            ],
+            stdout=subprocess.PIPE,
+        )
+        sleepers.append(parent)
+        assert parent.stdout is not None
+        hog = int(parent.stdout.readline())
+        client = w.sessions.add(parent.pid, os.getuid(), "client", "client", 1, None)
+        on_gpu[:] = [hog, holder.pid]
+        replies = Replies()
+        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
+        region.asked_exempt = [client.pid]
+        granted, error = await replies.one()
+        assert error is None
+        report = granted.report
+        assert list(report["not_drained"]) == [str(hog)], report["not_drained"]
+        assert "cannot lock" in report["not_drained"][str(hog)] and report["degraded"] is True
+        assert proc_state(client.pid) != "T", "the exempt client itself keeps running"
+        await w.scheduler.release(region, "released by holder")
+        os.kill(hog, 9)
 
 
 async def test_withdrawal_answers_the_waiter_once(world: World) -> None:

@@ -1,0 +1,353 @@
+"""Step 5, node-wide: a region's reserved cores run its holder and nothing else that can move.
+
+:class:`~krex_lab.regions.isolate.CoreBook` pins the holder's threads to the reserved cores. What
+keeps *everyone else* off them is chosen once, when the arbiter starts (``Arbiter.shield``):
+
+* ``cpuset`` -- one operation: the holder's processes move into ``<v2 root>/krex-shield-<region>``,
+  a cgroup v2 *partition root* whose cpus are the reserved cores. The kernel then takes those
+  cores away from every other cgroup of the node (their ``cpuset.cpus.effective`` shrinks and
+  every task's allowed CPUs with it) and gives them back when the partition goes. Needs the
+  cpuset controller at the hierarchy's root and an arbiter that may write there (root, no
+  cgroup namespace of its own). A holder whose cgroup limits memory, CPU, pids, I/O or cpusets
+  stays where it is (moving it would lift those limits): that region falls back to affinities.
+* ``affinity`` -- every thread of every user-space process of the node is moved off the reserved
+  cores by the core book (original affinities journaled first, restored exactly).
+* ``sessions`` -- only KREX sessions' threads move (the behaviour before the shield existed).
+
+``auto`` picks ``cpuset`` where it works, else ``affinity``. In every mode IRQ affinities that
+include a reserved core are narrowed to the other cores where ``/proc/irq`` is writable. Kernel
+threads are never moved (per-CPU ones cannot be) and are counted in the report. Everything is
+journaled before it is done; :func:`undo_partitions` and :func:`restore_irqs` replay it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..procutil import proc_uid, same_process, start_time
+from .cgroups import cgroup_of, limits_on, v2_root
+
+log = logging.getLogger("krex.shield")
+
+MODES = ("auto", "cpuset", "affinity", "sessions")
+PREFIX = "krex-shield-"
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+_IRQ_ROOT = Path("/proc/irq")
+
+RecordFn = Callable[..., None]  # Journal.record(kind, region, **data)
+
+
+@dataclass
+class ShieldResult:
+    mode: str = "sessions"
+    #: the partition cgroup (cpuset mode), "" where none was made
+    partition: str = ""
+    #: processes whose threads were moved off the reserved cores by affinity
+    processes: int = 0
+    kernel_threads: int = 0
+    irqs_moved: int = 0
+    #: boot ticks when the shield went up: what starts later inherited it (see CoreBook.widen_born)
+    since: int = 0
+    #: why something could not be shielded (not a failure of the region: said in the report)
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "partition": self.partition,
+            "processes": self.processes,
+            "kernel_threads_left": self.kernel_threads,
+            "irqs_moved": self.irqs_moved,
+            "notes": self.notes,
+        }
+
+
+def is_kernel_thread(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:
+        return bool(int(fields[6]) & _PF_KTHREAD)  # field 9 of stat: flags
+    except (IndexError, ValueError):
+        return False
+
+
+def node_pids(skip: set[int], uid: int | None = None) -> tuple[list[int], int, int]:
+    """Every user-space process of the node not in ``skip`` (of user ``uid`` only, if given: a
+    non-root arbiter cannot move others'), how many kernel threads and other users' processes
+    were left out."""
+    pids: list[int] = []
+    kernel = foreign = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid in skip:
+            continue
+        if pid == 2 or is_kernel_thread(pid):
+            kernel += 1
+            continue
+        if uid is not None and proc_uid(pid) != uid:
+            foreign += 1
+            continue
+        pids.append(pid)
+    return pids, kernel, foreign
+
+
+def _cpulist(cpus: Iterable[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def parse_cpulist(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+class CpusetPartition:
+    """cgroup v2 partition roots for regions (see the module docstring)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root if root is not None else v2_root()
+        self.reason = ""
+        self._made: dict[str, tuple[Path, list[list[Any]]]] = {}
+        if self.root is None:
+            self.reason = "no cgroup v2 hierarchy is mounted"
+            return
+        try:
+            if "cpuset" not in (self.root / "cgroup.controllers").read_text().split():
+                self.reason = f"the cpuset controller is not available at {self.root}"
+                return
+            if "cpuset" not in (self.root / "cgroup.subtree_control").read_text().split():
+                _write(self.root / "cgroup.subtree_control", "+cpuset")
+            if cgroup_of(os.getpid()) is None:
+                self.reason = "this process is in no cgroup v2"
+                return
+        except OSError as exc:
+            self.reason = f"cannot use cpusets at {self.root}: {exc.strerror or exc}"
+            return
+
+    @property
+    def available(self) -> bool:
+        return not self.reason
+
+    def take(self, region: str, cores: set[int], pids: list[int], record: RecordFn) -> str:
+        """Make the partition and move ``pids`` into it; returns "" or why it could not (undone)."""
+        assert self.root is not None
+        procs: list[list[Any]] = []
+        for pid in pids:
+            where, start = cgroup_of(pid), start_time(pid)
+            if where is None or start is None:
+                continue
+            limits = limits_on(self.root, where)
+            if limits:
+                return f"the holder's cgroup {where} sets limits ({', '.join(sorted(limits))}) a partition would lift"
+            procs.append([pid, start, where])
+        path = self.root / f"{PREFIX}{region}"
+        # Journaled before anything is made, so that a crash at any point below is undone.
+        record("partition", region, path=str(path), procs=procs)
+        try:
+            path.mkdir()
+            _write(path / "cpuset.cpus", _cpulist(cores))
+            _write(path / "cpuset.mems", (self.root / "cpuset.mems.effective").read_text().strip())
+            _write(path / "cpuset.cpus.partition", "root")
+            state = (path / "cpuset.cpus.partition").read_text().strip()
+            if state != "root":  # e.g. "root invalid (...)": the parent is no partition root
+                raise OSError(errno.EINVAL, f"partition refused: {state}")
+            for pid, _, _ in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    _write(path / "cgroup.procs", str(pid))
+        except OSError as exc:
+            self._made[region] = (path, procs)
+            self.give_back(region)
+            return f"cpuset partition failed: {exc.strerror or exc}"
+        self._made[region] = (path, procs)
+        return ""
+
+    def give_back(self, region: str) -> list[str]:
+        made = self._made.pop(region, None)
+        if made is None:
+            return []
+        return undo_partition(made[0], made[1])
+
+
+def _is_shield_path(path: Path, root: Path) -> bool:
+    return path.parent == root and path.name.startswith(PREFIX) and "/" not in path.name and ".." not in path.name
+
+
+def _cgroup_dir(root: Path, relative: str) -> Path | None:
+    """``relative`` (as /proc/PID/cgroup names it) under ``root``, if it is a real directory there."""
+    target = Path(os.path.normpath(root / relative.lstrip("/")))
+    if target != root and root not in target.parents:
+        return None
+    if os.path.realpath(target) != str(target) or not target.is_dir():
+        return None
+    return target
+
+
+def undo_partition(path: Path, procs: list[list[Any]], root: Path | None = None) -> list[str]:
+    """Move the holder's processes back where they were (and anything born in the partition to
+    where the holder was), end the partition and remove it. Idempotent; never raises."""
+    root = root if root is not None else v2_root()
+    if root is None or not _is_shield_path(path, root):
+        return [f"{path} is not a KREX shield partition"]
+    errors: list[str] = []
+    home = None
+    for pid, start, where in procs:
+        back = _cgroup_dir(root, str(where))
+        home = home or back
+        if back is None or not same_process(int(pid), start):
+            continue
+        try:
+            _write(back / "cgroup.procs", str(pid))
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                errors.append(f"move {pid} back to {where}: {exc.strerror}")
+    home = home or root
+    with contextlib.suppress(OSError):
+        for line in (path / "cgroup.procs").read_text().split():
+            try:
+                _write(home / "cgroup.procs", line)
+            except OSError as exc:
+                if exc.errno != errno.ESRCH:
+                    errors.append(f"move {line} out of {path.name}: {exc.strerror}")
+    with contextlib.suppress(OSError):
+        _write(path / "cpuset.cpus.partition", "member")
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append(f"remove {path}: {exc.strerror}")
+    return errors
+
+
+def undo_partitions(records: Iterable[tuple[str, list[list[Any]]]]) -> int:
+    """Journal replay: undo every (path, procs) recorded. Returns how many partitions went."""
+    n = 0
+    for path, procs in records:
+        errors = undo_partition(Path(path), procs)
+        if errors:
+            log.warning("undoing %s: %s", path, "; ".join(errors))
+        n += 1
+    return n
+
+
+class IrqShield:
+    """Narrows IRQ affinities that include reserved cores (journaled; restored at release)."""
+
+    def __init__(self, root: Path = _IRQ_ROOT) -> None:
+        self.root = root
+        self._moved: dict[str, list[list[Any]]] = {}
+        self.reason = "" if os.access(root / "default_smp_affinity", os.W_OK) else f"{root} is not writable here"
+
+    def take(self, region: str, cores: set[int], cpus: set[int], record: RecordFn) -> tuple[int, str]:
+        if self.reason:
+            return 0, self.reason
+        plan: list[list[Any]] = []
+        for entry in sorted(self.root.iterdir(), key=lambda p: p.name):
+            if not entry.name.isdigit():
+                continue
+            try:
+                text = (entry / "smp_affinity_list").read_text().strip()
+                current = parse_cpulist(text)
+            except (OSError, ValueError):
+                continue
+            if current & cores and (current - cores or cpus - cores):
+                plan.append([int(entry.name), text])  # restored as the kernel wrote it
+        if not plan:
+            return 0, ""
+        record("irq", region, irqs=plan)
+        moved: list[list[Any]] = []
+        refused = 0
+        for irq, original in plan:
+            rest = (parse_cpulist(original) - cores) or (cpus - cores)
+            try:
+                _write(self.root / str(irq) / "smp_affinity_list", _cpulist(rest))
+                moved.append([irq, original])
+            except OSError:
+                refused += 1  # some interrupts (per-CPU, managed) cannot move: the kernel says EIO
+        self._moved[region] = moved
+        return len(moved), f"{refused} IRQs refused to move" if refused else ""
+
+    def give_back(self, region: str) -> int:
+        return restore_irqs(self._moved.pop(region, []), self.root)
+
+
+def restore_irqs(records: Iterable[list[Any]], root: Path = _IRQ_ROOT) -> int:
+    n = 0
+    for irq, original in records:
+        try:
+            _write(root / str(int(irq)) / "smp_affinity_list", str(original))
+            n += 1
+        except (OSError, ValueError):
+            continue
+    return n
+
+
+class Shield:
+    """The node-wide half of isolation, chosen once (see the module docstring)."""
+
+    def __init__(self, mode: str = "auto", cpus: Iterable[int] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"shield must be one of {', '.join(MODES)}, not {mode!r}")
+        self.cpus = set(cpus) if cpus is not None else set(os.sched_getaffinity(0))
+        self.partition = CpusetPartition() if mode in ("auto", "cpuset") else None
+        self.irqs = IrqShield()
+        if mode == "auto":
+            mode = "cpuset" if self.partition is not None and self.partition.available else "affinity"
+        self.mode = mode
+        #: why the configured mode could not be had (``cpuset`` asked, partitions unavailable)
+        self.reason = ""
+        if mode == "cpuset" and self.partition is not None and not self.partition.available:
+            self.reason = self.partition.reason
+
+    def describe(self) -> str:
+        if self.mode == "cpuset" and self.reason:
+            return f"affinity (cpuset partitions unavailable: {self.reason})"
+        return self.mode
+
+    def take(self, region: str, cores: set[int], holder: list[int], record: RecordFn) -> ShieldResult:
+        """Partition (cpuset mode) and IRQs. ``result.mode`` says what the core book must still
+        move by affinity: "affinity" (every process) or "sessions" (KREX sessions only)."""
+        result = ShieldResult(mode="affinity" if self.mode == "cpuset" else self.mode)
+        if self.mode == "cpuset":
+            if self.partition is None or not self.partition.available:
+                result.notes.append(f"cpuset partitions unavailable ({self.reason}): affinities instead")
+            else:
+                why = self.partition.take(region, cores, holder, record)
+                if why:
+                    result.notes.append(f"{why}: affinities instead")
+                else:
+                    result.mode = "cpuset"
+                    result.partition = str(self.partition.root / f"{PREFIX}{region}") if self.partition.root else ""
+        if self.mode != "sessions":
+            moved, note = self.irqs.take(region, cores, self.cpus, record)
+            result.irqs_moved = moved
+            if note:
+                result.notes.append(f"IRQs: {note}")
+        return result
+
+    def give_back(self, region: str) -> list[str]:
+        errors = self.partition.give_back(region) if self.partition is not None else []
+        self.irqs.give_back(region)
+        return errors

@@ -1,0 +1,199 @@
+"""The shield: a region's reserved cores run its holder and nothing else, KREX session or not.
+
+Real arbiters, real busy processes that never talk to KREX, real affinities; the cpuset
+partition test runs where cgroup v2 offers the cpuset controller (the GPU machine), the IRQ
+test on a stand-in ``/proc/irq`` tree (containers mount the real one read-only).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from krex_lab.arbiter.journal import Journal, undo_outstanding
+from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
+from krex_lab.regions.shield import CpusetPartition, IrqShield, Shield, node_pids, undo_partition
+from tests.support.procs import Procs
+
+CPUS = sorted(os.sched_getaffinity(0))
+needs_two_cores = pytest.mark.skipif(len(CPUS) < 2, reason="a shield needs a core to reserve and one to keep")
+
+BUSY = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\nspin()"
+
+
+def _affinities(pid: int) -> dict[int, set[int]]:
+    """Every thread's allowed CPUs."""
+    return {int(t): os.sched_getaffinity(int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.fixture
+def busy() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Two busy processes that are no KREX sessions: one free to run anywhere, one pinned to the
+    core a region reserves first (the highest)."""
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {CPUS[-1]})
+
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BUSY]),
+        subprocess.Popen([sys.executable, "-c", BUSY], preexec_fn=pin),
+    ]
+    wait_for(lambda: all(len(os.listdir(f"/proc/{p.pid}/task")) == 2 for p in procs))
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def affinity_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+    yield from running_arbiter(tmp_path, monkeypatch, extra=("--Arbiter.shield=affinity",))
+
+
+@pytest.fixture
+def procs_on(affinity_arbiter: ArbiterProc) -> Iterator[Procs]:
+    p = Procs(affinity_arbiter.env())
+    yield p
+    p.cleanup()
+
+
+def _assert_shielded(busy: list[subprocess.Popen[bytes]], reserved: set[int]) -> None:
+    for p in busy:
+        for tid, cpus in _affinities(p.pid).items():
+            assert not cpus & reserved, f"thread {tid} of busy process {p.pid} may run on reserved {reserved}: {cpus}"
+
+
+@needs_two_cores
+def test_busy_processes_that_are_no_sessions_leave_the_reserved_core_and_come_back(
+    busy: list[subprocess.Popen[bytes]], procs_on: Procs
+) -> None:
+    before = [_affinities(p.pid) for p in busy]
+    holder = procs_on.start("holder", "0", "--hold", "1.0", wait_line="granted")
+    reserved = os.sched_getaffinity(holder.pid)
+    assert reserved and reserved != set(CPUS)
+    _assert_shielded(busy, reserved)
+    # the pinned one had nothing but the reserved core: it runs on the others meanwhile
+    assert all(cpus == set(CPUS) - reserved for cpus in _affinities(busy[1].pid).values())
+    # this test process is no session either: what it starts now inherits the shield ...
+    assert not os.sched_getaffinity(0) & reserved
+    newborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    line = Procs.readline(holder)
+    assert line.startswith("released"), line
+    released = Procs.report(line)
+    assert released["shield"]["mode"] == "affinity"
+    assert {busy[0].pid, busy[1].pid} <= set(released["moved"])
+    assert released["shield"]["kernel_threads_left"] >= 0
+    holder.wait()
+    assert [_affinities(p.pid) for p in busy] == before, "every thread got its exact affinity back"
+    # ... and gets what its parent got back, though no region ever recorded it
+    try:
+        assert os.sched_getaffinity(newborn.pid) == os.sched_getaffinity(0) == set(CPUS)
+    finally:
+        newborn.kill()
+        newborn.wait()
+
+
+@needs_two_cores
+def test_after_sigkill_of_the_arbiter_the_guardian_restores_every_affinity(
+    busy: list[subprocess.Popen[bytes]], affinity_arbiter: ArbiterProc, procs_on: Procs
+) -> None:
+    before = [_affinities(p.pid) for p in busy]
+    holder = procs_on.start("holder", "0", wait_line="granted")
+    _assert_shielded(busy, os.sched_getaffinity(holder.pid))
+    assert affinity_arbiter.proc is not None and affinity_arbiter.guardian_pid() is not None
+    affinity_arbiter.proc.kill()
+    took = wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=2.0)
+    print(f"guardian restored both busy processes {took * 1e3:.0f} ms after SIGKILL")
+    affinity_arbiter.proc.wait()
+
+
+def test_sessions_mode_leaves_processes_that_are_no_sessions_alone(
+    busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = running_arbiter(tmp_path, monkeypatch, extra=("--Arbiter.shield=sessions",))
+    arb = next(gen)
+    procs = Procs(arb.env())
+    try:
+        before = [_affinities(p.pid) for p in busy]
+        holder = procs.start("holder", "0", "--hold", "0.5", wait_line="granted")
+        assert [_affinities(p.pid) for p in busy] == before
+        assert Procs.report(Procs.readline(holder))["shield"]["mode"] == "sessions"
+    finally:
+        procs.cleanup()
+        for _ in gen:
+            pass
+
+
+def test_node_pids_lists_user_processes_and_counts_kernel_threads(busy: list[subprocess.Popen[bytes]]) -> None:
+    pids, kernel, foreign = node_pids({busy[1].pid})
+    assert busy[0].pid in pids and busy[1].pid not in pids and os.getpid() in pids
+    assert foreign == 0
+    assert 2 not in pids  # kthreadd
+    if os.path.exists("/proc/2/stat"):
+        assert kernel >= 1
+    mine, _, foreign = node_pids(set(), uid=os.getuid() + 12345)
+    assert mine == [] or all(psutil.Process(p).uids().real == os.getuid() + 12345 for p in mine)
+    assert foreign >= len(pids)
+
+
+def test_irq_affinities_narrowed_journaled_and_restored(tmp_path: Path) -> None:
+    root = tmp_path / "irq"
+    root.mkdir()
+    (root / "default_smp_affinity").write_text("ff\n")
+    originals = {"24": "0-3", "25": "3", "26": "0-1", "27": "2-3"}
+    for irq, cpus in originals.items():
+        (root / irq).mkdir()
+        (root / irq / "smp_affinity_list").write_text(cpus + "\n")
+    journal = Journal(tmp_path / "journal.jsonl")
+    irqs = IrqShield(root)
+    moved, note = irqs.take("r1", {3}, {0, 1, 2, 3}, journal.record)
+    assert (moved, note) == (3, "")
+    now = {irq: (root / irq / "smp_affinity_list").read_text().strip() for irq in originals}
+    assert now == {"24": "0,1,2", "25": "0,1,2", "26": "0-1", "27": "2"}
+    assert irqs.give_back("r1") == 3
+    assert {irq: (root / irq / "smp_affinity_list").read_text().strip() for irq in originals} == {
+        "24": "0-3",
+        "25": "3",
+        "26": "0-1",
+        "27": "2-3",
+    }
+
+
+def test_a_crafted_partition_path_is_never_touched(tmp_path: Path) -> None:
+    victim = tmp_path / "krex-shield-x"
+    victim.mkdir()
+    errors = undo_partition(victim, [[os.getpid(), 1, "/"]], root=tmp_path / "elsewhere")
+    assert errors and "not a KREX shield partition" in errors[0]
+    assert victim.is_dir()
+
+
+@pytest.mark.skipif(not CpusetPartition().available, reason=f"no cpuset partitions here: {CpusetPartition().reason}")
+@needs_two_cores
+def test_cpuset_partition_takes_the_core_from_every_cgroup_and_the_journal_gives_it_back(
+    busy: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        before = [_affinities(p.pid) for p in busy]
+        shield = Shield("cpuset")
+        assert shield.mode == "cpuset"
+        journal = Journal(tmp_path / "journal.jsonl")
+        result = shield.take("rt1", {CPUS[-1]}, [holder.pid], journal.record)
+        assert result.mode == "cpuset", result.notes
+        assert os.sched_getaffinity(holder.pid) == {CPUS[-1]}
+        _assert_shielded(busy, {CPUS[-1]})
+        # the arbiter dies here: the journal alone undoes the partition
+        summary = undo_outstanding(tmp_path / "journal.jsonl")
+        assert summary["unshielded"] >= 1 and not summary["errors"], summary
+        assert not Path(result.partition).exists()
+        wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=2.0)
+        assert os.sched_getaffinity(holder.pid) == set(CPUS)
+    finally:
+        holder.kill()
+        holder.wait()
