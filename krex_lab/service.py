@@ -46,6 +46,29 @@ def ipc_path(endpoint: str) -> str | None:
     return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
 
 
+def lock_holder(path: Path, wait: float = 0.0) -> str | None:
+    """What the process holding the lock file ``path`` wrote in it (its pid) when one holds it for
+    ``wait`` seconds; None when it is free or absent. Takes nothing: a server that must not start
+    (another one serves) can say so before it probes or logs anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # no lock file (nobody ever served here), or not one to read: serve() decides
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return None
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return os.pread(fd, 64, 0).decode(errors="replace")
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class Peer:
     """The client a request came from, and the way to answer that request (exactly once)."""

@@ -12,6 +12,7 @@ from traitlets import TraitError, default
 from .. import __version__
 from ..application import KrexApplication
 from ..errors import KrexError
+from ..gpu import FAKE_GPUS
 from .quotas import Quotas
 from .server import Arbiter
 
@@ -83,9 +84,10 @@ def serving_line(arbiter: Arbiter) -> str:
     if not arbiter.backend.simulated:
         return f"krex arbiter {__version__} serving on {arbiter.bound} ({gpus}, backend {arbiter.backend.name})"
     why = "no GPU library answered" if arbiter.backend_name == "auto" else f"--backend {arbiter.backend_name}"
+    default = " (the default)" if n == FAKE_GPUS else ""
     return (
         f"krex arbiter {__version__} serving on {arbiter.bound} (fake backend: {n} simulated "
-        f"GPU{'' if n == 1 else 's'}, because {why}; --fake-gpus N for more)"
+        f"GPU{'' if n == 1 else 's'}{default}, because {why}; --fake-gpus N to change)"
     )
 
 

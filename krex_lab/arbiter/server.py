@@ -26,7 +26,7 @@ from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
 from ..errors import InvalidRequest, KrexError, NotHolder, PermissionDenied
-from ..gpu import BACKENDS, GpuBackend, make_backend
+from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
 from ..procutil import ancestors, proc_uid
 from ..regions.cgroups import CgroupPlacer
 from ..regions.drain import Locker
@@ -35,7 +35,7 @@ from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
 from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
-from ..service import DEFERRED, Peer, Service
+from ..service import DEFERRED, Peer, Service, lock_holder
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
@@ -47,6 +47,14 @@ from .sessions import Session, SessionTable
 from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
+
+
+def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
+    """The one line a second arbiter on ``root`` exits with (``note``: what the holder wrote in the lock)."""
+    pid = note.strip().split()[0] if note.strip() else ""
+    who = f"another arbiter (pid {pid})" if pid.isdigit() else "another arbiter"
+    return f"{who} already serves {root} (its endpoint {endpoint}): stop it first, or give this one --runtime-dir"
+
 
 #: the most rows one ``history`` request answers
 HISTORY_LIMIT = 5000
@@ -94,7 +102,9 @@ class Arbiter(LoggingConfigurable):
         default_value="auto",
         help="GPU backend: auto picks nvidia, then amd, then the simulated fake backend.",
     ).tag(config=True)
-    fake_gpus = Int(1, help="Number of simulated GPUs of the fake backend.").tag(config=True)
+    fake_gpus = Int(
+        FAKE_GPUS, help="Number of simulated GPUs of the fake backend (the same default as krex lab's)."
+    ).tag(config=True)
     max_hold = Float(
         60.0, help="Default lease of a region in seconds; at expiry it is force-released and the holder told."
     ).tag(config=True)
@@ -198,13 +208,19 @@ class Arbiter(LoggingConfigurable):
                 "(a system service), or set Arbiter.allow_unprivileged_multi_user for a trusted test."
             )
         self.started = time.time()
-        self.backend: GpuBackend = make_backend(self.backend_name, self.fake_gpus)
-        self.gpu_count = self.backend.gpu_count()
-        self.backend_info = self.backend.describe()
         self.root = paths.prepare_runtime_dir(
             Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir(), multi_user=self.multi_user
         )
         endpoint = self.endpoint or os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{self.root / 'arbiter.sock'}"
+        # Another arbiter here: say so before anything else is probed or logged (one line, not a
+        # backend warning first). serve() still takes the lock: this only reads who holds it.
+        holder = lock_holder(self.root / "arbiter.lock", wait=5.0)
+        if holder is not None:
+            raise KrexError(_another_arbiter(holder, self.root, endpoint))
+        # quiet: the start-up line says which backend this is and why (auto falling back to fake)
+        self.backend: GpuBackend = make_backend(self.backend_name, self.fake_gpus, quiet=True)
+        self.gpu_count = self.backend.gpu_count()
+        self.backend_info = self.backend.describe()
         self.bound = endpoint
         self.events = paths.events_endpoint(endpoint)
         self.service = Service(
@@ -325,7 +341,7 @@ class Arbiter(LoggingConfigurable):
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
-            raise KrexError(f"another arbiter is running on {self.root} (see its arbiter.lock)")
+            raise KrexError(_another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
         if self.metrics is not None:
             try:
                 self.metrics.serve(self.metrics_port, self.metrics_addr)

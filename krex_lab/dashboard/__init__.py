@@ -33,7 +33,8 @@ def dashboard(gpus: Iterable[int] | int | None = None, refresh: float = 1.0, end
     the waiting queue in order, the sessions on the GPU (user, name, role, pid, GPU memory where
     the backend knows it) and a timeline of recent regions (wait and hold times, drained and
     frozen counts, degraded ones marked). ``endpoint``: the arbiter's (default ``$KREX_ENDPOINT``,
-    else this user's). ``close()`` stops it.
+    else this user's). ``close()`` stops it. It returns once the first snapshot arrived (or the arbiter
+    was found missing), at most 2 s, so that the cell's output shows the node rather than "connecting".
     """
     if refresh <= 0:
         raise ValueError("refresh must be a positive number of seconds")

@@ -340,6 +340,7 @@ class Dashboard(widgets.VBox):
         connect: bool = True,
         silence: float = 3.0,
         retry: float = 1.0,
+        first_wait: float = 2.0,
     ) -> None:
         self.gpus = None if gpus is None else ([gpus] if isinstance(gpus, int) else list(gpus))
         self.refresh = float(refresh)
@@ -355,11 +356,16 @@ class Dashboard(widgets.VBox):
         self._draw_lock = threading.Lock()
         self._dirty = True
         self._last_render = 0.0
+        #: set by the first snapshot or loss: what a cell shows (and a notebook saves) when it displays
+        #: the dashboard is then the node, not "connecting"
+        self._heard = threading.Event()
         self.feed: Feed | None = None
         if connect:
             self.feed = Feed(
                 self.apply, self.tick, endpoint, tick=min(0.1, self.refresh), retry=retry, silence=silence
             ).start()
+            if self._heard.wait(first_wait):
+                self.render()
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -372,6 +378,8 @@ class Dashboard(widgets.VBox):
         with self._lock:
             self._state = reduce(self._state, event)
             self._dirty = True
+        if event.topic in ("snapshot", "lost"):
+            self._heard.set()
 
     def tick(self) -> None:
         """Draw if ``refresh`` seconds passed since the last draw and something changed (the feed calls this)."""
@@ -411,10 +419,14 @@ class Dashboard(widgets.VBox):
         """A few lines of text: what the panels show."""
         now = time.time() if now is None else now
         state = self.state
-        lines = [
-            ("live" if state.connected else f"LOST: {state.message}")
-            + f" - backend {state.backend}{' (simulated)' if state.simulated else ''}"
-        ]
+        # Not connected yet is not lost: only a connection that was lost (or never made) says LOST.
+        if state.connected:
+            link = "live"
+        elif state.lost_since is None:
+            link = f"{state.message}..."
+        else:
+            link = f"LOST: {state.message}"
+        lines = [link + f" - backend {state.backend}{' (simulated)' if state.simulated else ''}"]
         for g in state.gpus:
             if self.gpus is not None and g.index not in self.gpus:
                 continue

@@ -19,7 +19,7 @@ from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 
 from .. import __version__
-from ..gpu import BACKENDS
+from ..gpu import BACKENDS, FAKE_GPUS
 from . import arbiter_kind, handlers
 from .metrics import RegionStats
 from .services import Options, Services
@@ -61,7 +61,9 @@ class KrexExtensionApp(ExtensionApp):
         help="GPU backend of the embedded "
         "arbiter: auto tries nvidia, then amd, then the simulated fake backend (announced).",
     )
-    fake_gpus = Int(2, config=True, help="Number of simulated GPUs when the embedded arbiter uses the fake backend.")
+    fake_gpus = Int(
+        FAKE_GPUS, config=True, help="Number of simulated GPUs when the embedded arbiter uses the fake backend."
+    )
     runtime_dir = Unicode(
         "",
         config=True,

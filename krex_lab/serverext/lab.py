@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import KrexError
+from ..gpu import FAKE_GPUS
 
 REPO_EXTENSION = Path(__file__).resolve().parent.parent.parent / "extension"
 
@@ -46,15 +47,17 @@ def announce(backend: str, fake_gpus: int) -> str:
         return f"krex lab: using the arbiter at {endpoint} (pid {info['pid']}): {info['gpus']} GPU(s), {kind}"
     from ..gpu import make_backend
 
-    probe = make_backend(backend, fake_gpus)
+    probe = make_backend(backend, fake_gpus, quiet=True)  # this line says it
     try:
         count, simulated, name = probe.gpu_count(), probe.simulated, probe.name
     finally:
         probe.close()
     if simulated:
+        default = " (the default)" if count == FAKE_GPUS else ""
         return (
             f"krex lab: no GPU found - the embedded arbiter uses the FAKE backend with {count} SIMULATED "
-            "GPU(s): regions, freezing and placement are real, timings are not on a real GPU"
+            f"GPU{'' if count == 1 else 's'}{default}, --fake-gpus N to change: regions, freezing and "
+            "placement are real, timings are not on a real GPU"
         )
     return f"krex lab: the embedded arbiter will manage {count} GPU(s) with the {name} backend"
 
@@ -67,7 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "nvidia", "amd", "fake"],
         help="GPU backend of the embedded arbiter (default: auto)",
     )
-    parser.add_argument("--fake-gpus", type=int, default=2, help="simulated GPUs when the backend is fake")
+    parser.add_argument(
+        "--fake-gpus",
+        type=int,
+        default=FAKE_GPUS,
+        metavar="N",
+        help=f"simulated GPUs when the backend is fake (default: {FAKE_GPUS}, as krex arbiter's)",
+    )
     parser.add_argument("--no-pool", action="store_true", help="do not start the pool service")
     parser.add_argument(
         "jupyterlab_args",

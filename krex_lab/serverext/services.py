@@ -29,6 +29,7 @@ import psutil
 
 from .. import paths
 from ..errors import KrexError
+from ..gpu import FAKE_GPUS
 from . import arbiter_kind
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -47,7 +48,7 @@ class Options:
     node_endpoint: str = arbiter_kind.NODE_ENDPOINT
     embedded: bool = True
     backend: str = "auto"
-    fake_gpus: int = 2
+    fake_gpus: int = FAKE_GPUS
     runtime_dir: str = ""
     arbiter_args: list[str] = field(default_factory=list)
     start_pool: bool = True

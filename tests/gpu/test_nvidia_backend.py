@@ -11,6 +11,7 @@ Two doubles, at two depths:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from krex_lab.errors import BackendError
@@ -46,6 +48,7 @@ from krex_lab.gpu.nvidia import (
 )
 from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
 from krex_lab.procutil import proc_state
+from tests.support.procs import kill_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -541,6 +544,7 @@ def test_local_pid_inside_a_real_pid_namespace() -> None:
 
 @pytest.mark.skipif(not _can_unshare(), reason="cannot create a pid namespace here")
 def test_nspid_of_a_real_nested_process() -> None:
+    # Killing unshare alone would leave its child (the namespace's `sleep 30`) running: kill_tree.
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "30"])
     try:
         deadline = time.monotonic() + 5
@@ -554,8 +558,47 @@ def test_nspid_of_a_real_nested_process() -> None:
         assert parse_nspid(Path(f"/proc/{inner}/status").read_text()) == [inner, 1]
         assert local_pid(inner) == inner  # from the outer namespace, a host pid is ours as is
     finally:
-        proc.kill()
-        proc.wait()
+        kill_tree(proc)
+
+
+NESTED = "test_nspid_of_a_real_nested_process"
+
+
+def _namespace_sleepers(since: float) -> list[int]:
+    """``sleep 30`` processes that are pid 1 of a pid namespace, started after ``since`` (epoch s)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            mine = p.info["cmdline"] == ["sleep", "30"] and p.info["create_time"] >= since
+            if mine and parse_nspid(Path(f"/proc/{p.pid}/status").read_text())[-1] == 1:
+                found.append(p.pid)
+    return found
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="cannot create a pid namespace here")
+def test_the_nested_process_test_leaves_nothing_behind() -> None:
+    # Issue 17: the suite left a `sleep 30` behind (unshare was killed, not its child).
+    since = time.time() - 1
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_nspid_of_a_real_nested_process",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    left = _namespace_sleepers(since)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"left behind: {left}"
 
 
 def test_processes_keep_only_addressable_gpu_holders(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from typing import Any
 import psutil
 
 from krex_lab.pytest_plugin import ROOT, ArbiterProc
+from tests.support.procs import kill_tree
 
 from .users import User, needs_root_and_useradd
 
@@ -167,18 +167,6 @@ def read_line(proc: subprocess.Popen[bytes], timeout: float = 30) -> dict[str, A
         raise AssertionError(f"pid {proc.pid} exited without output: {err[-3000:]}")
     result: dict[str, Any] = json.loads(line)
     return result
-
-
-def kill_tree(pid: int) -> None:
-    """SIGCONT then SIGKILL a process and its descendants (none may stay stopped)."""
-    try:
-        procs = [*psutil.Process(pid).children(recursive=True), psutil.Process(pid)]
-    except psutil.Error:
-        return
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGCONT)
-            p.kill()
 
 
 class Agent:

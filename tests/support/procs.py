@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 
 from krex_lab.pytest_plugin import ArbiterProc
 from tests.support import ROOT
+
+
+def kill_tree(proc: subprocess.Popen[Any] | int, timeout: float = 10) -> None:
+    """SIGCONT then SIGKILL a process and every descendant; for a Popen, wait for them all.
+
+    The descendants are listed before anything is killed: once a wrapper (``unshare --fork``, a
+    shell) dies, its children are reparented and can no longer be found from it, and a test that
+    kills only the wrapper leaves them running after the suite.
+    """
+    pid = proc if isinstance(proc, int) else proc.pid
+    try:
+        root = psutil.Process(pid)
+        family = [*root.children(recursive=True), root]
+    except psutil.Error:
+        family = []
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGCONT)  # none may stay stopped
+            p.kill()
+    if not isinstance(proc, int):  # a bare pid's caller reaps it (its Popen keeps the exit code)
+        proc.wait(timeout)
+        psutil.wait_procs(family[:-1], timeout=timeout)
 
 
 class Procs:
@@ -51,13 +75,7 @@ class Procs:
 
     def cleanup(self) -> None:
         for proc in self.procs:
-            try:
-                for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-                    p.send_signal(signal.SIGCONT)
-                    p.kill()
-            except psutil.Error:
-                pass
-            proc.wait()
+            kill_tree(proc)
 
 
 def session_processes(arb: ArbiterProc) -> Iterator[Procs]:
