@@ -132,6 +132,10 @@ def _app_populate(load: AppLoader) -> Callable[[argparse.ArgumentParser], None]:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.ray:  # every node of a Ray cluster, gathered through Ray (docs/cluster.md)
+        from .ray.status import run
+
+        return int(run(args))
     from .arbiter.status import format_table
     from .client import status
 
@@ -269,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPUs, holders, queues and sessions of this node.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--ray", action="store_true", help="every KREX node of the Ray cluster (needs krex-lab[ray])")
+    p.add_argument("--ray-address", default="auto", help="with --ray: the cluster's address (default: auto)")
     p.set_defaults(func=_status)
     populate, func = _delegate(".arbiter.history_cli")
     p = sub.add_parser(

@@ -1,0 +1,54 @@
+"""``krex status --ray``: every KREX node of a Ray cluster, gathered through Ray (each node
+actor's ``status()``): its GPUs, holders, queues and sessions (the node's own table), and its pool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def format_cluster(nodes: list[dict[str, Any]]) -> str:
+    """One block per node: a header line, the arbiter's table (indented), the pool's workers."""
+    from krex_lab.arbiter.status import format_table
+
+    lines = [f"Ray cluster: {len(nodes)} node(s) with KREX"]
+    for n in nodes:
+        head = f"== node {n.get('node')} ({n.get('address') or n.get('hostname', '?')})"
+        if n.get("runtime_dir"):
+            owned = n.get("owned", {})
+            how = ", ".join(f"{k} {'started by Ray' if v else 'the node service'}" for k, v in owned.items())
+            head += f"  runtime {n['runtime_dir']}" + (f"  [{how}]" if how else "")
+        lines.append(head)
+        if n.get("error"):
+            lines.append(f"  {n['error']}")
+            continue
+        if "arbiter" in n:
+            lines.extend("  " + line for line in format_table(n["arbiter"]).splitlines())
+        else:
+            lines.append(f"  arbiter: {n.get('arbiter_error', 'no answer')}")
+        pool = n.get("pool")
+        if pool is None:
+            lines.append(f"  pool: {n.get('pool_error', 'no answer')}")
+            continue
+        workers = pool.get("workers", [])
+        busy = sum(1 for w in workers if w.get("state") not in ("idle", "ready", "spare"))
+        queued = pool.get("queue", pool.get("queued", []))
+        qn = len(queued) if isinstance(queued, list) else int(queued or 0)
+        lines.append(f"  pool pid {pool.get('pool', {}).get('pid')}: {len(workers)} workers, {busy} busy, {qn} queued")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+
+    from .cluster import cluster_status
+
+    address = args.ray_address or "auto"
+    ray.init(address=address, namespace="krex", log_to_driver=False, logging_level="WARNING")
+    try:
+        nodes = cluster_status()
+    finally:
+        ray.shutdown()
+    print(json.dumps(nodes, indent=2, default=str) if args.json else format_cluster(nodes))
+    return 0
