@@ -39,6 +39,7 @@ from .errors import (
     error_from_wire,
 )
 from .peercred import listener_credentials
+from .wait_notice import WaitNotice
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -205,6 +206,8 @@ class Session:
         self.paused = threading.Event()
         self.expired: set[str] = set()
         self.drain_hooks: list[Callable[[], None]] = []
+        #: the wait notices of this session's acquires in progress (a drain makes them speak)
+        self.waiting: set[WaitNotice] = set()
         #: the region this session holds on each GPU (an ``exclusive()`` inside it nests)
         self._held: dict[int, Exclusive] = {}
         self._held_lock = threading.Lock()
@@ -277,6 +280,8 @@ class Session:
     def _on_control(self, msg: protocol.Control) -> None:
         if msg.kind == "drain":
             self.paused.set()
+            for notice in list(self.waiting):  # stopped once we answer: say who we wait for now
+                notice.say_now()
             devsync.synchronize_frameworks()
             for hook in self.drain_hooks:
                 try:
@@ -406,6 +411,9 @@ class Exclusive:
         conn = session.connection()
         request = protocol.Acquire(session=session.id, token=session.token, **self.options)
         rid = conn.send(request)
+        # A wait of more than a second says who holds the GPU and where the caller stands.
+        notice = WaitNotice(functools.partial(status, session.endpoint, 5.0), gpu, session.id).start()
+        session.waiting.add(notice)
         try:
             granted: protocol.Granted = protocol.result_as(
                 request, conn.wait(rid, timeout=None, cancelled=self._cancel)
@@ -414,6 +422,9 @@ class Exclusive:
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
             raise
+        finally:
+            session.waiting.discard(notice)
+            notice.stop()
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).

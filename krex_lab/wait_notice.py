@@ -1,0 +1,136 @@
+"""While a region request waits: who holds the GPU, and the caller's place in the queue.
+
+An ``exclusive()`` (``krex exclusive``, ``krex run --exclusive``, ``%%krex_exclusive``) that is not
+granted within :data:`DELAY` seconds prints one line on stderr (in a notebook: the cell's output)::
+
+    krex: waiting for GPU 0: held by bob (pid 4242, "train", region r7, 3.1 of 60 s); you are 2nd in the queue
+
+and a new line only when the holder or the place changes, so a long wait is a few lines, not a
+stream. What is said of another user's holder is what the arbiter's privacy setting shows this
+user (on a private shared node: the user name and the region, no pid or name). The place is the
+caller's position in the GPU's queue as the arbiter lists it; fair share across users may grant
+a later user first.
+
+The notice reads the arbiter's status from its own thread and connection (the waiting thread is
+blocked in the acquire); it never changes what is waited for, and any failure only stops it. A
+waiter on the held GPU itself is stopped with the region's other sessions as soon as it queues: the
+arbiter's ``drain`` message comes first, and the session says its line then (:meth:`say_now`),
+before it answers. (A process the driver locks instead, one with a CUDA context on that GPU, gets
+no drain message: it says nothing until granted; ``krex status`` and the dashboard show the queue.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: seconds an acquire waits before the first line
+DELAY = 1.0
+#: seconds between two looks at the arbiter's status while waiting
+PERIOD = 0.5
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def holder_text(holder: dict[str, Any] | None) -> str:
+    """``held by bob (pid 4242, "train", region r7, 3.1 of 60 s)``; only the fields the status gave."""
+    if not holder:
+        return "free (being granted)"
+    details = []
+    if holder.get("pid") is not None:
+        details.append(f"pid {holder['pid']}")
+    if holder.get("name"):
+        details.append(f'"{holder["name"]}"')
+    if holder.get("region"):
+        details.append(f"region {holder['region']}")
+    if holder.get("held_s") is not None and holder.get("max_hold_s") is not None:
+        details.append(f"{float(holder['held_s']):.1f} of {float(holder['max_hold_s']):g} s")
+    who = holder.get("user") or "another session"
+    return f"held by {who}" + (f" ({', '.join(details)})" if details else "")
+
+
+def wait_line(status: dict[str, Any], gpu: int, session: str) -> tuple[tuple[Any, ...], str] | None:
+    """What to say of ``session``'s wait for ``gpu`` in ``status``: a key that changes only when the
+    holder or the place changes, and the line; None when the session is not (or no longer) queued."""
+    entry = next((g for g in status.get("gpus", []) if g.get("index") == gpu), None)
+    if entry is None:
+        return None
+    queue = entry.get("queue") or []
+    place = next((i for i, q in enumerate(queue, 1) if q.get("session") == session), None)
+    if place is None:
+        return None
+    holder = entry.get("holder")
+    who = (holder.get("region"), holder.get("user"), holder.get("pid")) if holder else None
+    line = f"krex: waiting for GPU {gpu}: {holder_text(holder)}; you are {_ordinal(place)} in the queue"
+    return (who, place), line
+
+
+class WaitNotice:
+    """Says who holds ``gpu`` and the place of ``session`` in its queue while an acquire waits.
+
+    ``fetch`` returns the arbiter's status as this process may see it (a ``Status`` request with
+    an identity ticket); ``write`` prints one line (default: stderr, looked up at each line so that
+    a redirected ``sys.stderr``, such as a worker's job output, gets it).
+    """
+
+    def __init__(
+        self,
+        fetch: Callable[[], dict[str, Any]],
+        gpu: int,
+        session: str,
+        write: Callable[[str], None] | None = None,
+        delay: float = DELAY,
+        period: float = PERIOD,
+    ) -> None:
+        self.fetch, self.gpu, self.session = fetch, gpu, session
+        self.write = write or _stderr
+        self.delay, self.period = delay, period
+        self.lines: list[str] = []
+        self._last: tuple[Any, ...] | None = None  # the holder and place last said
+        self._lock = threading.Lock()  # the waiting thread's look and the drain's
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="krex-wait-notice", daemon=True)
+
+    def start(self) -> WaitNotice:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(2.0)
+
+    def say_now(self) -> None:
+        """Look and say at once: this process is about to be stopped by the region it waits behind
+        (the arbiter's drain comes just before the freeze), and could not say it later."""
+        if not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self._look()
+
+    def _look(self) -> None:
+        said = wait_line(self.fetch(), self.gpu, self.session)
+        with self._lock:
+            if said is not None and said[0] != self._last and not self._stop.is_set():
+                self._last = said[0]
+                self.lines.append(said[1])
+                self.write(said[1])
+
+    def _run(self) -> None:
+        if self._stop.wait(self.delay):
+            return  # granted within the delay: nothing to say
+        while not self._stop.is_set():
+            try:
+                self._look()
+            except Exception:  # the arbiter went away, or the status could not be read: stay quiet
+                return
+            self._stop.wait(self.period)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

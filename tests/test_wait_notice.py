@@ -1,0 +1,110 @@
+"""Issue 17: a wait longer than a second says who holds the GPU and the caller's place in the queue
+(one line on stderr, again only when the holder or the place changes). A real arbiter, a real holder
+(``krex exclusive``) and two real waiting processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from krex_lab.wait_notice import holder_text, wait_line
+
+pytestmark = pytest.mark.timeout(120)
+
+# Registered on GPU 1 and waiting for GPU 0: a region on GPU 0 leaves it running (a waiter on
+# GPU 0 itself is stopped with the region's other sessions; it says its line at the drain).
+WAITER = """
+import sys, time, krex_lab
+from krex_lab.client import Exclusive
+session = krex_lab.attach(gpu=1, name=sys.argv[1])
+print("attached", flush=True)
+with Exclusive(gpu=0, session=session):
+    print("granted", flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+def _waiter(arbiter: ArbiterProc, name: str, hold: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WAITER, name, str(hold)],
+        env=arbiter.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "attached\n"
+    return proc
+
+
+def _queue(arbiter: ArbiterProc) -> list[dict[str, Any]]:
+    queue: list[dict[str, Any]] = arbiter.status()["gpus"][0]["queue"]
+    return queue
+
+
+def test_waiters_say_who_holds_and_their_place_when_it_changes(arbiter: ArbiterProc) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "4"],
+        env=arbiter.env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs = [holder]
+    try:
+        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
+        first = _waiter(arbiter, "first-waiter", 1.5)
+        procs.append(first)
+        wait_for(lambda: len(_queue(arbiter)) == 1, 10)
+        second = _waiter(arbiter, "second-waiter", 0.0)
+        procs.append(second)
+        for p in procs:
+            assert p.wait(60) == 0
+        out_first = [line for line in first.stderr.read().splitlines() if line.startswith("krex: waiting")]  # type: ignore[union-attr]
+        out_second = [line for line in second.stderr.read().splitlines() if line.startswith("krex: waiting")]  # type: ignore[union-attr]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    held_by_cli = f'held by {_user()} (pid {holder.pid}, "krex exclusive sleep", region r1, '
+    assert len(out_first) == 1, out_first  # nothing changed for it while it waited: one line
+    assert out_first[0].startswith(f"krex: waiting for GPU 0: {held_by_cli}"), out_first
+    assert out_first[0].endswith("you are 1st in the queue"), out_first
+    assert len(out_second) == 2, out_second  # the holder changed (and its place): one more line
+    assert out_second[0].startswith(f"krex: waiting for GPU 0: {held_by_cli}")
+    assert out_second[0].endswith("you are 2nd in the queue"), out_second
+    assert f'held by {_user()} (pid {first.pid}, "first-waiter", region r2, ' in out_second[1], out_second
+    assert out_second[1].endswith("you are 1st in the queue"), out_second
+
+
+def test_a_quick_grant_says_nothing(arbiter: ArbiterProc) -> None:
+    quick = _waiter(arbiter, "quick", 0.0)
+    _, err = quick.communicate(timeout=30)
+    assert quick.returncode == 0 and "krex: waiting" not in err, err
+
+
+def test_what_a_private_view_leaves_out_is_not_said() -> None:
+    status = {
+        "gpus": [
+            {
+                "index": 0,
+                "holder": {"region": "r9", "user": "bob", "held_s": 3.14, "max_hold_s": 60.0},
+                "queue": [{"region": "r10", "user": "bob"}, {"region": "r11", "session": "s5", "pid": 7}],
+            }
+        ]
+    }
+    said = wait_line(status, 0, "s5")
+    assert said is not None
+    assert said[1] == "krex: waiting for GPU 0: held by bob (region r9, 3.1 of 60 s); you are 2nd in the queue"
+    assert wait_line(status, 0, "s6") is None and wait_line(status, 1, "s5") is None
+    assert holder_text(None) == "free (being granted)"
+
+
+def _user() -> str:
+    import os
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
