@@ -239,6 +239,12 @@ class Session:
             held = self._held.get(gpu)
         return held if held is not None and held.id not in self.expired else None
 
+    def held_region(self, gpu: int | None = None) -> str | None:
+        """The id of the region this session holds on ``gpu`` (None: on any GPU, that of the lowest one)."""
+        with self._held_lock:
+            gpus = sorted(self._held) if gpu is None else [gpu]
+        return next((held.id for g in gpus if (held := self.holding(g)) is not None), None)
+
     def holds_any(self) -> bool:
         with self._held_lock:
             gpus = list(self._held)

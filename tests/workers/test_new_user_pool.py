@@ -211,3 +211,29 @@ def test_a_pipe_held_open_without_data_does_not_hang_krex_run(arb: ArbiterProc, 
     finally:
         proc.kill()
         proc.wait()
+
+
+HOLDER_USES_ITS_POOL = """
+import time, krex_lab
+from krex_lab.workers.client import PoolClient
+
+pool = PoolClient.connect(start=False)
+with krex_lab.exclusive(gpu=0, max_hold=60) as region:
+    t0 = time.monotonic()
+    r = pool.run_code("import os; print('ran', os.getpid(), flush=True); 6 * 7", timeout=15)
+    print("result", r.ok, r.value, r.status, round(time.monotonic() - t0, 1), flush=True)
+"""
+
+
+def test_the_holder_own_pool_jobs_run_inside_its_region(arb: ArbiterProc, pool: PoolProc) -> None:
+    """``exclusive()`` in a process without KREX_REGION (its own region, held in-process): a PoolClient job
+    runs in that region (it used to go to a worker the region froze, and hang until its timeout)."""
+    env = _env(arb, pool)
+    env.pop("KREX_REGION", None)
+    r = subprocess.run(
+        [sys.executable, "-c", HOLDER_USES_ITS_POOL], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, (r.stderr, pool.log())
+    assert "ran " in r.stdout and "result True 42 ok" in r.stdout, (r.stdout, r.stderr, pool.log())
+    pool.wait_ready()  # the region's worker is gone, the pool's own serve again
+    assert pool.client.run_code("1").ok

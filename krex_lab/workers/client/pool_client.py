@@ -104,11 +104,23 @@ def read_stdin(limit: int = STDIN_LIMIT) -> bytes | None:
             )
 
 
-def _region_claim() -> tuple[str | None, str | None]:
-    """(KREX_REGION, an identity ticket of this process) when this process runs inside a region, so
-    that the pool runs its jobs on a worker the arbiter lets join that region; (None, None) otherwise,
-    or when the arbiter gives no ticket (the job is then an ordinary one)."""
-    region = os.environ.get("KREX_REGION", "").strip()
+def _held_region(gpu: int | None) -> str | None:
+    """The region this process holds itself (``exclusive()`` in this process, no KREX_REGION): on the
+    job's GPU, else any. Its region freezes the pool's ordinary workers, so its jobs must run inside it."""
+    client = sys.modules.get("krex_lab.client")  # never imported: this process holds nothing
+    session = client.current_session() if client is not None else None
+    if session is None:
+        return None
+    held: str | None = session.held_region(gpu) if gpu is not None else None
+    return held or session.held_region()
+
+
+def _region_claim(gpu: int | None = None) -> tuple[str | None, str | None]:
+    """(the region, an identity ticket of this process) when this process runs inside a region (its
+    KREX_REGION, set by the holder that started it) or holds one itself, so that the pool runs its
+    jobs on a worker the arbiter lets join that region; (None, None) otherwise, or when the arbiter
+    gives no ticket (the job is then an ordinary one)."""
+    region = os.environ.get("KREX_REGION", "").strip() or _held_region(gpu)
     if not region:
         return None, None
     from ...client import Connection
@@ -314,7 +326,7 @@ class PoolClient:
         """Submit one job, stream its output, return its one result (the submit's reply)."""
         out = on_output or print_output
         sock = self._socket()
-        region, ticket = _region_claim()
+        region, ticket = _region_claim(job.gpu)
         submit = Submit(id=_rid(), pid=os.getpid(), job=job, region=region, region_ticket=ticket)
         sock.send(protocol.encode(submit))
         job_id: str | None = None
