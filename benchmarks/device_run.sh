@@ -2,7 +2,8 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency warm quickstart throughput multigpu bench (default: all but multigpu).
+# Stages: info gputests fidelity latency warm quickstart study multigpu bench (default: info gputests fidelity
+# latency warm quickstart).
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
 # most 8 files), and benchmarks/results/ on that machine.
 set -uo pipefail
@@ -36,8 +37,13 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
-    throughput)
-      timeout 200 python3 benchmarks/throughput.py --backend nvidia --seconds ${THROUGHPUT_SECONDS:-30} 2>&1 | tail -8 | tee "$OUT/throughput.log" ;;
+    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6.5 min, 7 min 50 s at most
+      # reference pass (18 candidates alone) + 16 warm workers + 16 agents x {command,region,none} x warm, think
+      # mean 8 s, 30 s each + cold vs warm (4 agents, command/region, 15 s each); JSON and 3 PNGs in $OUT
+      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      timeout 470 python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
+        --seconds 30 --launch warm,cold --cold-agents 4 --cold-seconds 15} 2>&1 | grep -v "^krex: waiting" \
+        | tail -30 | tee "$OUT/study.log" ;;
     bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
       timeout 240 python3 benchmarks/bench_vs_do_bench.py ${BENCH_ARGS:-} 2>&1 | tail -70 | tee "$OUT/bench.log"
       timeout 300 python3 benchmarks/notebook_device.py notebooks/02_optimize_a_kernel.ipynb 2>&1 \

@@ -1,0 +1,287 @@
+"""What an agent of ``agent_study.py`` writes and how one candidate is evaluated (compile, check, time).
+
+The candidate space (:func:`space`): for every kernel of ``kernels/``, its naive and optimised
+variants, parameter mutations of them (block size, tile shape, the depth of a matmul's
+shared-memory step, a vector add's chunk) and a few wrong ones on purpose (an off-by-one bound,
+a swapped tile index, a block size the reduction tree cannot take, a typo that does not
+compile). :func:`write_source` *writes* a candidate as an agent would: the kernel's module from
+``kernels/`` with the change applied, as a new ``.py`` file.
+
+:func:`evaluate` is the evaluation of one written candidate, run in the agent's own child
+(``python agent_kernels.py eval``: cold) or on a warm context worker (``krex_lab.submit``):
+
+1. compile: import the file and call the candidate once on the smallest test size (numba.cuda
+   JIT-compiles on the first call; the array types are those of the larger sizes, so nothing
+   compiles again). In numba's CUDA simulator (the fake backend) nothing compiles: the phase is
+   a sleep of the drawn ``sim_compile_s`` first, then the same import and call.
+2. check: ``krex_lab.check`` against the NumPy reference (fresh inputs, NaN-poisoned outputs).
+3. time: ``krex_lab.bench`` on device inputs (in the simulator: host-clock timing of the
+   simulated kernel, flagged simulated).
+
+The region covers 1-3 (``command``), only 3 (``region``) or nothing (``none``); the record says
+when it was requested, granted and released (wall clock), and what the arbiter reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kernel: str
+    variant: str  # "naive" | "optimised": the function of the module that is the candidate
+    change: str = ""  # what the agent changed ("" = the library's code as it is)
+    wrong: str = ""  # why the candidate is wrong on purpose ("" = correct)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}/{self.variant}" + (f"/{self.change}" if self.change else "")
+
+
+#: (kernel, variant, change, wrong-on-purpose reason); changes are keys of EDITS
+SPACE: list[Candidate] = [
+    Candidate("vector_add", "naive"),
+    Candidate("vector_add", "naive", "chunk/2"),
+    Candidate("vector_add", "optimised"),
+    Candidate("vector_add", "optimised", "block/2"),
+    Candidate("vector_add", "optimised", "off-by-one", "skips the last element"),
+    Candidate("vector_add", "optimised", "typo", "does not compile (undefined name)"),
+    Candidate("reduction", "naive"),
+    Candidate("reduction", "optimised"),
+    Candidate("reduction", "optimised", "block*2"),
+    Candidate("reduction", "optimised", "block*3/4", "the tree needs a power-of-two block"),
+    Candidate("softmax", "naive"),
+    Candidate("softmax", "optimised"),
+    Candidate("softmax", "optimised", "block/2"),
+    Candidate("softmax", "optimised", "wrong-sum", "divides by a partial sum"),
+    Candidate("transpose", "naive"),
+    Candidate("transpose", "optimised"),
+    Candidate("transpose", "optimised", "rows/2"),
+    Candidate("transpose", "optimised", "tile/2"),
+    Candidate("transpose", "optimised", "swapped-tile", "reads the tile untransposed"),
+    Candidate("matmul", "naive"),
+    Candidate("matmul", "optimised"),
+    Candidate("matmul", "optimised", "bk*2"),
+    Candidate("matmul", "optimised", "tm/2"),
+    Candidate("matmul", "optimised", "last-k-step", "drops the last k step"),
+]
+
+_AFTER_IMPORT = "__after_spec_import__"
+#: change -> (regex, replacement) applied to the kernel module's source (each must match)
+EDITS: dict[str, list[tuple[str, str]]] = {
+    "chunk/2": [(r"^CHUNK = 8$", "CHUNK = 4")],
+    "block/2": [(_AFTER_IMPORT, "THREADS = THREADS // 2")],
+    "block*2": [(_AFTER_IMPORT, "THREADS = THREADS * 2")],
+    "block*3/4": [(_AFTER_IMPORT, "THREADS = THREADS * 3 // 4")],
+    "off-by-one": [(r"while i < c\.size:", "while i < c.size - 1:")],
+    "typo": [(r"c\[i\] = a\[i\] \+ b\[i\]\n        i \+= stride", "c[i] = a[i] + bb[i]\n        i += stride")],
+    "wrong-sum": [(r"inv = float32\(1\.0\) / total\[0\]", "inv = float32(1.0) / total[1]")],
+    "rows/2": [(r"^(ROWS = )(.*?)(  #.*)?$", r"\1(\2) // 2\3")],
+    "tile/2": [(r"^(TILE = )(.*)$", r"\1(\2) // 2")],
+    "swapped-tile": [(r"y\[i, j\] = tile\[tx, k\]", "y[i, j] = tile[k, tx]")],
+    "bk*2": [(r"^(BK = )(.*?)(  #.*)?$", r"\1(\2) * 2\3")],
+    "tm/2": [(r"^(TM = )(.*?)(  #.*)?$", r"\1(\2) // 2\3")],
+    "last-k-step": [(r"range\(0, kdim, BK\)", "range(0, kdim - BK, BK)")],
+}
+
+
+def space(kernels: list[str] | None = None) -> list[Candidate]:
+    return [c for c in SPACE if kernels is None or c.kernel in kernels]
+
+
+def source(c: Candidate) -> str:
+    """The candidate's module: ``kernels/<kernel>.py`` with the change applied."""
+    text = (REPO / "kernels" / f"{c.kernel}.py").read_text()
+    text = text.replace("from .spec import", "from kernels.spec import")
+    for pattern, repl in EDITS.get(c.change, []):
+        if pattern == _AFTER_IMPORT:
+            text, n = re.subn(
+                r"^(from kernels\.spec import .*)$", lambda m, r=repl: m.group(1) + "\n" + r, text, flags=re.M
+            )
+        else:
+            text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
+        if n != 1:
+            raise ValueError(f"{c.id}: the edit {pattern!r} does not apply to kernels/{c.kernel}.py")
+    return f"# written by an agent of benchmarks/agent_study.py: {c.id}\n" + text
+
+
+def write_source(c: Candidate, directory: Path, stem: str) -> Path:
+    path = directory / f"{stem}.py"
+    path.write_text(source(c))
+    return path
+
+
+def _size(spec: Any, size: str) -> Any:
+    """``test0`` / ``test1``: the spec's test sizes (for the simulator); otherwise a preset name."""
+    if size.startswith("test"):
+        return spec.test_sizes[int(size[4:])]
+    return size
+
+
+class Held:
+    """``krex_lab.exclusive`` with wall-clock stamps: requested, granted (after the grant came back),
+    released (just before the release is sent). [granted, released] lies inside the arbiter's own
+    interval, so two of them overlapping on one GPU means two holders at once."""
+
+    def __init__(self, gpu: int, max_hold: float) -> None:
+        import krex_lab
+
+        self.region = krex_lab.exclusive(gpu=gpu, max_hold=max_hold)
+        self.gpu = gpu
+        self.info: dict[str, Any] = {}
+
+    def __enter__(self) -> Held:
+        requested = time.time()
+        self.region.__enter__()
+        self.info = {"gpu": self.gpu, "requested": requested, "granted": time.time(), "id": self.region.id}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.info["released"] = time.time()
+        try:
+            self.region.__exit__(*exc)
+        finally:
+            rep = dict(self.region.report)
+            self.info.update(
+                wait_s=self.info["granted"] - self.info["requested"],
+                hold_s=self.info["released"] - self.info["granted"],
+                acquire_s=float(rep.get("acquire_s") or 0.0),
+                arbiter_wait_s=float(rep.get("wait_s") or 0.0),
+                frozen=len(rep.get("frozen") or []),
+                locked=len(rep.get("locked") or []),
+                degraded=bool(rep.get("degraded")),
+                simulated=bool(rep.get("simulated")),
+            )
+
+
+def _load(path: str) -> Any:
+    name = "agent_candidate_" + re.sub(r"\W", "_", Path(path).stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def evaluate(job: dict[str, Any]) -> dict[str, Any]:
+    """Compile, check and time one written candidate; a record (never raises for the candidate's faults).
+
+    ``job``: candidate (a :class:`Candidate` as a dict), path (its source), mode, gpu, check_size,
+    time_size, bench (options of ``krex_lab.bench``), sim_compile_s (the simulator's compile
+    phase), outer (a region this process already belongs to: ``command`` mode, cold), max_hold.
+    """
+    import krex_lab
+
+    c = Candidate(**job["candidate"])
+    mode, gpu = job["mode"], int(job["gpu"])
+    rec: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "eval_started": time.time(), "region": None}
+    held = Held(gpu, job.get("max_hold", 60.0)) if mode == "command" and not job.get("outer") else None
+    try:
+        with held if held is not None else contextlib.nullcontext():
+            _phases(job, c, mode, gpu, rec, krex_lab)
+    except Exception as exc:  # a KREX failure, not the candidate's: said so
+        rec.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(limit=4))
+    if held is not None:
+        rec["region"] = held.info
+    rec["eval_ended"] = time.time()
+    return rec
+
+
+def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[str, Any], krex_lab: Any) -> None:
+    import numpy as np
+
+    import kernels
+    from kernels.spec import SIMULATOR, cuda
+
+    spec = kernels.get(c.kernel)
+    rec["simulated"] = SIMULATOR
+    t0 = time.perf_counter()
+    try:
+        if SIMULATOR:
+            time.sleep(float(job.get("sim_compile_s") or 0.0))  # the simulated compile phase
+        fn = getattr(_load(job["path"]), c.variant)
+        ins, outs = spec.device_inputs(spec.test_sizes[-1])
+        fn(*ins, *outs)  # numba.cuda compiles on the first call
+        cuda.synchronize()
+        del ins, outs
+    except Exception as exc:
+        rec.update(status="compile_error", error=f"{type(exc).__name__}: {exc}"[:300])
+        return
+    finally:
+        rec["compile_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        make = spec.inputs_maker(_size(spec, job["check_size"]))
+        krex_lab.check(fn, spec.reference, make, rtol=spec.rtol, atol=spec.atol)
+    except AssertionError as exc:  # CheckFailed
+        rec.update(status="wrong", error=str(exc).splitlines()[0][:300])
+        return
+    except Exception as exc:
+        rec.update(status="wrong", error=f"{type(exc).__name__}: {exc}"[:300])
+        return
+    finally:
+        rec["check_s"] = time.perf_counter() - t0
+    ins, outs = spec.device_inputs(_size(spec, job["time_size"]))
+    t0 = time.perf_counter()
+    opts = dict(job.get("bench") or {})
+    if mode == "region":
+        held = Held(gpu, job.get("max_hold", 60.0))
+        with held:
+            m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, **opts)  # nests in the region just taken
+        rec["region"] = held.info
+    else:
+        m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, exclusive=mode == "command", **opts)
+    rec["time_s"] = time.perf_counter() - t0
+    rec.update(
+        median_ms=m.median,
+        p95_ms=m.p95,
+        rel_stdev=m.rel_stdev,
+        samples=len(m.samples),
+        bench_simulated=bool(m.simulated),
+        converged=m.stop_reason in ("noise", "stable"),
+    )
+    del ins, outs
+    with contextlib.suppress(Exception):
+        cuda.current_context().deallocations.clear()
+    _ = np  # numpy is imported by the kernels anyway
+
+
+def reference(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each candidate evaluated alone, one after the other (region mode, nobody else running)."""
+    return [{**evaluate(j), "candidate": j["candidate"]} for j in jobs]
+
+
+def main() -> None:
+    """``python agent_kernels.py eval|reference`` with the job(s) as JSON on stdin: a cold evaluation."""
+    import krex_lab
+
+    what = sys.argv[1]
+    jobs = json.loads(sys.stdin.read())
+    first = jobs if isinstance(jobs, dict) else jobs[0]
+    krex_lab.attach(gpu=int(first["gpu"]), name=f"eval-{what}")  # KREX_REGION (command mode): part of it
+    out = evaluate(jobs) if what == "eval" else reference(jobs)
+    print("AGENT-RESULT " + json.dumps(out), flush=True)
+
+
+def candidate_dict(c: Candidate) -> dict[str, Any]:
+    return asdict(c)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Figures of an ``agent_study`` JSON (used by agent_study.py and notebooks/04_agent_study.ipynb).
+
+* :func:`throughput`: evaluations per minute against agents, one line per mode (warm), one
+  panel per think time; cold against warm beside it;
+* :func:`errors`: the timing error of every timed candidate against the same candidate timed
+  alone, per mode;
+* :func:`region_time`: where a region's time goes (wait, acquire, hold), per mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODES = ("command", "region", "none")
+COLOURS = {"command": "tab:red", "region": "tab:green", "none": "tab:gray"}
+
+
+def _label(data: dict[str, Any]) -> str:
+    sim = " - SIMULATED GPU phases (fake backend)" if data.get("simulated_gpu_phases") else ""
+    return f"{data.get('backend')} backend, {data['machine'].get('date', '')[:16]}{sim}"
+
+
+def throughput(data: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    points = data["points"]
+    thinks = sorted({p["think_mean_s"] for p in points if p["launch"] == "warm"})
+    cold = [p for p in points if p["launch"] == "cold"]
+    ncols = len(thinks) + (1 if cold else 0)
+    fig, axes = plt.subplots(1, max(1, ncols), figsize=(4.6 * max(1, ncols), 3.8), squeeze=False)
+    for ax, think in zip(axes[0], thinks):
+        for mode in MODES:
+            ps = sorted(
+                (p for p in points if p["launch"] == "warm" and p["mode"] == mode and p["think_mean_s"] == think),
+                key=lambda p: p["agents"],
+            )
+            if ps:
+                ax.plot(
+                    [p["agents"] for p in ps], [p["evals_per_min"] for p in ps], "o-", color=COLOURS[mode], label=mode
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("agents")
+        ax.set_ylabel("evaluations / min")
+        ax.set_title(f"warm, think mean {think:g} s")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    if cold:
+        ax = axes[0][-1]
+        labels, values, colours = [], [], []
+        for p in sorted(
+            cold + [q for q in points if q.get("compare_with_cold")], key=lambda p: (p["mode"], p["launch"])
+        ):
+            labels.append(f"{p['mode']}\n{p['launch']}")
+            values.append(p["evals_per_min"])
+            colours.append(COLOURS[p["mode"]] if p["launch"] == "warm" else "white")
+        ax.bar(range(len(values)), values, color=colours, edgecolor=[COLOURS[lb.split()[0]] for lb in labels])
+        ax.set_xticks(range(len(values)), labels, fontsize=8)
+        ax.set_ylabel("evaluations / min")
+        ax.set_title(f"cold vs warm, {cold[0]['agents']} agents, think {cold[0]['think_mean_s']:g} s")
+    fig.suptitle("Evaluations per minute - " + _label(data), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def errors(data: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    series = []
+    for mode in MODES:
+        errs = [
+            r["error_pct"]
+            for p in data["points"]
+            if p["mode"] == mode
+            for r in p["records"]
+            if r.get("error_pct") is not None
+        ]
+        series.append((mode, errs))
+    shown = [(m, e) for m, e in series if e]
+    if shown:
+        ax.boxplot([e for _, e in shown], showfliers=True, whis=(5, 95))
+        ax.set_xticks(range(1, len(shown) + 1), [f"{m}\n(n={len(e)})" for m, e in shown])
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylabel("median time vs alone (%)")
+    ax.set_title("Timing error per mode (whiskers p5-p95) - " + _label(data), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def region_time(data: dict[str, Any]) -> Any:
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for p in data["points"]:
+        if p["mode"] == "none" or not p.get("regions"):
+            continue
+        rows.append(p)
+    rows.sort(key=lambda p: (p["launch"], p["think_mean_s"], p["agents"], p["mode"]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4.0))
+    x = range(len(rows))
+    wait = [p["regions"]["wait_s_mean"] for p in rows]
+    acq = [p["regions"]["acquire_s_mean"] for p in rows]
+    hold = [p["regions"]["hold_s_mean"] for p in rows]
+    ax.bar(x, wait, color="tab:orange", label="wait (queued)")
+    ax.bar(x, acq, bottom=wait, color="tab:purple", label="acquire (drain, freeze, isolate)")
+    ax.bar(x, hold, bottom=[w + a for w, a in zip(wait, acq)], color="tab:blue", label="hold")
+    ax.set_xticks(
+        list(x), [f"{p['mode']} {p['launch']}\n{p['agents']}a t{p['think_mean_s']:g}" for p in rows], fontsize=7
+    )
+    ax.set_ylabel("seconds per region (mean)")
+    ax.legend(fontsize=8)
+    ax.set_title("Where a region's time goes - " + _label(data), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {"throughput": throughput, "errors": errors, "regions": region_time}

@@ -1,0 +1,517 @@
+"""The paper's evaluation, reproduced: LLM-agent kernel optimisation on shared GPUs (issue 15).
+
+    python benchmarks/agent_study.py [--backend fake|nvidia] [--gpus 1] [--agents 1,4,8,16,32]
+        [--think-mean 0,8] [--think-sigma 0.6] [--modes command,region,none] [--launch warm,cold]
+        [--seconds 30] [--cold-agents 4] [--cold-seconds 20] [--kernels ...]
+
+Agents behave like kernel-optimising LLM agents. Each is a real process (``agent_loop.py``)
+registered with a real ``krex arbiter`` as a session on its GPU (agent i on GPU i mod --gpus),
+looping: **think** (the model's latency, drawn from a lognormal with mean ``--think-mean`` and
+sigma ``--think-sigma``; a sleep, as waiting on a remote model is), **write** a candidate (a
+new ``.py`` file: a kernel of ``kernels/``, naive or optimised, or a parameter mutation of one
+such as block size or tile shape; with probability ``--p-wrong`` one that is wrong on purpose,
+see ``agent_kernels.SPACE``), **compile** it, **check** it with ``krex_lab.check`` and, if
+correct, **time** it with ``krex_lab.bench``.
+
+Modes (where the region is):
+* ``command``: compile + check + time inside one ``krex_lab.exclusive`` region - the
+  one-evaluation-per-GPU practice of KernelBench-style harnesses;
+* ``region``: only the timing inside a region (KREX's region granularity);
+* ``none``: no exclusivity at all.
+Launch: ``cold`` = a new process per evaluation (``python agent_kernels.py eval``, as ``python
+eval.py`` would; in command mode the agent holds the region around that process, which joins it
+as ``krex exclusive -- python eval.py`` does); ``warm`` = ``krex_lab.submit`` to a pool of warm
+context workers (``krex pool``, ``--workers`` per GPU, started here).
+
+Before the sweep a **reference pass** evaluates every correct candidate alone (region mode, no
+other agent); every timed evaluation records its error against that reference median.
+
+**Real**: the arbiter, its regions (queue, freeze of the other sessions of the GPU, core
+isolation; on NVIDIA also the driver lock), the agent processes and their sessions, the pool
+and its workers, the candidate source files, ``krex_lab.check`` and ``krex_lab.bench``, all
+timestamps. On ``--backend nvidia`` the compile is numba.cuda's JIT and check and timing run
+on the GPU. **Simulated on the fake backend** (said in the output and the JSON): numba's CUDA
+simulator runs the kernels on the CPU (check and timing are real code and real measurements of
+simulated kernels, at the tiny test sizes), and the compile phase is a sleep drawn from a
+lognormal (``--sim-compile-mean``/``--sim-compile-sigma``). A sleep elapses while its agent is
+frozen by another region, as a remote build would; a real JIT is CPU work in the frozen process
+and stops with it, so on the fake backend region mode's gain over command mode is an upper bound
+where compile is long. The think time is a sleep on both backends.
+
+Outputs: ``benchmarks/results/agent_study-<backend>-<date>.json`` (machine, date, backend,
+parameters, reference, per point its summary and every evaluation record with its region's
+requested / granted / released times, wait, acquire and hold) and three PNGs next to it
+(``…-throughput.png``, ``…-errors.png``, ``…-regions.png``); ``notebooks/04_agent_study.ipynb``
+shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import agent_kernels as ak  # noqa: E402
+from common import REPO, machine, percentile, write_result  # noqa: E402
+
+
+def floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="fake", choices=["fake", "nvidia"])
+    p.add_argument("--gpus", type=int, default=1, help="GPUs the agents spread over (1 or 2)")
+    p.add_argument("--agents", type=ints, default=[1, 4, 8, 16, 32], help="agent counts of the warm sweep")
+    p.add_argument("--think-mean", type=floats, default=[0.0, 4.0], help="mean think times (s) to sweep")
+    p.add_argument("--think-sigma", type=float, default=0.6, help="sigma of the lognormal think time")
+    p.add_argument("--modes", default="command,region,none")
+    p.add_argument("--launch", default="warm,cold", help="warm (context workers) and/or cold (a process each)")
+    p.add_argument("--seconds", type=float, default=20.0, help="window per warm point")
+    p.add_argument("--cold-agents", type=int, default=4, help="agents of the cold vs warm comparison")
+    p.add_argument("--cold-seconds", type=float, default=20.0, help="window per cold (and its warm twin) point")
+    p.add_argument(
+        "--cold-think", type=float, default=None, help="think mean there (default: the last of --think-mean)"
+    )
+    p.add_argument("--cold-modes", default="command,region")
+    p.add_argument("--kernels", default="", help="kernels of kernels/ the agents work on (default: all)")
+    p.add_argument("--p-wrong", type=float, default=0.2, help="probability that a candidate is a wrong one")
+    p.add_argument("--sim-compile-mean", type=float, default=1.0, help="fake backend: compile phase mean (s)")
+    p.add_argument("--sim-compile-sigma", type=float, default=0.4)
+    p.add_argument("--check-size", default=None, help="check size (default: 0.05ms preset; fake: test1)")
+    p.add_argument("--time-size", default=None, help="timing size (default: 0.1ms preset; fake: test1)")
+    p.add_argument("--bench-min-time", type=float, default=None, help="krex_lab.bench min_time (default its own)")
+    p.add_argument("--workers", type=int, default=0, help="warm workers per GPU (default: agents per GPU, <= 16)")
+    p.add_argument("--max-hold", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--use-arbiter", action="store_true", help="use the arbiter at $KREX_ENDPOINT (tests)")
+    p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
+    p.add_argument("--no-plots", action="store_true")
+    return p.parse_args(argv)
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"agent_study: {what} within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+class World:
+    """The arbiter (unless given) and the pool this study runs against."""
+
+    def __init__(self, args: argparse.Namespace, runtime: Path) -> None:
+        self.args = args
+        self.runtime = runtime
+        self.procs: list[subprocess.Popen[bytes]] = []
+        env = dict(os.environ)
+        if not args.use_arbiter:
+            env["KREX_RUNTIME_DIR"] = str(runtime)
+            env["KREX_ENDPOINT"] = f"ipc://{runtime}/arbiter.sock"
+        env["KREX_POOL_ENDPOINT"] = f"ipc://{runtime}/pool.sock"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), os.environ.get("PYTHONPATH")]))
+        if args.backend == "fake":
+            env["NUMBA_ENABLE_CUDASIM"] = "1"
+        self.env = env
+
+    def start_arbiter(self) -> None:
+        if self.args.use_arbiter:
+            return
+        cmd = [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.args.backend]
+        if self.args.backend == "fake":
+            cmd += ["--fake-gpus", str(self.args.gpus)]
+        self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=subprocess.DEVNULL))
+        from krex_lab import client
+
+        def up() -> bool:
+            try:
+                client.hello(self.env["KREX_ENDPOINT"], timeout=0.5)
+                return True
+            except Exception:
+                return False
+
+        wait_until(up, 30, "the arbiter did not answer")
+
+    def start_pool(self, workers: int) -> float:
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "krex_lab.workers.pool", f"--workers-per-gpu={workers}", "--spares=0"]
+        cmd += ["--preload=['numba.cuda']", "--log-level=WARN"]
+        cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
+        self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=subprocess.DEVNULL))
+        os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
+        from krex_lab.workers.client.pool_client import PoolClient
+
+        def ready() -> bool:
+            try:
+                with PoolClient.connect(self.env["KREX_POOL_ENDPOINT"], start=False) as c:
+                    st = c.status()
+            except Exception:
+                return False
+            idle = [w for g in st["gpus"] for w in g["workers"] if w.get("state") == "idle"]
+            return len(idle) >= workers * self.args.gpus
+
+        wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")
+        return time.monotonic() - t0
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def sizes(args: argparse.Namespace) -> tuple[str, str]:
+    fake = args.backend == "fake"
+    return (args.check_size or ("test1" if fake else "0.05ms"), args.time_size or ("test1" if fake else "0.1ms"))
+
+
+def bench_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if args.backend == "fake":
+        opts.update(min_samples=5, max_samples=5)  # simulated kernels: a few host-clock samples
+    if args.bench_min_time is not None:
+        opts["min_time"] = args.bench_min_time
+    return opts
+
+
+def reference_pass(world: World, cands: list[ak.Candidate], workdir: Path) -> dict[str, dict[str, Any]]:
+    """Every correct candidate evaluated alone, in one process, before the sweep."""
+    args = world.args
+    check_size, time_size = sizes(args)
+    jobs = []
+    for i, c in enumerate(x for x in cands if not x.wrong):
+        path = ak.write_source(c, workdir, f"reference_{i:03d}")
+        jobs.append(
+            {
+                "candidate": ak.candidate_dict(c),
+                "path": str(path),
+                "mode": "region",
+                "gpu": 0,
+                "check_size": check_size,
+                "time_size": time_size,
+                "bench": bench_options(args),
+                "sim_compile_s": 0.0,
+                "max_hold": args.max_hold,
+            }
+        )
+    r = subprocess.run(
+        [sys.executable, str(HERE / "agent_kernels.py"), "reference"],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        env=world.env,
+        timeout=900,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("AGENT-RESULT ")]
+    if not lines:
+        raise SystemExit(f"agent_study: the reference pass failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    out = {}
+    for rec in json.loads(lines[-1][len("AGENT-RESULT ") :]):
+        c = ak.Candidate(**rec["candidate"])
+        out[c.id] = {k: rec.get(k) for k in ("status", "median_ms", "p95_ms", "rel_stdev", "samples", "error")}
+    return out
+
+
+def overlaps(intervals: list[tuple[float, float]]) -> int:
+    """How many consecutive pairs (by start) overlap."""
+    xs = sorted(intervals)
+    return sum(1 for a, b in itertools.pairwise(xs) if b[0] < a[1])
+
+
+def history_overlaps(endpoint: str, since: float, until: float) -> tuple[int, int]:
+    """(regions, overlapping pairs) per GPU in the arbiter's own history for [since, until]."""
+    from krex_lab import client, protocol
+
+    conn = client.Connection(endpoint)
+    try:
+        rows = conn.call(protocol.History(limit=100000, since=since)).get("rows", [])
+    finally:
+        conn.close()
+    rows = [r for r in rows if r.get("granted_at") and r["granted_at"] <= until and r.get("outcome") == "completed"]
+    bad = 0
+    for g in {r["gpu"] for r in rows}:
+        bad += overlaps([(r["granted_at"], r["released_at"]) for r in rows if r["gpu"] == g])
+    return len(rows), bad
+
+
+def run_point(
+    world: World, point: dict[str, Any], cands: list[ak.Candidate], workdir: Path, ref: dict[str, Any]
+) -> dict[str, Any]:
+    args = world.args
+    check_size, time_size = sizes(args)
+    logs = workdir / f"point{point['index']:02d}"
+    logs.mkdir()
+    start_at = time.time() + (3.0 if point["launch"] == "warm" else 2.0) + 0.05 * point["agents"]
+    until = start_at + point["seconds"]
+    procs = []
+    for i in range(point["agents"]):
+        cfg = {
+            "agent": i,
+            "gpu": i % args.gpus,
+            "mode": point["mode"],
+            "launch": point["launch"],
+            "seed": args.seed * 1000 + point["index"] * 100 + i,
+            "candidates": [
+                ak.candidate_dict(c) for c in cands if c.kernel == point["kernels"][i % len(point["kernels"])]
+            ],
+            "workdir": str(logs / f"agent{i}"),
+            "log": str(logs / f"agent{i}.jsonl"),
+            "start_at": start_at,
+            "until": until,
+            "think_mean": point["think_mean_s"],
+            "think_sigma": args.think_sigma,
+            "p_wrong": args.p_wrong,
+            "sim_compile_mean": args.sim_compile_mean,
+            "sim_compile_sigma": args.sim_compile_sigma,
+            "check_size": check_size,
+            "time_size": time_size,
+            "bench": bench_options(args),
+            "max_hold": args.max_hold,
+        }
+        path = logs / f"agent{i}.json"
+        path.write_text(json.dumps(cfg))
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "agent_loop.py"), str(path)], env=world.env))
+    codes = [p.wait(timeout=point["seconds"] + 600) for p in procs]
+    starts: list[tuple[int, int]] = []
+    records: list[dict[str, Any]] = []
+    for i in range(point["agents"]):
+        path = logs / f"agent{i}.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            ev = json.loads(line)
+            if ev["event"] == "start":
+                starts.append((i, ev["seq"]))
+            else:
+                ev.pop("traceback", None)
+                r = ref.get(ev["candidate"], {})
+                if ev.get("median_ms") is not None and r.get("median_ms"):
+                    ev["ref_median_ms"] = r["median_ms"]
+                    ev["error_pct"] = 100.0 * (ev["median_ms"] / r["median_ms"] - 1.0)
+                records.append(ev)
+    return summarise(point, start_at, until, codes, starts, records)
+
+
+def summarise(
+    point: dict[str, Any],
+    start_at: float,
+    until: float,
+    codes: list[int],
+    starts: list[tuple[int, int]],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
+    in_window = [r for r in records if not r["late"]]
+    timed = [r for r in in_window if r.get("median_ms") is not None]
+    regions = [r["region"] for r in records if r.get("region")]
+    by_gpu: dict[int, list[tuple[float, float]]] = {}
+    for reg in regions:
+        by_gpu.setdefault(reg["gpu"], []).append((reg["granted"], reg["released"]))
+    errs = [abs(r["error_pct"]) for r in timed if r.get("error_pct") is not None]
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    done_keys = [(r["agent"], r["seq"]) for r in records]
+    window = until - start_at
+    out = {
+        **point,
+        "start_at": start_at,
+        "until": until,
+        "agent_exit_codes": codes,
+        "evaluations_started": len(starts),
+        "evaluations_returned": len(records),
+        "returned_exactly_once": sorted(done_keys) == sorted(starts) and len(set(done_keys)) == len(done_keys),
+        "evaluations_in_window": len(in_window),
+        "evals_per_min": round(len(in_window) * 60.0 / window, 2),
+        "timed_in_window": len(timed),
+        "timed_per_min": round(len(timed) * 60.0 / window, 2),
+        "statuses": statuses,
+        "wrong_on_purpose_passed": sum(1 for r in records if r["wrong_on_purpose"] and r["status"] == "ok"),
+        "correct_failed": sum(1 for r in records if not r["wrong_on_purpose"] and r["status"] != "ok"),
+        "error_abs_pct": {
+            "median": round(statistics.median(errs), 3) if errs else None,
+            "p95": round(percentile(errs, 0.95), 3) if errs else None,
+            "n": len(errs),
+        },
+        "region_overlaps": sum(overlaps(v) for v in by_gpu.values()),
+        "regions": {
+            "n": len(regions),
+            "wait_s_mean": statistics.fmean(x["wait_s"] for x in regions),
+            "acquire_s_mean": statistics.fmean(x["acquire_s"] for x in regions),
+            "hold_s_mean": statistics.fmean(x["hold_s"] for x in regions),
+            "wait_s_p95": percentile([x["wait_s"] for x in regions], 0.95),
+            "degraded": sum(1 for x in regions if x["degraded"]),
+        }
+        if regions
+        else None,
+        "records": records,
+    }
+    return out
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    modes = [m for m in args.modes.split(",") if m]
+    launches = [x for x in args.launch.split(",") if x]
+    kernels = [k for k in args.kernels.split(",") if k] or sorted({c.kernel for c in ak.SPACE})
+    points: list[dict[str, Any]] = []
+    if "warm" in launches:
+        for think in args.think_mean:
+            for agents in args.agents:
+                for mode in modes:
+                    points.append({"launch": "warm", "mode": mode, "agents": agents, "think_mean_s": think})
+    if "cold" in launches:
+        think = args.cold_think if args.cold_think is not None else args.think_mean[-1]
+        for mode in [m for m in args.cold_modes.split(",") if m]:
+            for launch in ("cold", "warm"):
+                points.append(
+                    {
+                        "launch": launch,
+                        "mode": mode,
+                        "agents": args.cold_agents,
+                        "think_mean_s": think,
+                        "seconds": args.cold_seconds,
+                        "compare_with_cold": launch == "warm",
+                    }
+                )
+    for i, p in enumerate(points):
+        p.setdefault("seconds", args.seconds)
+        p.setdefault("compare_with_cold", False)
+        p["index"] = i
+        p["kernels"] = kernels
+    return points
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse(argv)
+    simulated = args.backend == "fake"
+    if simulated:
+        print(
+            "agent_study: FAKE backend - the GPU phases are SIMULATED (numba's CUDA simulator runs the kernels "
+            "on the CPU; the compile phase is a sleep). Arbiter, regions, processes and timestamps are real.",
+            flush=True,
+        )
+    points = plan(args)
+    kernels = points[0]["kernels"] if points else []
+    cands = ak.space(kernels)
+    runtime = Path(tempfile.mkdtemp(prefix="krex-agents-"))
+    runtime.chmod(0o700)
+    workdir = runtime / "work"
+    workdir.mkdir()
+    world = World(args, runtime)
+    t_start = time.time()
+    result: dict[str, Any] = {
+        "benchmark": "agent_study",
+        "backend": args.backend,
+        "simulated_gpu_phases": simulated,
+        "simulated": "numba CUDA simulator for check and timing, compile = lognormal sleep" if simulated else "",
+        "machine": machine(),
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "parameters": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "candidates": [{**ak.candidate_dict(c), "id": c.id} for c in cands],
+    }
+    try:
+        world.start_arbiter()
+        t0 = time.monotonic()
+        result["reference"] = reference_pass(world, cands, workdir)
+        result["reference_s"] = round(time.monotonic() - t0, 1)
+        print(f"reference pass: {len(result['reference'])} candidates alone in {result['reference_s']} s", flush=True)
+        warm = [p for p in points if p["launch"] == "warm"]
+        if warm:
+            per_gpu = max(-(-p["agents"] // args.gpus) for p in warm)
+            workers = args.workers or min(16, per_gpu)
+            result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers), 1)}
+            print(f"pool: {workers} warm workers per GPU ready in {result['pool']['ready_s']} s", flush=True)
+        result["points"] = []
+        signal.signal(signal.SIGTERM, _interrupt)  # `timeout` on the device: keep what was measured
+        for p in points:
+            try:
+                s = run_point(world, p, cands, workdir, result["reference"])
+            except KeyboardInterrupt:
+                result["interrupted"] = f"stopped before point {p['index']} ended"
+                print(f"agent_study: INTERRUPTED during point {p['index']}; writing what was measured", flush=True)
+                break
+            result["points"].append(s)
+            err = s["error_abs_pct"]
+            reg = s["regions"] or {}
+            print(
+                f"{p['launch']:4s} {p['mode']:7s} agents {p['agents']:2d} think {p['think_mean_s']:4.1f} s: "
+                f"{s['evals_per_min']:6.1f} evals/min ({s['timed_per_min']:5.1f} timed), "
+                f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
+                f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
+                f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}",
+                flush=True,
+            )
+        t_end = time.time()
+        time.sleep(1.5)  # the arbiter writes its history in batches, from a thread
+        n, bad = history_overlaps(world.env["KREX_ENDPOINT"], t_start, t_end)
+        result["arbiter_history"] = {"regions": n, "overlapping_pairs": bad}
+    finally:
+        world.stop()
+    result["wall_s"] = round(time.time() - t_start, 1)
+    result["ratios_region_over_command"] = ratios(result["points"])
+    name = f"agent_study-{args.backend}"
+    if args.out:
+        path = Path(args.out)
+        path.write_text(json.dumps(result, indent=1))
+    else:
+        path = write_result(name, result)
+    if not args.no_plots:
+        write_plots(result, path)
+    return path
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    key = ("launch", "agents", "think_mean_s")
+    for p in points:
+        if p["mode"] != "region":
+            continue
+        for q in points:
+            if q["mode"] == "command" and all(q[k] == p[k] for k in key) and q["evals_per_min"]:
+                out.append({**{k: p[k] for k in key}, "ratio": round(p["evals_per_min"] / q["evals_per_min"], 2)})
+    return out
+
+
+def write_plots(result: dict[str, Any], path: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import agent_plots
+
+    written = []
+    for name, fn in agent_plots.FIGURES.items():
+        fig = fn(result)
+        out = path.with_name(f"{path.stem}-{name}.png")
+        fig.savefig(out, dpi=110)
+        written.append(out)
+        if os.environ.get("OUT"):
+            fig.savefig(Path(os.environ["OUT"], out.name), dpi=110)
+        print(f"wrote {out}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

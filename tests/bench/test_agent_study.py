@@ -1,0 +1,114 @@
+"""benchmarks/agent_study.py against a real fake-backend arbiter: a small sweep, real properties."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
+
+REPO = Path(__file__).resolve().parents[2]
+STUDY = REPO / "benchmarks" / "agent_study.py"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("agents")
+    mp = pytest.MonkeyPatch()
+    arbiters = running_arbiter(tmp, mp, gpus=1)
+    arb: ArbiterProc = next(arbiters)
+    try:
+        out = tmp / "study.json"
+        cmd = [
+            sys.executable,
+            str(STUDY),
+            "--use-arbiter",
+            "--agents",
+            "4",
+            "--think-mean",
+            "0",
+            "--seconds",
+            "10",
+            "--launch",
+            "warm",
+            "--kernels",
+            "vector_add,transpose",
+            "--p-wrong",
+            "0.3",
+            "--out",
+            str(out),
+        ]
+        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=110)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        data: dict[str, Any] = json.loads(out.read_text())
+        data["stdout"] = r.stdout
+        return data
+    finally:
+        next(arbiters, None)
+        mp.undo()
+
+
+@pytest.mark.timeout(150)
+def test_says_the_gpu_phases_are_simulated(study: dict[str, Any]) -> None:
+    assert study["simulated_gpu_phases"] is True
+    assert "SIMULATED" in study["stdout"]
+    assert all(r.get("simulated") for p in study["points"] for r in p["records"] if r["status"] != "error")
+
+
+def test_every_evaluation_returned_exactly_once(study: dict[str, Any]) -> None:
+    for p in study["points"]:
+        assert p["agent_exit_codes"] == [0] * p["agents"]
+        keys = [(r["agent"], r["seq"]) for r in p["records"]]
+        assert len(keys) == len(set(keys)) == p["evaluations_started"] > 0
+        for agent in {a for a, _ in keys}:  # no gap: each agent's evaluations are 0..n-1
+            seqs = sorted(s for a, s in keys if a == agent)
+            assert seqs == list(range(len(seqs)))
+        assert p["returned_exactly_once"]
+        assert not [r for r in p["records"] if r["status"] == "error"]
+
+
+def test_no_two_regions_on_a_gpu_overlap(study: dict[str, Any]) -> None:
+    for p in study["points"]:
+        regions = sorted((r["region"]["granted"], r["region"]["released"]) for r in p["records"] if r.get("region"))
+        if p["mode"] == "none":
+            assert not regions
+            continue
+        assert len(regions) >= 3
+        for (_, end), (start, _) in itertools.pairwise(regions):
+            assert start >= end
+        assert p["region_overlaps"] == 0
+    assert study["arbiter_history"]["regions"] >= sum(p["regions"]["n"] for p in study["points"] if p["regions"])
+    assert study["arbiter_history"]["overlapping_pairs"] == 0
+
+
+def test_region_mode_evaluates_faster_than_command_mode(study: dict[str, Any]) -> None:
+    by = {p["mode"]: p for p in study["points"]}
+    assert by["region"]["evals_per_min"] > 1.2 * by["command"]["evals_per_min"]
+    # command mode's regions hold the simulated compile (mean 1 s) as well: longer than region mode's
+    assert by["command"]["regions"]["hold_s_mean"] > by["region"]["regions"]["hold_s_mean"] + 0.5
+
+
+def test_timing_errors_recorded_against_the_reference(study: dict[str, Any]) -> None:
+    for p in study["points"]:
+        timed = [r for r in p["records"] if r["status"] == "ok"]
+        assert timed
+        for r in timed:
+            ref = study["reference"][r["candidate"]]["median_ms"]
+            assert r["ref_median_ms"] == ref
+            assert math.isclose(r["error_pct"], 100 * (r["median_ms"] / ref - 1), rel_tol=1e-9)
+        assert p["error_abs_pct"]["n"] == sum(1 for r in timed if not r["late"])
+
+
+def test_wrong_candidates_fail_and_correct_ones_pass(study: dict[str, Any]) -> None:
+    records = [r for p in study["points"] for r in p["records"]]
+    wrong = [r for r in records if r["wrong_on_purpose"]]
+    assert wrong, "no wrong candidate was drawn"
+    assert all(r["status"] in ("wrong", "compile_error") for r in wrong)
+    assert all(r["status"] == "ok" for r in records if not r["wrong_on_purpose"])
