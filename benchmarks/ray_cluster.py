@@ -12,6 +12,7 @@ the GPU phases were simulated. Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -85,6 +86,10 @@ def main() -> None:
             seconds, res = batch(args.evals, f"{n} node(s) ")
             holds = [r.region["hold_s"] for r in res if r.region]
             acquires = [r.region["acquire_s"] for r in res if r.region]
+            phases = {
+                f"{p}_s_median": round(statistics.median(r.region.get(f"{p}_s", 0.0) for r in res if r.region), 4)
+                for p in ("wait", "drain", "freeze", "isolate")
+            }
             row = {
                 "nodes": n,
                 "gpus": n * args.gpus,
@@ -96,12 +101,16 @@ def main() -> None:
                 "per_node": {k: sum(1 for r in res if r.node == k) for k in sorted({str(r.node) for r in res})},
                 "hold_s_median": round(statistics.median(holds), 4),
                 "acquire_s_median": round(statistics.median(acquires), 4),
+                **phases,
                 "degraded": sum(1 for r in res if r.region.get("degraded")),
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
             }
             rows.append(row)
             print(
                 f"{n} node(s), {n * args.gpus} GPUs: {row['rate_per_s']:.2f} evals/s "
-                f"(bound {row['bound_per_s']:.1f}/s), acquire p50 {row['acquire_s_median'] * 1e3:.0f} ms",
+                f"(bound {row['bound_per_s']:.1f}/s), acquire p50 {row['acquire_s_median'] * 1e3:.0f} ms "
+                f"(drain {row['drain_s_median'] * 1e3:.0f}, isolate {row['isolate_s_median'] * 1e3:.0f}), "
+                f"load {row['loadavg_after']}",
                 flush=True,
             )
         status = kr.cluster_status(resource="krex_gpu")
