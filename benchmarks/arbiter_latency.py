@@ -124,6 +124,7 @@ def main() -> None:
         help="siblings without a control channel (frozen but not asked to drain): the floor "
         "without the cooperative drain's round trips",
     )
+    p.add_argument("--shield", default="", help="the arbiter's --Arbiter.shield (default: its own default, auto)")
     args = p.parse_args()
     runtime = Path(tempfile.mkdtemp(prefix="krex-latency-"))
     repo = Path(__file__).resolve().parents[1]
@@ -134,7 +135,8 @@ def main() -> None:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])),
     }
     arbiter = subprocess.Popen(
-        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend],
+        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend]
+        + ([f"--Arbiter.shield={args.shield}"] if args.shield else []),
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -145,6 +147,9 @@ def main() -> None:
             if arbiter.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
             time.sleep(0.05)
+        from krex_lab import client
+
+        shield = client.status(env["KREX_ENDPOINT"]).get("shield", args.shield or "auto")
         results = []
         for mode in args.modes.split(","):
             for n in [int(c) for c in args.counts.split(",")]:
@@ -168,6 +173,7 @@ def main() -> None:
             "backend": args.backend,
             "machine": machine(),
             "command": " ".join(sys.argv),
+            "shield": shield,
             "results": results,
             "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine",
         },

@@ -6,9 +6,11 @@ Run from the repository root on a machine with an NVIDIA GPU and torch::
 
 Victim kernels: fp32 torch matmuls, sizes calibrated at start to land near 0.05, 0.1, 1 and
 10 ms. Conditions, in order: ``alone``; ``contended`` (3 processes looping 4096^2 matmuls on
-the same GPU + one busy loop per CPU core); ``krex`` (the same contention, the victim inside
+the same GPU + one busy loop per CPU core that is *not* a KREX session, so no region freezes
+it: only the shield keeps it off the reserved core; ``--cpu-hogs-attach`` makes them
+sessions); ``krex`` (the same contention, the victim inside
 ``krex_lab.exclusive(gpu=0)``); ``alone_after`` (hogs gone, to see drift). The script starts
-its own arbiter (``python -m krex_lab.cli arbiter``) on a private endpoint; every hog calls
+its own arbiter (``python -m krex_lab.cli arbiter``) on a private endpoint; every GPU hog calls
 ``krex_lab.attach(gpu=0)`` so that it is a registered session the arbiter can freeze.
 
 Timing method (shared/FACTS.md: event pairs around single launches move 5-10% for 0.07 ms
@@ -19,6 +21,9 @@ the last launch was enqueued (checked with an event query; otherwise the hold gr
 batch is redone):
 
 * ``launch``: one event pair per kernel launch, so every sample is one kernel;
+* ``plain``: as a user times a kernel -- an event pair around one launch, synchronised, no held
+  stream and no graph, so host launch latency and CPU time stolen from the launching thread
+  count (what the shield of a region's reserved cores protects);
 * ``graph``: a CUDA graph of K launches (K so that one replay runs >= 2 ms), one event pair
   per replay, per-kernel time = replay time / K.
 
@@ -239,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             "launch": "one CUDA event pair per kernel launch; the stream is held by a spin kernel "
             "(torch.cuda._sleep) while the batch is enqueued, and a batch is redone if the spin "
             "ended first, so host launch latency is outside every interval",
+            "plain": "one CUDA event pair around one launch, synchronised; nothing held (host time counts)",
             "graph": "CUDA graph of K launches (replay >= 2 ms), one event pair per replay, held stream as "
             "above; per-kernel time = replay time / K",
             "statistics": "median and nearest-rank p95 over samples; inflation = condition / alone - 1",
@@ -267,12 +273,14 @@ def run(args: argparse.Namespace) -> int:
                 continue
             if cond == "contended":
                 hogs = [Child("gpu-hog", env) for _ in range(3)]
-                hogs += [Child("cpu-hog", env) for _ in range(os.cpu_count() or 1)]
+                cpu_env = {**env, "KREX_CPU_HOG_ATTACH": "1" if args.cpu_hogs_attach else "0"}
+                hogs += [Child("cpu-hog", cpu_env) for _ in range(os.cpu_count() or 1)]
                 hog_ready = [h.read(180) for h in hogs]
                 doc["contention"] = {
                     "gpu_hogs": 3,
                     "cpu_hogs": len(hogs) - 3,
                     "attached": sum(1 for r in hog_ready if r.get("session")),
+                    "cpu_hogs_attached": bool(args.cpu_hogs_attach),
                 }
                 time.sleep(2.0)  # let time-slicing and clocks settle
             if cond == "alone_after":
@@ -351,7 +359,7 @@ def print_table(doc: dict[str, Any]) -> None:
     print("-" * len(head))
     for cls, _ in CLASSES:
         n = doc.get("classes", {}).get(cls, {}).get("n", "")
-        for method in ("launch", "graph"):
+        for method in ("plain", "launch", "graph"):
             cells = []
             for c in conds:
                 r = rows.get((cls, method, c))
@@ -378,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-krex", action="store_true", help="no arbiter, no region: the other conditions only")
     p.add_argument("--arbiter-backend", default="nvidia", choices=("auto", "nvidia", "amd", "fake"))
     p.add_argument("--keep-samples", action="store_true", help="store every sample in the JSON")
+    p.add_argument(
+        "--cpu-hogs-attach",
+        action="store_true",
+        help="the CPU busy loops register as KREX sessions (frozen in regions)",
+    )
     return run(p.parse_args(argv))
 
 

@@ -169,6 +169,20 @@ class Victim:
             n = n_best
         return out
 
+    def plain(self, fn: Any, count: int) -> list[float]:
+        """As a user times a kernel: an event pair around one launch, synchronised, nothing held
+        (host launch latency and any CPU stolen from the launching thread land inside)."""
+        torch = self.torch
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out: list[float] = []
+        for _ in range(count):
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            out.append(float(s.elapsed_time(e)))
+        return out
+
     def measure(self, quick: bool, classes: list[tuple[str, float]] | None = None) -> dict[str, Any]:
         """Samples of every calibrated class (or of ``classes``), both methods."""
         res: dict[str, Any] = {}
@@ -179,7 +193,9 @@ class Victim:
             self.timer.samples(kern["fn"], kern["launch_batch"], kern["launch_batch"])
             launch, info_l = self.timer.samples(kern["fn"], n_launch, kern["launch_batch"])
             replays, info_g = self.timer.samples(kern["graph"].replay, n_graph, kern["graph_batch"])
+            plain = self.plain(kern["fn"], n_launch)
             res[name] = {
+                "plain": {"samples_ms": plain},
                 "launch": {"samples_ms": launch, **info_l},
                 "graph": {"samples_ms": [t / kern["k"] for t in replays], "k": kern["k"], **info_g},
             }
@@ -278,7 +294,8 @@ def gpu_hog_main() -> None:
 
 
 def cpu_hog_main() -> None:
-    session = _attach("fidelity-cpu-hog")
+    # A foreign busy loop (no KREX session: nothing freezes it) unless asked to attach.
+    session = _attach("fidelity-cpu-hog") if os.environ.get("KREX_CPU_HOG_ATTACH") == "1" else None
     print(json.dumps({"ready": True, "session": session}), flush=True)
     while True:
         pass

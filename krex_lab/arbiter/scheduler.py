@@ -285,11 +285,13 @@ class Scheduler:
                 self.steps.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt, result=region.frozen)
                 # Grant only once the stops have landed: a sibling still running would share
                 # the holder's first milliseconds. (Re-walking the trees waits till after.)
-                while self.steps.freezer.pending(region.frozen) and time.monotonic() - t1 < 0.1:
+                waiting = self.steps.freezer.pending(region.frozen)
+                while waiting and time.monotonic() - t1 < 0.1:
                     await asyncio.sleep(0.0002)
+                    waiting = self.steps.freezer.pending(region.frozen, among=waiting)
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
-            if region.isolate:
+            if region.isolate and region.cores > 0:  # cores=0: the holder asked for no isolation
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
                 if self.steps.shield.mode == "sessions" and task_count([holder.pid, *roots]) <= INLINE_THREADS:
@@ -371,20 +373,21 @@ class Scheduler:
             self.steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since)
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
-        """Walk the frozen trees again for children forked while the stops were in flight, until two
-        walks in a row find nothing new with every stop landed. A stop still in flight (a process in
-        D state, slow on a loaded machine) does not hold the walks back: its siblings may be forking."""
+        """Walk the frozen trees again for children forked while the stops were in flight. A walk
+        that starts once every stop has landed sees trees that can no longer grow: if it finds
+        nothing new, the freeze is complete. A stop still in flight (a process in D state, slow on
+        a loaded machine) does not hold the walks back: its siblings may be forking."""
         deadline = time.monotonic() + 2.0
-        clean = 0
+        waiting: list[str] | None = None  # None: check every stop (new ones were just sent)
         while region.state is RegionState.HELD and time.monotonic() < deadline:
+            waiting = self.steps.freezer.pending(region.frozen, among=waiting)
+            landed = not waiting
             late = self.steps.freezer.settle(region.id, region.frozen, roots, region.exempt)
             if late:
                 region.drain.intruders.extend(late)
-                clean = 0
-            elif not self.steps.freezer.pending(region.frozen):
-                clean += 1
-                if clean >= 2:
-                    return
+                waiting = None
+            elif landed:
+                return
             await asyncio.sleep(0.002)
 
     async def _drain(self, region: Region, siblings: list[Session]) -> None:

@@ -255,14 +255,19 @@ class Arbiter(LoggingConfigurable):
             str(self.root / "identity.sock"), self.tickets, mode=0o666 if self.multi_user else 0o600
         )
         self.freezer = Freezer(
-            self.journal.record, self.sessions.cgroup_of, self.placer.relative if self.placer.enabled else None
+            self.journal.record,
+            # Without placed cgroups there is nothing to look up (a scan of every session per root).
+            self.sessions.cgroup_of if self.placer.enabled else None,
+            self.placer.relative if self.placer.enabled else None,
         )
+        #: what keeps others off a region's reserved cores (the ``shield`` option, resolved)
+        self.shielding = Shield(self.shield)
         steps = Enforcement(
             gate=self.gate,
             locker=self.locker,
             freezer=self.freezer,
             cores=CoreBook(),
-            shield=Shield(self.shield),
+            shield=self.shielding,
             journal=self.journal,
             gpu_processes=self.backend.processes,
             backend_name=self.backend.name,
@@ -430,6 +435,7 @@ class Arbiter(LoggingConfigurable):
             "endpoint": self.bound,
             "events": self.events,
             "started": self.started,
+            "shield": self.shielding.describe(),
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)

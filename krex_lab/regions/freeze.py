@@ -139,10 +139,14 @@ class Freezer:
             result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
 
     @staticmethod
-    def pending(result: FreezeResult) -> list[str]:
-        """What was told to stop but has not yet (a D-state sleeper can take a while)."""
-        late = [str(p) for p in result.pids if proc_state(p) not in ("T", "t", "Z", None)]
-        return late + [c for c in result.cgroups if not is_frozen(c)]
+    def pending(result: FreezeResult, among: list[str] | None = None) -> list[str]:
+        """What was told to stop but has not yet (a D-state sleeper can take a while): pids as
+        strings, cgroup paths. ``among``: an earlier answer, to check only what was still pending
+        then (a stop that has landed stays landed while the region holds)."""
+        pids = result.pids if among is None else [int(x) for x in among if x.isdigit()]
+        groups = result.cgroups if among is None else [x for x in among if not x.isdigit()]
+        late = [str(p) for p in pids if proc_state(p) not in ("T", "t", "Z", None)]
+        return late + [c for c in groups if not is_frozen(c)]
 
     def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
         """Walk the trees again and stop what is new; returns the processes caught late."""
