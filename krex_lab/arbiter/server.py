@@ -119,11 +119,12 @@ class Arbiter(LoggingConfigurable):
     )
     shield = Enum(
         list(SHIELD_MODES),
-        "auto",
-        help="What keeps everyone but a region's holder off its reserved cores: 'cpuset' (a cgroup v2 "
-        "partition: one operation, the kernel moves every process), 'affinity' (every process's "
-        "threads, one by one), 'sessions' (KREX sessions' threads only), 'auto' (cpuset where the "
-        "arbiter may make partitions, else affinity). IRQ affinities move too where /proc/irq is writable.",
+        "affinity",
+        help="What keeps everyone but a region's holder off its reserved cores: 'affinity' (every "
+        "process's threads, one by one; restored exactly), 'cpuset' (a cgroup v2 partition: one "
+        "operation, the kernel moves every process; not yet run on a GPU machine, so opt-in), "
+        "'auto' (cpuset where the arbiter may make partitions, else affinity), 'sessions' (KREX "
+        "sessions' threads only). IRQ affinities move too where /proc/irq is writable.",
     ).tag(config=True)
     poll_interval = Float(0.1, help="How often a held GPU is checked for new processes to lock.").tag(config=True)
     history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(config=True)
