@@ -156,7 +156,26 @@ def _more_generous(key: str, a: Any, b: Any) -> Any:
     return max(a, b)
 
 
+#: seconds a user's name and groups are remembered: reading every group of the node (getgrall,
+#: an LDAP query on some hosts) on the event loop at each register and acquire would stall it
+#: for everyone; a group change takes effect within this long
+GROUPS_TTL = 30.0
+_groups_seen: dict[int, tuple[float, tuple[str, set[str]]]] = {}
+
+
 def _user_and_groups(uid: int) -> tuple[str, set[str]]:
+    now = time.monotonic()
+    seen = _groups_seen.get(uid)
+    if seen is not None and now - seen[0] < GROUPS_TTL:
+        return seen[1]
+    found = _lookup_user_and_groups(uid)
+    if len(_groups_seen) > 4096:  # bounded: uids come from the kernel, but a node may have many
+        _groups_seen.clear()
+    _groups_seen[uid] = (now, found)
+    return found
+
+
+def _lookup_user_and_groups(uid: int) -> tuple[str, set[str]]:
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:
