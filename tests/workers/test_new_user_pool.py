@@ -164,6 +164,9 @@ def test_no_arbiter_is_said_on_stderr(tmp_path: Path) -> None:
         # one line (run_cli's prefix: "krex:" or "krex run:")
         line = f"no arbiter answers at {nobody}: the job ran without GPU exclusivity"
         assert re.fullmatch(rf"krex( run)?: {re.escape(line)}\n", r.stderr), r.stderr
+        # without an arbiter the pool asks the node's GPU library itself (the fake backend here)
+        assert "no GPU backend either" not in pool.log(), pool.log()
+        assert pool.client.info is not None and pool.client.info.backend == "fake"
     finally:
         pool.stop()
 

@@ -274,7 +274,7 @@ class Pool(LoggingConfigurable):
 
     def _local_gpus(self) -> int:
         try:
-            from ..gpu import make_backend
+            from ...gpu import make_backend
 
             backend = make_backend("auto", self.fallback_gpus)
             try:
