@@ -165,7 +165,12 @@ def main() -> None:
     finally:
         arbiter.send_signal(signal.SIGTERM)
         arbiter.wait(10)
-    name = "-".join(["arbiter_latency", args.backend] + ["cuda"] * args.cuda + ["plain"] * args.plain_siblings)
+    name = "-".join(
+        ["arbiter_latency", args.backend]
+        + ["cuda"] * args.cuda
+        + ["plain"] * args.plain_siblings
+        + ([f"shield_{args.shield}"] if args.shield else [])
+    )
     write_result(
         name,
         {

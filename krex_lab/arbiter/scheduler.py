@@ -370,7 +370,9 @@ class Scheduler:
         self.steps.cores.release(region.id)
         if region.shielded.mode == "affinity" and region.isolated.cores:
             pids, _, _ = node_pids(set(), None if os.geteuid() == 0 else os.geteuid())
-            self.steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since)
+            self.steps.cores.widen_born(
+                pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen
+            )
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight. A walk

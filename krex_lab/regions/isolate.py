@@ -27,6 +27,8 @@ class IsolateResult:
     holder_threads: list[int] = field(default_factory=list)
     moved_pids: list[int] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    #: every thread looked at (what is not among them at release was born during the region)
+    seen: set[int] = field(default_factory=set)
 
 
 def online_cpus() -> list[int]:
@@ -139,7 +141,13 @@ class CoreBook:
             if tid not in self._original:  # exited before its affinity could be read
                 continue
             target = self._target(tid)
-            if target is not None and self._apply(tid, target, result):
+            if target is None:
+                continue
+            if target == self._original[tid][1]:
+                # Its original has none of the reserved cores (so no region changed it either):
+                # nothing to change, nothing to restore.
+                continue
+            if self._set(tid, target, result):
                 held.touched.add(tid)
                 moved.add(pid)
         if skipped or unlisted:
@@ -149,6 +157,7 @@ class CoreBook:
             )
         result.holder_threads = sorted(holder_tids)
         result.moved_pids = sorted(moved)
+        result.seen = holder_tids | set(other_tids)
         return result
 
     def touched(self, region: str) -> int:
@@ -183,7 +192,7 @@ class CoreBook:
                 self._original.pop(tid, None)
         return n
 
-    def widen_born(self, pids: Iterable[int], cores: set[int], since: int) -> int:
+    def widen_born(self, pids: Iterable[int], cores: set[int], since: int, known: set[int] | None = None) -> int:
         """Threads and processes born during a region (start time >= ``since``, boot ticks) inherit
         their creator's narrowed affinity, which the core book never recorded. Once the creator has
         its own back, give each what its creator has (less cores still reserved). Returns how many."""
@@ -196,7 +205,7 @@ class CoreBook:
                 except OSError:
                     continue
                 for tid in tids:
-                    if tid in self._original:
+                    if tid in self._original or (known is not None and tid in known):
                         continue
                     start = start_time(tid)
                     creator = pid if tid != pid else parent_pid(pid)
@@ -226,6 +235,17 @@ class CoreBook:
         original = self._original[tid][1]
         allowed = original - reserved
         return allowed or (set(self.cpus) - reserved)
+
+    @staticmethod
+    def _set(tid: int, cpus: set[int], result: IsolateResult) -> bool:
+        try:
+            os.sched_setaffinity(tid, cpus)
+            return True
+        except ProcessLookupError:
+            return False
+        except OSError as exc:
+            result.failed.append(f"thread {tid}: {exc.strerror}")
+            return False
 
     @staticmethod
     def _apply(tid: int, cpus: set[int], result: IsolateResult) -> bool:
