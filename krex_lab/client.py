@@ -416,10 +416,17 @@ class Exclusive:
         devsync.synchronize_frameworks()
         conn = session.connection()
         request = protocol.Acquire(session=session.id, token=session.token, **self.options)
-        rid = conn.send(request)
-        # A wait of more than a second says who holds the GPU and where the caller stands.
-        notice = WaitNotice(functools.partial(status, session.endpoint, 5.0), gpu, session.id).start()
+        # A wait of more than a second says who holds the GPU and where the caller stands. Known
+        # to the session before the request goes: a drain (this process about to be stopped as
+        # an intruder in the region it waits behind) can arrive before the reply is read.
+        notice = WaitNotice(functools.partial(status, session.endpoint, 5.0), gpu, session.id)
         session.waiting.add(notice)
+        try:
+            rid = conn.send(request)
+        except BaseException:
+            session.waiting.discard(notice)
+            raise
+        notice.start()
         try:
             granted: protocol.Granted = protocol.result_as(
                 request, conn.wait(rid, timeout=None, cancelled=self._cancel)

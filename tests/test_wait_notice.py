@@ -108,3 +108,33 @@ def _user() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+def test_a_waiter_on_the_held_gpu_says_it_before_it_is_stopped(arbiter: ArbiterProc) -> None:
+    # `krex exclusive` on the GPU it waits for registers mid-region: the region drains and stops
+    # it as an intruder, and it must say why it waits before that (it looked hung, state T).
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "3"],
+        env=arbiter.env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    waiter = None
+    try:
+        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
+        waiter = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "true"],
+            env=arbiter.env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiter.wait(60) == 0
+        err = waiter.stderr.read()  # type: ignore[union-attr]
+        said = [line for line in err.splitlines() if line.startswith("krex: waiting")]
+    finally:
+        for p in (holder, waiter):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert said and said[0].startswith("krex: waiting for GPU 0: held by"), err
+    assert said[0].endswith("you are 1st in the queue"), said

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import itertools
 import logging
@@ -519,7 +520,14 @@ class Scheduler:
             finally:
                 region.locking = False
         elif session.control is not None:
+            # As in the grant's drain: it synchronises, answers (and says why it waits), and is
+            # frozen only then, or after drain_timeout if it does not answer.
+            ack = region.acks[session.id] = asyncio.get_running_loop().create_future()
             self.notify.control(session, "drain", region)
+            with contextlib.suppress(asyncio.TimeoutError, KrexError):
+                await asyncio.wait_for(asyncio.shield(ack), self.config.drain_timeout)
+            if ack.done() and not ack.cancelled() and ack.exception() is None:
+                region.drain.acked.append(session.pid)
         if region.freeze and region.state is RegionState.HELD:
             self.steps.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
 
