@@ -13,6 +13,7 @@ when that subcommand's parser is first used, or when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -199,12 +200,22 @@ def _exclusive(args: argparse.Namespace) -> int:
                     print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
                     code = 127 if isinstance(exc, FileNotFoundError) else 126
                 else:
+                    # SIGTERM and SIGHUP go to the command too, as `timeout` and `env` pass them on:
+                    # it must not run on, outside the region, after krex has gone.
+                    def forward(signum: int, _frame: object) -> None:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.send_signal(signum)
+
+                    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
                     try:
                         code = _exit_code(proc.wait())
                     except KeyboardInterrupt:
                         proc.send_signal(signal.SIGINT)
                         proc.wait()
                         code = 130
+                    finally:
+                        for s, handler in kept.items():
+                            signal.signal(s, handler)
         except (LeaseExpired, RegionRevoked) as exc:
             print(f"krex exclusive: {exc}", file=sys.stderr)
             cut_short = True

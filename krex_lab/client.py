@@ -354,7 +354,10 @@ class RegionReport(dict[str, Any]):
         if self.get("not_drained"):
             parts.append(f"; NOT drained: {', '.join(self['not_drained'])}")
         if self.get("degraded"):
-            parts.append(" - DEGRADED")
+            # Say why (not-drained processes are named above): the first failure, and how many more.
+            failures = [str(f) for f in self.get("failures", [])]
+            why = f" ({failures[0]}{f'; {len(failures) - 1} more' if len(failures) > 1 else ''})" if failures else ""
+            parts.append(f" - DEGRADED{why}")
         if self.get("expired"):
             parts.append(" - LEASE EXPIRED")
         if self.get("revoked"):

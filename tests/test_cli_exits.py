@@ -108,6 +108,40 @@ def test_ctrl_c_exits_130_even_when_the_command_exits_0_on_it(arbiter: ArbiterPr
             proc.wait()
 
 
+def test_sigterm_reaches_the_command_and_nothing_runs_on_outside_the_region(arbiter: ArbiterProc) -> None:
+    """SIGTERM to krex (a job scheduler's stop) ends the command too, as `timeout` passes it on;
+    krex releases the region and exits as the command did (143 for a command killed by it)."""
+    proc = subprocess.Popen(
+        [*KREX, "exclusive", "--quiet", "--", "sleep", "30"],
+        env=arbiter.env(),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: psutil.Process(proc.pid).children(), timeout=20)
+        (child,) = psutil.Process(proc.pid).children()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 143 and "Traceback" not in err, err
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, "the command runs on"
+        assert arbiter.status()["gpus"][0]["holder"] is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_status_ray_without_a_cluster_is_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = krex("status", "--ray", env={**env, "RAY_TMPDIR": str(tmp_path)}, timeout=120)
+    assert out.returncode == 1 and one_line(out.stderr).startswith("krex status --ray: no Ray cluster answers"), (
+        out.stderr
+    )
+
+
 # -- krex arbiter: one line on stderr for every start-up error; one line when it serves ----------
 
 

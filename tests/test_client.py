@@ -235,3 +235,18 @@ def test_a_region_an_admin_ends_raises_in_its_holder(arbiter: ArbiterProc) -> No
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_degraded_summary_says_why() -> None:
+    from krex_lab.client import RegionReport
+
+    report = RegionReport(
+        {
+            "region": "r1",
+            "gpu": 0,
+            "degraded": True,
+            "failures": ["no core to reserve among 1 (others hold the rest)", "thread 7: Invalid argument"],
+        }
+    )
+    assert report.summary().endswith("- DEGRADED (no core to reserve among 1 (others hold the rest); 1 more)")
+    assert RegionReport({"region": "r2", "gpu": 0, "degraded": False}).summary().count("DEGRADED") == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 
@@ -45,7 +46,16 @@ def run(args: argparse.Namespace) -> int:
     from .cluster import cluster_status
 
     address = args.ray_address or "auto"
-    ray.init(address=address, namespace="krex", log_to_driver=False, logging_level="WARNING")
+    try:
+        ray.init(address=address, namespace="krex", log_to_driver=False, logging_level="WARNING")
+    except ConnectionError:
+        where = f"at {address}" if address != "auto" else "on this machine (no RAY_ADDRESS, no `ray start`)"
+        print(
+            f"krex status --ray: no Ray cluster answers {where}: start one (`ray start --head`) or give "
+            "--ray-address; `krex status` without --ray shows this node",
+            file=sys.stderr,
+        )
+        return 1
     try:
         nodes = cluster_status()
     finally:
