@@ -180,6 +180,34 @@ def test_tcp_endpoints_are_refused(arb: ArbiterProc) -> None:
     assert "refusing to serve tcp://127.0.0.1:45671" in r.stderr
 
 
+def test_a_second_pool_says_who_serves_and_fails(arb: ArbiterProc, tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path / 'one.sock'}"
+    first = PoolProc(arb.env(), endpoint, "--no-preload", "--spares=0", log=tmp_path / "first.log").start(timeout=90)
+    try:
+        assert first.proc is not None
+        r = subprocess.run(
+            [sys.executable, "-m", "krex_lab.workers.pool", f"--endpoint={endpoint}", "--no-preload"],
+            env=arb.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stderr
+        said = f"another pool (pid {first.proc.pid}) already serves {endpoint}"
+        assert [line for line in r.stderr.splitlines() if said in line], r.stderr
+        # a pool started on demand beside it leaves quietly: the running one serves its client
+        r = subprocess.run(
+            [sys.executable, "-m", "krex_lab.workers.pool", f"--endpoint={endpoint}", "--no-preload", "--on-demand"],
+            env=arb.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
+    finally:
+        first.stop()
+
+
 def test_workers_register_again_when_the_arbiter_restarts(arb: ArbiterProc) -> None:
     pool = PoolProc(
         arb.env(),

@@ -37,7 +37,7 @@ from traitlets.config import LoggingConfigurable
 from ... import __version__, paths
 from ...application import KrexApplication
 from ...errors import InvalidRequest, KrexError
-from ...service import DEFERRED, Peer, Service
+from ...service import DEFERRED, Peer, Service, lock_holder
 from ..contain import become_subreaper, ident, live
 from ..endpoint import default_endpoint, lock_path
 from ..results import JobResult
@@ -299,9 +299,17 @@ class Pool(LoggingConfigurable):
         if lock is not None:
             Path(lock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.service.take_lock(note=str(os.getpid())):
-            log.info("another pool already serves %s", self.bound)
             self.service.close()
-            return 0
+            if self.on_demand:  # two clients started one each at once: the other serves them both
+                log.info("another pool already serves %s", self.bound)
+                return 0
+            holder = lock_holder(Path(self.service.lock_path)) if self.service.lock_path else None
+            log.error(
+                "another pool%s already serves %s: nothing to start (stop it first, or give --endpoint)",
+                f" (pid {holder.strip()})" if holder and holder.strip() else "",
+                self.bound,
+            )
+            return 1
         # Orphans of a worker that dies (daemons of its jobs) are re-parented here and swept;
         # children this process already had are its host's, never swept.
         from ...procutil import children
