@@ -195,6 +195,15 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
         assert len(view) == 2 and all("arbiter" in n and "pool" in n for n in view)
         text = kr.format_cluster(view)
         assert "SIMULATED" in text and str(runtimes[0]) in text
+        # the notebook's cluster dashboard: every live node's GPUs, drawn by the node dashboard
+        board = kr.cluster_dashboard(refresh=0.2, resource="krex_gpu")
+        try:
+            page = board.widget.value
+            assert page.count('class="krex-node"') == len(view) == 2, page[:2000]
+            assert all(f"node {n['node']}" in page for n in view)
+            assert "GPU 1" in page and "simulated" in page.lower()
+        finally:
+            board.close()
         _add_node(cluster, runtimes[2])
         infos = kr.start_nodes(config)
         back = next(i for i in infos if i["runtime_dir"] == str(runtimes[2]))

@@ -5,6 +5,7 @@
     for result in kr.evaluate([kr.Candidate(my_kernel, (x,)) for x in inputs]):
         print(result.node, result.gpu, result.best, result.region["hold_s"])
     print(kr.format_cluster(kr.cluster_status()))      # also: krex status --ray
+    kr.cluster_dashboard()                             # in a notebook: every node's GPUs, live
 
 Importing this package imports nothing of Ray: the names below load their module on first use
 (:mod:`.candidate`, which the context workers unpickle, never imports Ray). See docs/cluster.md.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .candidate import Candidate, run_candidate, simulated_kernel
     from .cluster import cluster_status, start_nodes, stop_nodes
+    from .dashboard import ClusterDashboard, cluster_dashboard
     from .fleet import EvalResult, evaluate, submit
     from .node import NodeConfig, NodeService
     from .status import format_cluster
@@ -29,6 +31,8 @@ _WHERE = {
     "NodeConfig": ".node",
     "NodeService": ".node",
     "cluster_status": ".cluster",
+    "cluster_dashboard": ".dashboard",
+    "ClusterDashboard": ".dashboard",
     "start_nodes": ".cluster",
     "stop_nodes": ".cluster",
     "EvalResult": ".fleet",
@@ -39,9 +43,11 @@ _WHERE = {
 
 __all__ = [
     "Candidate",
+    "ClusterDashboard",
     "EvalResult",
     "NodeConfig",
     "NodeService",
+    "cluster_dashboard",
     "cluster_status",
     "evaluate",
     "format_cluster",
