@@ -107,11 +107,15 @@ def children(pid: int) -> list[int]:
             return [c.pid for c in psutil.Process(pid).children()]
         except psutil.Error:
             return []
-    kids: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return kids
+        return []
+    return _children_of_tasks(pid, tids)
+
+
+def _children_of_tasks(pid: int, tids: list[str]) -> list[int]:
+    kids: list[int] = []
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
@@ -130,13 +134,17 @@ def tree(pid: int) -> list[int]:
     A region walks the trees of every session, so this reads only those processes' entries
     (CONFIG_PROC_CHILDREN) instead of scanning every process on the node as psutil would.
     """
-    if not os.path.exists(f"/proc/{pid}"):
+    try:  # the root's own task list: one read that also says whether it still exists
+        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task")) if _HAS_CHILDREN_FILE else None
+    except OSError:
+        return []
+    if first is None and not os.path.exists(f"/proc/{pid}"):
         return []
     found = [pid]
     seen = {pid}
     i = 0
     while i < len(found):
-        for c in children(found[i]):
+        for c in first if i == 0 and first is not None else children(found[i]):
             if c not in seen:
                 seen.add(c)
                 found.append(c)

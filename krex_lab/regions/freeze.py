@@ -44,6 +44,9 @@ class FreezeResult:
     failed: list[str] = field(default_factory=list)
     inside: set[str] = field(default_factory=set)  # frozen cgroups, as /proc/PID/cgroup names them
     roots: set[int] = field(default_factory=set)  # session roots already walked
+    #: a pidfd per stopped process: the thaw signals through it (a reused pid cannot be hit, and
+    #: no /proc read is needed to make sure); closed by :func:`thaw`
+    pidfds: dict[int, int] = field(default_factory=dict)
 
     @property
     def pids(self) -> list[int]:
@@ -129,7 +132,7 @@ class Freezer:
             self._record("stop", region, procs=[list(p) for p in new])
             for pid, start in new:
                 try:
-                    os.kill(pid, signal.SIGSTOP)
+                    _stop(pid, result.pidfds)
                     result.procs.append((pid, start))
                 except ProcessLookupError:
                     continue
@@ -195,6 +198,33 @@ def thaw_cgroups(paths: Iterable[str]) -> int:
     return n
 
 
+def _stop(pid: int, pidfds: dict[int, int]) -> None:
+    """SIGSTOP ``pid``, keeping a pidfd of it for the thaw where the kernel gives one (a node out
+    of descriptors still freezes: the thaw then checks the pid's start time instead)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except (OSError, AttributeError):
+        os.kill(pid, signal.SIGSTOP)
+        return
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGSTOP)
+    except BaseException:
+        os.close(fd)
+        raise
+    pidfds[pid] = fd
+
+
 def thaw(result: FreezeResult) -> None:
     thaw_cgroups(result.cgroups)
-    thaw_procs(result.procs)
+    by_pid = [(pid, start) for pid, start in result.procs if pid not in result.pidfds]
+    for fd in list(result.pidfds.values()):
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGCONT)
+        except OSError:
+            pass  # it exited
+        finally:
+            os.close(fd)
+    result.pidfds.clear()
+    thaw_procs(by_pid)
