@@ -286,8 +286,9 @@ class Scheduler:
                 self.steps.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt, result=region.frozen)
                 # Grant only once the stops have landed: a sibling still running would share
                 # the holder's first milliseconds. (Re-walking the trees waits till after.)
-                # Every stop just sent is in flight: look only after a first pause (a read each).
-                waiting = [str(p) for p in region.frozen.pids] + list(region.frozen.cgroups)
+                # Looked at at once: stops made at the drain's answers have landed by now, and a
+                # pause of the event loop costs a millisecond (epoll's resolution).
+                waiting = self.steps.freezer.pending(region.frozen)
                 while waiting and time.monotonic() - t1 < 0.1:
                     await asyncio.sleep(0.0002)
                     waiting = self.steps.freezer.pending(region.frozen, among=waiting)
