@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from common import machine, percentile, write_result
+from common import machine, percentile, private_arbiter, write_result
 
 SIBLING = """
 import sys, time, krex_lab
@@ -124,32 +121,15 @@ def main() -> None:
         help="siblings without a control channel (frozen but not asked to drain): the floor "
         "without the cooperative drain's round trips",
     )
-    p.add_argument("--shield", default="", help="the arbiter's --Arbiter.shield (default: its own default, auto)")
+    p.add_argument("--shield", default="", help="the arbiter's --Arbiter.shield (default: the arbiter's own)")
     args = p.parse_args()
-    runtime = Path(tempfile.mkdtemp(prefix="krex-latency-"))
-    repo = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "KREX_RUNTIME_DIR": str(runtime),
-        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])),
-    }
-    arbiter = subprocess.Popen(
-        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", args.backend]
-        + ([f"--Arbiter.shield={args.shield}"] if args.shield else []),
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
+    arbiter, env = private_arbiter(
+        "krex-latency-", "--backend", args.backend, *([f"--Arbiter.shield={args.shield}"] if args.shield else [])
     )
     try:
-        deadline = time.monotonic() + 30
-        while not (runtime / "arbiter.sock").exists():
-            if arbiter.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
-            time.sleep(0.05)
         from krex_lab import client
 
-        shield = client.status(env["KREX_ENDPOINT"]).get("shield", args.shield or "auto")
+        shield = client.status(env["KREX_ENDPOINT"])["arbiter"].get("shield", args.shield)
         results = []
         for mode in args.modes.split(","):
             for n in [int(c) for c in args.counts.split(",")]:

@@ -62,3 +62,29 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(xs) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A ``krex arbiter`` (``args`` after ``arbiter``) on a fresh private runtime dir, started and
+    answering, and the environment a process needs to use it (``KREX_ENDPOINT`` and the repo on
+    ``PYTHONPATH``). Stop it with SIGTERM."""
+    import tempfile
+    import time
+
+    runtime = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
+    }
+    arbiter = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + timeout
+    while not (runtime / "arbiter.sock").exists():
+        if arbiter.poll() is not None or time.monotonic() > deadline:
+            arbiter.kill()
+            raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
+        time.sleep(0.05)
+    return arbiter, env

@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from common import machine, percentile, write_result
+from common import machine, percentile, private_arbiter, write_result
 
 REGISTRAR = """
 import subprocess, sys, time
@@ -70,40 +67,19 @@ def main() -> None:
     p.add_argument("--isolate", action="store_true", help="reserve cores in every region too")
     p.add_argument("--shield", default="sessions", help="the arbiter's --Arbiter.shield (with --isolate)")
     args = p.parse_args()
-    runtime = Path(tempfile.mkdtemp(prefix="krex-scale-"))
-    repo = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "KREX_RUNTIME_DIR": str(runtime),
-        "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH", "")])),
-    }
     total = args.gpus * args.sessions
-    arbiter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "krex_lab.cli",
-            "arbiter",
-            "--backend",
-            "fake",
-            "--fake-gpus",
-            str(args.gpus),
-            f"--Quotas.sessions_per_user={total + 16}",
-            f"--Arbiter.shield={args.shield}",
-        ],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
+    arbiter, env = private_arbiter(
+        "krex-scale-",
+        "--backend",
+        "fake",
+        "--fake-gpus",
+        str(args.gpus),
+        f"--Quotas.sessions_per_user={total + 16}",
+        f"--Arbiter.shield={args.shield}",
     )
     registrars: list[subprocess.Popen[str]] = []
     holders: list[subprocess.Popen[str]] = []
     try:
-        deadline = time.monotonic() + 30
-        while not (runtime / "arbiter.sock").exists():
-            if arbiter.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
-            time.sleep(0.05)
         for g in range(args.gpus):
             r = subprocess.Popen(
                 [sys.executable, "-c", REGISTRAR, str(g), str(args.sessions - 1)],

@@ -247,18 +247,15 @@ class CoreBook:
             result.failed.append(f"thread {tid}: {exc.strerror}")
             return False
 
-    @staticmethod
-    def _apply(tid: int, cpus: set[int], result: IsolateResult) -> bool:
+    @classmethod
+    def _apply(cls, tid: int, cpus: set[int], result: IsolateResult) -> bool:
+        """:meth:`_set` unless the thread has that affinity already."""
         try:
             if os.sched_getaffinity(tid) == cpus:
                 return True
-            os.sched_setaffinity(tid, cpus)
-            return True
-        except ProcessLookupError:
-            return False
-        except OSError as exc:
-            result.failed.append(f"thread {tid}: {exc.strerror}")
-            return False
+        except OSError:
+            pass  # gone, or not ours to read: _set says which
+        return cls._set(tid, cpus, result)
 
 
 def restore_threads(records: Iterable[list[Any]]) -> int:
