@@ -19,84 +19,17 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Union
+from typing import Any
 
-from ..results import INTERRUPT_EXIT, TIMEOUT_EXIT, JobResult, describe_exit, shell_status
-from ..wire import Done, FromWorker, Init, Output, Ready, Reset, Run
+from ..results import INTERRUPT_EXIT, JobResult, describe_exit
+from ..wire import Done, FromWorker, Output, Ready, Reset
 from .handle import WorkerHandle
+from .jobs import DispatchConfig, Emit, Gates, Job, Lease, SpawnArgs, cancelled, completed, worker_lost
+from .status import dispatcher_status
+
+__all__ = ["DispatchConfig", "Dispatcher", "Emit", "Gates", "Job", "Lease", "SpawnArgs"]
 
 log = logging.getLogger("krex.pool")
-
-
-@dataclass(frozen=True)
-class DispatchConfig:
-    """The pool's settings the dispatcher reads (see :class:`~.service.Pool` for each)."""
-
-    workers_per_gpu: int = 1
-    spares_per_gpu: int = 1
-    max_workers_per_gpu: int = 8
-    start_concurrency: int = 2
-    interrupt_grace: float = 5.0
-    max_jobs_per_worker: int = 0
-    #: environment variables that place a worker; a script's environment never overrides them
-    keep_env: tuple[str, ...] = ()
-
-
-class Gates(Protocol):
-    """Which GPUs are closed by a region right now (:class:`~.gates.GateWatcher`)."""
-
-    def is_open(self, gpu: int) -> bool: ...
-    def holder_pid(self, gpu: int) -> int | None: ...
-
-
-#: what to run for worker ``wid`` on ``gpu``: command, environment, its Init message
-SpawnArgs = Callable[[int, int], "tuple[list[str], dict[str, str], Init]"]
-#: a job's message to its client: an Output while it runs, then its one JobResult
-Emit = Callable[["Job", Union[Output, JobResult]], None]
-
-
-@dataclass
-class Job:
-    id: str
-    rid: int  # the id of the client's submit request
-    client_pid: int | None
-    spec: Run  # what the worker gets (its ``job``, ``lease`` ... are set when it is dispatched)
-    client: Any = None  # how the pool answers the client (a service.Peer); opaque here
-    gpu: int | None = None
-    lease: str | None = None
-    exclusive: bool = False
-    timeout: float | None = None
-    submitted: float = field(default_factory=time.time)
-    dispatched: float | None = None
-    worker: WorkerHandle | None = None
-    finished: bool = False
-    timed_out: bool = False
-    forced: bool = False
-    notice: str | None = None
-    #: ``"REGION via TICKET"``: the client runs inside that region on ``gpu``; the job runs on a
-    #: worker of its own, started for it and registered as part of the region (never frozen by it)
-    within: str | None = None
-    timers: list[asyncio.TimerHandle] = field(default_factory=list)
-
-    @property
-    def kind(self) -> str:
-        return self.spec.kind
-
-
-@dataclass
-class Lease:
-    key: str
-    owner_pid: int | None
-    worker: WorkerHandle | None = None
-    gpu: int | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    notice: str | None = None
-    pending: int = 0  # jobs queued or running
-
-
-def _cancelled(error: str, exit_code: int | None = None) -> JobResult:
-    return JobResult(ok=False, status="cancelled", error=error, exit_code=exit_code)
 
 
 class Dispatcher:
@@ -253,7 +186,7 @@ class Dispatcher:
         if job.worker is None:
             self.queue.remove(job)
             code = INTERRUPT_EXIT if job.kind == "script" else None
-            self.finish(job, _cancelled("cancelled before it started", code))
+            self.finish(job, cancelled("cancelled before it started", code))
         elif force:
             self._force(job, job.worker, "interrupt")
         else:
@@ -280,21 +213,7 @@ class Dispatcher:
         w = job.worker
         if w is not None and self.exclusive_gpus.get(w.gpu) == job.id:
             del self.exclusive_gpus[w.gpu]
-        result.job_id = job.id
-        result.worker_pid = w.pid if w is not None else None
-        result.gpu = w.gpu if w is not None else job.gpu
-        result.submitted_at, result.dispatched_at, result.finished_at = job.submitted, job.dispatched, time.time()
-        result.notice = job.notice
-        if job.timed_out and result.status in ("interrupted", "died", "exception", "exit"):
-            result.ok, result.status = False, "timeout"
-            extra = (
-                f"; it ignored the interrupt for {self.config.interrupt_grace:g} s and its worker was killed"
-                if job.forced
-                else ""
-            )
-            result.error = f"timed out after {job.timeout:g} s{extra}"
-            if job.kind == "script":
-                result.exit_code = TIMEOUT_EXIT
+        result = completed(job, result, self.config.interrupt_grace)
         self.jobs.pop(job.id, None)
         self.by_rid.pop(job.rid, None)
         if job.lease is not None and job.lease in self.leases:
@@ -312,7 +231,7 @@ class Dispatcher:
             return False
         for job in [j for j in self.queue if j.lease == key]:
             self.queue.remove(job)
-            self.finish(job, _cancelled(f"lease {key!r} was released"))
+            self.finish(job, cancelled(f"lease {key!r} was released"))
         w = lease.worker
         if w is not None:
             w.lease = None
@@ -363,18 +282,10 @@ class Dispatcher:
             job = w.for_job
             if job is not None and msg.session is None and not job.finished:
                 # Not part of the region: it would run frozen, or unchecked. The job fails instead.
-                if job in self.queue:
-                    self.queue.remove(job)
-                self.finish(
+                self._fail_region_job(
                     job,
-                    JobResult(
-                        ok=False,
-                        status="failed",
-                        exit_code=1 if job.kind == "script" else None,
-                        error="the job's client runs inside region "
-                        f"{(job.within or '').split(' ')[0]}, but its worker could not join that region: "
-                        f"{msg.session_error or 'no arbiter'}",
-                    ),
+                    f"the job's client runs inside region {(job.within or '').split(' ')[0]}, but its worker "
+                    f"could not join that region: {msg.session_error or 'no arbiter'}",
                 )
             log.info(
                 "worker %s (pid %s, GPU %d) ready in %.2f s; preloaded %s",
@@ -401,6 +312,14 @@ class Dispatcher:
         self.rebalance()
         self.dispatch()
 
+    def _fail_region_job(self, job: Job, error: str) -> None:
+        """The one result of a job whose own worker (started to join its client's region) cannot run it."""
+        if job in self.queue:
+            self.queue.remove(job)
+        self.finish(
+            job, JobResult(ok=False, status="failed", exit_code=1 if job.kind == "script" else None, error=error)
+        )
+
     def on_output(self, w: WorkerHandle, stream: str, text: str) -> None:
         job = w.job
         if job is not None and not job.finished:
@@ -415,34 +334,12 @@ class Dispatcher:
         cause = describe_exit(code)
         mine = w.for_job
         if mine is not None and not mine.finished and mine.worker is None:
-            if mine in self.queue:
-                self.queue.remove(mine)
-            self.finish(
-                mine,
-                JobResult(
-                    ok=False,
-                    status="failed",
-                    exit_code=1 if mine.kind == "script" else None,
-                    error=f"the worker started for this job (inside a region) ended before it ran: {cause}",
-                ),
+            self._fail_region_job(
+                mine, f"the worker started for this job (inside a region) ended before it ran: {cause}"
             )
         job = w.job
         if job is not None and not job.finished:
-            tail = w.last_stderr()
-            if w.expected == "interrupt":
-                status, error = "interrupted", f"interrupted: the worker was killed ({cause})"
-            else:
-                status, error = "died", f"worker died: {cause} [pid {w.pid}, GPU {w.gpu}]"
-            self.finish(
-                job,
-                JobResult(
-                    ok=False,
-                    status=status,
-                    error=error,
-                    exit_code=shell_status(code),
-                    traceback=f"last lines of the worker's stderr:\n{tail}\n" if tail else None,
-                ),
-            )
+            self.finish(job, worker_lost(w, code, cause))
         if w.lease is not None:
             lease = w.lease
             lease.worker = None
@@ -588,52 +485,14 @@ class Dispatcher:
         )
 
     def status(self) -> dict[str, Any]:
-        gates = self.gates
-        return {
-            "gpus": [
-                {
-                    "index": g,
-                    "gate": "open" if gates.is_open(g) else "closed",
-                    "holder_pid": gates.holder_pid(g),
-                    "exclusive_job": self.exclusive_gpus.get(g),
-                    "workers": [w.public() for w in self.workers.values() if w.gpu == g],
-                    "queued": sum(1 for j in self.queue if j.gpu == g),
-                }
-                for g in self.gpus
-            ],
-            "queue": [
-                {
-                    "job": j.id,
-                    "kind": j.kind,
-                    "gpu": j.gpu,
-                    "lease": j.lease,
-                    "waiting_s": round(time.time() - j.submitted, 3),
-                }
-                for j in self.queue
-            ],
-            "running": [
-                {
-                    "job": j.id,
-                    "kind": j.kind,
-                    "worker": j.worker.id,
-                    "pid": j.worker.pid,
-                    "gpu": j.worker.gpu,
-                    "lease": j.lease,
-                    "running_s": round(time.time() - (j.dispatched or 0), 3),
-                }
-                for j in self.jobs.values()
-                if j.worker is not None
-            ],
-            "leases": [
-                {
-                    "lease": le.key,
-                    "owner_pid": le.owner_pid,
-                    "worker": le.worker.id if le.worker else None,
-                    "gpu": le.gpu,
-                    "pending": le.pending,
-                }
-                for le in self.leases.values()
-            ],
-            "counters": dict(self.counters),
-            "ready": self.ready(),
-        }
+        return dispatcher_status(
+            gpus=self.gpus,
+            gates=self.gates,
+            exclusive_gpus=self.exclusive_gpus,
+            workers=self.workers.values(),
+            queue=self.queue,
+            jobs=self.jobs.values(),
+            leases=self.leases.values(),
+            counters=self.counters,
+            ready=self.ready(),
+        )

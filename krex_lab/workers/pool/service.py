@@ -36,10 +36,10 @@ from traitlets.config import LoggingConfigurable
 
 from ... import __version__, paths
 from ...application import KrexApplication
-from ...errors import InvalidRequest, KrexError
+from ...errors import KrexError
 from ...service import DEFERRED, Peer, Service, lock_holder
 from ..contain import become_subreaper, ident, live
-from ..endpoint import default_endpoint, lock_path
+from ..endpoint import default_endpoint, ipc_path, listens, lock_path
 from ..results import JobResult
 from ..wire import (
     MAX_MESSAGE,
@@ -52,32 +52,23 @@ from ..wire import (
     PoolStatus,
     Released,
     ReleaseLease,
-    Run,
     Submit,
     decode_request,
 )
 from . import handle
 from .clients import ClientWatch
-from .dispatcher import DispatchConfig, Dispatcher, Job
+from .dispatcher import DispatchConfig, Dispatcher
 from .gates import GateWatcher
 from .handle import WorkerHandle
+from .jobs import Job, job_of
+from .spawn import PLACEMENT, WORKER_MODULE, worker_launch
+
+__all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "PoolApp", "main"]
 
 log = logging.getLogger("krex.pool")
-
-#: environment variables that place a worker; a job's environment never overrides them
-PLACEMENT = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
-    paths.GPU_ENV,
-    paths.ENDPOINT_ENV,
-    "KREX_WORKER",
-    "KREX_WORKER_REAL",
-    "NUMBA_ENABLE_CUDASIM",
-)
-#: what a worker process runs (``python -u -m WORKER_MODULE FD``)
-WORKER_MODULE = "krex_lab.workers.context"
+#: the start-up line's own logger: ``krex pool`` shows it at its default level (WARNING), at
+#: which the rest of ``krex.pool`` stays quiet (:meth:`PoolApp.initialize`)
+serving_log = logging.getLogger("krex.pool.serving")
 
 
 class Pool(LoggingConfigurable):
@@ -200,38 +191,20 @@ class Pool(LoggingConfigurable):
 
     # -- workers ------------------------------------------------------------------------------------
     def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], Init]:
-        python = self.python or sys.executable
-        real = not self.backend.get("simulated", True)
-        env = {**os.environ, **{str(k): str(v) for k, v in self.worker_env.items()}}
-        # A pool started inside a region (krex run under krex exclusive) must not make every
-        # worker claim it: only a worker started for a region job joins one (Init.within).
-        env.pop("KREX_REGION", None)
-        env.update(
-            {
-                paths.GPU_ENV: str(gpu),
-                paths.ENDPOINT_ENV: self.arbiter_endpoint,
-                "KREX_WORKER": "1",
-                "KREX_WORKER_REAL": "1" if real else "0",
-            }
-        )
-        if real and self.backend.get("backend") == "amd":
-            env["HIP_VISIBLE_DEVICES"] = str(gpu)
-        elif real:
-            uuid = self.gpu_uuids.get(gpu, "")
-            env["CUDA_VISIBLE_DEVICES"] = uuid if uuid.startswith(("GPU-", "MIG-")) else str(gpu)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        init = Init(
-            gpu=gpu,
-            parent=os.getpid(),
-            preload=list(self.preload),
-            warmup=self.warmup,
-            real=real,
-            memory_slack=self.memory_slack_mb << 20,
-            arbiter=self.arbiter_endpoint if self.gates.connected else None,
+        return worker_launch(
+            wid,
+            gpu,
+            python=self.python,
+            worker_env=self.worker_env,
+            backend=self.backend,
+            gpu_uuids=self.gpu_uuids,
+            arbiter_endpoint=self.arbiter_endpoint,
+            arbiter_connected=self.gates.connected,
             arbiter_pid=self.gates.arbiter_pid,
-            name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})",
+            preload=self.preload,
+            warmup=self.warmup,
+            memory_slack_mb=self.memory_slack_mb,
         )
-        return [python, "-u", "-m", WORKER_MODULE], env, init
 
     def _gates_changed(self) -> None:
         if self.gates.connected and not self._arbiter_known:
@@ -328,22 +301,22 @@ class Pool(LoggingConfigurable):
             self.service.close()
             raise
         self.dispatcher.set_gpus(gpus)
-        sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
-        log.info(
-            "krex pool %s (pid %d) on %s: GPUs %s, backend %s%s",
-            __version__,
-            os.getpid(),
-            self.bound,
-            gpus,
-            self.backend.get("backend"),
-            sim,
-        )
+        serving_log.info("%s", self.serving_line(gpus))
         self.dispatcher.rebalance()
         try:
             await self.service.run([self._housekeeping()], ready)
         finally:
             await self.shutdown()
         return 0
+
+    def serving_line(self, gpus: list[int]) -> str:
+        """``krex pool <version> serving on <endpoint> (GPUs [...], arbiter <endpoint>; ...)``."""
+        arbiter = self.arbiter_endpoint if self.gates.connected else "none answers yet"
+        sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
+        return (
+            f"krex pool {__version__} serving on {self.bound} (GPUs {gpus}, arbiter {arbiter}; "
+            f"pid {os.getpid()}, backend {self.backend.get('backend')}{sim})"
+        )
 
     def stop(self) -> None:
         self.service.stop()
@@ -407,20 +380,8 @@ class Pool(LoggingConfigurable):
     def _arbiter_listens(self) -> bool:
         """Someone listens on the arbiter's ipc socket (a plain connect, nothing sent); for other
         endpoints, the last re-read of the gates succeeded."""
-        path = self.arbiter_endpoint[len("ipc://") :] if self.arbiter_endpoint.startswith("ipc://") else None
-        if path is None:
-            return not self.gates.failing
-        import socket
-
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.setblocking(False)
-            try:
-                probe.connect(path)
-            except BlockingIOError:
-                return True  # listening, its backlog full
-            except OSError:
-                return False
-        return True
+        path = ipc_path(self.arbiter_endpoint)
+        return not self.gates.failing if path is None else listens(path)
 
     # -- clients ------------------------------------------------------------------------------------
     def _emit(self, job: Job, message: Output | JobResult) -> None:
@@ -470,49 +431,7 @@ class Pool(LoggingConfigurable):
 
     def _submit(self, request: Submit, peer: Peer) -> Any:
         d = self.dispatcher
-        spec = request.job
-        if spec.kind == "code" and spec.code is None:
-            raise InvalidRequest("a code job needs its code")
-        if spec.kind == "call" and spec.payload is None:
-            raise InvalidRequest("a call job needs its payload")
-        if spec.kind == "script" and not spec.path:
-            raise InvalidRequest("a script job needs its path")
-        if spec.gpu is not None and spec.gpu not in d.gpus:
-            raise InvalidRequest(f"GPU {spec.gpu} is not served by this pool (GPUs {d.gpus})")
-        timeout = spec.timeout
-        if timeout is None and self.job_timeout > 0:
-            timeout = self.job_timeout
-        run = Run(
-            job="",
-            kind=spec.kind,
-            code=spec.code,
-            payload=spec.payload,
-            path=spec.path,
-            argv=spec.argv,
-            cwd=spec.cwd,
-            env=spec.env,
-            stdin=spec.stdin,
-        )
-        gpu, within = spec.gpu, None
-        if request.region and request.region_ticket:
-            # The client says it runs inside this region. If the region holds one of our GPUs, the
-            # job gets a worker of its own that joins the region (the arbiter checks the claim
-            # with the client's ticket); else the job is an ordinary one.
-            held = [g for g, (region, _pid) in self.gates.closed.items() if region == request.region]
-            if held and held[0] in d.gpus and gpu in (None, held[0]) and spec.lease is None:
-                gpu, within = held[0], f"{request.region} via {request.region_ticket}"
-        job = Job(
-            id=d.new_id(),
-            rid=request.id,
-            client_pid=request.pid,
-            spec=run,
-            client=peer,
-            gpu=gpu,
-            within=within,
-            lease=spec.lease,
-            exclusive=spec.exclusive,
-            timeout=float(timeout) if timeout else None,
-        )
+        job = job_of(request, peer, d.new_id, d.gpus, self.gates.closed, self.job_timeout)
         if request.pid is not None:
             self.clients.watch(request.pid)
         peer.send(Accepted(id=request.id, job=job.id, queued=len(d.queue)))
@@ -559,6 +478,12 @@ class PoolApp(KrexApplication):
         "no-preload": ({"Pool": {"preload": []}}, "Preload no framework."),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }
+
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(argv)
+        level = int(self.log_level)  # type: ignore[call-overload]
+        if level <= logging.WARNING:  # the start-up line ("serving on ...") shows without --log-level
+            serving_log.setLevel(min(level, logging.INFO))
 
     def start(self) -> None:
         pool = Pool(parent=self)
