@@ -7,11 +7,19 @@ start it connects to the arbiter (an explicit endpoint, else the node's root arb
 exports ``KREX_ENDPOINT``/``KREX_POOL_ENDPOINT`` for the kernels it will launch (the ``krex``
 kernelspec's provisioner places each kernel on a GPU), and serves the REST and Prometheus
 handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.services`).
+
+With ``stop_on_interrupt`` (what ``krex lab`` sets) one SIGINT stops the server as SIGTERM does:
+jupyter_server's own handling asks for confirmation on a terminal, and without one lets
+KeyboardInterrupt end its loop before any cleanup (its ``jpserver-*`` files, this extension's
+arbiter and pool and their sockets would stay behind).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import signal
+import threading
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -103,6 +111,13 @@ class KrexExtensionApp(ExtensionApp):
         "the pool still run (a dead one is started again); 0 disables.",
     )
 
+    stop_on_interrupt = Bool(
+        False,
+        config=True,
+        help="One SIGINT (Ctrl-C) stops the server cleanly, as SIGTERM does, without jupyter_server's "
+        "confirmation prompt (`krex lab` sets it).",
+    )
+
     services: Services
     region_stats: RegionStats
     _watch: PeriodicCallback | None = None
@@ -128,6 +143,30 @@ class KrexExtensionApp(ExtensionApp):
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
         self.log.info("KREX: %s, pool %s", self.services.arbiter_description, self.services.pool_endpoint)
+        if self.stop_on_interrupt:
+            self._stop_on_interrupt()
+
+    def _stop_on_interrupt(self) -> None:
+        """SIGINT stops the server as SIGTERM does (after jupyter_server installed its handlers)."""
+        stop = getattr(self.serverapp, "_signal_stop", None)
+        if stop is None or threading.current_thread() is not threading.main_thread():
+            self.log.warning("KREX: cannot make Ctrl-C stop this server at once (jupyter_server changed?)")
+            return
+        signal.signal(signal.SIGINT, stop)
+        atexit.register(self._say_stopped)
+
+    def _say_stopped(self) -> None:
+        """The process's last line, once the server stopped: what it stopped, what (if anything) remains."""
+        if not self.services.stopped:
+            return
+        left = [str(p) for p in self.services.leftovers()]
+        info = getattr(self.serverapp, "info_file", "")
+        left += [f for f in (info, getattr(self.serverapp, "browser_open_file", "")) if f and os.path.exists(f)]
+        self.log.info(
+            "KREX: stopped: the Jupyter server, %s%s",
+            self.services.stopped_description(),
+            f"; left behind: {', '.join(left)}" if left else "; no socket or server file left behind",
+        )
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers.default_handlers)

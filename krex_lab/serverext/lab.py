@@ -96,6 +96,7 @@ def launch(args: argparse.Namespace) -> int:
         "jupyterlab",
         f"--KrexExtensionApp.backend={args.backend}",
         f"--KrexExtensionApp.fake_gpus={args.fake_gpus}",
+        "--KrexExtensionApp.stop_on_interrupt=True",  # one Ctrl-C stops it cleanly
         *(["--KrexExtensionApp.start_pool=False"] if args.no_pool else []),
         *rest,
     ]

@@ -388,6 +388,29 @@ class Services:
             "problems": list(self.problems),
         }
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _sockets(self) -> list[Path]:
+        """The ipc sockets of what this server started (the embedded arbiter's three, the pool's)."""
+        out: list[Path] = []
+        if self.arbiter is not None and self.endpoint.startswith("ipc://"):
+            path = Path(self.endpoint[len("ipc://") :])
+            out += [path, Path(paths.events_endpoint(self.endpoint)[len("ipc://") :]), path.parent / "identity.sock"]
+        if self.pool is not None and self.pool_endpoint.startswith("ipc://"):
+            out.append(Path(self.pool_endpoint[len("ipc://") :]))
+        return out
+
+    def leftovers(self) -> list[Path]:
+        """Sockets of what this server started that still exist (after :meth:`stop`: none)."""
+        return [p for p in self._sockets() if os.path.lexists(p)]
+
+    def stopped_description(self) -> str:
+        """What :meth:`stop` stopped, in words (for the server's last line)."""
+        done = [f"the {c.name} (pid {c.pid})" for c in (self.arbiter, self.pool) if c is not None and c.pid is not None]
+        return " and ".join(done) if done else "nothing of KREX's (it started no arbiter or pool)"
+
     async def stop(self) -> None:
         if self._stopped:
             return
@@ -398,6 +421,12 @@ class Services:
             await self.arbiter.stop(self.options.stop_timeout)
         if self.pool is not None:
             await self.pool.stop(self.options.stop_timeout)
+        for path in self.leftovers():  # a child that had to be killed could not remove its own
+            try:
+                path.unlink()
+                self.log.info("KREX: removed the stale socket %s", path)
+            except OSError as exc:
+                self.log.warning("KREX: could not remove the stale socket %s: %s", path, exc)
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
