@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -211,6 +212,35 @@ class RegionHistory:
         self._thread.start()
         return self
 
+    def open_readonly(self) -> RegionHistory:
+        """Open the file for reading only, with no writer (``krex history`` when no arbiter answers).
+        The file may be another user's: whoever may read it (its permissions decide) may open it
+        (PermissionError otherwise). It must be a regular file, not a link; a database whose
+        ``-shm`` cannot be created here (a directory this user may not write) is read as it is
+        on disk (``immutable``), which is right when no arbiter is writing it."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise paths.UnsafePath(f"{self.path} is not a regular file")
+        finally:
+            os.close(fd)
+        base = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
+        for uri in (base, f"{base}&immutable=1"):
+            conn = None
+            try:
+                conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, check_same_thread=False)
+                conn.row_factory = sqlite3.Row
+                conn.execute("SELECT COUNT(*) FROM regions").fetchone()
+            except sqlite3.OperationalError:
+                if conn is not None:
+                    conn.close()
+                if uri != base:
+                    raise
+                continue
+            self._reader = conn
+            break
+        return self
+
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued (waiting at most ``timeout`` s), then stop the writer."""
         if self._thread is not None:
@@ -330,16 +360,20 @@ class RegionHistory:
                 raise RuntimeError("the region history is not open")
             return self._reader.execute(sql, args).fetchall()
 
-    def recent(self, limit: int = 50, user: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
-        """The last ``limit`` finished regions (of ``user``, released since ``since``), newest last."""
+    def recent(
+        self, limit: int = 50, user: str | None = None, since: float | None = None, uid: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The last ``limit`` finished regions (of ``user``, of ``uid``, released since ``since``), newest last."""
         where = ["1"]
         if user:
             where.append("user = :user")
+        if uid is not None:
+            where.append("uid = :uid")
         if since is not None:
             where.append("released_at >= :since")
         rows = self._read(
             f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY released_at DESC, id DESC LIMIT :limit",
-            {"user": user, "since": since, "limit": max(0, int(limit))},
+            {"user": user, "since": since, "uid": uid, "limit": max(0, int(limit))},
         )
         return [_view(r) for r in reversed(rows)]
 

@@ -1,6 +1,6 @@
 """``krex history``: finished regions from the arbiter's history database, or GPU-hours per user.
 
-    krex history                          the last 50 regions (time, user, GPU, wait, hold, degraded)
+    krex history                          the last 50 regions (time, user, GPU, queue wait, hold, degraded)
     krex history --user alice --since 7d  alice's regions of the last 7 days
     krex history --usage                  GPU-hours held per user and per GPU since Monday 00:00
     krex history --usage --since 2026-11-01 --until 2026-12-01 --json
@@ -8,6 +8,14 @@
 Times (``--since``/``--until``): ISO dates or times (``2026-12-01``, ``2026-12-01T09:30``, local
 unless they carry a zone), relative ``30m``, ``24h``, ``7d``, ``2w`` (that long ago), ``today``,
 ``yesterday``, ``this-week`` (Monday 00:00 local), ``last-week``, ``this-month``, or epoch seconds.
+
+QUEUE-WAIT is the region's ``wait_s``: from the arbiter receiving the request to its grant. The
+"waited" of a region's one-line report is the caller's own wait (``caller_wait_s``: connecting,
+registering and attaching included), so it is the larger of the two.
+
+With no arbiter answering, ``krex history`` reads the arbiter's database itself (said on stderr):
+where the file's permissions let this user read it, all of it for its owner and root, else only
+this user's own regions.
 """
 
 from __future__ import annotations
@@ -15,12 +23,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
+import sqlite3
+import stat
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from .. import protocol
+from .. import paths, protocol
+from ..errors import ArbiterUnavailable, KrexError
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -95,6 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=50, metavar="N", help="at most N regions, newest last (50)")
     parser.add_argument("--usage", action="store_true", help="GPU-hours held per user and per GPU since T")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--db",
+        default="",
+        metavar="FILE",
+        help="the history database read when no arbiter answers (default: the arbiter's, next to its "
+        f"socket or in the runtime dir, else {SYSTEM_DB})",
+    )
 
 
 def _clock(t: float | None) -> str:
@@ -122,7 +142,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no finished regions recorded"
     return _table(
-        ["TIME", "USER", "GPU", "WAIT", "HOLD", "DEGRADED", "ENDED"],
+        ["TIME", "USER", "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"],
         [
             [
                 _clock(r.get("released_at", r.get("time"))),
@@ -154,12 +174,13 @@ def format_usage(usage: dict[str, Any]) -> str:
     return f"{head}\n\n{users}\n\n{gpus}\n\ntotal {total:.4f} GPU-hours"
 
 
-def run(args: argparse.Namespace) -> int:
+#: where a node's arbiter keeps its history when a systemd unit runs it (extension/systemd)
+SYSTEM_DB = Path("/var/lib/krex/history.sqlite")
+
+
+def _query(args: argparse.Namespace, since: float | None) -> dict[str, Any]:
     from ..client import Connection
 
-    since = args.since
-    if args.usage and since is None:
-        since = week_start()
     conn = Connection()
     try:
         request = protocol.History(
@@ -173,6 +194,72 @@ def run(args: argparse.Namespace) -> int:
         result: dict[str, Any] = conn.call(request)
     finally:
         conn.close()
+    return result
+
+
+def database_candidates(endpoint: str) -> list[Path]:
+    """Where the history of the arbiter at ``endpoint`` may be: ``--db``, next to its socket, this
+    user's runtime dir, the systemd unit's ``/var/lib/krex`` (the arbiter's default is its runtime dir)."""
+    out = [Path(endpoint[len("ipc://") :]).parent / "history.sqlite"] if endpoint.startswith("ipc://") else []
+    out += [paths.runtime_dir(create=False) / "history.sqlite", SYSTEM_DB]
+    return list(dict.fromkeys(Path(os.path.abspath(p)) for p in out))
+
+
+def read_database(args: argparse.Namespace, since: float | None, endpoint: str) -> dict[str, Any]:
+    """What the arbiter would answer, read from its database while none answers. Only where this
+    user may read the file; one who is neither its owner nor root sees only their own regions (the
+    arbiter shows others' reduced, and admins everything, which only the arbiter can decide)."""
+    from .history import RegionHistory
+
+    candidates = [Path(args.db)] if args.db else database_candidates(endpoint)
+    db = next((p for p in candidates if os.path.lexists(p)), None)
+    if db is None:
+        raise KrexError(
+            f"no KREX arbiter answers at {endpoint}, and there is no history database at "
+            f"{' or '.join(map(str, candidates))} (--db FILE names another)"
+        )
+    owner, me = os.lstat(db).st_uid, os.geteuid()
+    try:
+        history = RegionHistory(db).open_readonly()
+    except PermissionError:
+        raise KrexError(
+            f"no KREX arbiter answers at {endpoint}, and its history database {db} (uid {owner}'s, mode "
+            f"{stat.S_IMODE(os.lstat(db).st_mode):04o}) is not readable by you (uid {me}): ask when the arbiter runs"
+        ) from None
+    except (OSError, sqlite3.Error, KrexError) as exc:
+        raise KrexError(f"no KREX arbiter answers at {endpoint}, and reading {db} failed: {exc}") from None
+    mine_only = me not in (0, owner)
+    print(
+        f"krex history: no KREX arbiter answers at {endpoint}: read its history database {db} directly"
+        + (f", showing only your own regions (uid {me}; the file is uid {owner}'s)" if mine_only else ""),
+        file=sys.stderr,
+    )
+    try:
+        if not args.usage:
+            mine = me if mine_only else None
+            return {"rows": history.recent(max(0, args.limit), args.user or None, since, uid=mine)}
+        until = time.time() if args.until is None else args.until
+        assert since is not None
+        usage = {k: history.usage(since, until, by, args.user or None) for k, by in _USAGE_KEYS}
+        return {"since": since, "until": until, **usage}  # totals: everyone's to see, as the arbiter shows them
+    except sqlite3.Error as exc:
+        raise KrexError(f"reading the region history {db} failed: {exc}") from None
+    finally:
+        history.close()
+
+
+_USAGE_KEYS = (("users", "user"), ("gpus", "gpu"), ("users_gpus", "user,gpu"))
+
+
+def run(args: argparse.Namespace) -> int:
+    since = args.since
+    if args.usage and since is None:
+        since = week_start()
+    endpoint = os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{paths.runtime_dir(create=False) / 'arbiter.sock'}"
+    try:
+        result = _query(args, since)
+    except ArbiterUnavailable:
+        result = read_database(args, since, endpoint)
     if args.json:
         print(json.dumps(result if args.usage else result["rows"], indent=2))
     else:
@@ -182,8 +269,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m krex_lab.arbiter.history_cli`` (the same as ``krex history``)."""
-    from ..errors import KrexError
-
     parser = argparse.ArgumentParser(prog="krex history")
     add_arguments(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

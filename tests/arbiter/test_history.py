@@ -212,7 +212,7 @@ def test_regions_outlive_an_arbiter_restart(runtime: Path) -> None:
         assert len(json.loads(_history_cli(second, "--json").stdout)) == 4
         assert [r["gpu"] for r in json.loads(_history_cli(second, "--json", "--limit", "2").stdout)] == [1, 0]
         table = _history_cli(second, "--user", "root", "--since", "1h").stdout
-        assert table.splitlines()[0].split() == ["TIME", "USER", "GPU", "WAIT", "HOLD", "DEGRADED", "ENDED"]
+        assert table.splitlines()[0].split() == ["TIME", "USER", "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"]
         assert len(table.splitlines()) == 5 and "arbiter shutting down" in table
         assert "no finished regions" in _history_cli(second, "--user", "nobody-else").stdout
     finally:

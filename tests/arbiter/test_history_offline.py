@@ -1,0 +1,144 @@
+"""``krex history`` with no arbiter answering reads the history database itself: all of it for the
+file's owner and root, only the caller's own regions for another user who may read the file, and
+a clear refusal for one who may not. Its WAIT column says that it is the queue wait."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import krex_lab.client  # noqa: F401 - loaded before a forked child drops root (see _as_nobody)
+from krex_lab.arbiter import history_cli
+from krex_lab.arbiter.history import RegionHistory
+from krex_lab.pytest_plugin import subprocess_pythonpath
+
+NOBODY = 65534
+
+
+def _report(user: str, uid: int, gpu: int, released: float) -> dict[str, Any]:
+    return {
+        "region": f"r{gpu}-{released}",
+        "uid": uid,
+        "user": user,
+        "holder_pid": 4242,
+        "gpu": gpu,
+        "wait_s": 0.0002,
+        "acquire_s": 0.001,
+        "hold_s": 2.0,
+        "released_at": released,
+        "released_by": "released by holder",
+        "frozen": [11],
+    }
+
+
+@pytest.fixture
+def runtime() -> Iterator[Path]:
+    """A runtime dir with a history database of three regions (two of root, one of nobody) and no
+    arbiter; readable by others (0755), as a node arbiter's /run/krex is."""
+    path = Path(tempfile.mkdtemp(prefix="krex-history-offline-"))
+    path.chmod(0o755)
+    db = RegionHistory(path / "history.sqlite").open()
+    now = time.time()
+    for report in (_report("root", 0, 0, now - 30), _report("nobody", NOBODY, 1, now - 20), _report("root", 0, 1, now)):
+        db.add(report)
+    assert db.flush()
+    db.close()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _cli(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(KREX_RUNTIME_DIR=str(runtime), PYTHONPATH=subprocess_pythonpath())
+    return subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "history", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_history_reads_the_database_when_no_arbiter_answers(runtime: Path) -> None:
+    proc = _cli(runtime, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "no KREX arbiter answers" in line and f"read its history database {runtime / 'history.sqlite'}" in line
+    rows = json.loads(proc.stdout)
+    assert [(r["user"], r["gpu"]) for r in rows] == [("root", 0), ("nobody", 1), ("root", 1)], "root sees all"
+    assert rows[1]["holder_pid"] == 4242 and rows[1]["frozen"] == [11]
+    table = _cli(runtime, "--user", "root", "--since", "1h").stdout.splitlines()
+    assert table[0].split() == ["TIME", "USER", "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"]
+    assert len(table) == 3 and all(" root " in x for x in table[1:])
+    usage = json.loads(_cli(runtime, "--usage", "--json", "--since", "1d").stdout)
+    assert {u["user"]: u["regions"] for u in usage["users"]} == {"root": 2, "nobody": 1}
+    assert "GPU-hours held from" in _cli(runtime, "--usage").stdout
+
+
+def test_without_arbiter_or_database_it_says_both(runtime: Path) -> None:
+    (runtime / "history.sqlite").unlink()
+    proc = _cli(runtime, "--db", str(runtime / "history.sqlite"))
+    assert proc.returncode == 1
+    assert "no KREX arbiter answers" in proc.stderr and "there is no history database" in proc.stderr
+
+
+def _as_nobody(runtime: Path, *args: str) -> tuple[int, str, str]:
+    """``krex history ARGS`` in a forked child that became uid 65534 (nobody): code, stdout, stderr.
+    Forked, not exec'd: every module it needs is loaded already."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (pytest's capture is not fd 1)
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.chdir("/")
+            for key in [k for k in os.environ if k.startswith("KREX_")]:
+                del os.environ[key]
+            os.environ["KREX_RUNTIME_DIR"] = str(runtime)
+            history_cli.main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            code = 71
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
+        stdout, stderr = out.read(), err.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), stdout, stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_user_reads_only_their_own_regions_and_only_when_the_file_lets_them(runtime: Path) -> None:
+    db = runtime / "history.sqlite"
+    assert db.stat().st_mode & 0o777 == 0o600
+    code, out, err = _as_nobody(runtime, "--json")
+    assert code == 1 and out == ""
+    assert f"its history database {db} (uid 0's, mode 0600) is not readable by you (uid {NOBODY})" in err
+    db.chmod(0o644)  # an administrator let everyone read it
+    code, out, err = _as_nobody(runtime, "--json")
+    assert code == 0, err
+    assert [(r["user"], r["uid"]) for r in json.loads(out)] == [("nobody", NOBODY)], "only the caller's own rows"
+    (line,) = err.splitlines()
+    assert "read its history database" in line and f"showing only your own regions (uid {NOBODY}" in line
+    code, out, err = _as_nobody(runtime, "--json", "--user", "root")
+    assert code == 0 and json.loads(out) == [], "no other user's rows, whatever --user asks"
