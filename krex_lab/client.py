@@ -8,14 +8,14 @@
 A :class:`Session` registers from a socket that a background thread then owns: the arbiter
 sends it ``drain`` (the thread synchronises this process's GPU work, pauses and answers),
 ``resume`` and ``lease_expired``. Requests from user threads go through one socket per
-thread (:class:`Connection`), each reply matched to its request by id.
+thread (:class:`~krex_lab.connection.Connection`), each reply matched to its request by id;
+what a region enforced comes back as a :class:`~krex_lab.region_report.RegionReport`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import os
 import threading
 import time
@@ -23,141 +23,27 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-import msgspec
-import zmq
-
 from . import devsync, paths, protocol
 from .arbiter.identity import fetch_ticket
-from .errors import (
-    ArbiterUnavailable,
-    KrexError,
-    LeaseExpired,
-    PermissionDenied,
-    ProtocolError,
-    RegionCancelled,
-    RegionRevoked,
-    error_from_wire,
-)
-from .peercred import listener_credentials
+from .connection import REQUEST_TIMEOUT, Connection, hello, status
+from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
+from .region_report import RegionReport
 from .wait_notice import WaitNotice
 
+__all__ = [
+    "REQUEST_TIMEOUT",
+    "Connection",
+    "Exclusive",
+    "RegionReport",
+    "Session",
+    "attach",
+    "current_session",
+    "exclusive",
+    "hello",
+    "status",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: how long a plain request (not an acquire) waits for its reply
-REQUEST_TIMEOUT = 10.0
-_ids = itertools.count(1)
-
-
-def _unavailable(endpoint: str, why: str) -> ArbiterUnavailable:
-    return ArbiterUnavailable(
-        f"no KREX arbiter answers at {endpoint} ({why}). Start one with `krex arbiter` "
-        f"(or `make lab`), or point {paths.ENDPOINT_ENV} at a running one."
-    )
-
-
-def _check_listener(path: str) -> None:
-    """Only root's arbiter (a node's) or our own (an embedded one) gets our requests: another
-    user's process listening at the endpoint would capture registrations and answer with lies."""
-    try:
-        _, uid, _ = listener_credentials(path)
-    except FileNotFoundError:
-        raise _unavailable(f"ipc://{path}", "its socket file does not exist") from None
-    except OSError as exc:
-        raise ArbiterUnavailable(
-            f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
-            f"with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a "
-            "running one."
-        ) from None
-    if uid not in (0, os.geteuid()):
-        raise PermissionDenied(
-            f"ipc://{path} is served by uid {uid}, neither root nor you: not an arbiter of "
-            "this node, nothing was sent to it"
-        )
-
-
-class Connection:
-    """One DEALER socket to the arbiter, used by one thread at a time."""
-
-    def __init__(self, endpoint: str | None = None) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
-        if self.endpoint.startswith("ipc://"):
-            _check_listener(self.endpoint[6:])
-        self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.connect(self.endpoint)
-        self.arbiter_pid: int | None = None
-        self._identity: str | None = None  # the arbiter's identity socket, learnt from one hello
-
-    def send(self, request: protocol.Request) -> int:
-        """Send ``request`` (its ``id`` is set here); returns the id to :meth:`wait` for."""
-        request.id = next(_ids)
-        data = protocol.encode(request)
-        if len(data) > protocol.MAX_MESSAGE:  # the arbiter's socket would drop it unanswered
-            raise ProtocolError(
-                f"a {type(request).__name__} request of {len(data)} bytes exceeds the limit of {protocol.MAX_MESSAGE}"
-            )
-        self.socket.send(data)
-        return request.id
-
-    def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT, cancelled: threading.Event | None = None) -> Any:
-        """The raw result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            slice_ms = 200
-            if deadline is not None:
-                slice_ms = max(0, min(slice_ms, int((deadline - time.monotonic()) * 1000)))
-            if self.socket.poll(slice_ms):
-                msg = protocol.decode_incoming(self.socket.recv())
-                if not isinstance(msg, protocol.Reply) or msg.id != rid:
-                    continue  # a late reply to an earlier, abandoned request
-                if msg.ok:
-                    return msg.result
-                assert msg.error is not None
-                raise error_from_wire(msg.error.type, msg.error.message, msg.error.traceback)
-            if cancelled is not None and cancelled.is_set():
-                raise RegionCancelled("cancelled while waiting")
-            if self.arbiter_pid is not None and not os.path.exists(f"/proc/{self.arbiter_pid}"):
-                raise _unavailable(self.endpoint, f"the arbiter (pid {self.arbiter_pid}) exited")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _unavailable(self.endpoint, f"no reply within {timeout:.0f} s")
-
-    def ticket(self, timeout: float = 2.0) -> str:
-        """An identity ticket of this process (the arbiter shows its own sessions in full), or ""
-        where the arbiter has no identity socket this process can reach (a remote endpoint)."""
-        try:
-            if self._identity is None:
-                info: protocol.Info = self.call(protocol.Hello(), timeout=timeout)
-                self._identity = info.identity
-            return fetch_ticket(self._identity, timeout)
-        except (ArbiterUnavailable, PermissionDenied):
-            self._identity = None  # ask again next time: the arbiter may have moved or restarted
-            return ""
-
-    def call(self, request: protocol.Request, timeout: float | None = REQUEST_TIMEOUT) -> Any:
-        """Send ``request`` and return its result as the struct ``request.reply`` names."""
-        return protocol.result_as(request, self.wait(self.send(request), timeout))
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
-
-
-def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
-    """Who the arbiter at ``endpoint`` is (:class:`~krex_lab.protocol.Info`, as a dict)."""
-    conn = Connection(endpoint)
-    try:
-        info: protocol.Info = conn.call(protocol.Hello(), timeout=timeout)
-        return msgspec.structs.asdict(info)
-    finally:
-        conn.close()
-
-
-def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dict[str, Any]:
-    conn = Connection(endpoint)
-    try:
-        result: dict[str, Any] = conn.call(protocol.Status(ticket=conn.ticket()), timeout=timeout)
-        return result
-    finally:
-        conn.close()
 
 
 class Session:
@@ -324,45 +210,6 @@ def attach(gpu: int | None = None, name: str = "", role: str = "client", endpoin
 def current_session() -> Session | None:
     s = _default
     return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
-
-
-class RegionReport(dict[str, Any]):
-    """What a region enforced (the arbiter's report), with a one-line summary."""
-
-    def summary(self) -> str:
-        if not self:
-            return "region not granted"
-        sim = " [simulated GPU]" if self.get("simulated") else ""
-        parts = [
-            f"KREX region {self.get('region')} on GPU {self.get('gpu')}{sim}"
-            + (" (nested: the enclosing region's)" if self.get("nested") else "")
-            + ":",
-            # The caller's own wait where the client measured it (a caller stopped as another
-            # region's intruder before it could queue waited longer than the queue saw).
-            f"waited {self.get('caller_wait_s', self.get('wait_s', 0)) * 1e3:.1f} ms,"
-            + (
-                f" stopped {self['stopped_before_request_s'] * 1e3:.1f} ms by another region before it queued,"
-                if self.get("stopped_before_request_s")
-                else ""
-            )
-            + f" acquired in {self.get('acquire_s', 0) * 1e3:.1f} ms;",
-            f"drained {len(self.get('drained', []))}, frozen {len(self.get('frozen', []))},"
-            f" moved {len(self.get('moved', []))}, cores {self.get('cores', [])}",
-        ]
-        if "hold_s" in self:
-            parts.append(f"; held {self['hold_s']:.3f} s")
-        if self.get("not_drained"):
-            parts.append(f"; NOT drained: {', '.join(self['not_drained'])}")
-        if self.get("degraded"):
-            # Say why (not-drained processes are named above): the first failure, and how many more.
-            failures = [str(f) for f in self.get("failures", [])]
-            why = f" ({failures[0]}{f'; {len(failures) - 1} more' if len(failures) > 1 else ''})" if failures else ""
-            parts.append(f" - DEGRADED{why}")
-        if self.get("expired"):
-            parts.append(" - LEASE EXPIRED")
-        if self.get("revoked"):
-            parts.append(f" - {str(self.get('released_by', 'ended by admin')).upper()}")
-        return " ".join(parts)
 
 
 class Exclusive:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ... import paths, protocol
-from ...errors import InvalidRequest, JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
+from ...errors import JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
 from ...protocol import Request
 from ..endpoint import default_endpoint, ipc_path, lock_path
 from ..results import JobResult, RemoteTraceback
@@ -57,85 +57,29 @@ from ..wire import (
     Submit,
     decode_incoming,
 )
+from .region_claim import region_claim
+from .stdin import STDIN_LIMIT, read_stdin
 from .trust import PoolPeer, is_untrusted, tcp_allowed, untrusted, verify_ipc_endpoint
 
 if TYPE_CHECKING:
     import concurrent.futures
 
+__all__ = [
+    "START_TIMEOUT",
+    "STDIN_LIMIT",
+    "OutputFn",
+    "PoolClient",
+    "default_client",
+    "exception_of",
+    "print_output",
+    "read_stdin",
+    "submit",
+]
+
 OutputFn = Callable[[str, str], None]
 
 #: how long connect() waits for a pool it started to answer
 START_TIMEOUT = 60.0
-#: the most stdin a script job carries (:func:`read_stdin`): it travels whole, in the submit
-STDIN_LIMIT = 64 << 20
-
-
-def read_stdin(limit: int = STDIN_LIMIT) -> bytes | None:
-    """This process's stdin for a script job, as ``krex run`` forwards it: the whole content of a
-    pipe or a regular file, read to its end (None for a terminal, ``/dev/null`` or a socket, which
-    the script then does not get). Over ``limit`` bytes: :class:`InvalidRequest`."""
-    import stat
-
-    try:
-        mode = os.fstat(0).st_mode
-    except OSError:
-        return None
-    if not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
-        return None
-    if stat.S_ISFIFO(mode):
-        import select
-
-        # A pipe that some parent holds open without writing (agents' and IDEs' shells do) must not
-        # hang `krex run`: forward a pipe only when it has data or is closed within a moment.
-        if not select.select([0], [], [], 0.05)[0]:
-            return None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = os.read(0, min(1 << 20, limit + 1 - size))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > limit:
-            raise InvalidRequest(
-                f"stdin is larger than {limit >> 20} MiB: `krex run` sends a script's stdin whole; "
-                "pass a file name instead"
-            )
-
-
-def _held_region(gpu: int | None) -> str | None:
-    """The region this process holds itself (``exclusive()`` in this process, no KREX_REGION): on the
-    job's GPU, else any. Its region freezes the pool's ordinary workers, so its jobs must run inside it."""
-    client = sys.modules.get("krex_lab.client")  # never imported: this process holds nothing
-    session = client.current_session() if client is not None else None
-    if session is None:
-        return None
-    held: str | None = session.held_region(gpu) if gpu is not None else None
-    return held or session.held_region()
-
-
-def _region_claim(gpu: int | None = None) -> tuple[str | None, str | None]:
-    """(the region, an identity ticket of this process) when this process runs inside a region (its
-    KREX_REGION, set by the holder that started it) or holds one itself, so that the pool runs its
-    jobs on a worker the arbiter lets join that region; (None, None) otherwise, or when the arbiter
-    gives no ticket (the job is then an ordinary one)."""
-    region = os.environ.get("KREX_REGION", "").strip() or _held_region(gpu)
-    if not region:
-        return None, None
-    from ...client import Connection
-
-    try:
-        conn = Connection()
-    except Exception:
-        return None, None
-    try:
-        ticket = conn.ticket()
-    except Exception:
-        ticket = ""
-    finally:
-        conn.close()
-    return (region, ticket) if ticket else (None, None)
 
 
 def print_output(stream: str, text: str) -> None:
@@ -326,7 +270,7 @@ class PoolClient:
         """Submit one job, stream its output, return its one result (the submit's reply)."""
         out = on_output or print_output
         sock = self._socket()
-        region, ticket = _region_claim(job.gpu)
+        region, ticket = region_claim(job.gpu)
         submit = Submit(id=_rid(), pid=os.getpid(), job=job, region=region, region_ticket=ticket)
         sock.send(protocol.encode(submit))
         job_id: str | None = None
