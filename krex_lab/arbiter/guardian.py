@@ -124,6 +124,19 @@ def _guard(pidfd: int | None, pid: int, journal: Path, term_grace: float, wake_r
                 return False
 
 
+def _say_ready() -> None:
+    """One line on stdout once the signals are caught and the backend is loaded: the arbiter serves
+    only after it (a guardian stopped or signalled while still starting could not undo). Then
+    stdout is let go, so that the arbiter's end of the pipe sees it closed."""
+    try:
+        os.write(1, b"ready\n")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass  # no stdout (started by hand, closed): nobody waits for the line
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="KREX guardian: undo a dead arbiter's enforcement")
     parser.add_argument("--pid", type=int, required=True, help="the arbiter's pid")
@@ -153,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError:
         gone = not os.path.exists(f"/proc/{args.pid}")  # no pidfd: poll /proc
     unlocker = _Unlocker(args.backend)
+    _say_ready()
     try:
         arbiter_dead = gone or _guard(pidfd, args.pid, journal, args.term_grace, wake_r, terms)
         if arbiter_dead:

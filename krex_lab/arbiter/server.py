@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
+import select
 import sqlite3
 import subprocess
 import sys
@@ -25,9 +26,8 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
-from ..errors import InvalidRequest, KrexError, NotHolder, PermissionDenied
+from ..errors import KrexError
 from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
-from ..procutil import ancestors, proc_uid
 from ..regions.cgroups import CgroupPlacer
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer
@@ -35,18 +35,23 @@ from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
 from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
-from ..service import DEFERRED, Peer, Service, lock_holder
+from ..service import Peer, Service, lock_holder
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
-from .privacy import public_event, report_view, status_view
+from .privacy import public_event
+from .queries import NodeQueries
 from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
-from .region import REVOKED, Region, RegionState
+from .region import Region
+from .requests import RequestLimits, SessionRequests
 from .scheduler import Enforcement, Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
 from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
+
+#: how long the arbiter waits for its guardian's "ready" (it loads the GPU backend first)
+GUARDIAN_READY_S = 10.0
 
 
 def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
@@ -57,9 +62,6 @@ def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
 
 
 #: the most rows one ``history`` request answers
-HISTORY_LIMIT = 5000
-#: the usage window of a ``history --usage`` request that names no start
-USAGE_DEFAULT_S = 7 * 86400.0
 
 
 class _Notifier:
@@ -229,15 +231,15 @@ class Arbiter(LoggingConfigurable):
             endpoint,
             {
                 protocol.Hello: self._hello,
-                protocol.Status: self._status,
-                protocol.Regions: self._regions,
-                protocol.Place: self._place,
-                protocol.Register: self._register,
-                protocol.Unregister: self._unregister,
-                protocol.Acquire: self._acquire,
-                protocol.Release: self._release,
-                protocol.DrainAck: self._drain_ack,
-                protocol.History: self._history,
+                protocol.Status: lambda req, peer: self.queries.status(req, peer),
+                protocol.Regions: lambda req, peer: self.queries.regions(req, peer),
+                protocol.Place: lambda req, peer: self.requests.place_request(req, peer),
+                protocol.Register: lambda req, peer: self.requests.register(req, peer),
+                protocol.Unregister: lambda req, peer: self.requests.unregister(req, peer),
+                protocol.Acquire: lambda req, peer: self.requests.acquire(req, peer),
+                protocol.Release: lambda req, peer: self.requests.release(req, peer),
+                protocol.DrainAck: lambda req, peer: self.requests.drain_ack(req, peer),
+                protocol.History: lambda req, peer: self.queries.history(req, peer),
             },
             protocol.decode_request,
             events=self.events,
@@ -250,7 +252,7 @@ class Arbiter(LoggingConfigurable):
         self.locker = Locker(self.backend, self.lock_timeout)
         self.placer = CgroupPlacer(self.cgroups == "auto")
         self.gate = Gate(self.notify.publish)
-        self.sessions = SessionTable(self._session_died)
+        self.sessions = SessionTable(lambda session: self.requests.session_died(session))
         self.tickets = Tickets()
         self.identity = IdentityServer(
             str(self.root / "identity.sock"), self.tickets, mode=0o666 if self.multi_user else 0o600
@@ -310,6 +312,26 @@ class Arbiter(LoggingConfigurable):
             FairShare(self.quotas.half_life),
             on_finish=self._region_finished,
         )
+        #: the handlers of the session and region requests, on the parts built above
+        self.requests = SessionRequests(
+            self.backend,
+            self.sessions,
+            self.scheduler,
+            self.quotas,
+            self.tickets,
+            self.placer,
+            self.notify,
+            RequestLimits(self.max_hold, self.max_hold_limit, self.isolate_cores, self.capacity),
+        )
+        self.queries = NodeQueries(
+            self.status,
+            self.scheduler,
+            self.tickets,
+            self.quotas,
+            lambda: (self.region_history, self.history_off),
+            self.multi_user,
+            self.privacy,
+        )
         self._guardian: subprocess.Popen[bytes] | None = None
 
     def own_pids(self) -> set[int]:
@@ -336,7 +358,21 @@ class Arbiter(LoggingConfigurable):
             "--backend",
             self.backend.name,
         ]
-        self._guardian = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL)
+        guardian = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        self._guardian = guardian
+        # Armed (signals caught, backend loaded) before anyone is served: a region granted earlier
+        # would not be undone if this process died while the guardian was still starting.
+        assert guardian.stdout is not None
+        ready = select.select([guardian.stdout], [], [], GUARDIAN_READY_S)[0]
+        line = guardian.stdout.readline() if ready else b""
+        guardian.stdout.close()
+        if line.strip() != b"ready":
+            log.error(
+                "the guardian (pid %d) did not say it was ready within %.0f s: a crash now may leave "
+                "processes stopped until the next arbiter or `krex supervise` replays the journal",
+                guardian.pid,
+                GUARDIAN_READY_S,
+            )
 
     async def _keep_guardian(self) -> None:
         while True:
@@ -360,12 +396,12 @@ class Arbiter(LoggingConfigurable):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
         self._open_history()
-        self.service.bind()
-        await self.identity.start()
         background = []
         if self.guardian:
-            self._start_guardian()
+            self._start_guardian()  # armed before the first client can be served
             background.append(self._keep_guardian())
+        self.service.bind()
+        await self.identity.start()
         if self.telemetry_interval > 0:
             background.append(self._telemetry())
         if self.metrics is not None:
@@ -473,10 +509,6 @@ class Arbiter(LoggingConfigurable):
             )
 
     # -- requests -------------------------------------------------------------------------
-    def _check_gpu(self, gpu: int) -> None:
-        if not 0 <= gpu < self.gpu_count:
-            raise InvalidRequest(f"GPU {gpu} does not exist: this node has GPUs 0..{self.gpu_count - 1}")
-
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:
         return protocol.Info(
             version=__version__,
@@ -487,200 +519,3 @@ class Arbiter(LoggingConfigurable):
             events=self.events,
             **self.backend_info,
         )
-
-    def _viewer(self, ticket: str) -> int | None:
-        """The uid a status or regions request shows in full (None: anonymous); -1: everything."""
-        viewer = self.tickets.redeem(ticket).uid if ticket else None
-        # A single-user arbiter's socket is its owner's alone: there is no one to hide from.
-        if not self.multi_user or self.privacy == "open" or (viewer is not None and self.quotas.is_admin(viewer)):
-            return -1
-        return viewer
-
-    def _status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
-        viewer = self._viewer(req.ticket)
-        table = self.status()
-        return table if viewer == -1 else status_view(table, viewer)
-
-    def _regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
-        viewer = self._viewer(req.ticket)
-        recent = list(self.scheduler.history)[-max(0, req.limit) :]
-        return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
-
-    def _history(self, req: protocol.History, peer: Peer) -> Any:
-        viewer = self._viewer(req.ticket)
-        db = self.region_history
-        if db is None:
-            raise InvalidRequest(self.history_off)
-        user = req.user or None
-
-        def query() -> dict[str, Any]:
-            db.flush(1.0)  # what finished before this request is in the answer
-            if not req.usage:
-                return {"rows": db.recent(min(max(0, req.limit), HISTORY_LIMIT), user, req.since)}
-            until = time.time() if req.until is None else req.until
-            since = until - USAGE_DEFAULT_S if req.since is None else req.since
-            return {
-                "since": since,
-                "until": until,
-                "users": db.usage(since, until, "user", user),
-                "gpus": db.usage(since, until, "gpu", user),
-                "users_gpus": db.usage(since, until, "user,gpu", user),
-            }
-
-        async def answer() -> dict[str, Any]:
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(None, query)
-            except (sqlite3.Error, RuntimeError) as exc:
-                raise KrexError(f"reading the region history failed: {exc}") from None
-            if "rows" in result and viewer != -1:
-                # Others' regions as who and how much; usage totals (names and hours) are public.
-                result["rows"] = [report_view(r, viewer) for r in result["rows"]]
-            return result
-
-        return answer()
-
-    def place(self) -> int:
-        """Fewest sessions, then most free memory."""
-        inventory = {g.index: g for g in self.backend.inventory()}
-        counts = {g: len(self.sessions.on_gpu(g)) for g in range(self.gpu_count)}
-
-        def key(g: int) -> tuple[int, int, int]:
-            info = inventory.get(g)
-            free = (info.memory_total - info.memory_used) if info else 0
-            return (counts[g], -free, g)
-
-        return min(range(self.gpu_count), key=key)
-
-    def _place(self, req: protocol.Place, peer: Peer) -> protocol.Placement:
-        return protocol.Placement(self.place())
-
-    def _register(self, req: protocol.Register, peer: Peer) -> protocol.Registered:
-        if req.role not in protocol.ROLES:
-            raise InvalidRequest(f"unknown role {req.role!r}; one of {', '.join(protocol.ROLES)}")
-        if len(req.name) > 200:
-            raise InvalidRequest("a session name has at most 200 characters")
-        gpu = self.place() if req.gpu is None else req.gpu
-        self._check_gpu(gpu)
-        who = self.tickets.redeem(req.ticket)
-        uid = who.uid
-        # pid 0: the process that asked for the ticket, as the kernel numbers it for us (a client in
-        # a container knows only its own namespace's number).
-        pid = who.pid if req.pid == 0 else req.pid
-        self.quotas.check_register(uid, pid, self.sessions, self.capacity)
-        within = ""
-        if req.within:
-            # "REGION via TICKET" (workers/pool): a pool worker started for one job of a client
-            # inside REGION. TICKET is the client's own identity ticket (the kernel named its pid
-            # and uid); the worker joins the region only if that client is the holder itself or its
-            # descendant, and the client, the worker and the holder are one user. A failed check
-            # is refused (the pool then fails that job rather than run it frozen).
-            region_id, _, via = req.within.partition(" via ")
-            region = self.scheduler.find(region_id)
-            if via:
-                client = self.tickets.redeem(via)
-                if (
-                    region is None
-                    or region.gpu != gpu
-                    or not (client.uid == uid == region.session.uid)
-                    or not (client.pid == region.session.pid or region.session.pid in ancestors(client.pid))
-                ):
-                    raise PermissionDenied(
-                        f"process {client.pid} is not inside region {region_id} on GPU {gpu} "
-                        "(not its holder or the holder's descendant of the same user, or the region has ended)"
-                    )
-                within = region_id
-            # Only a descendant of a live region's holder is part of it; a stale or false
-            # claim (an inherited KREX_REGION) just makes an ordinary session.
-            elif region is not None and region.session.pid in ancestors(pid):
-                within = req.within
-        session = self.sessions.add(pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within)
-        session.cgroup = self.placer.place(session.id, session.pid)
-        self.notify.publish("session", {"event": "joined", **session.public()})
-        self.scheduler.intruder_session(session)
-        return protocol.Registered(session=session.id, token=session.token, gpu=gpu, **self.backend_info)
-
-    def _unregister(self, req: protocol.Unregister, peer: Peer) -> protocol.Ended:
-        session = self.sessions.get(req.session, req.token)
-        self.sessions.remove(session.id)
-        self._session_gone(session, "session ended")
-        return protocol.Ended(session.id)
-
-    def _session_died(self, session: Session) -> None:
-        self._session_gone(session, "holder process exited")
-
-    def _session_gone(self, session: Session, reason: str) -> None:
-        self.scheduler.session_gone(session, reason)
-        self.placer.remove(session.cgroup)
-        self.notify.publish("session", {"event": "left", **session.public()})
-
-    def _acquire(self, req: protocol.Acquire, peer: Peer) -> Any:
-        session = self.sessions.get(req.session, req.token)
-        gpu = session.gpu if req.gpu is None else req.gpu
-        self._check_gpu(gpu)
-        max_hold = self.max_hold if req.max_hold is None else req.max_hold
-        if not 0 < max_hold <= self.max_hold_limit:
-            raise InvalidRequest(f"max_hold must be in (0, {self.max_hold_limit:g}] seconds, not {max_hold}")
-        cores = self.isolate_cores if req.cores is None else req.cores
-        if not 0 <= cores <= 1024:
-            raise InvalidRequest(f"cores must be between 0 and 1024, not {cores}")
-        parent = self.scheduler.active[gpu]
-        if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
-            # Started by the holder inside its region (krex exclusive -- CMD): the region is
-            # already theirs; queueing behind it would wait for ourselves.
-            return protocol.Granted(
-                region=parent.id, gpu=gpu, report={**parent.report(self.backend_info), "nested": True}
-            )
-        mine = [
-            r
-            for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
-            if r is not None and r.session.id == session.id
-        ]
-        if mine:
-            raise InvalidRequest(f"session {session.id} already holds or waits for {mine[0].id} on GPU {gpu}")
-        if len(req.exempt) > 16:
-            raise InvalidRequest("at most 16 exempt processes")
-        for pid in req.exempt:
-            owner = proc_uid(pid)
-            if owner is None:
-                raise InvalidRequest(f"exempt process {pid} does not exist")
-            if session.uid != 0 and owner != session.uid:
-                raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
-        self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
-        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
-        region.asked_exempt = list(req.exempt)
-        return DEFERRED
-
-    def _release(self, req: protocol.Release, peer: Peer) -> Any:
-        session = self.sessions.get(req.session, req.token)
-        region = self.scheduler.find(req.region)
-        if region is None:
-            past = self.scheduler.past(req.region)
-            if past is not None and past["session"] == session.id:
-                return past  # already released (lease expiry): the report says why
-            raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
-        if session.within == region.id and region.session.id != session.id:
-            return {**region.report(self.backend_info), "nested": True}  # the holder releases it
-        if region.session.id != session.id and req.force:
-            if not self.quotas.is_admin(session.uid):
-                raise PermissionDenied(
-                    f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
-                )
-            log.warning(
-                "region %s of %s ended by admin uid %d (session %s)",
-                region.id,
-                region.session.user,
-                session.uid,
-                session.id,
-            )
-            return self.scheduler.release(region, f"{REVOKED} uid {session.uid}")
-        if region.session.id != session.id:
-            raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
-        return self.scheduler.release(region, "released by holder")
-
-    def _drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
-        session = self.sessions.get(req.session, req.token)
-        region = self.scheduler.find(req.region)
-        fut = region.acks.get(session.id) if region is not None else None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-        return {}

@@ -329,7 +329,13 @@ class Services:
             self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run until it is")
             return
         env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
-        args = [f"--endpoint={self.pool_endpoint}", f"--arbiter={self.endpoint}", *self.options.pool_args]
+        # --step-aside: a pool of this user already serving the endpoint is used (see check()).
+        args = [
+            f"--endpoint={self.pool_endpoint}",
+            f"--arbiter={self.endpoint}",
+            "--step-aside",
+            *self.options.pool_args,
+        ]
         self.pool = ManagedProcess(
             "pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log", self.log
         )

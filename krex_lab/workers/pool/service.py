@@ -118,6 +118,12 @@ class Pool(LoggingConfigurable):
     on_demand_idle_exit = Float(
         help="idle_exit of a pool started on demand (default: $KREX_POOL_IDLE_EXIT, else 600 s)."
     ).tag(config=True)
+    step_aside = Bool(
+        False,
+        help="If another pool already serves the endpoint, exit 0 quietly: for launchers that only need "
+        "one to serve (the Jupyter extension; a pool started on demand always does). Without it a "
+        "second pool says which one serves and exits 1.",
+    ).tag(config=True)
     max_jobs_per_worker = Int(0, help="Recycle a worker after this many jobs (0: never).").tag(config=True)
     memory_slack_mb = Int(
         256,
@@ -273,7 +279,7 @@ class Pool(LoggingConfigurable):
             Path(lock).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not self.service.take_lock(note=str(os.getpid())):
             self.service.close()
-            if self.on_demand:  # two clients started one each at once: the other serves them both
+            if self.on_demand or self.step_aside:  # e.g. two clients started one each at once
                 log.info("another pool already serves %s", self.bound)
                 return 0
             holder = lock_holder(Path(self.service.lock_path)) if self.service.lock_path else None
@@ -475,6 +481,7 @@ class PoolApp(KrexApplication):
     }
     flags = {
         "on-demand": ({"Pool": {"on_demand": True}}, "Started by a client: exit when idle (on_demand_idle_exit)."),
+        "step-aside": ({"Pool": {"step_aside": True}}, "Exit 0 quietly if another pool already serves the endpoint."),
         "no-preload": ({"Pool": {"preload": []}}, "Preload no framework."),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }

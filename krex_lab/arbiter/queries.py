@@ -1,0 +1,100 @@
+"""What the arbiter answers about the node: status, recent regions, the region history, each
+as the asking user may see it (:mod:`.privacy`). Called by the arbiter's
+:class:`~krex_lab.service.Service` on the event loop; the history is read in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import protocol
+from ..errors import InvalidRequest, KrexError
+from ..service import Peer
+from .history import RegionHistory
+from .identity import Tickets
+from .privacy import report_view, status_view
+from .quotas import Quotas
+from .scheduler import Scheduler
+
+HISTORY_LIMIT = 5000
+#: the usage window of a ``history --usage`` request that names no start
+USAGE_DEFAULT_S = 7 * 86400.0
+
+
+class NodeQueries:
+    """Handlers of Status, Regions and History requests."""
+
+    def __init__(
+        self,
+        table: Callable[[], dict[str, Any]],
+        scheduler: Scheduler,
+        tickets: Tickets,
+        quotas: Quotas,
+        history_db: Callable[[], tuple[RegionHistory | None, str]],
+        multi_user: bool,
+        privacy: str,
+    ) -> None:
+        #: the node table in full (``Arbiter.status``)
+        self.table = table
+        self.scheduler = scheduler
+        self.tickets = tickets
+        self.quotas = quotas
+        #: the history database and, when there is none, why
+        self.history_db = history_db
+        self.multi_user = multi_user
+        self.privacy = privacy
+
+    def viewer(self, ticket: str) -> int | None:
+        """The uid a status or regions request shows in full (None: anonymous); -1: everything."""
+        viewer = self.tickets.redeem(ticket).uid if ticket else None
+        # A single-user arbiter's socket is its owner's alone: there is no one to hide from.
+        if not self.multi_user or self.privacy == "open" or (viewer is not None and self.quotas.is_admin(viewer)):
+            return -1
+        return viewer
+
+    def status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
+        viewer = self.viewer(req.ticket)
+        table = self.table()
+        return table if viewer == -1 else status_view(table, viewer)
+
+    def regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
+        viewer = self.viewer(req.ticket)
+        recent = list(self.scheduler.history)[-max(0, req.limit) :]
+        return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
+
+    def history(self, req: protocol.History, peer: Peer) -> Any:
+        viewer = self.viewer(req.ticket)
+        db, why = self.history_db()
+        if db is None:
+            raise InvalidRequest(why)
+        user = req.user or None
+
+        def query() -> dict[str, Any]:
+            db.flush(1.0)  # what finished before this request is in the answer
+            if not req.usage:
+                return {"rows": db.recent(min(max(0, req.limit), HISTORY_LIMIT), user, req.since)}
+            until = time.time() if req.until is None else req.until
+            since = until - USAGE_DEFAULT_S if req.since is None else req.since
+            return {
+                "since": since,
+                "until": until,
+                "users": db.usage(since, until, "user", user),
+                "gpus": db.usage(since, until, "gpu", user),
+                "users_gpus": db.usage(since, until, "user,gpu", user),
+            }
+
+        async def answer() -> dict[str, Any]:
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(None, query)
+            except (sqlite3.Error, RuntimeError) as exc:
+                raise KrexError(f"reading the region history failed: {exc}") from None
+            if "rows" in result and viewer != -1:
+                # Others' regions as who and how much; usage totals (names and hours) are public.
+                result["rows"] = [report_view(r, viewer) for r in result["rows"]]
+            return result
+
+        return answer()
