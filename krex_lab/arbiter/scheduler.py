@@ -19,19 +19,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
-from ..gpu.base import GpuProcess
-from ..procutil import ancestors, boot_ticks, state_and_start, task_count, tree, tree_until
+from ..procutil import ancestors, state_and_start, task_count, tree, tree_until
 from ..protocol import Granted
-from ..regions.drain import Locker
-from ..regions.freeze import Freezer, thaw
-from ..regions.gate import Gate
-from ..regions.isolate import CoreBook, IsolateResult
-from ..regions.shield import Shield, node_pids
-from .journal import Journal
+from ..regions.freeze import thaw
+from .enforcement import Enforcement, isolate, unisolate
 from .region import Region, RegionState, Reply
 from .sessions import Session, SessionTable
 
@@ -61,24 +56,6 @@ class SchedulerConfig:
     #: seconds the isolation step may take (its per-thread work runs off the event loop);
     #: threads it has not reached by then stay where they are and the report says so
     isolate_deadline: float = 0.5
-
-
-@dataclass(frozen=True)
-class Enforcement:
-    """The enforcement steps of a region and the journal they write to, as one bundle."""
-
-    gate: Gate
-    locker: Locker
-    freezer: Freezer
-    cores: CoreBook
-    journal: Journal
-    #: the processes with a context on a GPU (the backend's list; the fake backend has none)
-    gpu_processes: Callable[[int], list[GpuProcess]]
-    backend_name: str
-    #: the arbiter's own processes (itself, its guardian): never locked or frozen
-    own_pids: Callable[[], set[int]]
-    #: what keeps everyone but the holder off its reserved cores (default: KREX sessions only)
-    shield: Shield = field(default_factory=lambda: Shield("sessions"))
 
 
 def _running(session: Session) -> bool:
@@ -299,10 +276,10 @@ class Scheduler:
                 deadline = time.monotonic() + self.config.isolate_deadline
                 if self.steps.shield.mode == "sessions" and task_count([holder.pid, *roots]) <= INLINE_THREADS:
                     # A handful of threads: a thread hand-off would cost more than the work.
-                    region.isolated = self._isolate(region, roots, deadline)
+                    region.isolated = isolate(self.steps, region, roots, self._other_session_pids(region), deadline)
                 else:
                     region.isolated = await asyncio.get_running_loop().run_in_executor(
-                        self._threads, self._isolate, region, roots, deadline
+                        self._threads, isolate, self.steps, region, roots, self._other_session_pids(region), deadline
                     )
             region.times["isolate"] = time.monotonic() - t2
             region.times["acquire"] = time.monotonic() - t0
@@ -327,55 +304,6 @@ class Scheduler:
         report = region.report(self.backend_info)
         self.notify.publish("region", {"event": "granted", **report})
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
-
-    def _isolate(self, region: Region, roots: list[int], deadline: float) -> IsolateResult:
-        """Reserve cores for the holder's threads and keep everyone else off them: the shield
-        (a cpuset partition, or every process's affinity) or, in ``sessions`` mode, other sessions'
-        threads. In the isolation thread: thousands of threads must not stall the loop."""
-        frozen = set(region.frozen.pids)
-        holder = tree_until(region.session.pid, self._other_session_pids(region))
-        cores = self.steps.cores.reserve(region.id, region.cores)
-        if cores:
-            region.shielded = self.steps.shield.take(region.id, set(cores), holder, self.steps.journal.record)
-        others: list[int] = []
-        region.shielded.since = boot_ticks() - 1  # a tick's slack: start times are rounded down
-        if region.shielded.mode == "affinity":
-            # Frozen processes do not run: moving them would only cost time (and undoing it).
-            uid = None if os.geteuid() == 0 else os.geteuid()
-            others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), uid)
-            if foreign:
-                region.shielded.notes.append(f"{foreign} processes of other users left (the arbiter is not root)")
-        elif region.shielded.mode == "sessions":
-            others = sorted(
-                {
-                    p
-                    for root in roots
-                    if root not in frozen
-                    for p in tree(root)
-                    if p not in frozen and p not in region.exempt
-                }
-            )
-        result = self.steps.cores.isolate(
-            region.id,
-            holder,
-            others,
-            region.cores,
-            lambda threads: self.steps.journal.record("affinity", region.id, threads=threads),
-            deadline,
-        )
-        region.shielded.processes = len(result.moved_pids)
-        return result
-
-    def _unisolate(self, region: Region) -> None:
-        """Give the reserved cores back: the partition and IRQs first (moving the holder back
-        to its cgroup resets its affinity), then every affinity the core book changed."""
-        region.isolated.failed.extend(self.steps.shield.give_back(region.id))
-        self.steps.cores.release(region.id)
-        if region.shielded.mode == "affinity" and region.isolated.cores:
-            pids, _, _ = node_pids(set(), None if os.geteuid() == 0 else os.geteuid())
-            self.steps.cores.widen_born(
-                pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen
-            )
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight. A walk
@@ -409,7 +337,7 @@ class Scheduler:
             targets = set(listed)
             if not self.config.lock_foreign:
                 targets &= {p for s in self.sessions for p in tree(s.pid)}
-            lock_job = self.steps.locker.lock_all(sorted(targets), region.drain, self._journal_lock(region))
+            lock_job = self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id))
         cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
         # Without driver locks nothing can be stopped before it is locked, so a session is
         # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
@@ -461,12 +389,6 @@ class Scheduler:
         if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
             self.steps.freezer.extend(region.id, region.frozen, [pid], region.exempt, passes=1)
 
-    def _journal_lock(self, region: Region) -> Callable[[list[tuple[int, int]]], None]:
-        backend = self.steps.backend_name
-        return lambda procs: self.steps.journal.record(
-            "lock", region.id, backend=backend, procs=[list(p) for p in procs]
-        )
-
     async def _watch_intruders(self, region: Region) -> None:
         """Lock processes that appear on the GPU while the region is held."""
         loop = asyncio.get_running_loop()
@@ -485,7 +407,7 @@ class Scheduler:
             if new and region.state is RegionState.HELD:
                 region.locking = True
                 try:
-                    await self.steps.locker.lock_all(new, region.drain, self._journal_lock(region))
+                    await self.steps.locker.lock_all(new, region.drain, self.steps.lock_journal(region.id))
                 finally:
                     region.locking = False
                 fresh = [p for p in new if p in region.drain.locked_pids and p not in region.drain.intruders]
@@ -518,7 +440,7 @@ class Scheduler:
         if self.steps.locker.can_lock:
             region.locking = True
             try:
-                await self.steps.locker.lock_all(tree(session.pid), region.drain, self._journal_lock(region))
+                await self.steps.locker.lock_all(tree(session.pid), region.drain, self.steps.lock_journal(region.id))
             finally:
                 region.locking = False
         elif session.control is not None:
@@ -555,9 +477,9 @@ class Scheduler:
             region.watcher.cancel()
         try:
             if self.steps.cores.touched(region.id) <= INLINE_THREADS and not region.shielded.partition:
-                self._unisolate(region)
+                unisolate(self.steps, region)
             else:
-                await asyncio.get_running_loop().run_in_executor(self._threads, self._unisolate, region)
+                await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
             thaw(region.frozen)
             region.drain.closed = True
             errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)

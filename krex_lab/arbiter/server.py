@@ -36,6 +36,7 @@ from ..regions.isolate import CoreBook
 from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
 from ..service import Peer, Service, lock_holder
+from .enforcement import Enforcement
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
@@ -44,7 +45,7 @@ from .queries import NodeQueries
 from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
 from .region import Region
 from .requests import RequestLimits, SessionRequests
-from .scheduler import Enforcement, Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
 from .status import node_status
 
