@@ -476,7 +476,9 @@ class Scheduler:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
-            if self.steps.cores.touched(region.id) <= INLINE_THREADS and not region.shielded.partition:
+            # Inline only for a few threads of sessions: the node-wide shield walks every process
+            # again at release (what was born during the region), a partition waits on the kernel.
+            if region.shielded.mode == "sessions" and self.steps.cores.touched(region.id) <= INLINE_THREADS:
                 unisolate(self.steps, region)
             else:
                 await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
