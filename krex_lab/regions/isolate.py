@@ -145,7 +145,10 @@ class CoreBook:
                 continue
             if target == self._original[tid][1]:
                 # Its original has none of the reserved cores (so no region changed it either):
-                # nothing to change, nothing to restore.
+                # nothing to change, nothing to restore, and nothing to remember (the thread may
+                # change its own affinity before the next region looks).
+                if not any(tid in h.touched for h in self._held.values()):
+                    self._original.pop(tid, None)
                 continue
             if self._set(tid, target, result):
                 held.touched.add(tid)
