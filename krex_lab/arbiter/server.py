@@ -127,7 +127,12 @@ class Arbiter(LoggingConfigurable):
         "process's threads, one by one; restored exactly), 'cpuset' (a cgroup v2 partition: one "
         "operation, the kernel moves every process; not yet run on a GPU machine, so opt-in), "
         "'auto' (cpuset where the arbiter may make partitions, else affinity), 'sessions' (KREX "
-        "sessions' threads only). IRQ affinities move too where /proc/irq is writable.",
+        "sessions' threads only).",
+    ).tag(config=True)
+    shield_irqs = Bool(
+        False,
+        help="Also narrow IRQ affinities that include a region's reserved cores (where /proc/irq is "
+        "writable; journaled and restored). Opt-in: not yet run on a real host's interrupts.",
     ).tag(config=True)
     poll_interval = Float(0.1, help="How often a held GPU is checked for new processes to lock.").tag(config=True)
     history = Int(200, help="How many finished regions (with reports) to keep for status and the API.").tag(config=True)
@@ -265,7 +270,7 @@ class Arbiter(LoggingConfigurable):
             self.placer.relative if self.placer.enabled else None,
         )
         #: what keeps others off a region's reserved cores (the ``shield`` option, resolved)
-        self.shielding = Shield(self.shield)
+        self.shielding = Shield(self.shield, irqs=self.shield_irqs)
         steps = Enforcement(
             gate=self.gate,
             locker=self.locker,

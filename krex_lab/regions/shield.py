@@ -14,8 +14,9 @@ keeps *everyone else* off them is chosen once, when the arbiter starts (``Arbite
   cores by the core book (original affinities journaled first, restored exactly).
 * ``sessions`` -- only KREX sessions' threads move (the behaviour before the shield existed).
 
-``auto`` picks ``cpuset`` where it works, else ``affinity``. In every mode IRQ affinities that
-include a reserved core are narrowed to the other cores where ``/proc/irq`` is writable. Kernel
+``auto`` picks ``cpuset`` where it works, else ``affinity``. With ``irqs`` (``Arbiter.shield_irqs``),
+IRQ affinities that include a reserved core are narrowed to the other cores where ``/proc/irq`` is
+writable (opt-in: it has run only against a stand-in tree so far). Kernel
 threads are never moved (per-CPU ones cannot be) and are counted in the report. Everything is
 journaled before it is done; :func:`undo_partitions` and :func:`restore_irqs` replay it.
 """
@@ -307,12 +308,12 @@ def restore_irqs(records: Iterable[list[Any]], root: Path = _IRQ_ROOT) -> int:
 class Shield:
     """The node-wide half of isolation, chosen once (see the module docstring)."""
 
-    def __init__(self, mode: str = "auto", cpus: Iterable[int] | None = None) -> None:
+    def __init__(self, mode: str = "auto", cpus: Iterable[int] | None = None, irqs: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"shield must be one of {', '.join(MODES)}, not {mode!r}")
         self.cpus = set(cpus) if cpus is not None else set(os.sched_getaffinity(0))
         self.partition = CpusetPartition() if mode in ("auto", "cpuset") else None
-        self.irqs = IrqShield()
+        self.irqs: IrqShield | None = IrqShield() if irqs else None
         if mode == "auto":
             mode = "cpuset" if self.partition is not None and self.partition.available else "affinity"
         self.mode = mode
@@ -340,7 +341,7 @@ class Shield:
                 else:
                     result.mode = "cpuset"
                     result.partition = str(self.partition.root / f"{PREFIX}{region}") if self.partition.root else ""
-        if self.mode != "sessions":
+        if self.mode != "sessions" and self.irqs is not None:
             moved, note = self.irqs.take(region, cores, self.cpus, record)
             result.irqs_moved = moved
             if note:
@@ -349,5 +350,6 @@ class Shield:
 
     def give_back(self, region: str) -> list[str]:
         errors = self.partition.give_back(region) if self.partition is not None else []
-        self.irqs.give_back(region)
+        if self.irqs is not None:
+            self.irqs.give_back(region)
         return errors
