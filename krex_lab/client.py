@@ -57,6 +57,7 @@ class Session:
         endpoint: str | None = None,
         pid: int | None = None,
         control: bool = True,
+        via_ticket: str = "",
     ) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
         self.pid = pid or os.getpid()
@@ -79,6 +80,7 @@ class Session:
                     gpu=gpu,
                     control=control,
                     within=within,
+                    via_ticket=via_ticket if within else "",
                 )
             )
         except BaseException:
@@ -191,10 +193,13 @@ _default: Session | None = None
 _default_lock = threading.Lock()
 
 
-def attach(gpu: int | None = None, name: str = "", role: str = "client", endpoint: str | None = None) -> Session:
+def attach(
+    gpu: int | None = None, name: str = "", role: str = "client", endpoint: str | None = None, via_ticket: str = ""
+) -> Session:
     """Register this process as a session (once; later calls return the same session).
 
-    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it).
+    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it). ``via_ticket``:
+    see :class:`krex_lab.protocol.Register` (a pool worker joining a client's region).
     """
     global _default
     with _default_lock:
@@ -203,7 +208,7 @@ def attach(gpu: int | None = None, name: str = "", role: str = "client", endpoin
                 _default.close()
             else:
                 return _default
-        _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint)
+        _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
         return _default
 
 

@@ -145,6 +145,9 @@ class Register(Request, tag="register"):
     gpu: int | None = None
     control: bool = True
     within: str = ""  # a region this process belongs to (its holder started it): KREX_REGION
+    #: with ``within``: the identity ticket of a client inside that region, for a pool worker started
+    #: for one of its jobs (the worker is not the holder's descendant; the client must be)
+    via_ticket: str = ""
 
 
 class Unregister(SessionRequest, tag="unregister"):

@@ -100,15 +100,15 @@ class SessionRequests:
         self.quotas.check_register(uid, pid, self.sessions, self.limits.capacity)
         within = ""
         if req.within:
-            # "REGION via TICKET" (workers/pool): a pool worker started for one job of a client
-            # inside REGION. TICKET is the client's own identity ticket (the kernel named its pid
-            # and uid); the worker joins the region only if that client is the holder itself or its
+            # With ``via_ticket`` (workers/pool): a pool worker started for one job of a client
+            # inside the region. The ticket is the client's own (the kernel named its pid and uid);
+            # the worker joins the region only if that client is the holder itself or its
             # descendant, and the client, the worker and the holder are one user. A failed check
             # is refused (the pool then fails that job rather than run it frozen).
-            region_id, _, via = req.within.partition(" via ")
+            region_id = req.within
             region = self.scheduler.find(region_id)
-            if via:
-                client = self.tickets.redeem(via)
+            if req.via_ticket:
+                client = self.tickets.redeem(req.via_ticket)
                 if (
                     region is None
                     or region.gpu != gpu

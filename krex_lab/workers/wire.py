@@ -159,9 +159,10 @@ class Init(msgspec.Struct, tag_field="op", tag="init", kw_only=True):
     memory_slack: int = 256 << 20
     arbiter: str | None = None  # register there as a worker session (None: no arbiter answered)
     arbiter_pid: int | None = None
-    #: register as part of this region: ``"REGION via TICKET"`` (the job's client's identity
-    #: ticket; the arbiter checks that client is the holder's descendant). Empty: an ordinary worker.
+    #: register as part of this region (empty: an ordinary worker), with ``via_ticket``, the job's
+    #: client's identity ticket: the arbiter checks that client is the holder or its descendant
     within: str = ""
+    via_ticket: str = ""
 
 
 class Run(msgspec.Struct, tag_field="op", tag="run", kw_only=True):

@@ -68,16 +68,22 @@ class Worker:
         ready = Ready(first=True, pid=os.getpid(), clean=True)
         if self.init.arbiter:
             # A worker started for one job of a client inside a region registers as part of that
-            # region (``Register.within``, read from KREX_REGION by the session): "REGION via
-            # TICKET", the client's own identity ticket, which the arbiter checks (the client
-            # must be the holder's descendant, of this user). Ordinary workers never claim one.
+            # region (``Register.within``, read from KREX_REGION by the session) with the client's
+            # own identity ticket, which the arbiter checks (the client must be the holder or its
+            # descendant, of this user). Ordinary workers never claim one.
             os.environ.pop("KREX_REGION", None)
             if self.init.within:
                 os.environ["KREX_REGION"] = self.init.within
             try:
                 from ...client import attach
 
-                self.session = attach(gpu=self.gpu, name=self.init.name, role="worker", endpoint=self.init.arbiter)
+                self.session = attach(
+                    gpu=self.gpu,
+                    name=self.init.name,
+                    role="worker",
+                    endpoint=self.init.arbiter,
+                    via_ticket=self.init.via_ticket,
+                )
                 ready.session = self.session.id
             except Exception as exc:
                 ready.session_error = f"{type(exc).__name__}: {exc}"

@@ -284,7 +284,7 @@ class Dispatcher:
                 # Not part of the region: it would run frozen, or unchecked. The job fails instead.
                 self._fail_region_job(
                     job,
-                    f"the job's client runs inside region {(job.within or '').split(' ')[0]}, but its worker "
+                    f"the job's client runs inside region {job.within}, but its worker "
                     f"could not join that region: {msg.session_error or 'no arbiter'}",
                 )
             log.info(
@@ -452,8 +452,8 @@ class Dispatcher:
         self._wids += 1
         cmd, env, init = self.spawn_args(self._wids, gpu)
         if for_job is not None:
-            init.within = for_job.within or ""
-            init.name = f"{init.name} for job {for_job.id} inside region {init.within.split(' ')[0]}"
+            init.within, init.via_ticket = for_job.within or "", for_job.via_ticket
+            init.name = f"{init.name} for job {for_job.id} inside region {init.within}"
         w = WorkerHandle(self._wids, gpu, cmd, env, init, self, active)
         w.for_job = for_job
         self.workers[w.id] = w

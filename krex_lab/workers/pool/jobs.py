@@ -65,9 +65,11 @@ class Job:
     timed_out: bool = False
     forced: bool = False
     notice: str | None = None
-    #: ``"REGION via TICKET"``: the client runs inside that region on ``gpu``; the job runs on a
-    #: worker of its own, started for it and registered as part of the region (never frozen by it)
+    #: the region the client runs inside on ``gpu``: the job runs on a worker of its own, started
+    #: for it and registered as part of the region (never frozen by it) with ``via_ticket``, the
+    #: client's identity ticket
     within: str | None = None
+    via_ticket: str = ""
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
     @property
@@ -161,14 +163,14 @@ def job_of(
         env=spec.env,
         stdin=spec.stdin,
     )
-    gpu, within = spec.gpu, None
+    gpu, within, via = spec.gpu, None, ""
     if request.region and request.region_ticket:
         # The client says it runs inside this region. If the region holds one of our GPUs, the
         # job gets a worker of its own that joins the region (the arbiter checks the claim
         # with the client's ticket); else the job is an ordinary one.
         held = [g for g, (region, _pid) in closed.items() if region == request.region]
         if held and held[0] in gpus and gpu in (None, held[0]) and spec.lease is None:
-            gpu, within = held[0], f"{request.region} via {request.region_ticket}"
+            gpu, within, via = held[0], request.region, request.region_ticket
     return Job(
         id=new_id(),
         rid=request.id,
@@ -177,6 +179,7 @@ def job_of(
         client=peer,
         gpu=gpu,
         within=within,
+        via_ticket=via,
         lease=spec.lease,
         exclusive=spec.exclusive,
         timeout=float(timeout) if timeout else None,
