@@ -21,6 +21,7 @@ import krex_lab.client  # noqa: F401 - loaded before a forked child drops root (
 from krex_lab.arbiter import history_cli
 from krex_lab.arbiter.history import RegionHistory
 from krex_lab.pytest_plugin import subprocess_pythonpath
+from tests.security.users import User, as_user
 
 NOBODY = 65534
 
@@ -89,42 +90,16 @@ def test_without_arbiter_or_database_it_says_both(runtime: Path) -> None:
 
 
 def _as_nobody(runtime: Path, *args: str) -> tuple[int, str, str]:
-    """``krex history ARGS`` in a forked child that became uid 65534 (nobody): code, stdout, stderr.
-    Forked, not exec'd: every module it needs is loaded already."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (pytest's capture is not fd 1)
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.chdir("/")
-            for key in [k for k in os.environ if k.startswith("KREX_")]:
-                del os.environ[key]
-            os.environ["KREX_RUNTIME_DIR"] = str(runtime)
-            history_cli.main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException as exc:
-            print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            code = 71
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(out_w)
-    os.close(err_w)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), stdout, stderr
+    """``krex history ARGS`` in a forked child that became uid 65534 (nobody): code, stdout, stderr."""
+
+    def history() -> int:
+        for key in [k for k in os.environ if k.startswith("KREX_")]:
+            del os.environ[key]
+        os.environ["KREX_RUNTIME_DIR"] = str(runtime)
+        history_cli.main(list(args))
+        return 0
+
+    return as_user(User("nobody", NOBODY, NOBODY), history)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")

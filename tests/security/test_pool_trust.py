@@ -25,7 +25,7 @@ from krex_lab.workers.client import PoolClient
 from krex_lab.workers.client import run_cli as _run_cli  # noqa: F401 (loaded before a child drops root)
 from krex_lab.workers.client.trust import peer_uid_of_ipc, verify_ipc_endpoint
 
-from .users import User, make_user
+from .users import User, as_user, make_user
 
 #: bob's fake pool (standard library only: bob may not run the test's interpreter): holds the
 #: endpoint's lock (so a client believes a pool serves there), makes its socket connectable by
@@ -61,58 +61,6 @@ while True:
 def alice() -> Iterator[User]:
     with make_user("krexalice") as user:
         yield user
-
-
-def as_user(
-    user: User, fn: Callable[[], int], env: dict[str, str] | None = None, timeout: float = 20
-) -> tuple[int, str, str]:
-    """``fn()`` in a forked child that became ``user`` (setgroups, setgid, setuid): its exit code,
-    stdout and stderr. Forked, not exec'd: the interpreter and every module the client needs are
-    loaded already (the user may not be able to read the test's virtualenv)."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (pytest's capture is not fd 1)
-            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-            os.setgroups([])
-            os.setgid(user.gid)
-            os.setuid(user.uid)
-            os.chdir("/")
-            os.environ.update(env or {})
-            code = fn()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException as exc:
-            print(f"{type(exc).__name__}: {exc}", flush=True)
-            code = 71
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    os.close(out_w)
-    os.close(err_w)
-    chunks: dict[int, bytes] = {out_r: b"", err_r: b""}
-    deadline = time.monotonic() + timeout
-    open_fds = [out_r, err_r]
-    while open_fds and time.monotonic() < deadline:
-        ready, _, _ = select.select(open_fds, [], [], 0.1)
-        for fd in ready:
-            data = os.read(fd, 65536)
-            if data:
-                chunks[fd] += data
-            else:
-                open_fds.remove(fd)
-    if open_fds:  # the old client waited for a reply that never came
-        os.kill(pid, 9)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    os.close(out_r)
-    os.close(err_r)
-    return code, chunks[out_r].decode(errors="replace"), chunks[err_r].decode(errors="replace")
 
 
 def connect_as_alice(endpoint: str, start: bool) -> Callable[[], int]:
