@@ -88,3 +88,20 @@ def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subpr
             raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
         time.sleep(0.05)
     return arbiter, env
+
+
+#: Source of ``matmul_times(n, reps=200)``: a torch n x n matmul timed with one CUDA event pair per
+#: launch after 20 warm-up launches (milliseconds). Sent as text to the timing processes of
+#: quickstart_device.py and two_users_device.py as part of their programs (torch is imported at the first call).
+CUDA_MATMUL_TIMER = """
+def matmul_times(n, reps=200):
+    import torch
+    a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+    for _ in range(20): a @ b
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record(); a @ b; e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ev]
+"""

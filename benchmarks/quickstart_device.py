@@ -22,22 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, machine, percentile, write_result
+from common import CUDA_MATMUL_TIMER, REPO, machine, percentile, write_result
 from fidelity import start_arbiter, stop_arbiter
 from multi_gpu import ensure_provisioner_entry_point
 
-TIMER = r"""
-import json, time, torch
-def krex_time(n, reps=200):
-    a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
-    for _ in range(20): a @ b
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record(); a @ b; e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in ev]
-"""
+TIMER = "import json, time, torch\n" + CUDA_MATMUL_TIMER + "krex_time = matmul_times\n"
 LOOPER = r"""
 import time, torch
 x = torch.randn(4096, 4096, device="cuda"); stamps = []
