@@ -59,8 +59,7 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
     region.shielded.since = boot_ticks() - 1  # a tick's slack: start times are rounded down
     if region.shielded.mode == "affinity":
         # Frozen processes do not run: moving them would only cost time (and undoing it).
-        uid = None if os.geteuid() == 0 else os.geteuid()
-        others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), uid)
+        others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), _movable_uid())
         if foreign:
             region.shielded.notes.append(f"{foreign} processes of other users left (the arbiter is not root)")
     elif region.shielded.mode == "sessions":
@@ -91,5 +90,10 @@ def unisolate(steps: Enforcement, region: Region) -> None:
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     steps.cores.release(region.id)
     if region.shielded.mode == "affinity" and region.isolated.cores:
-        pids, _, _ = node_pids(set(), None if os.geteuid() == 0 else os.geteuid())
+        pids, _, _ = node_pids(set(), _movable_uid())
         steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen)
+
+
+def _movable_uid() -> int | None:
+    """Whose processes the shield may move: everyone's for root (None), else only this user's."""
+    return None if os.geteuid() == 0 else os.geteuid()

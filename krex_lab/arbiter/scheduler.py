@@ -274,12 +274,13 @@ class Scheduler:
             if region.isolate and region.cores > 0:  # cores=0: the holder asked for no isolation
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
+                others = self._other_session_pids(region)  # as they are now, after the drain's wait
                 if self.steps.shield.mode == "sessions" and task_count([holder.pid, *roots]) <= INLINE_THREADS:
                     # A handful of threads: a thread hand-off would cost more than the work.
-                    region.isolated = isolate(self.steps, region, roots, self._other_session_pids(region), deadline)
+                    region.isolated = isolate(self.steps, region, roots, others, deadline)
                 else:
                     region.isolated = await asyncio.get_running_loop().run_in_executor(
-                        self._threads, isolate, self.steps, region, roots, self._other_session_pids(region), deadline
+                        self._threads, isolate, self.steps, region, roots, others, deadline
                     )
             region.times["isolate"] = time.monotonic() - t2
             region.times["acquire"] = time.monotonic() - t0

@@ -385,7 +385,8 @@ class Arbiter(LoggingConfigurable):
             await asyncio.sleep(0.5)
             if self._guardian is not None and self._guardian.poll() is not None:
                 log.error("guardian exited with %s: starting a new one", self._guardian.returncode)
-                self._start_guardian()
+                # Off the loop: waiting for the new guardian's "ready" must not stall every client.
+                await asyncio.get_running_loop().run_in_executor(None, self._start_guardian)
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
