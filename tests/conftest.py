@@ -24,3 +24,26 @@ pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser"]
 def procs(arbiter: ArbiterProc) -> Iterator[Procs]:
     """Session processes (``tests.procs.session``) on the ``arbiter`` fixture's arbiter; killed after."""
     yield from session_processes(arbiter)
+
+
+def _masks() -> dict[int, set[int]]:
+    """Allowed CPUs of this process, its parent and PID 1: what a region's shield moves and must
+    give back (a leak here pins everything started afterwards, the next CI run included)."""
+    masks = {}
+    for pid in {os.getpid(), os.getppid(), 1}:
+        try:
+            masks[pid] = set(os.sched_getaffinity(pid))
+        except OSError:
+            continue
+    return masks
+
+
+@pytest.fixture(autouse=True)
+def no_affinity_left_behind() -> Iterator[None]:
+    before = _masks()
+    yield
+    after = _masks()
+    leaked = {pid: (after[pid], mask) for pid, mask in before.items() if after.get(pid, mask) != mask}
+    for pid, (_, mask) in leaked.items():
+        os.sched_setaffinity(pid, mask)  # so that the tests after this one run on the whole machine
+    assert not leaked, f"allowed CPUs left changed (pid: (now, before)): {leaked}"

@@ -29,6 +29,7 @@ from .. import __version__, paths, protocol
 from ..errors import KrexError
 from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
 from ..regions.cgroups import CgroupPlacer
+from ..regions.corelock import NodeCoreLock
 from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
@@ -128,6 +129,12 @@ class Arbiter(LoggingConfigurable):
         "operation, the kernel moves every process; not yet run on a GPU machine, so opt-in), "
         "'auto' (cpuset where the arbiter may make partitions, else affinity), 'sessions' (KREX "
         "sessions' threads only).",
+    ).tag(config=True)
+    core_lock = Unicode(
+        "",
+        help="The node-wide lock under which regions reserve cores (default: /run/krex-cores.lock for "
+        "root, else in $XDG_RUNTIME_DIR or the temporary directory). Arbiters on one node must share "
+        "it: a region of one that finds it taken gets no cores and says so (see regions/corelock.py).",
     ).tag(config=True)
     shield_irqs = Bool(
         False,
@@ -275,7 +282,7 @@ class Arbiter(LoggingConfigurable):
             gate=self.gate,
             locker=self.locker,
             freezer=self.freezer,
-            cores=CoreBook(),
+            cores=CoreBook(node_lock=NodeCoreLock(Path(self.core_lock) if self.core_lock else None)),
             shield=self.shielding,
             journal=self.journal,
             gpu_processes=self.backend.processes,

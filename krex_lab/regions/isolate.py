@@ -4,7 +4,9 @@ The :class:`CoreBook` is the arbiter's one view of who is pinned where. It remem
 thread's *original* affinity the first time any region touches it, so that overlapping
 regions on several GPUs restore exactly: a thread's affinity is always its original minus
 the cores reserved by regions still held (or the holder's reserved cores, for a holder).
-Originals are journaled before any affinity is changed.
+Originals are journaled before any affinity is changed. A book reserves cores only while it
+holds the node's :class:`~.corelock.NodeCoreLock`: two books moving the same threads would
+restore each other's narrowed masks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..procutil import parent_pid, same_process, start_time, threads
+from .corelock import NodeCoreLock
 
 JournalFn = Callable[[list[list[Any]]], None]
 
@@ -43,8 +46,9 @@ class _Held:
 
 
 class CoreBook:
-    def __init__(self, cpus: Iterable[int] | None = None) -> None:
+    def __init__(self, cpus: Iterable[int] | None = None, node_lock: NodeCoreLock | None = None) -> None:
         self.cpus = sorted(cpus) if cpus is not None else online_cpus()
+        self.node_lock = node_lock if node_lock is not None else NodeCoreLock()
         self._original: dict[int, tuple[int | None, set[int]]] = {}  # tid -> (start, cpus)
         self._held: dict[str, _Held] = {}
         # The arbiter isolates in a worker thread; tests and tools may call from anywhere.
@@ -65,10 +69,18 @@ class CoreBook:
         """Set ``n`` cores aside for ``region`` before :meth:`isolate` pins anyone to them (so that
         the shield can take them first); [] when none is free."""
         with self._lock:
-            cores = self.pick(n)
+            cores, _ = self._claim(n)
             if cores:
                 self._held[region] = _Held(cores=set(cores), holder_tids=set(), touched=set())
             return cores
+
+    def _claim(self, n: int) -> tuple[list[int], str]:
+        """Free cores for a new region and the node's lock with them; ([], why) when none."""
+        cores = self.pick(n)
+        if not cores:
+            return [], f"no core to reserve among {len(self.cpus)} (others hold the rest)"
+        why = self.node_lock.acquire()
+        return ([], why) if why else (cores, "")
 
     def isolate(
         self,
@@ -98,9 +110,12 @@ class CoreBook:
     ) -> IsolateResult:
         late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
         reserved = self._held.get(region)
-        result = IsolateResult(cores=sorted(reserved.cores) if reserved is not None else self.pick(n))
+        cores_now, why = (sorted(reserved.cores), "") if reserved is not None else self._claim(n)
+        result = IsolateResult(cores=cores_now)
         if not result.cores:
-            result.failed.append(f"no core to reserve among {len(self.cpus)} (others hold the rest)")
+            result.failed.append(why)
+            if not self._held:
+                self.node_lock.release()
             return result
         cores = set(result.cores)
         holder_tids = set(threads(holder_pids))
@@ -177,6 +192,13 @@ class CoreBook:
         held = self._held.pop(region, None)
         if held is None:
             return 0
+        try:
+            return self._restore(held)
+        finally:
+            if not self._held:
+                self.node_lock.release()
+
+    def _restore(self, held: _Held) -> int:
         n = 0
         for tid in held.touched:
             target = self._target(tid)

@@ -3,9 +3,10 @@
 python -m tests.procs.session sibling GPU [--child] [--forker] [--sleep]
     attach to GPU, optionally start a busy child (or keep forking children), then spin
     (or sleep); prints "ready" when registered.
-python -m tests.procs.session holder GPU [--max-hold S] [--hold S]
+python -m tests.procs.session holder GPU [--max-hold S] [--hold S] [--linger]
     attach, take a region, print "granted <json report>", hold for S seconds (forever if
-    not given), release, print "released <json report>".
+    not given), release, print "released <json report>" (then, with --linger, stay alive
+    to be looked at).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     p.add_argument("--max-hold", type=float, default=None)
     p.add_argument("--hold", type=float, default=None)
     p.add_argument("--no-freeze", action="store_true")
+    p.add_argument("--linger", action="store_true")
     args = p.parse_args()
     if args.no_control:
         krex_lab.client.Session(gpu=args.gpu, control=False)
@@ -66,6 +68,8 @@ def main() -> None:
         print("expired", json.dumps({**region.report, "error": str(exc)}), flush=True)
         return
     print("released", json.dumps({**region.report, "t_end": t_end}), flush=True)
+    while args.linger:
+        time.sleep(3600)
 
 
 if __name__ == "__main__":
