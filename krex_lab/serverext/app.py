@@ -11,7 +11,10 @@ handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.servic
 With ``stop_on_interrupt`` (what ``krex lab`` sets) one SIGINT stops the server as SIGTERM does:
 jupyter_server's own handling asks for confirmation on a terminal, and without one lets
 KeyboardInterrupt end its loop before any cleanup (its ``jpserver-*`` files, this extension's
-arbiter and pool and their sockets would stay behind).
+arbiter and pool and their sockets would stay behind). Both signals then only *schedule* the stop
+on the server's loop: jupyter_server's handler stops the HTTP server inside the signal handler,
+which a signal that lands while tornado is still adding the listening socket (the bind runs as the
+loop's first callback, after "is running at" is printed) turns into ``KeyError`` and a traceback.
 """
 
 from __future__ import annotations
@@ -147,12 +150,23 @@ class KrexExtensionApp(ExtensionApp):
             self._stop_on_interrupt()
 
     def _stop_on_interrupt(self) -> None:
-        """SIGINT stops the server as SIGTERM does (after jupyter_server installed its handlers)."""
-        stop = getattr(self.serverapp, "_signal_stop", None)
-        if stop is None or threading.current_thread() is not threading.main_thread():
+        """SIGINT and SIGTERM stop the server, from its loop (after jupyter_server installed its handlers)."""
+        server = self.serverapp
+        if server is None or threading.current_thread() is not threading.main_thread():
             self.log.warning("KREX: cannot make Ctrl-C stop this server at once (jupyter_server changed?)")
             return
-        signal.signal(signal.SIGINT, stop)
+
+        def stop_soon(signum: int, _frame: Any) -> None:
+            loop = getattr(server, "io_loop", None)
+            if loop is None:  # before the loop exists there is nothing to interrupt
+                server.stop(from_signal=True)
+                return
+            server.log.critical("received signal %s, stopping", signal.Signals(signum).name)
+            # Runs after the loop's pending callbacks (the socket bind among them).
+            loop.asyncio_loop.call_soon_threadsafe(server.stop)
+
+        signal.signal(signal.SIGINT, stop_soon)
+        signal.signal(signal.SIGTERM, stop_soon)
         atexit.register(self._say_stopped)
 
     def _say_stopped(self) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from krex_lab.pytest_plugin import subprocess_pythonpath, wait_for
+from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath, wait_for
+from tests.support import ROOT
 
 
 def _free_port() -> int:
@@ -80,3 +81,14 @@ def test_one_interrupt_stops_the_lab_cleanly(tmp_path: Path, how: str) -> None:
         for fd in (tty_parent, tty_child):
             if fd >= 0:
                 os.close(fd)
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_the_socket_bind_stops_cleanly(arbiter: ArbiterProc, tmp_path: Path, signame: str) -> None:
+    env = {**arbiter.env(), "JUPYTER_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    cmd = [sys.executable, "-m", "tests.procs.lab_signal_mid_bind", signame, arbiter.endpoint, str(_free_port())]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "stopped fired" in done.stdout, out[-3000:]
+    assert "Traceback" not in out and "KeyError" not in out, out[-3000:]
+    assert not list(tmp_path.glob("jpserver-*")), "the server's files are gone"
