@@ -321,6 +321,7 @@ class Scheduler:
                 region.drain.intruders.extend(late)
                 waiting = None
             elif landed:
+                region.frozen.landed()
                 return
             await asyncio.sleep(0.002)
 

@@ -8,6 +8,7 @@ pidfd registered with the event loop, which becomes readable the moment the proc
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
@@ -39,8 +40,8 @@ class Session:
     cgroup: str = ""  # the cgroup v2 the arbiter placed it in (--cgroups auto), else ""
     created: float = field(default_factory=time.time)
 
-    @property
-    def user(self) -> str:
+    @functools.cached_property
+    def user(self) -> str:  # looked up once: every report and metric names it (a read of /etc/passwd)
         try:
             import pwd
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..procutil import proc_state, same_process, state_and_start, tree
+from ..procutil import open_stat, proc_state, read_stat, same_process, state_and_start, tree
 from .cgroups import cgroup_of, is_frozen
 
 log = logging.getLogger("krex.freeze")
@@ -47,6 +47,15 @@ class FreezeResult:
     #: a pidfd per stopped process: the thaw signals through it (a reused pid cannot be hit, and
     #: no /proc read is needed to make sure); closed by :func:`thaw`
     pidfds: dict[int, int] = field(default_factory=dict)
+    #: a stat descriptor per process whose stop may not have landed yet: :meth:`Freezer.pending`
+    #: re-reads it without a path lookup; closed once the stops have landed (:meth:`landed`)
+    statfds: dict[int, int] = field(default_factory=dict)
+
+    def landed(self) -> None:
+        """Every stop has shown: the stat descriptors are not needed any more."""
+        for fd in self.statfds.values():
+            os.close(fd)
+        self.statfds.clear()
 
     @property
     def pids(self) -> list[int]:
@@ -112,7 +121,7 @@ class Freezer:
         result.roots.update(roots)
         seen = set(result.pids) | set(result.skipped)
         for _ in range(passes):
-            new: list[tuple[int, int]] = []
+            new: list[tuple[int, int, int | None]] = []  # pid, start, stat descriptor
             for root in roots:
                 for pid in tree(root):
                     if pid in seen or pid in exempt:
@@ -120,36 +129,50 @@ class Freezer:
                     seen.add(pid)
                     if result.inside and cgroup_of(pid) in result.inside:
                         continue  # the kernel freezes it with its cgroup, forks included
-                    state, start = state_and_start(pid)
-                    if state is None or start is None or state == "Z":
+                    fd = open_stat(pid)
+                    state, start = read_stat(fd) if fd is not None else state_and_start(pid)
+                    if state is None or start is None or state in ("Z", "T", "t"):
+                        if state in ("T", "t"):
+                            result.skipped.append(pid)
+                        if fd is not None:
+                            os.close(fd)
                         continue
-                    if state in ("T", "t"):
-                        result.skipped.append(pid)
-                        continue
-                    new.append((pid, start))
+                    new.append((pid, start, fd))
             if not new:
                 return
-            self._record("stop", region, procs=[list(p) for p in new])
-            for pid, start in new:
+            self._record("stop", region, procs=[[pid, start] for pid, start, _ in new])
+            for pid, start, fd in new:
                 try:
                     _stop(pid, result.pidfds)
                     result.procs.append((pid, start))
+                    if fd is not None:
+                        result.statfds[pid] = fd
+                        fd = None
                 except ProcessLookupError:
                     continue
                 except PermissionError as exc:
                     result.failed.append(f"pid {pid}: {exc.strerror}")
+                finally:
+                    if fd is not None:
+                        os.close(fd)
         if passes == _MAX_PASSES:
             result.failed.append(f"trees kept growing after {_MAX_PASSES} passes")
 
     @staticmethod
     def pending(result: FreezeResult, among: list[str] | None = None) -> list[str]:
-        """What was told to stop but has not yet (a D-state sleeper can take a while): pids as
-        strings, cgroup paths. ``among``: an earlier answer, to check only what was still pending
-        then (a stop that has landed stays landed while the region holds)."""
+        """What was told to stop and may not have yet (a D-state sleeper can take a while): pids as
+        strings, cgroup paths; empty once every stop has landed. ``among``: an earlier answer, to
+        check only what was still pending then (a stop that has landed stays landed while the
+        region holds). The pids are looked at in the order they were stopped and the look ends
+        at the first that has not: the rest are returned unchecked (stops land roughly in the
+        order they were sent, so a wait costs one read per poll instead of one per process)."""
         pids = result.pids if among is None else [int(x) for x in among if x.isdigit()]
         groups = result.cgroups if among is None else [x for x in among if not x.isdigit()]
-        late = [str(p) for p in pids if proc_state(p) not in ("T", "t", "Z", None)]
-        return late + [c for c in groups if not is_frozen(c)]
+        fds = result.statfds
+        for i, p in enumerate(pids):
+            if (read_stat(fds[p])[0] if p in fds else proc_state(p)) not in ("T", "t", "Z", None):
+                return [str(q) for q in pids[i:]] + list(groups)
+        return [c for c in groups if not is_frozen(c)]
 
     def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
         """Walk the trees again and stop what is new; returns the processes caught late."""
@@ -217,6 +240,7 @@ def _stop(pid: int, pidfds: dict[int, int]) -> None:
 
 
 def thaw(result: FreezeResult) -> None:
+    result.landed()
     thaw_cgroups(result.cgroups)
     by_pid = [(pid, start) for pid, start in result.procs if pid not in result.pidfds]
     for fd in list(result.pidfds.values()):
