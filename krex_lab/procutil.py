@@ -14,16 +14,17 @@ from collections.abc import Iterable
 import psutil
 
 
-def _read(path: str) -> bytes | None:
-    """A small /proc file in one read (os-level: Python's buffered ``open`` costs more than the
-    read itself, and a region reads thousands of these)."""
+def _read(path: str, whole: bool = False) -> bytes | None:
+    """A small /proc file (os-level: Python's buffered ``open`` costs more than the read itself,
+    and a region reads thousands of these). One read of a page, which holds a stat line;
+    ``whole`` reads on to the end (a children list can be longer)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
         chunks = [os.read(fd, 4096)]
-        while chunks[-1]:  # a children list can be longer than a page
+        while whole and chunks[-1]:
             chunks.append(os.read(fd, 65536))
         return b"".join(chunks)
     except OSError:
@@ -69,6 +70,13 @@ def read_stat(fd: int) -> tuple[str | None, int | None]:
     if len(fields) <= 19:
         return None, None
     return chr(fields[0][0]), int(fields[19])
+
+
+def proc_flags(pid: int) -> int | None:
+    """The kernel's task flags (field 9 of stat: PF_KTHREAD and the like), None if gone."""
+    rest = _stat(pid)
+    fields = rest.split(maxsplit=7) if rest else []
+    return int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else None
 
 
 def proc_state(pid: int) -> str | None:
@@ -118,6 +126,16 @@ def real_and_effective_uid(pid: int) -> tuple[int | None, int | None]:
     return uids.real, uids.effective
 
 
+def node_task_count() -> int:
+    """Threads of the whole node, kernel ones included (the total of /proc/loadavg's
+    "running/total"): one read, to decide whether a node-wide walk belongs off the event loop."""
+    try:
+        with open("/proc/loadavg", "rb") as f:
+            return int(f.read().split()[3].split(b"/")[1])
+    except (OSError, IndexError, ValueError):
+        return 1 << 30  # unknown: assume a big node
+
+
 def task_count(pids: Iterable[int]) -> int:
     """Threads of these processes, from one ``stat`` each (a task dir has two links plus one per
     thread): cheap enough to decide, per region, whether thread work belongs off the event loop."""
@@ -157,7 +175,7 @@ def children(pid: int) -> list[int]:
 def _children_of_tasks(pid: int, tids: list[str]) -> list[int]:
     kids: list[int] = []
     for tid in tids:
-        raw = _read(f"/proc/{pid}/task/{tid}/children")
+        raw = _read(f"/proc/{pid}/task/{tid}/children", whole=True)
         if raw:
             kids.extend(map(int, raw.split()))
     return kids

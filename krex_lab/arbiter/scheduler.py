@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
-from ..procutil import ancestors, state_and_start, task_count, tree, tree_until
+from ..procutil import ancestors, node_task_count, state_and_start, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.freeze import thaw
 from .enforcement import Enforcement, isolate, unisolate
@@ -275,7 +275,7 @@ class Scheduler:
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
                 others = self._other_session_pids(region)  # as they are now, after the drain's wait
-                if self.steps.shield.mode == "sessions" and task_count([holder.pid, *roots]) <= INLINE_THREADS:
+                if self._few_threads(self.steps.shield.mode, lambda: task_count([holder.pid, *roots])):
                     # A handful of threads: a thread hand-off would cost more than the work.
                     region.isolated = isolate(self.steps, region, roots, others, deadline)
                 else:
@@ -305,6 +305,15 @@ class Scheduler:
         report = region.report(self.backend_info)
         self.notify.publish("region", {"event": "granted", **report})
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
+
+    @staticmethod
+    def _few_threads(mode: str, session_threads: Callable[[], int]) -> bool:
+        """Whether a shield's thread work is small enough to do on the event loop: a thread
+        hand-off costs more than a few hundred affinity calls. ``sessions`` mode touches the
+        sessions' threads, ``affinity`` every thread of the node; ``cpuset`` waits on the kernel."""
+        if mode == "sessions":
+            return session_threads() <= INLINE_THREADS
+        return mode == "affinity" and node_task_count() <= INLINE_THREADS
 
     async def _settle_freeze(self, region: Region, roots: list[int]) -> None:
         """Walk the frozen trees again for children forked while the stops were in flight. A walk
@@ -478,9 +487,9 @@ class Scheduler:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
         try:
-            # Inline only for a few threads of sessions: the node-wide shield walks every process
-            # again at release (what was born during the region), a partition waits on the kernel.
-            if region.shielded.mode == "sessions" and self.steps.cores.touched(region.id) <= INLINE_THREADS:
+            # Inline only for a few threads: the node-wide shield walks every process again at
+            # release (what was born during the region), a partition waits on the kernel.
+            if self._few_threads(region.shielded.mode, lambda: self.steps.cores.touched(region.id)):
                 unisolate(self.steps, region)
             else:
                 await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)

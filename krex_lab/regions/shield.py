@@ -27,12 +27,13 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..procutil import proc_uid, same_process, start_time
+from ..procutil import proc_flags, proc_uid, same_process, start_time
 from .cgroups import cgroup_of, limits_on, v2_root
 
 log = logging.getLogger("krex.shield")
@@ -71,16 +72,15 @@ class ShieldResult:
 
 
 def is_kernel_thread(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return False
-    fields = raw[raw.rfind(")") + 2 :].split()
-    try:
-        return bool(int(fields[6]) & _PF_KTHREAD)  # field 9 of stat: flags
-    except (IndexError, ValueError):
-        return False
+    flags = proc_flags(pid)
+    return flags is not None and bool(flags & _PF_KTHREAD)
+
+
+#: pids seen to be kernel threads, and when: a region walks the node twice, and most of a quiet
+#: node's pids are kernel threads. Looked at again after _KTHREAD_TTL seconds, so that a pid
+#: reused by a user process (pid_max wraps slowly) is not mistaken for long.
+_kthreads: dict[int, float] = {}
+_KTHREAD_TTL = 10.0
 
 
 def node_pids(skip: set[int], uid: int | None = None) -> tuple[list[int], int, int]:
@@ -89,13 +89,20 @@ def node_pids(skip: set[int], uid: int | None = None) -> tuple[list[int], int, i
     were left out."""
     pids: list[int] = []
     kernel = foreign = 0
+    now = time.monotonic()
+    if len(_kthreads) > 1 << 16:  # kernel threads come and go (kworkers): forget the dead now and then
+        _kthreads.clear()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         pid = int(name)
         if pid in skip:
             continue
+        if now - _kthreads.get(pid, -_KTHREAD_TTL) < _KTHREAD_TTL:
+            kernel += 1
+            continue
         if pid == 2 or is_kernel_thread(pid):
+            _kthreads[pid] = now
             kernel += 1
             continue
         if uid is not None and proc_uid(pid) != uid:
