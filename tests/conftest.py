@@ -38,11 +38,25 @@ def _masks() -> dict[int, set[int]]:
     return masks
 
 
+def _other_arbiter_shields() -> bool:
+    """A region of an arbiter outside the tests (a lab, a benchmark) holds cores: its shield moves
+    these processes too, and gives them back at its release, not ours."""
+    from krex_lab.regions.corelock import NodeCoreLock
+
+    probe = NodeCoreLock()
+    try:
+        return "another KREX arbiter" in probe.acquire()
+    finally:
+        probe.close()
+
+
 @pytest.fixture(autouse=True)
 def no_affinity_left_behind() -> Iterator[None]:
     before = _masks()
     yield
     after = _masks()
+    if after != before and _other_arbiter_shields():
+        return
     leaked = {pid: (after[pid], mask) for pid, mask in before.items() if after.get(pid, mask) != mask}
     for pid, (_, mask) in leaked.items():
         os.sched_setaffinity(pid, mask)  # so that the tests after this one run on the whole machine

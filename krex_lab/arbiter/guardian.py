@@ -38,6 +38,7 @@ from ..gpu import GpuBackend, make_backend
 from ..paths import check_private_dir
 from ..procutil import same_process
 from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
+from ..regions.corelock import let_go
 from .journal import read_outstanding, undo_outstanding
 
 log = logging.getLogger("krex.guardian")
@@ -143,6 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--journal", type=Path, required=True)
     parser.add_argument("--backend", default="fake")
     parser.add_argument(
+        "--core-lock-fd",
+        type=int,
+        default=-1,
+        help="the arbiter's core lock, inherited: held (if the arbiter held it) until the undo is done",
+    )
+    parser.add_argument(
         "--term-grace",
         type=float,
         default=5.0,
@@ -167,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         gone = not os.path.exists(f"/proc/{args.pid}")  # no pidfd: poll /proc
     unlocker = _Unlocker(args.backend)
     _say_ready()
+    arbiter_dead = False
     try:
         arbiter_dead = gone or _guard(pidfd, args.pid, journal, args.term_grace, wake_r, terms)
         if arbiter_dead:
@@ -178,6 +186,13 @@ def main(argv: list[str] | None = None) -> None:
             if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")) or summary["errors"]:
                 log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
     finally:
+        if args.core_lock_fd >= 0:
+            # Dropped only for a dead arbiter: a live one may be holding it for a region (closing
+            # this descriptor leaves the lock to the arbiter's own).
+            if arbiter_dead:
+                let_go(args.core_lock_fd)
+            else:
+                os.close(args.core_lock_fd)
         if unlocker.backend is not None:
             unlocker.backend.close()
 

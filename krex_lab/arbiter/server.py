@@ -278,11 +278,13 @@ class Arbiter(LoggingConfigurable):
         )
         #: what keeps others off a region's reserved cores (the ``shield`` option, resolved)
         self.shielding = Shield(self.shield, irqs=self.shield_irqs)
+        #: the node's core reservation lock; its open file is shared with the guardian
+        self.node_lock = NodeCoreLock(Path(self.core_lock) if self.core_lock else None)
         steps = Enforcement(
             gate=self.gate,
             locker=self.locker,
             freezer=self.freezer,
-            cores=CoreBook(node_lock=NodeCoreLock(Path(self.core_lock) if self.core_lock else None)),
+            cores=CoreBook(node_lock=self.node_lock),
             shield=self.shielding,
             journal=self.journal,
             gpu_processes=self.backend.processes,
@@ -371,7 +373,14 @@ class Arbiter(LoggingConfigurable):
             "--backend",
             self.backend.name,
         ]
-        guardian = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        # The guardian holds the core lock's open file too: a lock this arbiter dies holding stays
+        # held until the guardian has undone the region (see regions/corelock.py).
+        fds = (self.node_lock.fd,) if self.node_lock.fd is not None else ()
+        if fds:
+            cmd += ["--core-lock-fd", str(fds[0])]
+        guardian = subprocess.Popen(
+            cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, pass_fds=fds
+        )
         self._guardian = guardian
         # Armed (signals caught, backend loaded) before anyone is served: a region granted earlier
         # would not be undone if this process died while the guardian was still starting.
@@ -410,6 +419,9 @@ class Arbiter(LoggingConfigurable):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
         self._open_history()
+        why = self.node_lock.open()
+        if why:  # every region will say so too (it gets no cores)
+            log.warning("%s: regions will reserve no cores", why)
         background = []
         if self.guardian:
             self._start_guardian()  # armed before the first client can be served
@@ -433,6 +445,7 @@ class Arbiter(LoggingConfigurable):
             if self._guardian is not None:
                 self._guardian.terminate()
                 self._guardian.wait()
+            self.node_lock.close()
             self.backend.close()
             if self.region_history is not None:
                 self.region_history.close()  # writes what the last releases queued

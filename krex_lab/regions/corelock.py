@@ -8,8 +8,9 @@ first had narrowed, the first restores, the second then restores the narrowed ma
 (PID 1 included, in ``affinity`` shield mode) is left pinned for good. So the cores of a node are
 reserved under one ``flock``: the first region of a book takes it, the book's last release gives
 it back, and a region of another arbiter that finds it taken gets no cores and says why (its
-report is degraded) instead of corrupting the other's book. The kernel drops the lock when its
-holder dies, so a crashed arbiter never blocks the node.
+report is degraded) instead of corrupting the other's book. A crashed arbiter's lock is held by
+its guardian until the guardian has undone the crash, then dropped (the kernel drops it when
+both are gone), so a crash never blocks the node for longer than the undo.
 
 The lock lives where only its user can create it: ``/run`` for root, else ``$XDG_RUNTIME_DIR``
 (or ``/run/user/UID``), else the temporary directory with the uid in its name. A file there that
@@ -50,20 +51,22 @@ def _own_private_dir(path: str, uid: int) -> bool:
 
 class NodeCoreLock:
     """The node's core reservation lock (see the module docstring). Not thread-safe: the core
-    book calls it under its own lock."""
+    book calls it under its own lock.
+
+    The file stays open from :meth:`open` on and the lock is taken and dropped on that one open
+    file description, which the arbiter shares with its guardian (:attr:`fd`, passed at spawn):
+    if the arbiter dies holding it, the lock stays held until the guardian has restored what the
+    arbiter had narrowed and lets it go -- no other arbiter can reserve cores in between.
+    """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else default_path()
-        self._fd: int | None = None
+        self.fd: int | None = None
+        self.held = False
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> str:
-        """Take the lock without waiting; returns "" or why not (another arbiter holds it, or the
-        lock file cannot be trusted)."""
-        if self._fd is not None:
+    def open(self) -> str:
+        """Open (and check) the lock file without locking it; returns "" or why it cannot be used."""
+        if self.fd is not None:
             return ""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -75,21 +78,45 @@ class NodeCoreLock:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             os.close(fd)
             return f"the core lock {self.path} is not this user's file: refused"
+        self.fd = fd
+        return ""
+
+    def acquire(self) -> str:
+        """Take the lock without waiting; returns "" or why not (another arbiter holds it, or the
+        lock file cannot be trusted)."""
+        if self.held:
+            return ""
+        why = self.open()
+        if why or self.fd is None:
+            return why
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
             return f"another KREX arbiter on this node (pid {holder}) holds reserved cores"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, str(os.getpid()).encode(), 0)
+        self.held = True
         return ""
 
     def release(self) -> None:
-        if self._fd is None:
+        if not self.held or self.fd is None:
             return
-        fd, self._fd = self._fd, None
+        self.held = False
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-        os.close(fd)  # closing the only descriptor drops the flock
+            os.ftruncate(self.fd, 0)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)  # for every holder of the description, the guardian too
+
+    def close(self) -> None:
+        self.release()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def let_go(fd: int) -> None:
+    """The guardian's end of a dead arbiter's lock: drop it (after the undo) and close."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    with contextlib.suppress(OSError):
+        os.close(fd)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
@@ -120,3 +121,40 @@ def test_the_default_lock_is_in_a_directory_only_its_user_can_write() -> None:
         assert path == Path("/run/krex-cores.lock")
     else:
         assert st.st_uid == os.geteuid() or path.name == f"krex-cores-{os.geteuid()}.lock"
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="a region needs a core to reserve and one to keep")
+def test_a_dead_arbiters_lock_is_held_until_its_guardian_has_undone_the_region(tmp_path: Path) -> None:
+    lock = tmp_path / "cores.lock"
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    arb = ArbiterProc(runtime, extra=("--Arbiter.shield=affinity", f"--Arbiter.core_lock={lock}")).start()
+    assert arb.proc is not None
+    procs = Procs(arb.env())
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    probe = NodeCoreLock(lock)
+    guardian = None
+    try:
+        wait_for(lambda: _mask(busy.pid) == CPUS)
+        holder = procs.start("holder", "0", wait_line=None)
+        granted = Procs.report(Procs.readline(holder))
+        assert granted["cores"] and not _mask(busy.pid) & set(granted["cores"]), granted
+        guardian = next(
+            p for p in psutil.Process(arb.proc.pid).children() if "krex_lab.arbiter.guardian" in " ".join(p.cmdline())
+        )
+        guardian.suspend()  # the undo cannot start: the window in which another arbiter must not take cores
+        arb.proc.kill()
+        arb.proc.wait()
+        assert "another KREX arbiter" in probe.acquire(), "the dead arbiter's lock is still held"
+        assert not _mask(busy.pid) & set(granted["cores"]), "nothing undone yet"
+        guardian.resume()
+        wait_for(lambda: probe.acquire() == "", timeout=10)
+        assert _mask(busy.pid) == CPUS, "the guardian restored before it let the lock go"
+    finally:
+        if guardian is not None and guardian.is_running():
+            guardian.resume()
+        probe.close()
+        busy.kill()
+        busy.wait()
+        procs.cleanup()
+        arb.stop()
