@@ -32,11 +32,12 @@ and its workers, the candidate source files, ``krex_lab.check`` and ``krex_lab.b
 timestamps. On ``--backend nvidia`` the compile is numba.cuda's JIT and check and timing run
 on the GPU. **Simulated on the fake backend** (said in the output and the JSON): numba's CUDA
 simulator runs the kernels on the CPU (check and timing are real code and real measurements of
-simulated kernels, at the tiny test sizes), and the compile phase is a sleep drawn from a
-lognormal (``--sim-compile-mean``/``--sim-compile-sigma``). A sleep elapses while its agent is
-frozen by another region, as a remote build would; a real JIT is CPU work in the frozen process
-and stops with it, so on the fake backend region mode's gain over command mode is an upper bound
-where compile is long. The think time is a sleep on both backends.
+simulated kernels, at the tiny test sizes), and the compile phase is CPU work: a busy loop
+until the evaluating process has used the CPU seconds drawn from a lognormal
+(``--sim-compile-mean``/``--sim-compile-sigma``). Like a real JIT it competes for the machine's
+cores (16 agents compiling on 2 cores take 8 times as long in wall time) and it stops while its
+process is frozen by another region. The think time is a sleep on both backends (a remote model
+call: it elapses even while its agent is frozen).
 
 Outputs: ``benchmarks/results/agent_study-<backend>-<date>.json`` (machine, date, backend,
 parameters, reference, per point its summary and every evaluation record with its region's
@@ -127,6 +128,7 @@ class World:
             env["KREX_RUNTIME_DIR"] = str(runtime)
             env["KREX_ENDPOINT"] = f"ipc://{runtime}/arbiter.sock"
         env["KREX_POOL_ENDPOINT"] = f"ipc://{runtime}/pool.sock"
+        env["KREX_WAIT_NOTICE"] = "0"  # queueing is what is measured: no lines, no status polling
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), os.environ.get("PYTHONPATH")]))
         if args.backend == "fake":
             env["NUMBA_ENABLE_CUDASIM"] = "1"
@@ -406,7 +408,8 @@ def main(argv: list[str] | None = None) -> Path:
     if simulated:
         print(
             "agent_study: FAKE backend - the GPU phases are SIMULATED (numba's CUDA simulator runs the kernels "
-            "on the CPU; the compile phase is a sleep). Arbiter, regions, processes and timestamps are real.",
+            "on the CPU; the compile phase is CPU work of a drawn duration). Arbiter, regions, processes and "
+            "timestamps are real.",
             flush=True,
         )
     points = plan(args)
@@ -422,7 +425,9 @@ def main(argv: list[str] | None = None) -> Path:
         "benchmark": "agent_study",
         "backend": args.backend,
         "simulated_gpu_phases": simulated,
-        "simulated": "numba CUDA simulator for check and timing, compile = lognormal sleep" if simulated else "",
+        "simulated": "numba CUDA simulator for check and timing, compile = lognormal CPU time (a busy loop)"
+        if simulated
+        else "",
         "machine": machine(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "parameters": {k: v for k, v in vars(args).items() if k not in ("out",)},

@@ -17,11 +17,16 @@ waiter on the held GPU itself is stopped with the region's other sessions as soo
 arbiter's ``drain`` message comes first, and the session says its line then (:meth:`say_now`),
 before it answers. (A process the driver locks instead, one with a CUDA context on that GPU, gets
 no drain message: it says nothing until granted; ``krex status`` and the dashboard show the queue.)
+
+``KREX_WAIT_NOTICE=0`` in the environment turns the notice off: a harness that queues many
+regions on purpose (``benchmarks/agent_study.py``) wants neither the lines nor the status
+requests, which would load the arbiter it measures.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -98,7 +103,10 @@ class WaitNotice:
         self._thread = threading.Thread(target=self._run, name="krex-wait-notice", daemon=True)
 
     def start(self) -> WaitNotice:
-        self._thread.start()
+        if os.environ.get("KREX_WAIT_NOTICE", "1") == "0":
+            self._stop.set()  # off: no thread, and say_now says nothing
+        else:
+            self._thread.start()
         return self
 
     def stop(self) -> None:

@@ -80,6 +80,32 @@ def test_waiters_say_who_holds_and_their_place_when_it_changes(arbiter: ArbiterP
     assert out_second[1].endswith("you are 1st in the queue"), out_second
 
 
+def test_krex_wait_notice_0_turns_it_off(arbiter: ArbiterProc) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "2.5"],
+        env=arbiter.env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
+        quiet = subprocess.Popen(
+            [sys.executable, "-c", WAITER, "quiet", "0"],
+            env={**arbiter.env(), "KREX_WAIT_NOTICE": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _, err = quiet.communicate(timeout=60)
+        assert quiet.returncode == 0 and holder.wait(30) == 0
+    finally:
+        for p in (holder,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert "krex: waiting" not in err, err  # it waited about 2 s, twice the notice's delay
+
+
 def test_a_quick_grant_says_nothing(arbiter: ArbiterProc) -> None:
     quick = _waiter(arbiter, "quick", 0.0)
     _, err = quick.communicate(timeout=30)
