@@ -12,8 +12,9 @@ compile). :func:`write_source` *writes* a candidate as an agent would: the kerne
 
 1. compile: import the file and call the candidate once on the smallest test size (numba.cuda
    JIT-compiles on the first call; the array types are those of the larger sizes, so nothing
-   compiles again). In numba's CUDA simulator (the fake backend) nothing compiles: the phase is
-   a sleep of the drawn ``sim_compile_s`` first, then the same import and call.
+   compiles again). In numba's CUDA simulator (the fake backend) nothing compiles: the phase
+   first burns the drawn ``sim_compile_s`` of CPU time (:func:`burn_cpu`), then makes the same
+   import and call.
 2. check: ``krex_lab.check`` against the NumPy reference (fresh inputs, NaN-poisoned outputs).
 3. time: ``krex_lab.bench`` on device inputs (in the simulator: host-clock timing of the
    simulated kernel, flagged simulated).
@@ -203,6 +204,14 @@ def evaluate(job: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+def burn_cpu(seconds: float) -> None:
+    """A simulated compile: busy until this process has used ``seconds`` of CPU time. A compile is
+    CPU-bound, so under load (or frozen) it takes longer in wall time, as a real one does."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        sum(range(2000))
+
+
 def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[str, Any], krex_lab: Any) -> None:
     import numpy as np
 
@@ -214,7 +223,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     t0 = time.perf_counter()
     try:
         if SIMULATOR:
-            time.sleep(float(job.get("sim_compile_s") or 0.0))  # the simulated compile phase
+            burn_cpu(float(job.get("sim_compile_s") or 0.0))  # the simulated compile phase
         fn = getattr(_load(job["path"]), c.variant)
         ins, outs = spec.device_inputs(spec.test_sizes[-1])
         fn(*ins, *outs)  # numba.cuda compiles on the first call
