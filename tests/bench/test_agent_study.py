@@ -88,11 +88,17 @@ def test_no_two_regions_on_a_gpu_overlap(study: dict[str, Any]) -> None:
     assert study["arbiter_history"]["overlapping_pairs"] == 0
 
 
-def test_region_mode_evaluates_faster_than_command_mode(study: dict[str, Any]) -> None:
+def test_command_mode_regions_hold_the_compile_and_region_mode_regions_do_not(study: dict[str, Any]) -> None:
+    # What makes region mode faster, read off each evaluation's own timestamps (the rates are the
+    # benchmark's figures, not this test's): a command-mode region spans the compile, a region-mode
+    # region is asked for only once the compile is done.
     by = {p["mode"]: p for p in study["points"]}
-    assert by["region"]["evals_per_min"] > 1.2 * by["command"]["evals_per_min"]
-    # command mode's regions hold the simulated compile (mean 1 s) as well: longer than region mode's
-    assert by["command"]["regions"]["hold_s_mean"] > by["region"]["regions"]["hold_s_mean"] + 0.5
+    spans = {m: [r for r in by[m]["records"] if r.get("region") and r.get("compile_s")] for m in ("command", "region")}
+    assert spans["command"] and spans["region"], "both modes timed something"
+    for r in spans["command"]:
+        assert r["region"]["released"] - r["region"]["granted"] >= r["compile_s"], r
+    for r in spans["region"]:
+        assert r["region"]["requested"] - r["eval_started"] >= r["compile_s"], r
 
 
 def test_timing_errors_recorded_against_the_reference(study: dict[str, Any]) -> None:

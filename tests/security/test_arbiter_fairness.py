@@ -15,6 +15,7 @@ import pytest
 from krex_lab import protocol
 from krex_lab.client import Session
 from krex_lab.errors import NotHolder
+from krex_lab.pytest_plugin import wait_for
 
 from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter
 from .users import User, make_user
@@ -60,6 +61,9 @@ def test_quotas_and_fair_share_between_two_users(bob: User, alice: User) -> None
             assert b.call("register", tag=f"q{i}", gpu=0, pid=kid)["ok"]
         for i in range(4):
             b.call("acquire", tag=f"q{i}", session=f"q{i}", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
+        # Each session has a connection of its own: the arbiter may read q4's request before q3's
+        # (seen: q3 was the one refused). The fifth is the one sent once four are queued.
+        wait_for(lambda: len(_queue(arb.status(), 0)) == 4, timeout=10)
         b.call("acquire", tag="q4", session="q4", opts={"gpu": 0, "max_hold": 3600, **NO_ENFORCEMENT})
         over = b.event("acquire_failed", "q4")
         assert over["error"]["type"] == "QuotaExceeded" and "queued_per_user=4" in over["error"]["message"], over
