@@ -46,7 +46,8 @@ def _stat(pid: int) -> bytes | None:
 
 def _stat_fields(pid: int) -> list[str] | None:
     rest = _stat(pid)
-    return rest.decode(errors="replace").split() if rest else None  # [0] state, [19] start (ticks)
+    # [0] state, [19] start (ticks); nothing after the start time is read
+    return rest.decode(errors="replace").split(maxsplit=20) if rest else None
 
 
 def open_stat(pid: int) -> int | None:
@@ -66,10 +67,20 @@ def read_stat(fd: int) -> tuple[str | None, int | None]:
         raw = os.pread(fd, 4096, 0)
     except OSError:
         return None, None
-    fields = raw[raw.rfind(b")") + 2 :].split()
+    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=20)
     if len(fields) <= 19:
         return None, None
     return chr(fields[0][0]), int(fields[19])
+
+
+def read_state(fd: int) -> str | None:
+    """Only the state letter, through a descriptor from :func:`open_stat` (None once gone)."""
+    try:
+        raw = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    at = raw.rfind(b")") + 2
+    return chr(raw[at]) if 1 < at < len(raw) else None
 
 
 def proc_flags(pid: int) -> int | None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..procutil import open_stat, proc_state, read_stat, same_process, state_and_start, tree
+from ..procutil import open_stat, proc_state, read_stat, read_state, same_process, state_and_start, tree
 from .cgroups import cgroup_of, is_frozen
 
 log = logging.getLogger("krex.freeze")
@@ -170,7 +170,7 @@ class Freezer:
         groups = result.cgroups if among is None else [x for x in among if not x.isdigit()]
         fds = result.statfds
         for i, p in enumerate(pids):
-            if (read_stat(fds[p])[0] if p in fds else proc_state(p)) not in ("T", "t", "Z", None):
+            if (read_state(fds[p]) if p in fds else proc_state(p)) not in ("T", "t", "Z", None):
                 return [str(q) for q in pids[i:]] + list(groups)
         return [c for c in groups if not is_frozen(c)]
 
