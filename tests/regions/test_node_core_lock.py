@@ -150,11 +150,11 @@ def test_a_dead_arbiters_lock_is_held_until_its_guardian_has_undone_the_region(t
         guardian.resume()
         wait_for(lambda: probe.acquire() == "", timeout=10)
         assert _mask(busy.pid) == CPUS, "the guardian restored before it let the lock go"
-    finally:
-        if guardian is not None and guardian.is_running():
-            guardian.resume()
-        probe.close()
+    finally:  # processes first: a busy loop left behind skews everything measured after it
         busy.kill()
         busy.wait()
         procs.cleanup()
+        if guardian is not None and guardian.is_running():
+            guardian.resume()
         arb.stop()
+        probe.close()
