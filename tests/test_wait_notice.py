@@ -45,16 +45,22 @@ def _queue(arbiter: ArbiterProc) -> list[dict[str, Any]]:
     return queue
 
 
-def test_waiters_say_who_holds_and_their_place_when_it_changes(arbiter: ArbiterProc) -> None:
+def _holding(arbiter: ArbiterProc, seconds: float) -> subprocess.Popen[str]:
+    """``krex exclusive`` holding GPU 0 (region r1) for ``seconds``, once granted."""
     holder = subprocess.Popen(
-        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "4"],
+        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", str(seconds)],
         env=arbiter.env(),
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
+    return holder
+
+
+def test_waiters_say_who_holds_and_their_place_when_it_changes(arbiter: ArbiterProc) -> None:
+    holder = _holding(arbiter, 4)
     procs = [holder]
     try:
-        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
         first = _waiter(arbiter, "first-waiter", 1.5)
         procs.append(first)
         wait_for(lambda: len(_queue(arbiter)) == 1, 10)
@@ -81,14 +87,8 @@ def test_waiters_say_who_holds_and_their_place_when_it_changes(arbiter: ArbiterP
 
 
 def test_krex_wait_notice_0_turns_it_off(arbiter: ArbiterProc) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "2.5"],
-        env=arbiter.env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    holder = _holding(arbiter, 2.5)
     try:
-        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region r1")
         quiet = subprocess.Popen(
             [sys.executable, "-c", WAITER, "quiet", "0"],
             env={**arbiter.env(), "KREX_WAIT_NOTICE": "0"},
@@ -99,10 +99,9 @@ def test_krex_wait_notice_0_turns_it_off(arbiter: ArbiterProc) -> None:
         _, err = quiet.communicate(timeout=60)
         assert quiet.returncode == 0 and holder.wait(30) == 0
     finally:
-        for p in (holder,):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
     assert "krex: waiting" not in err, err  # it waited about 2 s, twice the notice's delay
 
 
