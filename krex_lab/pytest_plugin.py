@@ -39,13 +39,24 @@ def subprocess_pythonpath() -> str:
 class ArbiterProc:
     """A ``krex arbiter`` subprocess on ``runtime`` (its socket ``runtime/arbiter.sock``)."""
 
-    def __init__(self, runtime: Path, gpus: int = 2, extra: tuple[str, ...] = (), backend: str = "fake") -> None:
+    def __init__(
+        self,
+        runtime: Path,
+        gpus: int = 2,
+        extra: tuple[str, ...] = (),
+        backend: str = "fake",
+        log_path: Path | None = None,
+    ) -> None:
         self.runtime = runtime
         self.backend = backend
         self.endpoint = f"ipc://{runtime / 'arbiter.sock'}"
         self.gpus = gpus
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
+        #: everything the arbiter (and its guardian) print: a file, never an unread pipe (a full
+        #: pipe blocks the arbiter's next log line, and with it every reply); beside the runtime dir
+        #: unless given
+        self.log_path = log_path if log_path is not None else runtime.parent / f"{runtime.name}-arbiter.log"
 
     def env(self) -> dict[str, str]:
         """The environment of a process that should use this arbiter."""
@@ -58,26 +69,27 @@ class ArbiterProc:
 
     def start(self, timeout: float = 20) -> ArbiterProc:
         """Start it and return once it answers ``hello`` (raises, with its output, if it does not)."""
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "krex_lab.cli",
-                "arbiter",
-                "--backend",
-                self.backend,
-                "--fake-gpus",
-                str(self.gpus),
-                # A test's regions keep other sessions off their cores, never the machine's other
-                # processes (tests running beside it, the developer's shell): the shield's own
-                # tests ask for more.
-                *(() if any("shield" in a for a in self.extra) else ("--Arbiter.shield=sessions",)),
-                *self.extra,
-            ],
-            env=self.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log_path, "ab") as out:  # the child keeps a descriptor of its own
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "krex_lab.cli",
+                    "arbiter",
+                    "--backend",
+                    self.backend,
+                    "--fake-gpus",
+                    str(self.gpus),
+                    # A test's regions keep other sessions off their cores, never the machine's other
+                    # processes (tests running beside it, the developer's shell): the shield's own
+                    # tests ask for more.
+                    *(() if any("shield" in a for a in self.extra) else ("--Arbiter.shield=sessions",)),
+                    *self.extra,
+                ],
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         from krex_lab import client
         from krex_lab.errors import ArbiterUnavailable
 
@@ -88,14 +100,30 @@ class ArbiterProc:
                 return self
             except ArbiterUnavailable:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    out = self.proc.stdout.read().decode() if self.proc.stdout else ""
-                    raise RuntimeError(f"arbiter did not start:\n{out}") from None
+                    raise RuntimeError(f"arbiter did not start:\n{self.output()}") from None
                 time.sleep(0.05)  # no socket yet: connecting fails at once, so poll
 
-    def status(self) -> dict[str, Any]:
-        from krex_lab import client
+    def output(self) -> str:
+        """What the arbiter and its guardian have printed so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
-        return client.status(self.endpoint)
+    def status(self) -> dict[str, Any]:
+        """The arbiter's status; an arbiter that does not answer is reported with its last output."""
+        from krex_lab import client
+        from krex_lab.errors import ArbiterUnavailable
+
+        try:
+            return client.status(self.endpoint)
+        except ArbiterUnavailable as exc:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGUSR1)  # every thread's stack, into its output
+                time.sleep(0.5)
+            raise ArbiterUnavailable(
+                f"{exc}\n--- the arbiter's output, last lines ---\n{self.output()[-6000:]}"
+            ) from None
 
     def guardian_pid(self) -> int | None:
         """The pid of this arbiter's guardian process, if one runs."""

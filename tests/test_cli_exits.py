@@ -181,8 +181,7 @@ def test_the_arbiter_says_where_it_serves_and_why_its_gpus_are_simulated(tmp_pat
     runtime.mkdir(mode=0o700)
     arb = ArbiterProc(runtime, gpus=1, extra=("--no-guardian",)).start()
     arb.stop()
-    assert arb.proc is not None and arb.proc.stdout is not None
-    log = arb.proc.stdout.read().decode()
+    log = arb.output()
     expected = (
         f"serving on {arb.endpoint} (fake backend: 1 simulated GPU, because --backend fake; --fake-gpus N to change)"
     )

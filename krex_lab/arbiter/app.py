@@ -5,7 +5,9 @@ Jupyter config path, or named with ``--config``)."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import signal
 
 from traitlets import TraitError, default
 
@@ -53,6 +55,9 @@ class ArbiterApp(KrexApplication):
         return logging.INFO  # the start-up line ("serving on ...") shows without --log-level
 
     def start(self) -> None:
+        # `kill -USR1 <arbiter>` writes every thread's stack to its stderr (the log): what a stalled
+        # arbiter is doing, even inside a C call (the test fixture asks for it when one does not answer).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             arbiter = Arbiter(parent=self)
         except (ValueError, TraitError, OSError) as exc:  # --Arbiter.fake_gpus=0, an unusable runtime dir, ...

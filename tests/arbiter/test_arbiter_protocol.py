@@ -212,6 +212,7 @@ def test_cannot_register_another_users_process() -> None:
     finally:
         arb.stop()
         shutil.rmtree(runtime, ignore_errors=True)
+        arb.log_path.unlink(missing_ok=True)
 
 
 def test_an_old_client_hears_about_the_protocol_version(arbiter: ArbiterProc, dealer) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from krex_lab import client, gpu
 from krex_lab.errors import ArbiterUnavailable
-from krex_lab.pytest_plugin import subprocess_pythonpath
+from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -111,3 +112,12 @@ def test_a_second_arbiter_says_one_line_and_fails(tmp_path: Path) -> None:
         _stop(first)
     started = [line for line in first_log.read_text().splitlines() if "krex arbiter stopped" not in line]
     assert len(started) == 1 and "serving on" in started[0], f"one start-up line: {started}"
+
+
+def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_arbiter_serves_on(arbiter: ArbiterProc) -> None:
+    assert arbiter.proc is not None
+    arbiter.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "most recent call first" in arbiter.output(), timeout=5)
+    out = arbiter.output()
+    assert "krex_lab/arbiter/app.py" in out and "krex_lab/arbiter/history.py" in out, out[-2000:]
+    assert arbiter.status()["gpus"], "still serving"

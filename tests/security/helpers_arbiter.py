@@ -250,14 +250,16 @@ def multi_user_arbiter(*extra: str, gpus: int = 2, multi_user: bool = True) -> I
     needs_root_and_useradd()
     runtime = Path(tempfile.mkdtemp(prefix="krex-sec-"))
     os.chmod(runtime, 0o755)
+    logs = Path(tempfile.mkdtemp(prefix="krex-sec-log-"))  # 0700: the test's other users never see it
     flags = ("--multi-user",) if multi_user else ()
-    arb = ArbiterProc(runtime, gpus=gpus, extra=(*flags, *extra))
+    arb = ArbiterProc(runtime, gpus=gpus, extra=(*flags, *extra), log_path=logs / "arbiter.log")
     try:
         arb.start()
         yield arb
     finally:
         arb.stop()
         shutil.rmtree(runtime, ignore_errors=True)
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def arbiter_pid(arb: ArbiterProc) -> int:
