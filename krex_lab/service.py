@@ -125,6 +125,7 @@ class Service:
         # Plain (non-asyncio) views of the same sockets: sends never block (ROUTER and PUB drop
         # for a gone or slow peer) and the asyncio socket's per-send futures cost more than the message.
         self._router_sync: zmq.Socket[bytes] = zmq.Socket.shadow(self.router.underlying)
+        self._rearmed = False  # a look for requests a send may have hidden is already queued
         self._pub_sync: zmq.Socket[bytes] | None = (
             zmq.Socket.shadow(self.pub.underlying) if self.pub is not None else None
         )
@@ -244,6 +245,40 @@ class Service:
             log.warning("%s: dropped a message to a peer that is not reading", self.name)
         except zmq.ZMQError as exc:  # closed while stopping
             log.debug("%s: send failed: %s", self.name, exc)
+        if sock is self._router_sync:
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """A send on the sync shadow processes the socket's pending commands, and with them it can
+        consume the edge-triggered descriptor's signal of a request that arrived meanwhile: the
+        loop would then sleep with that request unread (seen: a Status unanswered for 10 s, the
+        arbiter idle in select). Look, as pyzmq does after its own sends, and take it if so."""
+        if self._rearmed:
+            return
+        try:
+            events = self._router_sync.get(zmq.EVENTS)
+            loop = asyncio.get_running_loop()
+        except (zmq.ZMQError, RuntimeError):  # closed, or not on the loop
+            return
+        if isinstance(events, int) and events & zmq.POLLIN:
+            self._rearmed = True
+            loop.call_soon(self._take_pending)
+
+    def _take_pending(self) -> None:
+        self._rearmed = False
+        for _ in range(256):
+            try:
+                frames = self._router_sync.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again: all taken (or closed)
+                return
+            self._handle_logged(frames)
+        self._rearm()  # more than a batch: the rest after the loop's other work
+
+    def _handle_logged(self, frames: list[bytes]) -> None:
+        try:
+            self.handle(frames)
+        except Exception:  # a server never dies of a message
+            log.exception("%s: unexpected error handling a message", self.name)
 
     # -- receiving ------------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
@@ -258,10 +293,7 @@ class Service:
                 except zmq.Again:
                     break
             for frames in batch:
-                try:
-                    self.handle(frames)
-                except Exception:  # a server never dies of a message
-                    log.exception("%s: unexpected error handling a message", self.name)
+                self._handle_logged(frames)
 
     def handle(self, frames: list[bytes]) -> None:
         """Decode one message and run its handler; every path ends in exactly one reply."""
