@@ -18,11 +18,24 @@ import pytest
 
 from krex_lab.arbiter.journal import Journal, undo_outstanding
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
-from krex_lab.regions.shield import CpusetPartition, IrqShield, Shield, node_pids, undo_partition
+from krex_lab.regions.shield import CpusetPartition, IrqShield, Shield, cgroup_of, limits_on, node_pids, undo_partition
 from tests.support.procs import Procs
 
 CPUS = sorted(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(CPUS) < 2, reason="a shield needs a core to reserve and one to keep")
+
+
+def _why_no_partition() -> str:
+    """Why a partition cannot be tried here ("" when it can): the holder inherits this process's cgroup."""
+    partition = CpusetPartition()
+    if not partition.available:
+        return f"no cpuset partitions here: {partition.reason}"
+    assert partition.root is not None
+    where = cgroup_of(os.getpid())
+    limits = limits_on(partition.root, where) if where is not None else set()
+    # The shield rightly refuses to lift them (e.g. a container's memory.max); nothing to test then.
+    return f"this process's cgroup {where} sets limits a partition would lift: {sorted(limits)}" if limits else ""
+
 
 BUSY = "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\nspin()"
 
@@ -173,7 +186,7 @@ def test_a_crafted_partition_path_is_never_touched(tmp_path: Path) -> None:
     assert victim.is_dir()
 
 
-@pytest.mark.skipif(not CpusetPartition().available, reason=f"no cpuset partitions here: {CpusetPartition().reason}")
+@pytest.mark.skipif(bool(_why_no_partition()), reason=_why_no_partition())
 @needs_two_cores
 def test_cpuset_partition_takes_the_core_from_every_cgroup_and_the_journal_gives_it_back(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path
