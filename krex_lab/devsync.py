@@ -11,19 +11,35 @@ import sys
 from typing import Any
 
 
+def _imported(name: str) -> Any:
+    """``sys.modules[name]`` once its import has finished; None while absent or still running.
+
+    This runs on the session's control thread (a drain) while the main thread may be importing
+    a framework. Importing from here, or touching a module still being initialised, races the
+    main thread's import: Python's import locks then hand one side a partial module or a
+    ``_DeadlockError``, and the framework stays broken in that process (a warm worker's
+    ``numba.cuda`` lost its submodules for every later job: H200, 2026-12-01)."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def synchronize_frameworks() -> list[str]:
-    """Wait for the device work of torch, CuPy and numba.cuda, where in use. Returns their names."""
+    """Wait for the device work of torch, CuPy and numba.cuda, where in use. Returns their names.
+
+    Never imports anything, so it is safe on any thread at any time."""
     done: list[str] = []
-    torch = sys.modules.get("torch")
+    torch = _imported("torch")
     if torch is not None:
         try:
-            if torch.cuda.is_initialized():
+            if _imported("torch.cuda") is not None and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
                 done.append("torch")
         except Exception:
             pass
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
+    cupy = _imported("cupy")
+    if cupy is not None and _imported("cupy.cuda.runtime") is not None:
         try:
             cupy.cuda.runtime.deviceSynchronize()
             done.append("cupy")
@@ -40,16 +56,13 @@ def synchronize_frameworks() -> list[str]:
 
 
 def numba_context() -> Any:
-    """numba's current CUDA context if one exists (never creates one; None in the simulator)."""
-    if "numba.cuda" not in sys.modules:
+    """numba's current CUDA context if one exists (never creates one, never imports; None in the
+    simulator or while numba.cuda is being imported)."""
+    cuda = _imported("numba.cuda")
+    devices = _imported("numba.cuda.cudadrv.devices")
+    if cuda is None or devices is None or hasattr(cuda, "FakeCUDAKernel"):  # the simulator's API
         return None
     try:
-        from numba import config
-
-        if getattr(config, "ENABLE_CUDASIM", False):
-            return None
-        from numba.cuda.cudadrv import devices
-
         gpus = devices._runtime.gpus
         if "lst" not in vars(gpus):  # numba never looked at the devices: no context
             return None

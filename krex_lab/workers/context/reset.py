@@ -52,15 +52,25 @@ def preload(names: list[str], real_gpu: bool, warmup: bool) -> tuple[list[str], 
     seconds: dict[str, float] = {}
     for name in names:
         t0 = time.perf_counter()
+        before = set(sys.modules)
         try:
             module = importlib.import_module(name)
-            if real_gpu:
-                _init_context(name, module, warmup)
-            loaded.append(name)
-        except ImportError as exc:
-            skipped[name] = f"not importable: {exc}"
         except Exception as exc:
-            skipped[name] = f"{type(exc).__name__}: {exc}"
+            # A failed import leaves the submodules it had finished in sys.modules; a job's later
+            # import would then build a new package object that lacks them as attributes
+            # ("module 'numba.cuda' has no attribute 'datamodel'" in every job). Forget the whole
+            # attempt, so that a job that needs the framework imports it afresh.
+            for partial in set(sys.modules) - before:
+                del sys.modules[partial]
+            why = "not importable" if isinstance(exc, ImportError) else type(exc).__name__
+            skipped[name] = f"{why}: {exc}"
+        else:
+            try:
+                if real_gpu:
+                    _init_context(name, module, warmup)
+                loaded.append(name)
+            except Exception as exc:
+                skipped[name] = f"{type(exc).__name__}: {exc}"
         seconds[name] = round(time.perf_counter() - t0, 4)
     return loaded, skipped, seconds
 

@@ -1,0 +1,112 @@
+"""devsync runs on a session's control thread (a drain) while the main thread may be importing a
+framework: it must never import, nor touch a module still being initialised.
+
+Found on the H200 (2026-12-01): a warm worker drained while it imported numba.cuda ended with a
+partial package (``_DeadlockError`` on one thread, "no attribute 'datamodel'" in every later job).
+The framework here is a stand-in package named ``numba`` with the same import cycle as
+numba-cuda's driver and devices modules, imported slowly in a real child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from krex_lab.workers.context.reset import preload
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_NUMBA = {
+    "numba/__init__.py": "",
+    "numba/config.py": "ENABLE_CUDASIM = False\n",
+    "numba/cuda/__init__.py": "from .cudadrv import driver\n",
+    "numba/cuda/cudadrv/__init__.py": "",
+    # the driver is slow to import and needs devices, which needs the driver: numba-cuda's cycle
+    "numba/cuda/cudadrv/driver.py": "import time\ntime.sleep(0.3)\nfrom . import devices\n",
+    "numba/cuda/cudadrv/devices.py": textwrap.dedent(
+        """\
+        import threading
+        IMPORTED_BY = threading.current_thread().name
+        from . import driver
+        class _Gpus:
+            pass
+        class _Runtime:
+            gpus = _Gpus()
+        _runtime = _Runtime()
+        """
+    ),
+}
+
+CHILD = textwrap.dedent(
+    """\
+    import json, sys, threading, time
+    from krex_lab import devsync
+    errors, done = [], threading.Event()
+    def drain():
+        while not done.is_set():
+            try:
+                devsync.synchronize_frameworks()
+            except BaseException as exc:
+                errors.append(f"drain: {type(exc).__name__}: {exc}")
+            time.sleep(0.001)
+    t = threading.Thread(target=drain, name="drain")
+    t.start()
+    time.sleep(0.05)
+    try:
+        import numba.cuda
+        whole = hasattr(numba.cuda, "cudadrv") and hasattr(numba.cuda.cudadrv, "devices")
+        by = sys.modules["numba.cuda.cudadrv.devices"].IMPORTED_BY
+    except BaseException as exc:
+        errors.append(f"main: {type(exc).__name__}: {exc}")
+        whole, by = False, None
+    done.set()
+    t.join()
+    print(json.dumps({"errors": errors, "whole": whole, "imported_by": by}))
+    """
+)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_a_drain_during_a_framework_import_imports_nothing_and_leaves_it_whole(tmp_path: Path) -> None:
+    _write(tmp_path, FAKE_NUMBA)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"errors": [], "whole": True, "imported_by": "MainThread"}, seen
+
+
+def test_a_failed_preload_leaves_no_partial_package_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(
+        tmp_path,
+        {
+            "halfpkg/__init__.py": "from . import part\nraise RuntimeError('broke halfway')\n",
+            "halfpkg/part.py": "VALUE = 1\n",
+        },
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        loaded, skipped, _ = preload(["halfpkg"], False, False)
+        assert loaded == [] and skipped == {"halfpkg": "RuntimeError: broke halfway"}
+        assert not [m for m in sys.modules if m.split(".")[0] == "halfpkg"]
+        # Mended (a job's own import, later): the package comes back whole, its submodule bound.
+        (tmp_path / "halfpkg/__init__.py").write_text("from . import part\n")
+        import importlib
+
+        importlib.invalidate_caches()
+        assert importlib.import_module("halfpkg").part.VALUE == 1
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "halfpkg"]:
+            del sys.modules[name]
