@@ -230,7 +230,12 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
         cuda.synchronize()
         del ins, outs
     except Exception as exc:
-        rec.update(status="compile_error", error=f"{type(exc).__name__}: {exc}"[:300])
+        # The tail of the traceback tells a candidate's own error from a failure of the worker it ran on.
+        rec.update(
+            status="compile_error",
+            error=f"{type(exc).__name__}: {exc}"[:300],
+            traceback=traceback.format_exc()[-1500:],
+        )
         return
     finally:
         rec["compile_s"] = time.perf_counter() - t0

@@ -67,6 +67,8 @@ sys.path.insert(0, str(HERE))
 import agent_kernels as ak  # noqa: E402
 from common import REPO, machine, percentile, write_result  # noqa: E402
 
+from krex_lab.errors import KrexError  # noqa: E402
+
 
 def floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
@@ -298,6 +300,7 @@ def run_point(
     codes = [p.wait(timeout=point["seconds"] + 600) for p in procs]
     starts: list[tuple[int, int]] = []
     records: list[dict[str, Any]] = []
+    tracebacks: dict[str, str] = {}  # the first of each distinct error (worker failures show here)
     for i in range(point["agents"]):
         path = logs / f"agent{i}.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
@@ -305,13 +308,15 @@ def run_point(
             if ev["event"] == "start":
                 starts.append((i, ev["seq"]))
             else:
-                ev.pop("traceback", None)
+                tb = ev.pop("traceback", None)
+                if tb and len(tracebacks) < 8:
+                    tracebacks.setdefault(str(ev.get("error", ""))[:120], tb)
                 r = ref.get(ev["candidate"], {})
                 if ev.get("median_ms") is not None and r.get("median_ms"):
                     ev["ref_median_ms"] = r["median_ms"]
                     ev["error_pct"] = 100.0 * (ev["median_ms"] / r["median_ms"] - 1.0)
                 records.append(ev)
-    return summarise(point, start_at, until, codes, starts, records)
+    return {**summarise(point, start_at, until, codes, starts, records), "tracebacks": tracebacks}
 
 
 def summarise(
@@ -455,6 +460,8 @@ def main(argv: list[str] | None = None) -> Path:
                 print(f"agent_study: INTERRUPTED during point {p['index']}; writing what was measured", flush=True)
                 break
             result["points"].append(s)
+            if os.environ.get("OUT"):  # a run killed outright still leaves the points it finished
+                Path(os.environ["OUT"], f"agent_study-{args.backend}-partial.json").write_text(json.dumps(result))
             err = s["error_abs_pct"]
             reg = s["regions"] or {}
             print(
@@ -467,8 +474,11 @@ def main(argv: list[str] | None = None) -> Path:
             )
         t_end = time.time()
         time.sleep(1.5)  # the arbiter writes its history in batches, from a thread
-        n, bad = history_overlaps(world.env["KREX_ENDPOINT"], t_start, t_end)
-        result["arbiter_history"] = {"regions": n, "overlapping_pairs": bad}
+        try:
+            n, bad = history_overlaps(world.env["KREX_ENDPOINT"], t_start, t_end)
+            result["arbiter_history"] = {"regions": n, "overlapping_pairs": bad}
+        except KrexError as exc:  # `timeout` signals the whole process group, the arbiter too
+            result["arbiter_history"] = {"error": str(exc)}
     finally:
         world.stop()
     result["wall_s"] = round(time.time() - t_start, 1)

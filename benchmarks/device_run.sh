@@ -41,9 +41,10 @@ for stage in "${stages[@]}"; do
       # reference pass (18 candidates alone) + 16 warm workers + 16 agents x {command,region,none} x warm, think
       # mean 8 s, 30 s each + cold vs warm (4 agents, command/region, 15 s each); JSON and 3 PNGs in $OUT
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
-      timeout 470 python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
-        --seconds 30 --launch warm,cold --cold-agents 4 --cold-seconds 15} 2>&1 | grep -v "^krex: waiting" \
-        | tail -30 | tee "$OUT/study.log" ;;
+      timeout ${STUDY_TIMEOUT:-470} python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
+        --seconds 30 --launch warm,cold --cold-agents 4 --cold-seconds 15} 2>&1 \
+        | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
+        > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
     bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
       timeout 240 python3 benchmarks/bench_vs_do_bench.py ${BENCH_ARGS:-} 2>&1 | tail -70 | tee "$OUT/bench.log"
       timeout 300 python3 benchmarks/notebook_device.py notebooks/02_optimize_a_kernel.ipynb 2>&1 \
