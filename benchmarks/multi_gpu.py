@@ -412,7 +412,9 @@ class MultiGpu:
             ] + (["--quick"] if self.args.quick else [])
         else:  # fidelity_roles.py's gpu-hog / cpu-hog, registered on $KREX_GPU
             argv = [sys.executable, str(HERE / "fidelity_roles.py"), role]
-        child = Child(name, self.gpu_env(gpu), argv=argv)
+        # Every hog here is a session of its GPU (what part B checks: a region freezes its own
+        # GPU's sessions only); fidelity.py's CPU hogs are foreign unless asked to attach.
+        child = Child(name, {**self.gpu_env(gpu), "KREX_CPU_HOG_ATTACH": "1"}, argv=argv)
         self.children.append(child)
         self.pids[name] = child.proc.pid
         return child
