@@ -42,15 +42,12 @@ than two GPUs, no torch). Expected runtime on 2 H200s: about 1.5-2 minutes.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,191 +59,22 @@ for _p in (str(REPO), str(HERE)):
         sys.path.insert(0, _p)
 
 from common import machine, write_result  # noqa: E402
-from fidelity import Child, gpu_info, start_arbiter, stats, stop_arbiter  # noqa: E402
-from fidelity_roles import CLASSES, MSG, SAMPLES, Victim, _say  # noqa: E402
-
-TIMED = [c for c in CLASSES if c[0] in ("0.1ms", "1ms")]
-TARGETS = {"0.1ms": 3.90, "1ms": 1.58}  # p95 inflation inside a region, % (the NVIDIA issue's)
-PROVISIONER_GROUP = "jupyter_client.kernel_provisioners"
-T_START = time.monotonic()
-
-
-class Terminated(Exception):
-    """SIGTERM (device_run.sh's timeout): stop, clean up, and still write what was measured."""
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated("SIGTERM: the run was stopped from outside (a timeout?)")
-
-
-def say(msg: str) -> None:
-    print(f"[{time.monotonic() - T_START:6.1f} s] {msg}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# roles (run as `multi_gpu.py --role victim|holder --gpu N`)
-# ---------------------------------------------------------------------------------------------
-
-
-class SimVictim:
-    """``--backend fake``: no CUDA. A "kernel" is a CPU spin of the class's length; orchestration only."""
-
-    def calibrate(self, classes: list[tuple[str, float]]) -> dict[str, Any]:
-        return {
-            name: {"n": 0, "target_ms": t, "calibrated_ms": t, "graph_k": 1, "simulated": True} for name, t in classes
-        }
-
-    @staticmethod
-    def _spin(ms: float) -> float:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < ms / 1e3:
-            pass
-        return (time.perf_counter() - t0) * 1e3
-
-    def measure(self, quick: bool, classes: list[tuple[str, float]]) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        for name, t in classes:
-            n = (100 if t < 0.5 else 30) // (2 if quick else 1)
-            res[name] = {
-                "launch": {"samples_ms": [self._spin(t) for _ in range(n)], "held": False, "redone_batches": 0},
-                "graph": {
-                    "samples_ms": [self._spin(t) for _ in range(n // 2)],
-                    "k": 1,
-                    "held": False,
-                    "redone_batches": 0,
-                },
-            }
-        return res
-
-
-def victim_role(gpu: int, simulated: bool, quick: bool) -> None:
-    """Timing process on one GPU; the commands come as JSON lines on stdin, answers as MSG lines."""
-    try:
-        victim: Any = SimVictim() if simulated else Victim()
-    except Exception as exc:
-        _say({"error": f"torch with CUDA is needed: {exc!r}"})
-        return
-    import krex_lab
-
-    ready: dict[str, Any] = {
-        "ready": True,
-        "pid": os.getpid(),
-        "gpu": gpu,
-        "simulated": simulated,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
-    if not simulated:
-        torch = victim.torch
-        ready.update(
-            torch=torch.__version__,
-            cuda=torch.version.cuda,
-            device=torch.cuda.get_device_name(0),
-            has_sleep=victim.timer.has_sleep,
-            sleep_cycles_per_ms=victim.timer.cycles_per_ms,
-        )
-    _say(ready)
-    region: Any = None
-    t_release_sent = 0.0
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        classes = [c for c in CLASSES if c[0] in cmd.get("classes", [n for n, _ in TIMED])]
-        try:
-            if cmd["cmd"] == "attach":
-                session = krex_lab.attach(gpu=gpu, name=f"multi-gpu-victim-{gpu}")
-                _say({"session": session.id, "gpu": session.gpu})
-            elif cmd["cmd"] == "calibrate":
-                _say({"classes": victim.calibrate(classes)})
-            elif cmd["cmd"] == "measure":
-                t0 = time.time()
-                results = victim.measure(quick, classes)
-                _say({"results": results, "t0": t0, "t1": time.time(), "in_region": region is not None})
-            elif cmd["cmd"] == "acquire":
-                t_req = time.time()
-                region = krex_lab.exclusive(gpu=gpu, max_hold=cmd.get("max_hold", 300.0))
-                region.acquire()
-                _say({"t_requested": t_req, "t_granted": time.time(), "report": dict(region.report)})
-            elif cmd["cmd"] == "release":
-                t_release_sent = time.time()
-                report = region.release()
-                region = None
-                _say({"t_release_sent": t_release_sent, "t_released": time.time(), "report": dict(report)})
-        except Exception as exc:
-            _say({"error": repr(exc)})
-
-
-def _cpus_of(pid: int) -> list[int]:
-    """Union of the cores the threads of ``pid`` may run on."""
-    from krex_lab.procutil import threads
-
-    cpus: set[int] = set()
-    for tid in threads([pid]):
-        try:
-            cpus |= os.sched_getaffinity(tid)
-        except OSError:
-            continue
-    return sorted(cpus)
-
-
-def holder_role(gpu: int) -> None:
-    """Back-to-back regions on ``gpu`` until told to stop; samples the watched processes inside each."""
-    import krex_lab
-    from krex_lab.procutil import cpu_seconds, proc_state
-
-    session = krex_lab.attach(gpu=gpu, name=f"multi-gpu-holder-{gpu}")
-    _say({"ready": True, "pid": os.getpid(), "session": session.id})
-    cmd = json.loads(sys.stdin.readline())
-    watch: dict[str, int] = cmd["watch"]
-    stop = threading.Event()
-
-    def wait_stop() -> None:
-        sys.stdin.readline()
-        stop.set()
-
-    threading.Thread(target=wait_stop, daemon=True).start()
-
-    def cpu() -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, pid in watch.items():
-            try:
-                out[name] = cpu_seconds(pid)
-            except Exception:
-                out[name] = float("nan")
-        return out
-
-    n = 0
-    while not stop.is_set() and n < cmd.get("max_regions", 1000):
-        region = krex_lab.exclusive(gpu=gpu, max_hold=cmd.get("max_hold", 60.0))
-        region.acquire()
-        t_granted = time.time()
-        _say({"granted": t_granted, "region": region.id})
-        before = cpu()
-        time.sleep(cmd["hold_s"] / 2)
-        cpus = {name: _cpus_of(pid) for name, pid in watch.items()}
-        states = {name: proc_state(pid) for name, pid in watch.items()}
-        time.sleep(cmd["hold_s"] / 2)
-        after = cpu()
-        t_release_sent = time.time()
-        report = dict(region.release())
-        _say(
-            {
-                "region": region.id,
-                "t_granted": t_granted,
-                "t_release_sent": t_release_sent,
-                "report": report,
-                "cpu_gain_s": {k: round(after[k] - before[k], 4) for k in watch},
-                "cpus_of": cpus,
-                "states": states,
-                "sampled_s": round(t_release_sent - t_granted, 4),
-            }
-        )
-        n += 1
-        time.sleep(cmd.get("gap_s", 0.05))
-    _say({"done": n})
-
-
-# ---------------------------------------------------------------------------------------------
-# orchestrator (no CUDA context of its own)
-# ---------------------------------------------------------------------------------------------
+from fidelity import Child, gpu_info, start_arbiter, stop_arbiter  # noqa: E402
+from fidelity_roles import MSG, SAMPLES  # noqa: E402
+from multi_gpu_placement import Placement  # noqa: E402
+from multi_gpu_report import (  # noqa: E402
+    T_START,
+    TARGETS,
+    TIMED,
+    _on_sigterm,
+    add_inflation,
+    coverage,
+    measured,
+    print_table,
+    say,
+    within_targets,
+)
+from multi_gpu_roles import holder_role, victim_role  # noqa: E402
 
 
 def nvml_gpus() -> tuple[list[dict[str, Any]], str]:
@@ -265,71 +93,6 @@ def nvml_gpus() -> tuple[list[dict[str, Any]], str]:
         nvml.shutdown()
     gpus = [g for g in (gpu_info(i) for i in range(n)) if g is not None]
     return [{"index": i, **g} for i, g in enumerate(gpus)], ""
-
-
-def ensure_provisioner_entry_point(tmp: Path) -> str:
-    """Make jupyter_client find ``krex-provisioner``; where krex_lab is not installed, from a temporary dist-info."""
-    from importlib import metadata
-
-    def found() -> bool:
-        return any(ep.name == "krex-provisioner" for ep in metadata.entry_points(group=PROVISIONER_GROUP))
-
-    if found():
-        return "installed"
-    info = tmp / "entry-points" / "krex_lab_multi_gpu_shim-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: krex-lab-multi-gpu-shim\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(
-        f"[{PROVISIONER_GROUP}]\nkrex-provisioner = krex_lab.provisioner:KrexProvisioner\n"
-    )
-    sys.path.insert(0, str(info.parent))
-    importlib.invalidate_caches()
-    if not found():
-        raise RuntimeError("could not register the krex-provisioner entry point")
-    return "temporary dist-info (krex_lab is not installed on this machine)"
-
-
-def measured(reply: dict[str, Any]) -> dict[str, Any]:
-    """A victim's measure reply -> per class and method: stats (samples kept apart under ``_samples``)."""
-    res = reply["results"]
-    return {
-        "t0": reply["t0"],
-        "t1": reply["t1"],
-        "in_region": reply.get("in_region", False),
-        "results": {
-            cls: {
-                m: {**stats(r["samples_ms"]), **{k: v for k, v in r.items() if k != "samples_ms"}}
-                for m, r in per.items()
-            }
-            for cls, per in res.items()
-        },
-        "_samples": {cls: {m: r["samples_ms"] for m, r in per.items()} for cls, per in res.items()},
-    }
-
-
-def add_inflation(entry: dict[str, Any], base: dict[str, Any]) -> None:
-    for cls, per in entry["results"].items():
-        for m, st in per.items():
-            ref = base["results"].get(cls, {}).get(m)
-            if ref:
-                st["p95_inflation_pct"] = round((st["p95_ms"] / ref["p95_ms"] - 1) * 100, 3)
-                st["median_inflation_pct"] = round((st["median_ms"] / ref["median_ms"] - 1) * 100, 3)
-
-
-def within_targets(entry: dict[str, Any]) -> dict[str, bool]:
-    return {
-        f"{cls}/{m}": st.get("p95_inflation_pct", float("inf")) <= TARGETS[cls]
-        for cls, per in entry["results"].items()
-        for m, st in per.items()
-        if cls in TARGETS
-    }
-
-
-def coverage(interval: tuple[float, float], holds: list[tuple[float, float]]) -> float:
-    """Fraction of ``interval`` covered by the (disjoint) ``holds``."""
-    a, b = interval
-    covered = sum(max(0.0, min(b, h1) - max(a, h0)) for h0, h1 in holds)
-    return covered / (b - a) if b > a else 0.0
 
 
 class MultiGpu:
@@ -525,155 +288,8 @@ class MultiGpu:
 
     # -- A --------------------------------------------------------------------------------
     def part_a(self) -> dict[str, Any]:
-        say("A: four krex kernels without KREX_GPU ...")
-        t0 = time.monotonic()
-        try:
-            entry_point = ensure_provisioner_entry_point(self.tmp)
-            result = asyncio.run(self._kernels(4))
-            result.update(method="kernelspec", provisioner_entry_point=entry_point)
-        except Terminated:
-            raise
-        except Exception as exc:
-            print(
-                f"A: krex kernels through jupyter_client failed ({exc!r}); FALLING BACK to 4 krex_lab.attach() "
-                "processes: placement by the arbiter, not by the kernel provisioner",
-                file=sys.stderr,
-                flush=True,
-            )
-            result = self._attachers(4)
-            result.update(method="attach", kernel_error=repr(exc))
-        result["wall_s"] = round(time.monotonic() - t0, 2)
-        gpus = sorted(k["gpu"] for k in result["placed"])
-        self.checks["A_krex_kernels"] = result["method"] == "kernelspec"  # the attach fallback does not count
-        self.checks["A_two_per_gpu"] = gpus == [0, 0, 1, 1]
-        self.checks["A_env_agrees"] = all(k["env_ok"] for k in result["placed"])
-        self.checks["A_sessions_end"] = result.get("sessions_left", 0) == 0
-        say(
-            f"A ({result['method']}): GPUs {[k['gpu'] for k in result['placed']]}, env agrees: "
-            f"{self.checks['A_env_agrees']}, {result['wall_s']} s"
-        )
-        return result
+        return Placement(self.env, self.tmp, self.gpus, self.simulated).run(self.checks)
 
-    def _env_ok(self, gpu: int, krex_gpu: str | None, cvd: str | None) -> bool:
-        if krex_gpu != str(gpu):
-            return False
-        if self.simulated:
-            return cvd in (None, "", "None")
-        uuid = str(self.gpus[gpu].get("uuid") or "")
-        return cvd in (uuid, str(gpu))
-
-    async def _kernels(self, n: int) -> dict[str, Any]:
-        from jupyter_client.manager import AsyncKernelManager
-
-        from krex_lab import client
-
-        managers: list[Any] = []
-        clients: list[Any] = []
-
-        async def one() -> tuple[Any, Any]:
-            km = AsyncKernelManager(kernel_name="krex")
-            managers.append(km)
-            await km.start_kernel(env=dict(os.environ))
-            kc = km.client()
-            clients.append(kc)
-            kc.start_channels()
-            await kc.wait_for_ready(timeout=120)
-            return km, kc
-
-        async def env_of(kc: Any) -> list[str]:
-            out: list[str] = []
-
-            def hook(msg: dict[str, Any]) -> None:
-                if msg["msg_type"] == "stream":
-                    out.append(msg["content"]["text"])
-
-            code = "import os; print(os.getpid(), os.environ.get('KREX_GPU'), os.environ.get('CUDA_VISIBLE_DEVICES'))"
-            reply = await kc.execute_interactive(code, timeout=60, output_hook=hook)
-            if reply["content"]["status"] != "ok":
-                raise RuntimeError(f"kernel error: {reply['content'].get('evalue')}")
-            return "".join(out).split()
-
-        def kernel_sessions() -> dict[int, dict[str, Any]]:
-            st = client.status(self.env["KREX_ENDPOINT"])
-            return {s["pid"]: s for g in st["gpus"] for s in g["sessions"] if s["role"] == "kernel"}
-
-        result: dict[str, Any] = {}
-        try:
-            started = await asyncio.gather(*(one() for _ in range(n)))
-            say(f"A: {n} kernels ready")
-            pids = [getattr(km.provisioner, "pid", None) for km, _ in started]
-            deadline = time.monotonic() + 15
-            while not set(pids) <= set(sessions := kernel_sessions()) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            placed = []
-            for pid, (_, kc) in zip(pids, started):
-                kpid, krex_gpu, cvd = (await env_of(kc) + [None, None, None])[:3]
-                s = sessions.get(pid or -1)
-                if s is None:
-                    raise RuntimeError(f"kernel pid {pid} has no session of role 'kernel' at the arbiter")
-                placed.append(
-                    {
-                        "pid": pid,
-                        "kernel_pid": int(kpid) if kpid else None,
-                        "gpu": s["gpu"],
-                        "session": s["id"],
-                        "name": s["name"],
-                        "krex_gpu": krex_gpu,
-                        "cuda_visible_devices": cvd,
-                        "env_ok": self._env_ok(s["gpu"], krex_gpu, cvd),
-                    }
-                )
-            result["placed"] = placed
-            return result
-        finally:
-            for kc in clients:
-                kc.stop_channels()
-            await asyncio.gather(
-                *(km.shutdown_kernel(now=True) for km in managers if km.has_kernel), return_exceptions=True
-            )
-            deadline = time.monotonic() + 10
-            while kernel_sessions() and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            result["sessions_left"] = len(kernel_sessions())  # a kernel's session ends with it
-
-    def _attachers(self, n: int) -> dict[str, Any]:
-        from krex_lab import client
-
-        code = (
-            "import json, os, sys, krex_lab; s = krex_lab.attach(name='multi-gpu-placement'); "
-            f"print({MSG!r} + json.dumps({{'gpu': s.gpu, 'pid': os.getpid()}}), flush=True); sys.stdin.read()"
-        )
-        procs = []
-        try:
-            for k in range(n):  # one at a time: each registers before the next is placed
-                child = Child(f"attacher{k}", self.env, argv=[sys.executable, "-c", code])
-                procs.append(child)
-                child.read(60, MSG)
-            st = client.status(self.env["KREX_ENDPOINT"])
-            sessions = {s["pid"]: s for g in st["gpus"] for s in g["sessions"]}
-            placed = [
-                {
-                    "pid": c.proc.pid,
-                    "gpu": sessions[c.proc.pid]["gpu"],
-                    "session": sessions[c.proc.pid]["id"],
-                    "env_ok": True,
-                }
-                for c in procs
-            ]
-        finally:
-            for c in procs:
-                c.kill()
-        deadline = time.monotonic() + 5
-        left: list[Any] = []
-        while time.monotonic() < deadline:
-            st = client.status(self.env["KREX_ENDPOINT"])
-            left = [s for g in st["gpus"] for s in g["sessions"] if s["name"] == "multi-gpu-placement"]
-            if not left:
-                break
-            time.sleep(0.1)
-        return {"placed": placed, "sessions_left": len(left)}
-
-    # -- victims --------------------------------------------------------------------------
     def prepare_victims(self) -> None:
         for g, v in self.victims.items():
             ready = v.read(240, MSG)
@@ -906,82 +522,6 @@ class MultiGpu:
         else:
             write_result("multi_gpu", doc)
         print_table(doc)
-
-
-def _cell(st: dict[str, Any] | None, with_infl: bool) -> str:
-    if not st:
-        return f"{'-':^26}"
-    infl = f"({st['p95_inflation_pct']:+.2f}%)" if with_infl and "p95_inflation_pct" in st else ""
-    return f"{st['median_ms']:.4f}/{st['p95_ms']:.4f} {infl:>9}".rjust(26)
-
-
-def print_table(doc: dict[str, Any]) -> None:
-    sim = "  [SIMULATED]" if doc.get("simulated") else ""
-    print(
-        f"\n== multi_gpu{sim}: median/p95 per kernel in ms, (p95 inflation vs alone); targets "
-        f"{', '.join(f'{c} <= {t}%' for c, t in TARGETS.items())}"
-    )
-    a = doc.get("A")
-    if a:
-        print(
-            f"A  placement via {a['method']}"
-            + (" (FALLBACK: not the kernel provisioner)" if a["method"] == "attach" else "")
-            + ":"
-        )
-        for k in a["placed"]:
-            print(
-                f"   pid {k['pid']}: GPU {k['gpu']}  KREX_GPU={k.get('krex_gpu', '-')}  "
-                f"CUDA_VISIBLE_DEVICES={k.get('cuda_visible_devices', '-')}  {'ok' if k['env_ok'] else 'MISMATCH'}"
-            )
-    b = doc.get("B")
-    if b:
-        v1 = doc["victims"]["gpu1"]["pid"]
-        print(f"B  {len(b['regions'])} regions on GPU 0 ({b['hold_s']} s each), GPU-1 victim pid {v1}:")
-        for r in b["regions"]:
-            print(
-                f"   {r['region']}: locked {len(r['locked'])} frozen {len(r['frozen'])} moved {r['moved']} "
-                f"cores {r['cores']} acquire {r.get('acquire_s', 0) * 1e3:.1f} ms; victim1 in moved "
-                f"{v1 in r['moved']}, in frozen/locked {v1 in r['frozen'] + r['locked']}"
-            )
-        during = b["gpu1_victim_during"]
-        print(f"   GPU-1 victim (measured with {during['region_coverage']:.0%} of its time under GPU-0 regions):")
-        print(f"   {'class':>6} {'method':>6} | {'alone':^26} | {'during GPU-0 regions':^26} | {'alone after':^26}")
-        after = doc.get("alone_after", {}).get("gpu1", {}).get("results", {})
-        for cls, _ in TIMED:
-            for m in ("launch", "graph"):
-                print(
-                    f"   {cls:>6} {m:>6} | {_cell(doc['alone']['gpu1']['results'].get(cls, {}).get(m), False)} | "
-                    f"{_cell(during['results'].get(cls, {}).get(m), True)} | "
-                    f"{_cell(after.get(cls, {}).get(m), True)}"
-                )
-    c = doc.get("C")
-    if c and c.get("regions"):
-        r0, r1 = c["regions"]["gpu0"], c["regions"]["gpu1"]
-        print(
-            f"C  regions at once: GPU0 {r0['region']} cores {r0['cores']} frozen {len(r0['frozen'])} locked "
-            f"{len(r0['locked'])}; GPU1 {r1['region']} cores {r1['cores']} frozen {len(r1['frozen'])} locked "
-            f"{len(r1['locked'])}; holds overlapped {c['overlap_s']:.2f} s; {c['cpu_busy_loops']} CPU busy loops"
-        )
-        for g in (0, 1):
-            key = f"gpu{g}"
-            after = doc.get("alone_after", {}).get(key, {}).get("results", {})
-            print(
-                f"   GPU {g} victim: {'class':>6} {'method':>6} | {'alone':^26} | {'contended':^26} | "
-                f"{'inside region':^26} | {'alone after':^26}"
-            )
-            for cls, _ in TIMED:
-                for m in ("launch", "graph"):
-                    print(
-                        f"   {'':13} {cls:>6} {m:>6} | "
-                        f"{_cell(doc['alone'][key]['results'].get(cls, {}).get(m), False)} | "
-                        f"{_cell(c['contended'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
-                        f"{_cell(c['krex'].get(key, {}).get('results', {}).get(cls, {}).get(m), True)} | "
-                        f"{_cell(after.get(cls, {}).get(m), True)}"
-                    )
-    print("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in doc.get("checks", {}).items()))
-    if "error" in doc:
-        print(f"stopped early: {doc['error']}")
-    print("PASSED" if doc.get("passed") else "NOT PASSED")
 
 
 def main(argv: list[str] | None = None) -> int:
