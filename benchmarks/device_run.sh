@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency warm quickstart study multigpu bench (default: info gputests fidelity
+# Stages: info gputests fidelity latency warm quickstart study study0 multigpu bench (default: info gputests fidelity
 # latency warm quickstart).
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
 # most 8 files), and benchmarks/results/ on that machine.
@@ -45,6 +45,12 @@ for stage in "${stages[@]}"; do
         --seconds 30 --launch warm,cold --cold-agents 4 --cold-seconds 15} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
+    study0)  # issue 15, think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
+      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      timeout ${STUDY_TIMEOUT:-330} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 0 \
+        --seconds 24 --launch warm --no-plots 2>&1 \
+        | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
+        > "$OUT/study0.log"; tail -12 "$OUT/study0.log" ;;
     bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
       timeout 240 python3 benchmarks/bench_vs_do_bench.py ${BENCH_ARGS:-} 2>&1 | tail -70 | tee "$OUT/bench.log"
       timeout 300 python3 benchmarks/notebook_device.py notebooks/02_optimize_a_kernel.ipynb 2>&1 \
