@@ -33,15 +33,20 @@ def _read(path: str, whole: bool = False) -> bytes | None:
         os.close(fd)
 
 
+def _after_comm(raw: bytes) -> bytes:
+    """A stat line from its state on: "STATE PPID ..." (comm, field 2, may hold spaces and
+    parentheses, so it ends at the *last* ')'); empty if the line is cut short."""
+    return raw[raw.rfind(b")") + 2 :]
+
+
 def _stat(pid: int) -> bytes | None:
-    """The text after comm in /proc/PID's stat: "STATE PPID ..." (comm, field 2, may hold spaces
-    and parentheses, so it ends at the *last* ')')."""
+    """The text after comm in /proc/PID's stat (see :func:`_after_comm`)."""
     # The task-level file: /proc/PID/stat sums over every thread of the group, so reading it for
     # each of a process's N threads costs O(N^2) (0.27 ms a read beside 3000 threads, 0.01 here).
     raw = _read(f"/proc/{pid}/task/{pid}/stat")
     if raw is None:  # a group whose leader thread has exited
         raw = _read(f"/proc/{pid}/stat")
-    return raw[raw.rfind(b")") + 2 :] if raw else None
+    return _after_comm(raw) if raw else None
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -67,7 +72,7 @@ def read_stat(fd: int) -> tuple[str | None, int | None]:
         raw = os.pread(fd, 4096, 0)
     except OSError:
         return None, None
-    fields = raw[raw.rfind(b")") + 2 :].split(maxsplit=20)
+    fields = _after_comm(raw).split(maxsplit=20)
     if len(fields) <= 19:
         return None, None
     return chr(fields[0][0]), int(fields[19])
@@ -79,8 +84,8 @@ def read_state(fd: int) -> str | None:
         raw = os.pread(fd, 4096, 0)
     except OSError:
         return None
-    at = raw.rfind(b")") + 2
-    return chr(raw[at]) if 1 < at < len(raw) else None
+    rest = _after_comm(raw)
+    return chr(rest[0]) if rest and b")" in raw else None
 
 
 def proc_flags(pid: int) -> int | None:

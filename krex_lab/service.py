@@ -34,6 +34,8 @@ from .errors import KrexError, ProtocolError
 from .paths import open_private
 
 log = logging.getLogger("krex.service")
+#: messages taken from the socket in one go, without going back to the event loop
+_BATCH = 256
 
 #: a handler's return value saying "I kept the peer and will reply myself"
 DEFERRED: Any = object()
@@ -266,13 +268,21 @@ class Service:
 
     def _take_pending(self) -> None:
         self._rearmed = False
-        for _ in range(256):
-            try:
-                frames = self._router_sync.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:  # Again: all taken (or closed)
-                return
+        batch = self._queued()
+        for frames in batch:
             self._handle_logged(frames)
-        self._rearm()  # more than a batch: the rest after the loop's other work
+        if len(batch) == _BATCH:
+            self._rearm()  # perhaps more than a batch: the rest after the loop's other work
+
+    def _queued(self) -> list[list[bytes]]:
+        """What the ROUTER holds now, taken without waiting (a batch at most)."""
+        batch: list[list[bytes]] = []
+        for _ in range(_BATCH):
+            try:
+                batch.append(self._router_sync.recv_multipart(zmq.NOBLOCK))
+            except zmq.ZMQError:  # Again: all taken (or closed)
+                break
+        return batch
 
     def _handle_logged(self, frames: list[bytes]) -> None:
         try:
@@ -284,14 +294,8 @@ class Service:
     async def _recv_loop(self) -> None:
         # After each wake-up, take whatever else is queued without going back to the loop:
         # the drain acks of many sessions arrive together.
-        sync = self._router_sync
         while True:
-            batch = [await self.router.recv_multipart(copy=True)]
-            for _ in range(256):
-                try:
-                    batch.append(sync.recv_multipart(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+            batch = [await self.router.recv_multipart(copy=True), *self._queued()]
             for frames in batch:
                 self._handle_logged(frames)
 
