@@ -1,4 +1,4 @@
-"""benchmarks/multi_gpu.py's dry run on two fake GPUs: the orchestration the 2× H200 stage relies on.
+"""benchmarks/multi_gpu.py's dry run on two fake GPUs: the orchestration the two-H200 stage relies on.
 
 Device time is scarce, so the stage must not be the first place the orchestration runs (its CPU
 hogs once stopped registering and part B failed at the first hog). The dry run starts its own
