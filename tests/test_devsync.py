@@ -92,8 +92,9 @@ def test_a_failed_preload_leaves_no_partial_package_behind(tmp_path: Path, monke
     _write(
         tmp_path,
         {
-            "halfpkg/__init__.py": "from . import part\nraise RuntimeError('broke halfway')\n",
+            "halfpkg/__init__.py": "import halfdep\nfrom . import part\nraise RuntimeError('broke halfway')\n",
             "halfpkg/part.py": "VALUE = 1\n",
+            "halfdep.py": "",  # what the package imports on the way, whole: it stays
         },
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -101,6 +102,7 @@ def test_a_failed_preload_leaves_no_partial_package_behind(tmp_path: Path, monke
         loaded, skipped, _ = preload(["halfpkg"], False, False)
         assert loaded == [] and skipped == {"halfpkg": "RuntimeError: broke halfway"}
         assert not [m for m in sys.modules if m.split(".")[0] == "halfpkg"]
+        assert "halfdep" in sys.modules
         # Mended (a job's own import, later): the package comes back whole, its submodule bound.
         (tmp_path / "halfpkg/__init__.py").write_text("from . import part\n")
         import importlib
@@ -108,5 +110,5 @@ def test_a_failed_preload_leaves_no_partial_package_behind(tmp_path: Path, monke
         importlib.invalidate_caches()
         assert importlib.import_module("halfpkg").part.VALUE == 1
     finally:
-        for name in [m for m in sys.modules if m.split(".")[0] == "halfpkg"]:
+        for name in [m for m in sys.modules if m.split(".")[0] in ("halfpkg", "halfdep")]:
             del sys.modules[name]

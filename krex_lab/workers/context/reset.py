@@ -58,10 +58,13 @@ def preload(names: list[str], real_gpu: bool, warmup: bool) -> tuple[list[str], 
         except Exception as exc:
             # A failed import leaves the submodules it had finished in sys.modules; a job's later
             # import would then build a new package object that lacks them as attributes
-            # ("module 'numba.cuda' has no attribute 'datamodel'" in every job). Forget the whole
-            # attempt, so that a job that needs the framework imports it afresh.
+            # ("module 'numba.cuda' has no attribute 'datamodel'" in every job). Forget what the
+            # attempt added under the package, so that a job imports it afresh. Only there: what
+            # it imported on the way (numpy, say) stays, as an extension module may refuse to be
+            # loaded twice in one process.
             for partial in set(sys.modules) - before:
-                del sys.modules[partial]
+                if partial == name or partial.startswith(name + "."):
+                    del sys.modules[partial]
             why = "not importable" if isinstance(exc, ImportError) else type(exc).__name__
             skipped[name] = f"{why}: {exc}"
         else:
