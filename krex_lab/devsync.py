@@ -57,19 +57,24 @@ def synchronize_frameworks() -> list[str]:
 
 def numba_context() -> Any:
     """numba's current CUDA context if one exists (never creates one, never imports; None in the
-    simulator or while numba.cuda is being imported)."""
+    simulator or while numba.cuda is being imported).
+
+    Read from the driver object's own ``devices`` table and each device's ``primary_context``,
+    both set in their ``__init__`` and read through ``vars()``: numba's ``Driver`` and ``Device``
+    answer any other attribute with a driver call (``cuInit``, ``cuDeviceGetAttribute``), which a
+    drain must never make. (``cuda.gpus.lst`` was read before: numba-cuda caches it in a
+    ``functools.cache`` rather than the instance, so no context was ever found on the H200,
+    2026-12-01.)"""
     cuda = _imported("numba.cuda")
-    devices = _imported("numba.cuda.cudadrv.devices")
-    if cuda is None or devices is None or hasattr(cuda, "FakeCUDAKernel"):  # the simulator's API
+    drivermod = _imported("numba.cuda.cudadrv.driver")
+    if cuda is None or drivermod is None or hasattr(cuda, "FakeCUDAKernel"):  # the simulator's API
         return None
     try:
-        gpus = devices._runtime.gpus
-        if "lst" not in vars(gpus):  # numba never looked at the devices: no context
-            return None
-        for dev in gpus.lst:
-            ctx = getattr(dev._device, "primary_context", None)
+        devices = vars(vars(drivermod)["driver"]).get("devices") or {}
+        for dev in list(devices.values()):
+            ctx = vars(dev).get("primary_context")
             if ctx is not None:
                 return ctx
-    except Exception:
+    except Exception:  # another numba's layout: no cooperative sync (the driver lock still drains)
         return None
     return None

@@ -112,3 +112,80 @@ def test_a_failed_preload_leaves_no_partial_package_behind(tmp_path: Path, monke
     finally:
         for name in [m for m in sys.modules if m.split(".")[0] in ("halfpkg", "halfdep")]:
             del sys.modules[name]
+
+
+# numba-cuda's layout (0.2x, the H200's numba 0.68): the device list caches ``lst`` in a
+# functools.cache, not on the instance; Driver and Device turn any unknown attribute into a driver call.
+NUMBA_CUDA_LAYOUT = {
+    "numba/__init__.py": "",
+    "numba/cuda/__init__.py": "from .cudadrv import driver, devices\ngpus = devices.gpus\n",
+    "numba/cuda/cudadrv/__init__.py": "",
+    "numba/cuda/cudadrv/driver.py": textwrap.dedent(
+        """\
+        CALLS = []  # driver calls made through the lazy attributes
+        class Context:
+            def __init__(self):
+                self.synced = 0
+            def synchronize(self):
+                self.synced += 1
+        class Device:
+            def __init__(self, devnum):
+                self.id = devnum
+                self.primary_context = None
+            def __getattr__(self, attr):
+                CALLS.append(f"cuDeviceGetAttribute({attr})")
+                return 0
+            def get_primary_context(self):
+                if self.primary_context is None:
+                    self.primary_context = Context()
+                return self.primary_context
+        class Driver:
+            def __init__(self):
+                self.devices = {}
+            def __getattr__(self, fname):
+                CALLS.append(fname)  # numba: ensure_initialized() (cuInit), then the call
+                raise AttributeError(fname)
+            def get_device(self, devnum=0):
+                return self.devices.setdefault(devnum, Device(devnum))
+        driver = Driver()
+        """
+    ),
+    "numba/cuda/cudadrv/devices.py": textwrap.dedent(
+        """\
+        import functools
+        from .driver import driver
+        class _DeviceList:
+            @property
+            @functools.cache
+            def lst(self):
+                return [driver.get_device(0)]
+        gpus = _DeviceList()
+        """
+    ),
+}
+
+CONTEXT_CHILD = textwrap.dedent(
+    """\
+    import json
+    import numba.cuda
+    from numba.cuda.cudadrv import driver
+    from krex_lab import devsync
+    before = [devsync.synchronize_frameworks(), devsync.numba_context() is None]
+    ctx = numba.cuda.gpus.lst[0].get_primary_context()  # what a first kernel launch does
+    after = devsync.synchronize_frameworks()
+    print(json.dumps({"before": before, "after": after, "synced": ctx.synced, "calls": driver.CALLS}))
+    """
+)
+
+
+def test_a_numba_cuda_context_is_found_and_synchronised_without_a_driver_call(tmp_path: Path) -> None:
+    """On the H200 a numba session's context was never found (its device list keeps no ``lst``
+    attribute), so a drain never synchronised it. A context that does not exist is not created."""
+    _write(tmp_path, NUMBA_CUDA_LAYOUT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", CONTEXT_CHILD], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"before": [[], True], "after": ["numba"], "synced": 1, "calls": []}, seen
