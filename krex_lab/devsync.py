@@ -48,7 +48,13 @@ def synchronize_frameworks() -> list[str]:
     ctx = numba_context()
     if ctx is not None:
         try:
-            ctx.synchronize()
+            # cuCtxSynchronize waits for the calling thread's current context, and a drain runs on
+            # the control thread, where numba's context is not current: make it so for the call.
+            ctx.push()
+            try:
+                ctx.synchronize()
+            finally:
+                ctx.pop()
             done.append("numba")
         except Exception:
             pass

@@ -122,11 +122,19 @@ NUMBA_CUDA_LAYOUT = {
     "numba/cuda/cudadrv/__init__.py": "",
     "numba/cuda/cudadrv/driver.py": textwrap.dedent(
         """\
+        import threading
         CALLS = []  # driver calls made through the lazy attributes
+        _current = threading.local()  # CUDA's per-thread context stack
         class Context:
             def __init__(self):
                 self.synced = 0
-            def synchronize(self):
+            def push(self):
+                _current.stack = [*getattr(_current, "stack", []), self]
+            def pop(self):
+                assert _current.stack.pop() is self
+            def synchronize(self):  # cuCtxSynchronize: the calling thread's current context
+                if not getattr(_current, "stack", None):
+                    raise RuntimeError("CUDA_ERROR_INVALID_CONTEXT")
                 self.synced += 1
         class Device:
             def __init__(self, devnum):
@@ -166,13 +174,20 @@ NUMBA_CUDA_LAYOUT = {
 
 CONTEXT_CHILD = textwrap.dedent(
     """\
-    import json
+    import json, threading
     import numba.cuda
     from numba.cuda.cudadrv import driver
     from krex_lab import devsync
-    before = [devsync.synchronize_frameworks(), devsync.numba_context() is None]
+    def on_control_thread(fn):  # where a drain runs
+        out = []
+        t = threading.Thread(target=lambda: out.append(fn()))
+        t.start()
+        t.join()
+        return out[0]
+    before = [on_control_thread(devsync.synchronize_frameworks), devsync.numba_context() is None]
     ctx = numba.cuda.gpus.lst[0].get_primary_context()  # what a first kernel launch does
-    after = devsync.synchronize_frameworks()
+    ctx.push()  # current on the main thread only
+    after = on_control_thread(devsync.synchronize_frameworks)
     print(json.dumps({"before": before, "after": after, "synced": ctx.synced, "calls": driver.CALLS}))
     """
 )
@@ -180,7 +195,8 @@ CONTEXT_CHILD = textwrap.dedent(
 
 def test_a_numba_cuda_context_is_found_and_synchronised_without_a_driver_call(tmp_path: Path) -> None:
     """On the H200 a numba session's context was never found (its device list keeps no ``lst``
-    attribute), so a drain never synchronised it. A context that does not exist is not created."""
+    attribute), so a drain never synchronised it. The drain's thread is not the one where the
+    context is current; a context that does not exist is not created."""
     _write(tmp_path, NUMBA_CUDA_LAYOUT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     out = subprocess.run(

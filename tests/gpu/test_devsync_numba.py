@@ -21,7 +21,7 @@ pytestmark = [
 
 CHILD = textwrap.dedent(
     """\
-    import json
+    import json, threading
     import numpy as np
     from numba import cuda
     from numba.cuda.cudadrv import driver
@@ -34,8 +34,11 @@ CHILD = textwrap.dedent(
             a[i] += 1
     a = cuda.to_device(np.zeros(1 << 20, dtype=np.float32))
     add_one[1 << 12, 256](a)  # queued, not waited for: the drain's synchronise waits
-    print(json.dumps({"before": before, "found": devsync.numba_context() is not None,
-                      "synced": devsync.synchronize_frameworks()}))
+    synced = []  # from another thread, as a drain's control thread does
+    t = threading.Thread(target=lambda: synced.extend(devsync.synchronize_frameworks()))
+    t.start()
+    t.join()
+    print(json.dumps({"before": before, "found": devsync.numba_context() is not None, "synced": synced}))
     """
 )
 
