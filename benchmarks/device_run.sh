@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency warm quickstart study study0 multigpu bench (default: info gputests fidelity
+# Stages: info gputests fidelity latency lockcost warm quickstart study study0 multigpu bench (default: info gputests fidelity
 # latency warm quickstart).
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
 # most 8 files), and benchmarks/results/ on that machine.
@@ -29,6 +29,8 @@ for stage in "${stages[@]}"; do
     latency)
       timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle,busy \
         --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -20 | tee "$OUT/latency.log" ;;
+    lockcost)  # issue 14: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
+      timeout 120 python3 benchmarks/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
     warm)
       # The image sets no bytecode cache for carried wheels (pip --no-compile) and the tree arrives
       # without one: compile once, as an installed package is, or every `krex run` recompiles its
