@@ -88,11 +88,13 @@ def read_state(fd: int) -> str | None:
     return chr(rest[0]) if rest and b")" in raw else None
 
 
-def proc_flags(pid: int) -> int | None:
-    """The kernel's task flags (field 9 of stat: PF_KTHREAD and the like), None if gone."""
-    rest = _stat(pid)
-    fields = rest.split(maxsplit=7) if rest else []
-    return int(fields[6]) if len(fields) > 6 and fields[6].isdigit() else None
+def flags_and_start(pid: int) -> tuple[int | None, int | None]:
+    """The kernel's task flags (field 9 of stat: PF_KTHREAD and the like) and the start time, from
+    one read; (None, None) if gone."""
+    fields = _stat_fields(pid)
+    if not fields or len(fields) <= 19 or not fields[6].isdigit():
+        return None, None
+    return int(fields[6]), int(fields[19])
 
 
 def proc_state(pid: int) -> str | None:

@@ -55,7 +55,7 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
     cores = steps.cores.reserve(region.id, region.cores)
     if cores:
         region.shielded = steps.shield.take(region.id, set(cores), holder, steps.journal.record)
-    others: list[int] = []
+    others: dict[int, int] | list[int] = []
     region.shielded.since = boot_ticks() - 1  # a tick's slack: start times are rounded down
     if region.shielded.mode == "affinity":
         # Frozen processes do not run: moving them would only cost time (and undoing it).
@@ -77,8 +77,9 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
         holder,
         others,
         region.cores,
-        lambda threads: steps.journal.record("affinity", region.id, threads=threads),
+        lambda threads: steps.journal.record("threads", region.id, threads=threads),
         deadline,
+        starts=others if isinstance(others, dict) else None,
     )
     region.shielded.processes = len(result.moved_pids)
     return result

@@ -6,12 +6,14 @@ frozen processes with it, so no fsync). Entries:
 
     {"t": "stop",     "region": R, "procs": [[pid, start], ...]}        SIGSTOP sent
     {"t": "cgfreeze", "region": R, "paths": [cgroup dir, ...]}         cgroup.freeze = 1
-    {"t": "affinity", "region": R, "threads": [[tid, start, [cpus]]]}  original affinities
+    {"t": "threads",  "region": R, "threads": [[tid, pid, start, [cpus]]]}  original affinities
     {"t": "lock",     "region": R, "backend": B, "procs": [[pid, start], ...]}
     {"t": "partition", "region": R, "path": P, "procs": [[pid, start, cgroup], ...]}  cpuset shield
     {"t": "irq",      "region": R, "irqs": [[irq, original cpu list], ...]}
     {"t": "end",      "region": R}                                     all of R undone
 
+(``threads`` names each thread by its process's pid and start time; journals written before
+2026-12-01 evening have ``affinity`` entries, ``[[tid, thread start, [cpus]]]``, still undone.)
 A region without ``end`` is *outstanding*: :func:`undo_outstanding` (run by the guardian when
 the arbiter dies, by the supervisor when both die, and by a new arbiter before it serves)
 restores affinities, thaws and unlocks everything it names. Every undo step is idempotent and
@@ -61,7 +63,12 @@ class CgFreeze(msgspec.Struct, tag_field="t", tag="cgfreeze"):
     paths: list[Name]
 
 
-class Affinity(msgspec.Struct, tag_field="t", tag="affinity"):
+class Threads(msgspec.Struct, tag_field="t", tag="threads"):
+    region: Name
+    threads: list[tuple[Pid, Pid, Tick, list[Cpu]]]  # tid, its process, the process's start, cpus
+
+
+class Affinity(msgspec.Struct, tag_field="t", tag="affinity"):  # before Threads: undone, never written
     region: Name
     threads: list[tuple[Pid, Tick | None, list[Cpu]]]
 
@@ -87,7 +94,7 @@ class End(msgspec.Struct, tag_field="t", tag="end"):
     region: Name
 
 
-Entry = Stop | CgFreeze | Affinity | Lock | Partition | Irq | End
+Entry = Stop | CgFreeze | Threads | Affinity | Lock | Partition | Irq | End
 _decoder: msgspec.json.Decoder[Entry] = msgspec.json.Decoder(Entry)
 
 
@@ -209,9 +216,12 @@ def undo_outstanding(
         partitions: list[tuple[str, list[list[Any]]]] = []
         irqs: dict[int, list[Any]] = {}  # the first record of an IRQ holds its true original
         for e in entries:
-            if isinstance(e, Affinity):
-                for tid, start, cpus in e.threads:
-                    first.setdefault(tid, [tid, start, cpus])
+            if isinstance(e, Threads):
+                for tid, pid, start, cpus in e.threads:
+                    first.setdefault(tid, [tid, pid, start, cpus])
+            elif isinstance(e, Affinity):
+                for tid, tstart, cpus in e.threads:
+                    first.setdefault(tid, [tid, tstart, cpus])
             elif isinstance(e, CgFreeze):
                 cgroups.extend(e.paths)
             elif isinstance(e, Stop):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..procutil import parent_pid, same_process, start_time, threads
 from .corelock import NodeCoreLock
@@ -38,6 +38,29 @@ def online_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
 
 
+class _Original(NamedTuple):
+    """A thread's affinity before any region touched it, and the process it belongs to: the
+    process's start time names it (one stat read per process, not one per thread)."""
+
+    pid: int
+    start: int
+    cpus: set[int]
+
+
+class _Alive:
+    """Which recorded threads still are what was recorded: their process has the recorded start
+    time and still lists the thread. One stat read and one task listing per process."""
+
+    def __init__(self) -> None:
+        self._tids: dict[tuple[int, int], set[int]] = {}
+
+    def __call__(self, tid: int, pid: int, start: int | None) -> bool:
+        key = (pid, start if start is not None else -1)
+        if key not in self._tids:
+            self._tids[key] = set(threads([pid])) if same_process(pid, start) else set()
+        return tid in self._tids[key]
+
+
 @dataclass
 class _Held:
     cores: set[int]
@@ -49,7 +72,7 @@ class CoreBook:
     def __init__(self, cpus: Iterable[int] | None = None, node_lock: NodeCoreLock | None = None) -> None:
         self.cpus = sorted(cpus) if cpus is not None else online_cpus()
         self.node_lock = node_lock if node_lock is not None else NodeCoreLock()
-        self._original: dict[int, tuple[int | None, set[int]]] = {}  # tid -> (start, cpus)
+        self._original: dict[int, _Original] = {}  # tid -> its original affinity and process
         self._held: dict[str, _Held] = {}
         # The arbiter isolates in a worker thread; tests and tools may call from anywhere.
         self._lock = threading.Lock()
@@ -86,27 +109,30 @@ class CoreBook:
         self,
         region: str,
         holder_pids: list[int],
-        other_pids: list[int],
+        other_pids: Iterable[int],
         n: int,
         journal: JournalFn,
         deadline: float | None = None,
+        starts: Mapping[int, int] | None = None,
     ) -> IsolateResult:
         """Pin the holder's threads to ``n`` reserved cores and move the others' threads off them.
 
         Work on other threads stops at ``deadline`` (monotonic): those not reached keep their
-        affinity and ``failed`` says how many, so the region reports itself degraded.
+        affinity and ``failed`` says how many, so the region reports itself degraded. ``starts``
+        gives processes' start times already read (the shield's node walk reads them).
         """
         with self._lock:
-            return self._isolate(region, holder_pids, other_pids, n, journal, deadline)
+            return self._isolate(region, holder_pids, other_pids, n, journal, deadline, dict(starts or {}))
 
     def _isolate(
         self,
         region: str,
         holder_pids: list[int],
-        other_pids: list[int],
+        other_pids: Iterable[int],
         n: int,
         journal: JournalFn,
         deadline: float | None,
+        starts: dict[int, int | None],
     ) -> IsolateResult:
         late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
         reserved = self._held.get(region)
@@ -118,7 +144,7 @@ class CoreBook:
                 self.node_lock.release()
             return result
         cores = set(result.cores)
-        holder_tids = set(threads(holder_pids))
+        holder_tids = {tid: pid for pid in holder_pids for tid in threads([pid])}
         other_tids: dict[int, int] = {}
         unlisted = 0
         for pid in other_pids:
@@ -129,7 +155,7 @@ class CoreBook:
                 if tid not in holder_tids:
                     other_tids[tid] = pid
         fresh: list[list[Any]] = []
-        for tid in [*holder_tids, *other_tids]:
+        for tid, pid in [*holder_tids.items(), *other_tids.items()]:
             if tid in self._original:
                 continue
             if tid not in holder_tids and late():
@@ -138,11 +164,16 @@ class CoreBook:
                 original = os.sched_getaffinity(tid)
             except OSError:
                 continue
-            self._original[tid] = (start_time(tid), original)
-            fresh.append([tid, self._original[tid][0], sorted(original)])
+            if pid not in starts:
+                starts[pid] = start_time(pid)
+            start = starts[pid]
+            if start is None:  # the process is gone
+                continue
+            self._original[tid] = _Original(pid, start, original)
+            fresh.append([tid, pid, start, sorted(original)])
         if fresh:
             journal(fresh)
-        held = _Held(cores=cores, holder_tids=holder_tids, touched=reserved.touched if reserved else set())
+        held = _Held(cores=cores, holder_tids=set(holder_tids), touched=reserved.touched if reserved else set())
         self._held[region] = held
         moved: set[int] = set()
         for tid in holder_tids:
@@ -158,7 +189,7 @@ class CoreBook:
             target = self._target(tid)
             if target is None:
                 continue
-            if target == self._original[tid][1]:
+            if target == self._original[tid].cpus:
                 # Its original has none of the reserved cores (so no region changed it either):
                 # nothing to change, nothing to restore, and nothing to remember (the thread may
                 # change its own affinity before the next region looks).
@@ -175,7 +206,7 @@ class CoreBook:
             )
         result.holder_threads = sorted(holder_tids)
         result.moved_pids = sorted(moved)
-        result.seen = holder_tids | set(other_tids)
+        result.seen = set(holder_tids) | set(other_tids)
         return result
 
     def touched(self, region: str) -> int:
@@ -200,12 +231,14 @@ class CoreBook:
 
     def _restore(self, held: _Held) -> int:
         n = 0
+        alive = _Alive()
         for tid in held.touched:
-            target = self._target(tid)
-            start, original = self._original.get(tid, (None, set()))
-            if not same_process(tid, start):
+            recorded = self._original.get(tid)
+            if recorded is None or not alive(tid, recorded.pid, recorded.start):
                 self._original.pop(tid, None)
                 continue
+            target = self._target(tid)
+            original = recorded.cpus
             if target is None:
                 target = original
             try:
@@ -257,7 +290,7 @@ class CoreBook:
         reserved = self.reserved()
         if not reserved:
             return None
-        original = self._original[tid][1]
+        original = self._original[tid].cpus
         allowed = original - reserved
         return allowed or (set(self.cpus) - reserved)
 
@@ -284,13 +317,23 @@ class CoreBook:
 
 
 def restore_threads(records: Iterable[list[Any]]) -> int:
-    """Journal replay: put every (tid, start, cpus) back where it was. Returns how many."""
+    """Journal replay: put every (tid, pid, process start, cpus) back where it was, where that
+    process still is the one recorded and still has the thread (also the (tid, thread start,
+    cpus) of journals before 2026-12-01 evening). Returns how many."""
     n = 0
-    for tid, start, cpus in records:
-        if same_process(int(tid), start):
-            try:
-                os.sched_setaffinity(int(tid), set(cpus))
-                n += 1
-            except OSError:
+    alive = _Alive()
+    for record in records:
+        if len(record) == 4:
+            tid, pid, start, cpus = record
+            if not alive(int(tid), int(pid), start):
                 continue
+        else:
+            tid, start, cpus = record
+            if not same_process(int(tid), start):
+                continue
+        try:
+            os.sched_setaffinity(int(tid), set(cpus))
+            n += 1
+        except OSError:
+            continue
     return n

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..procutil import proc_flags, proc_uid, same_process, start_time
+from ..procutil import flags_and_start, proc_uid, same_process, start_time
 from .cgroups import cgroup_of, limits_on, v2_root
 
 log = logging.getLogger("krex.shield")
@@ -71,11 +71,6 @@ class ShieldResult:
         }
 
 
-def is_kernel_thread(pid: int) -> bool:
-    flags = proc_flags(pid)
-    return flags is not None and bool(flags & _PF_KTHREAD)
-
-
 #: pids seen to be kernel threads, and when: a region walks the node twice, and most of a quiet
 #: node's pids are kernel threads. Looked at again after _KTHREAD_TTL seconds, so that a pid
 #: reused by a user process (pid_max wraps slowly) is not mistaken for long.
@@ -83,11 +78,13 @@ _kthreads: dict[int, float] = {}
 _KTHREAD_TTL = 10.0
 
 
-def node_pids(skip: set[int], uid: int | None = None) -> tuple[list[int], int, int]:
+def node_pids(skip: set[int], uid: int | None = None) -> tuple[dict[int, int], int, int]:
     """Every user-space process of the node not in ``skip`` (of user ``uid`` only, if given: a
-    non-root arbiter cannot move others'), how many kernel threads and other users' processes
-    were left out."""
-    pids: list[int] = []
+    non-root arbiter cannot move others') with its start time, and how many kernel threads and
+    other users' processes were left out. One stat read per process tells a kernel thread and
+    names the process: the core book journals its threads under it (a read per *thread* cost
+    15 us each, most of an affinity shield's time)."""
+    procs: dict[int, int] = {}
     kernel = foreign = 0
     now = time.monotonic()
     if len(_kthreads) > 1 << 16:  # kernel threads come and go (kworkers): forget the dead now and then
@@ -101,15 +98,18 @@ def node_pids(skip: set[int], uid: int | None = None) -> tuple[list[int], int, i
         if now - _kthreads.get(pid, -_KTHREAD_TTL) < _KTHREAD_TTL:
             kernel += 1
             continue
-        if pid == 2 or is_kernel_thread(pid):
+        flags, start = flags_and_start(pid)
+        if flags is None or start is None:  # gone
+            continue
+        if pid == 2 or flags & _PF_KTHREAD:
             _kthreads[pid] = now
             kernel += 1
             continue
         if uid is not None and proc_uid(pid) != uid:
             foreign += 1
             continue
-        pids.append(pid)
-    return pids, kernel, foreign
+        procs[pid] = start
+    return procs, kernel, foreign
 
 
 def _cpulist(cpus: Iterable[int]) -> str:

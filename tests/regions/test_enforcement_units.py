@@ -107,3 +107,68 @@ def test_core_book_never_picks_core_zero_while_others_exist() -> None:
     assert 0 not in CoreBook([0, 1, 2, 3]).pick(2)
     assert CoreBook([0, 1, 2, 3]).pick(8) == [1, 2, 3], "core 0 is left for the others"
     assert CoreBook([0]).pick(1) == []
+
+
+@pytest.fixture
+def threaded() -> Iterator[subprocess.Popen[bytes]]:
+    """A process with five sleeping threads besides its main one."""
+    code = (
+        "import threading, time\n"
+        "for _ in range(5): threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    wait_for(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 6)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _tids(pid: int) -> list[int]:
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+@needs_two_cores
+def test_core_book_journals_each_thread_under_its_process_and_restores_every_one(
+    threaded: subprocess.Popen[bytes],
+) -> None:
+    book = CoreBook(sorted(os.sched_getaffinity(0)))
+    originals = {tid: os.sched_getaffinity(tid) for tid in _tids(threaded.pid)}
+    journaled: list[list[object]] = []
+    result = book.isolate("r1", [os.getpid()], [threaded.pid], 1, journaled.extend)
+    try:
+        assert result.cores
+        for tid in originals:
+            assert not os.sched_getaffinity(tid) & set(result.cores), f"thread {tid} left on a reserved core"
+        start = start_time(threaded.pid)
+        mine = [r for r in journaled if r[1] == threaded.pid]
+        assert sorted(r[0] for r in mine) == sorted(originals)  # type: ignore[type-var]
+        assert all(r[2] == start for r in mine), "every thread is named by its process's start time"
+    finally:
+        book.release("r1")
+    assert {tid: os.sched_getaffinity(tid) for tid in originals} == originals
+
+
+@needs_two_cores
+def test_replay_restores_a_processes_threads_and_nothing_it_cannot_name(
+    tmp_path: Path, threaded: subprocess.Popen[bytes], spinner: subprocess.Popen[bytes]
+) -> None:
+    """A ``threads`` record restores a thread only where its process has the recorded start time
+    and still lists that thread: a record naming another process's thread under this pid (what a
+    reused tid would look like) and one with another start time change nothing."""
+    cpus = sorted(os.sched_getaffinity(0))
+    tids, start = _tids(threaded.pid), start_time(threaded.pid)
+    stranger = spinner.pid  # a live thread, but not one of threaded's
+    for tid in [*tids, stranger]:
+        os.sched_setaffinity(tid, {cpus[0]})
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+    journal.record("threads", "r1", threads=[[tid, threaded.pid, start, cpus] for tid in tids[1:]])
+    journal.record("threads", "r2", threads=[[stranger, threaded.pid, start, cpus]])
+    journal.record("threads", "r3", threads=[[tids[0], threaded.pid, (start or 0) + 1, cpus]])
+    journal.close()
+    summary = undo_outstanding(path)
+    assert summary["restored"] == len(tids) - 1, summary
+    assert all(os.sched_getaffinity(tid) == set(cpus) for tid in tids[1:])
+    assert os.sched_getaffinity(stranger) == {cpus[0]}, "another process's thread was touched"
+    assert os.sched_getaffinity(tids[0]) == {cpus[0]}, "a thread of a process with another start time was touched"
