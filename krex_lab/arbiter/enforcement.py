@@ -60,6 +60,7 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
     if region.shielded.mode == "affinity":
         # Frozen processes do not run: moving them would only cost time (and undoing it).
         others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), _movable_uid())
+        region.shielded.walked = others
         if foreign:
             region.shielded.notes.append(f"{foreign} processes of other users left (the arbiter is not root)")
     elif region.shielded.mode == "sessions":
@@ -91,7 +92,7 @@ def unisolate(steps: Enforcement, region: Region) -> None:
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     steps.cores.release(region.id)
     if region.shielded.mode == "affinity" and region.isolated.cores:
-        pids, _, _ = node_pids(set(), _movable_uid())
+        pids, _, _ = node_pids(set(), _movable_uid(), known=region.shielded.walked)
         steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen)
 
 

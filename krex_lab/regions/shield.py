@@ -57,6 +57,8 @@ class ShieldResult:
     irqs_moved: int = 0
     #: boot ticks when the shield went up: what starts later inherited it (see CoreBook.widen_born)
     since: int = 0
+    #: the node walk's user processes (pid -> start time): the release walk reads only new ones
+    walked: dict[int, int] = field(default_factory=dict)
     #: why something could not be shielded (not a failure of the region: said in the report)
     notes: list[str] = field(default_factory=list)
 
@@ -78,12 +80,16 @@ _kthreads: dict[int, float] = {}
 _KTHREAD_TTL = 10.0
 
 
-def node_pids(skip: set[int], uid: int | None = None) -> tuple[dict[int, int], int, int]:
+def node_pids(
+    skip: set[int], uid: int | None = None, known: dict[int, int] | None = None
+) -> tuple[dict[int, int], int, int]:
     """Every user-space process of the node not in ``skip`` (of user ``uid`` only, if given: a
     non-root arbiter cannot move others') with its start time, and how many kernel threads and
     other users' processes were left out. One stat read per process tells a kernel thread and
     names the process: the core book journals its threads under it (a read per *thread* cost
-    15 us each, most of an affinity shield's time)."""
+    15 us each, most of an affinity shield's time). Processes in ``known`` (an earlier walk's
+    result) are taken from it unread: a pid reused since is a process born meanwhile, which
+    the caller tells by its threads' start times."""
     procs: dict[int, int] = {}
     kernel = foreign = 0
     now = time.monotonic()
@@ -94,6 +100,9 @@ def node_pids(skip: set[int], uid: int | None = None) -> tuple[dict[int, int], i
             continue
         pid = int(name)
         if pid in skip:
+            continue
+        if known is not None and pid in known:
+            procs[pid] = known[pid]
             continue
         if now - _kthreads.get(pid, -_KTHREAD_TTL) < _KTHREAD_TTL:
             kernel += 1
