@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,14 +78,18 @@ def _write(root: Path, files: dict[str, str]) -> None:
         (root / rel).write_text(text)
 
 
-def test_a_drain_during_a_framework_import_imports_nothing_and_leaves_it_whole(tmp_path: Path) -> None:
-    _write(tmp_path, FAKE_NUMBA)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+def _run_child(root: Path, package: dict[str, str], code: str) -> Any:
+    """``code`` in a fresh python that imports the stand-in ``package`` (written under ``root``);
+    the JSON of its last line."""
+    _write(root, package)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=root)
     assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_drain_during_a_framework_import_imports_nothing_and_leaves_it_whole(tmp_path: Path) -> None:
+    seen = _run_child(tmp_path, FAKE_NUMBA, CHILD)
     assert seen == {"errors": [], "whole": True, "imported_by": "MainThread"}, seen
 
 
@@ -197,11 +202,5 @@ def test_a_numba_cuda_context_is_found_and_synchronised_without_a_driver_call(tm
     """On the H200 a numba session's context was never found (its device list keeps no ``lst``
     attribute), so a drain never synchronised it. The drain's thread is not the one where the
     context is current; a context that does not exist is not created."""
-    _write(tmp_path, NUMBA_CUDA_LAYOUT)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    out = subprocess.run(
-        [sys.executable, "-c", CONTEXT_CHILD], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = _run_child(tmp_path, NUMBA_CUDA_LAYOUT, CONTEXT_CHILD)
     assert seen == {"before": [[], True], "after": ["numba"], "synced": 1, "calls": []}, seen
