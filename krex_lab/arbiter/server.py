@@ -14,10 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
-import select
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
 from ..service import Peer, Service, lock_holder
 from .enforcement import Enforcement
+from .guardian_link import GuardianLink
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
@@ -53,7 +51,6 @@ from .status import node_status
 log = logging.getLogger("krex.arbiter")
 
 #: how long the arbiter waits for its guardian's "ready" (it loads the GPU backend first)
-GUARDIAN_READY_S = 10.0
 
 
 def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
@@ -347,12 +344,12 @@ class Arbiter(LoggingConfigurable):
             self.multi_user,
             self.privacy,
         )
-        self._guardian: subprocess.Popen[bytes] | None = None
+        self.guardian_link = GuardianLink(self.journal_path, self.backend.name, self.node_lock)
 
     def own_pids(self) -> set[int]:
         pids = {os.getpid()}
-        if self._guardian is not None:
-            pids.add(self._guardian.pid)
+        if self.guardian_link.pid is not None:
+            pids.add(self.guardian_link.pid)
         return pids
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -360,49 +357,6 @@ class Arbiter(LoggingConfigurable):
         if backend != self.backend.name or not self.backend.capabilities.lock:
             return [f"cannot unlock {len(procs)} processes of backend {backend} from {self.backend.name}"]
         return self.locker.unlock_sync(procs)
-
-    def _start_guardian(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "krex_lab.arbiter.guardian",
-            "--pid",
-            str(os.getpid()),
-            "--journal",
-            str(self.journal_path),
-            "--backend",
-            self.backend.name,
-        ]
-        # The guardian holds the core lock's open file too: a lock this arbiter dies holding stays
-        # held until the guardian has undone the region (see regions/corelock.py).
-        fds = (self.node_lock.fd,) if self.node_lock.fd is not None else ()
-        if fds:
-            cmd += ["--core-lock-fd", str(fds[0])]
-        guardian = subprocess.Popen(
-            cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, pass_fds=fds
-        )
-        self._guardian = guardian
-        # Armed (signals caught, backend loaded) before anyone is served: a region granted earlier
-        # would not be undone if this process died while the guardian was still starting.
-        assert guardian.stdout is not None
-        ready = select.select([guardian.stdout], [], [], GUARDIAN_READY_S)[0]
-        line = guardian.stdout.readline() if ready else b""
-        guardian.stdout.close()
-        if line.strip() != b"ready":
-            log.error(
-                "the guardian (pid %d) did not say it was ready within %.0f s: a crash now may leave "
-                "processes stopped until the next arbiter or `krex supervise` replays the journal",
-                guardian.pid,
-                GUARDIAN_READY_S,
-            )
-
-    async def _keep_guardian(self) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            if self._guardian is not None and self._guardian.poll() is not None:
-                log.error("guardian exited with %s: starting a new one", self._guardian.returncode)
-                # Off the loop: waiting for the new guardian's "ready" must not stall every client.
-                await asyncio.get_running_loop().run_in_executor(None, self._start_guardian)
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
@@ -424,8 +378,8 @@ class Arbiter(LoggingConfigurable):
             log.warning("%s: regions will reserve no cores", why)
         background = []
         if self.guardian:
-            self._start_guardian()  # armed before the first client can be served
-            background.append(self._keep_guardian())
+            self.guardian_link.start()  # armed before the first client can be served
+            background.append(self.guardian_link.keep())
         self.service.bind()
         await self.identity.start()
         if self.telemetry_interval > 0:
@@ -442,9 +396,7 @@ class Arbiter(LoggingConfigurable):
             self.locker.shutdown()
             self.service.close()
             self.identity.close()
-            if self._guardian is not None:
-                self._guardian.terminate()
-                self._guardian.wait()
+            self.guardian_link.stop()
             self.node_lock.close()
             self.backend.close()
             if self.region_history is not None:

@@ -26,7 +26,8 @@ CHILD = textwrap.dedent(
     from numba import cuda
     from numba.cuda.cudadrv import driver
     from krex_lab import devsync
-    before = devsync.numba_context() is None and not driver.driver.devices  # found none, made none
+    before = devsync.numba_context() is None  # none yet, and none made by looking
+    made = [d.primary_context for d in driver.driver.devices.values()]
     @cuda.jit
     def add_one(a):
         i = cuda.grid(1)
@@ -38,7 +39,8 @@ CHILD = textwrap.dedent(
     t = threading.Thread(target=lambda: synced.extend(devsync.synchronize_frameworks()))
     t.start()
     t.join()
-    print(json.dumps({"before": before, "found": devsync.numba_context() is not None, "synced": synced}))
+    print(json.dumps({"before": before and not any(made), "found": devsync.numba_context() is not None,
+                      "synced": synced}))
     """
 )
 
