@@ -281,10 +281,9 @@ class Exclusive:
         except BaseException:
             session.waiting.discard(notice)
             raise
-        notice.start()
         try:
             granted: protocol.Granted = protocol.result_as(
-                request, conn.wait(rid, timeout=None, cancelled=self._cancel)
+                request, conn.wait(rid, timeout=None, cancelled=self._cancel, slow=(notice.delay, notice.start))
             )
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):

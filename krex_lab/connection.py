@@ -8,6 +8,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -74,13 +75,26 @@ class Connection:
         self.socket.send(data)
         return request.id
 
-    def wait(self, rid: int, timeout: float | None = REQUEST_TIMEOUT, cancelled: threading.Event | None = None) -> Any:
-        """The raw result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait(
+        self,
+        rid: int,
+        timeout: float | None = REQUEST_TIMEOUT,
+        cancelled: threading.Event | None = None,
+        slow: tuple[float, Callable[[], object]] | None = None,
+    ) -> Any:
+        """The raw result of request ``rid``; raises the error the arbiter sent, or ArbiterUnavailable.
+        ``slow``: (seconds, what to call once if the reply has not come by then)."""
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        slow_at = None if slow is None else start + slow[0]
         while True:
             slice_ms = 200
-            if deadline is not None:
-                slice_ms = max(0, min(slice_ms, int((deadline - time.monotonic()) * 1000)))
+            for until in (deadline, slow_at):
+                if until is not None:
+                    slice_ms = max(0, min(slice_ms, int((until - time.monotonic()) * 1000)))
+            if slow is not None and slow_at is not None and time.monotonic() >= slow_at:
+                slow[1]()
+                slow = slow_at = None
             if self.socket.poll(slice_ms):
                 msg = protocol.decode_incoming(self.socket.recv())
                 if not isinstance(msg, protocol.Reply) or msg.id != rid:
