@@ -122,9 +122,20 @@ def main() -> None:
         "without the cooperative drain's round trips",
     )
     p.add_argument("--shield", default="", help="the arbiter's --Arbiter.shield (default: the arbiter's own)")
+    p.add_argument(
+        "--arbiter-option",
+        action="append",
+        default=[],
+        metavar="--Arbiter.NAME=VALUE",
+        help="passed on to the arbiter (repeatable), e.g. --arbiter-option=--Arbiter.lock_threads=1",
+    )
     args = p.parse_args()
     arbiter, env = private_arbiter(
-        "krex-latency-", "--backend", args.backend, *([f"--Arbiter.shield={args.shield}"] if args.shield else [])
+        "krex-latency-",
+        "--backend",
+        args.backend,
+        *([f"--Arbiter.shield={args.shield}"] if args.shield else []),
+        *args.arbiter_option,
     )
     try:
         from krex_lab import client
@@ -150,6 +161,7 @@ def main() -> None:
         + ["cuda"] * args.cuda
         + ["plain"] * args.plain_siblings
         + ([f"shield_{args.shield}"] if args.shield else [])
+        + [o.lstrip("-").replace("Arbiter.", "").replace("=", "_") for o in args.arbiter_option]
     )
     write_result(
         name,

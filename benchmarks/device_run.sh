@@ -28,7 +28,7 @@ for stage in "${stages[@]}"; do
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
     latency)
       timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle,busy \
-        --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -20 | tee "$OUT/latency.log" ;;
+        --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1 | tail -20 | tee "$OUT/latency.log" ;;
     lockcost)  # issue 14: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
       timeout 120 python3 benchmarks/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
     warm)

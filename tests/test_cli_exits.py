@@ -158,6 +158,14 @@ def test_a_start_up_error_is_one_line(tmp_path: Path) -> None:
     assert one_line(out.stderr) == "krex arbiter: the fake backend needs at least one GPU"
 
 
+def test_lock_threads_0_is_one_line_and_nothing_starts(tmp_path: Path) -> None:
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(tmp_path)}
+    out = krex("arbiter", "--no-guardian", "--backend", "fake", "--Arbiter.lock_threads=0", env=env)
+    assert out.returncode == 1
+    assert "lock_threads" in one_line(out.stderr) and "less than 1" in out.stderr
+    assert not (tmp_path / "arbiter.sock").exists()
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="NVML may be there")
 def test_backend_nvidia_without_nvml_is_one_line(tmp_path: Path) -> None:
     out = krex("arbiter", "--no-guardian", "--backend", "nvidia", env={**os.environ, "KREX_RUNTIME_DIR": str(tmp_path)})
