@@ -86,15 +86,14 @@ class Connection:
         ``slow``: (seconds, what to call once if the reply has not come by then)."""
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        slow_at = None if slow is None else start + slow[0]
         while True:
+            if slow is not None and time.monotonic() >= start + slow[0]:
+                slow[1]()
+                slow = None
             slice_ms = 200
-            for until in (deadline, slow_at):
+            for until in (deadline, None if slow is None else start + slow[0]):
                 if until is not None:
                     slice_ms = max(0, min(slice_ms, int((until - time.monotonic()) * 1000)))
-            if slow is not None and slow_at is not None and time.monotonic() >= slow_at:
-                slow[1]()
-                slow = slow_at = None
             if self.socket.poll(slice_ms):
                 msg = protocol.decode_incoming(self.socket.recv())
                 if not isinstance(msg, protocol.Reply) or msg.id != rid:

@@ -80,7 +80,7 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
         region.cores,
         lambda threads: steps.journal.record("threads", region.id, threads=threads),
         deadline,
-        starts=others if isinstance(others, dict) else None,
+        starts=region.shielded.walked,
     )
     region.shielded.processes = len(result.moved_pids)
     return result
@@ -88,7 +88,9 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
 
 def unisolate(steps: Enforcement, region: Region) -> None:
     """Give the reserved cores back: the partition and IRQs first (moving the holder back
-    to its cgroup resets its affinity), then every affinity the core book changed."""
+    to its cgroup resets its affinity), then every affinity the core book changed. The walk for
+    threads born meanwhile comes after the restore and lists tasks afresh: one born before the
+    restore inherited the narrowed mask and must be seen."""
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     steps.cores.release(region.id)
     if region.shielded.mode == "affinity" and region.isolated.cores:

@@ -50,8 +50,6 @@ from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
 
-#: how long the arbiter waits for its guardian's "ready" (it loads the GPU backend first)
-
 
 def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
     """The one line a second arbiter on ``root`` exits with (``note``: what the holder wrote in the lock)."""

@@ -54,8 +54,8 @@ class _Alive:
     def __init__(self) -> None:
         self._tids: dict[tuple[int, int], set[int]] = {}
 
-    def __call__(self, tid: int, pid: int, start: int | None) -> bool:
-        key = (pid, start if start is not None else -1)
+    def __call__(self, tid: int, pid: int, start: int) -> bool:
+        key = (pid, start)
         if key not in self._tids:
             self._tids[key] = set(threads([pid])) if same_process(pid, start) else set()
         return tid in self._tids[key]

@@ -150,7 +150,7 @@ def test_core_book_journals_each_thread_under_its_process_and_restores_every_one
 
 
 @needs_two_cores
-def test_replay_restores_a_processes_threads_and_nothing_it_cannot_name(
+def test_replay_restores_a_process_threads_and_nothing_it_cannot_name(
     tmp_path: Path, threaded: subprocess.Popen[bytes], spinner: subprocess.Popen[bytes]
 ) -> None:
     """A ``threads`` record restores a thread only where its process has the recorded start time
