@@ -114,11 +114,11 @@ class Arbiter(LoggingConfigurable):
     )
     lock_foreign = Bool(True, help="Lock GPU processes that are not KREX sessions too.").tag(config=True)
     lock_threads = Int(
-        16,
+        4,
         min=1,
-        help="Threads that make a drain's driver locks at once (1: one after another). The driver "
-        "seems to serialise locks: 15 idle CUDA siblings took 14 ms in 16 threads on the H200, 0.15 ms "
-        "each alone (benchmarks/lock_cost.py measures which count is fastest).",
+        help="Threads that make a drain's driver locks at once (1: one after another). More threads "
+        "than the driver overlaps only contend: 15 idle CUDA siblings locked in 0.9 ms in 4 threads, "
+        "1.0 ms in 16 and 2.7 ms in 1 on the H200 (benchmarks/lock_cost.py, 2026-12-01).",
     ).tag(config=True)
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True

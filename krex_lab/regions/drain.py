@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..gpu.base import GpuBackend
-from ..procutil import proc_is_stopped, start_time
+from ..procutil import state_and_start
 
 log = logging.getLogger("krex.drain")
 
@@ -54,7 +54,7 @@ class DrainResult:
 class Locker:
     """Runs a backend's blocking lock/unlock calls in threads, under deadlines."""
 
-    def __init__(self, backend: GpuBackend, lock_timeout: float, threads: int = 16) -> None:
+    def __init__(self, backend: GpuBackend, lock_timeout: float, threads: int = 4) -> None:
         self.backend = backend
         self.lock_timeout = lock_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="krex-lock")
@@ -66,10 +66,10 @@ class Locker:
     async def lock_all(self, pids: list[int], result: DrainResult, journal: JournalFn) -> None:
         targets: list[tuple[int, int]] = []
         for pid in pids:
-            start = start_time(pid)
+            state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
             if start is None:
                 continue
-            if proc_is_stopped(pid):
+            if state in ("T", "t"):
                 result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
                 continue
             targets.append((pid, start))

@@ -29,9 +29,11 @@ import pytest
 from krex_lab.errors import BackendError
 from krex_lab.gpu import cuda_driver
 from krex_lab.gpu.cuda_driver import (
+    CUDA_ERROR_ILLEGAL_STATE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_INITIALIZED,
     CUDA_ERROR_OPERATING_SYSTEM,
+    NOT_A_CUDA_PROCESS,
     CtypesCudaDriver,
     CudaDriver,
     CudaError,
@@ -103,7 +105,11 @@ class FakeNvml(NvmlApi):
 
 
 class ScriptedDriver(CudaDriver):
-    """Driver layer double: per-pid states and errors, every call recorded."""
+    """Driver layer double: per-pid states and errors, every call recorded.
+
+    Like the real driver (tests/gpu/test_nvidia_driver.py), it refuses to lock a process that is
+    not RUNNING or to unlock one that is not LOCKED (CUDA_ERROR_ILLEGAL_STATE), and answers a lock
+    of a process without CUDA with the error its state query gives."""
 
     def __init__(self, version: int = 13000, checkpoint: bool = True) -> None:
         self.version = version
@@ -130,9 +136,17 @@ class ScriptedDriver(CudaDriver):
         self._maybe_fail("state", pid)
         return self.states.get(pid, ProcessState.RUNNING)
 
+    def _refuse_unless(self, call: str, pid: int, state: ProcessState) -> None:
+        no_cuda = self.errors.get(("state", pid))
+        if no_cuda is not None and no_cuda.code in NOT_A_CUDA_PROCESS:
+            raise no_cuda
+        if self.states.get(pid, ProcessState.RUNNING) is not state:
+            raise CudaError(call, CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE")
+
     def checkpoint_lock(self, pid: int, timeout_ms: int) -> None:
         self.calls.append(("lock", pid, timeout_ms))
         self._maybe_fail("lock", pid)
+        self._refuse_unless("lock", pid, ProcessState.RUNNING)
         self.states[pid] = ProcessState.LOCKED
 
     def checkpoint_unlock(self, pid: int) -> None:
@@ -140,6 +154,7 @@ class ScriptedDriver(CudaDriver):
         if self.on_unlock is not None:
             self.on_unlock(pid)
         self._maybe_fail("unlock", pid)
+        self._refuse_unless("unlock", pid, ProcessState.LOCKED)
         self.states[pid] = ProcessState.RUNNING
 
 
@@ -246,7 +261,18 @@ def test_lock_refuses_a_stopped_process_without_calling_the_driver(child: subpro
     os.kill(child.pid, signal.SIGCONT)
     wait_state(child.pid, "S")
     be.lock(child.pid, 5.0)
-    assert drv.calls == [("state", child.pid), ("lock", child.pid, 5000)]
+    assert drv.calls == [("lock", child.pid, 5000)]  # a RUNNING process: no state query
+
+
+def test_lock_and_unlock_of_a_running_process_make_one_driver_call_each(child: subprocess.Popen[bytes]) -> None:
+    # A drain locks and unlocks every sibling: a state query before each call would cost
+    # 0.1 ms a sibling on the H200 (benchmarks/lock_cost.py, 2026-12-01).
+    drv = ScriptedDriver()
+    be = backend(drv)
+    assert be.lock_pid(child.pid, 1.0) is LockOutcome.LOCKED
+    be.unlock(child.pid)
+    assert drv.calls == [("lock", child.pid, 1000), ("unlock", child.pid)]
+    assert drv.states[child.pid] is ProcessState.RUNNING
 
 
 def test_lock_passes_milliseconds_and_never_zero(child: subprocess.Popen[bytes]) -> None:
@@ -266,17 +292,30 @@ def test_lock_skips_locked_and_checkpointed_processes(child: subprocess.Popen[by
     assert be.lock_pid(child.pid, 1.0) is LockOutcome.ALREADY_LOCKED
     drv.states[child.pid] = ProcessState.CHECKPOINTED
     assert be.lock_pid(child.pid, 1.0) is LockOutcome.CHECKPOINTED
-    assert not [c for c in drv.calls if c[0] == "lock"]
+    # the driver refused both; neither state was changed by asking
+    assert drv.states[child.pid] is ProcessState.CHECKPOINTED
+    assert [c[0] for c in drv.calls] == ["lock", "state", "lock", "state"]
     drv.states[child.pid] = ProcessState.FAILED
     with pytest.raises(BackendError, match="FAILED"):
         be.lock(child.pid, 1.0)
+
+
+def test_a_refused_lock_of_a_running_process_is_an_error(child: subprocess.Popen[bytes]) -> None:
+    # the state says RUNNING after the refusal: not one of the harmless cases, so it is raised
+    drv = ScriptedDriver()
+    be = backend(drv)
+    drv.errors[("lock", child.pid)] = cuda_error("lock", CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE")
+    with pytest.raises(BackendError, match="CUDA_ERROR_ILLEGAL_STATE"):
+        be.lock_pid(child.pid, 1.0)
 
 
 def test_lock_of_a_process_without_cuda_or_gone(child: subprocess.Popen[bytes]) -> None:
     drv = ScriptedDriver()
     be = backend(drv)
     drv.errors[("state", child.pid)] = cuda_error("state", CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED")
+    assert CUDA_ERROR_NOT_INITIALIZED in NOT_A_CUDA_PROCESS
     assert be.lock_pid(child.pid, 1.0) is LockOutcome.NOT_CUDA
+    be.unlock(child.pid)  # nothing to undo, and no error
     child.kill()
     child.wait()
     assert be.lock_pid(child.pid, 1.0) is LockOutcome.GONE
@@ -326,8 +365,9 @@ def test_unlock_tolerates_exit_during_the_call(child: subprocess.Popen[bytes]) -
 def test_unlock_is_idempotent_and_reports_real_failures(child: subprocess.Popen[bytes]) -> None:
     drv = ScriptedDriver()
     be = backend(drv)
-    be.unlock(child.pid)  # RUNNING: nothing to undo
-    assert ("unlock", child.pid) not in drv.calls
+    be.unlock(child.pid)  # RUNNING: the driver refuses, the state says there is nothing to undo
+    assert drv.calls == [("unlock", child.pid), ("state", child.pid)]
+    assert drv.states.get(child.pid, ProcessState.RUNNING) is ProcessState.RUNNING
     drv.states[child.pid] = ProcessState.LOCKED
     drv.errors[("unlock", child.pid)] = cuda_error("unlock", 401, "CUDA_ERROR_ILLEGAL_STATE")
     with pytest.raises(BackendError, match="CUDA_ERROR_ILLEGAL_STATE"):

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from krex_lab.gpu.cuda_driver import ProcessState
-from krex_lab.gpu.nvidia import NvidiaBackend, ProcessStopped
+from krex_lab.gpu.cuda_driver import CtypesCudaDriver, CudaError, ProcessState
+from krex_lab.gpu.nvidia import LockOutcome, NvidiaBackend, ProcessStopped
 
 pytestmark = [
     pytest.mark.gpu,
@@ -210,3 +210,34 @@ def test_unlock_after_sigkill_of_a_locked_child(backend: NvidiaBackend, child: C
     assert _in_thread(backend.unlock, child.pid, timeout=10.0) is None  # dying or a zombie
     child.proc.wait(timeout=30)
     assert _in_thread(backend.unlock, child.pid, timeout=10.0) is None  # reaped
+
+
+def test_the_driver_refuses_what_the_backend_no_longer_asks_about(backend: NvidiaBackend, child: Child) -> None:
+    # NvidiaBackend locks (and unlocks) first and asks the state only when refused. That is safe
+    # only if the driver refuses, quickly and without changing anything, a lock of a process that
+    # is already locked or has no CUDA, and an unlock of one that is not locked: were a second
+    # lock to succeed, a region would take another region's lock for its own and undo it.
+    drv = CtypesCudaDriver()
+    drv.checkpoint_lock(child.pid, 5000)
+    refused = _in_thread(drv.checkpoint_lock, child.pid, 2000, timeout=5.0)
+    assert isinstance(refused, CudaError), f"a second lock was not refused: {refused!r}"
+    assert drv.checkpoint_state(child.pid) is ProcessState.LOCKED
+    assert backend.lock_pid(child.pid, 2.0) is LockOutcome.ALREADY_LOCKED
+    backend.unlock(child.pid)
+    assert drv.checkpoint_state(child.pid) is ProcessState.RUNNING
+    refused = _in_thread(drv.checkpoint_unlock, child.pid, timeout=5.0)
+    assert isinstance(refused, CudaError), f"an unlock of a running process was not refused: {refused!r}"
+    backend.unlock(child.pid)  # the backend's unlock of a running process is a no-op
+    assert drv.checkpoint_state(child.pid) is ProcessState.RUNNING
+
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        refused = _in_thread(drv.checkpoint_lock, plain.pid, 2000, timeout=5.0)
+        assert isinstance(refused, CudaError), f"a lock of a process without CUDA was not refused: {refused!r}"
+        assert backend.lock_pid(plain.pid, 2.0) is LockOutcome.NOT_CUDA, refused
+    finally:
+        plain.kill()
+        plain.wait()
+    child.send("touch")
+    child.expect("touched", timeout=30)
