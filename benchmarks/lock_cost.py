@@ -12,7 +12,9 @@ the drain (fewer threads, sequential locks, fewer /proc checks) can be chosen fr
 * ``driver``: the bare ``cuCheckpointProcessLock`` / ``Unlock`` calls (``CtypesCudaDriver``);
 * ``backend``: ``NvidiaBackend.lock`` / ``unlock`` as the arbiter's ``Locker`` calls them (each
   adds liveness, stopped and frozen-cgroup checks and a ``cuCheckpointProcessGetState``);
-* ``state``: ``cuCheckpointProcessGetState`` alone, one call per sibling.
+* ``state``: ``cuCheckpointProcessGetState`` alone, one call per sibling;
+* ``listing``: the drain's reads around the locks, each timed for all siblings: the backend's
+  process listing (NVML, namespace mapping, /dev/nvidia check) and the stopped/frozen checks.
 
 Siblings are plain driver-API processes (``cuInit``, primary context, 1 MiB allocation, then
 asleep), not torch, so that they start in seconds. For each sibling count and each thread count
@@ -36,7 +38,8 @@ from typing import Any
 from common import machine, percentile, write_result
 
 from krex_lab.gpu.cuda_driver import CtypesCudaDriver
-from krex_lab.gpu.nvidia import NvidiaBackend
+from krex_lab.gpu.nvidia import NvidiaBackend, cgroup_frozen, holds_nvidia_device, local_pid
+from krex_lab.procutil import proc_state
 
 SIBLING = r"""
 import ctypes, sys, time
@@ -114,10 +117,34 @@ def state_cost(pids: list[int], rounds: int) -> dict[str, Any]:
     return {"siblings": len(pids), "threads": 1, "path": "state", "rounds": rounds, **_stats("state_call", calls)}
 
 
+def listing_cost(pids: list[int], rounds: int) -> dict[str, Any]:
+    """What a drain reads before and around its locks: the backend's process listing (NVML, then
+    each pid's namespace mapping and /dev/nvidia check) and each lock's stopped/frozen checks."""
+    backend = NvidiaBackend()
+    parts: dict[str, Callable[[], Any]] = {
+        "listing": lambda: backend.processes(0),
+        "nvml": lambda: backend._nvml.processes(0),
+        "local_pid": lambda: [local_pid(p) for p in pids],
+        "holds_device": lambda: [holds_nvidia_device(p) for p in pids],
+        "stopped_frozen": lambda: [(proc_state(p), cgroup_frozen(p)) for p in pids],
+    }
+    row: dict[str, Any] = {"siblings": len(pids), "threads": 1, "path": "listing", "rounds": rounds}
+    for name, fn in parts.items():
+        walls = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            fn()
+            walls.append(time.perf_counter() - t)
+        row.update(_stats(name, walls))
+    row["listed"] = len(backend.processes(0))
+    backend.close()
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--counts", default="1,3,15", help="sibling counts (comma-separated)")
-    p.add_argument("--threads", default="1,2,4,16", help="lock thread counts (the arbiter uses 16)")
+    p.add_argument("--threads", default="1,2,4,16", help="lock thread counts (the arbiter's default is 4)")
     p.add_argument("--paths", default="driver,backend", help="driver, backend (see the module docstring)")
     p.add_argument("--rounds", type=int, default=30, help="lock+unlock rounds per configuration")
     p.add_argument("--lock-timeout", type=float, default=2.0, help="each lock's driver timeout in seconds")
@@ -137,6 +164,14 @@ def main() -> None:
             pids = [s.pid for s in siblings]
             rows.append(state_cost(pids, args.rounds))
             print(f"{n:>3} siblings  state   1 thread : {rows[-1]['state_call_p50_ms']:.3f} ms per call", flush=True)
+            r = listing_cost(pids, args.rounds)
+            rows.append(r)
+            print(
+                f"{n:>3} siblings  listing ({r['listed']} listed): p50 {r['listing_p50_ms']:.3f} ms = nvml "
+                f"{r['nvml_p50_ms']:.3f} + local_pid {r['local_pid_p50_ms']:.3f} + /dev/nvidia "
+                f"{r['holds_device_p50_ms']:.3f}; stopped+frozen checks {r['stopped_frozen_p50_ms']:.3f} ms",
+                flush=True,
+            )
             for path in args.paths.split(","):
                 for t in [int(x) for x in args.threads.split(",")]:
                     r = measure(pids, t, args.rounds, path, args.lock_timeout)

@@ -81,6 +81,14 @@ def _nspid(entry: str, proc: Path) -> list[int] | None:
         return None
 
 
+@functools.lru_cache(maxsize=8)
+def _own_depth(proc: Path, pid: int) -> int:
+    """How many pid namespaces below /proc's process ``pid`` (ourselves) is: fixed for its life,
+    so asked once (a drain maps every GPU process, a status read costs tens of microseconds). The
+    pid is in the key so that a forked child, perhaps in a new namespace, asks again."""
+    return len(_nspid("self", proc) or [pid]) - 1
+
+
 def local_pid(nvml_pid: int, proc: Path = PROC) -> int | None:
     """The pid by which this process can signal/lock the process NVML calls ``nvml_pid``.
 
@@ -98,8 +106,7 @@ def local_pid(nvml_pid: int, proc: Path = PROC) -> int | None:
     theirs = _nspid(str(nvml_pid), proc)
     if theirs is None:
         return None
-    own = _nspid("self", proc) or [os.getpid()]
-    depth = len(own) - 1
+    depth = _own_depth(proc, os.getpid())
     if not theirs:
         return nvml_pid
     if len(theirs) <= depth:
