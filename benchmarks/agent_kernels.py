@@ -139,10 +139,10 @@ class Held:
     released (just before the release is sent). [granted, released] lies inside the arbiter's own
     interval, so two of them overlapping on one GPU means two holders at once."""
 
-    def __init__(self, gpu: int, max_hold: float) -> None:
+    def __init__(self, gpu: int, max_hold: float, freeze: bool = True) -> None:
         import krex_lab
 
-        self.region = krex_lab.exclusive(gpu=gpu, max_hold=max_hold)
+        self.region = krex_lab.exclusive(gpu=gpu, max_hold=max_hold, freeze=freeze)
         self.gpu = gpu
         self.info: dict[str, Any] = {}
 
@@ -192,7 +192,8 @@ def evaluate(job: dict[str, Any]) -> dict[str, Any]:
     c = Candidate(**job["candidate"])
     mode, gpu = job["mode"], int(job["gpu"])
     rec: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "eval_started": time.time(), "region": None}
-    held = Held(gpu, job.get("max_hold", 60.0)) if mode == "command" and not job.get("outer") else None
+    freeze = bool(job.get("freeze", True))
+    held = Held(gpu, job.get("max_hold", 60.0), freeze) if mode == "command" and not job.get("outer") else None
     try:
         with held if held is not None else contextlib.nullcontext():
             _phases(job, c, mode, gpu, rec, krex_lab)
@@ -255,7 +256,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     t0 = time.perf_counter()
     opts = dict(job.get("bench") or {})
     if mode == "region":
-        held = Held(gpu, job.get("max_hold", 60.0))
+        held = Held(gpu, job.get("max_hold", 60.0), bool(job.get("freeze", True)))
         with held:
             m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, **opts)  # nests in the region just taken
         rec["region"] = held.info

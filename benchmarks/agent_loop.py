@@ -50,7 +50,7 @@ def cold(job: dict[str, Any], gpu: int, max_hold: float) -> dict[str, Any]:
 
     if job["mode"] != "command":
         return run(dict(os.environ))
-    held = ak.Held(gpu, max_hold)
+    held = ak.Held(gpu, max_hold, bool(job.get("freeze", True)))
     with held:
         rec = run(dict(os.environ, KREX_REGION=held.region.id or ""))
     rec["region"] = held.info
@@ -94,6 +94,7 @@ def main() -> None:
             "sim_compile_s": lognormal(rng, cfg["sim_compile_mean"], cfg["sim_compile_sigma"]),
             "max_hold": cfg["max_hold"],
             "outer": mode == "command" and launch == "cold",
+            "freeze": cfg.get("freeze", True),
         }
         sent = time.time()
         log.write(json.dumps({"event": "start", "seq": seq, "sent": sent}) + "\n")

@@ -11,8 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
-MODES = ("command", "region", "none")
-COLOURS = {"command": "tab:red", "region": "tab:green", "none": "tab:gray"}
+COLOURS = {
+    "command": "tab:red",
+    "region": "tab:green",
+    "none": "tab:gray",
+    "command no-freeze": "tab:pink",
+    "region no-freeze": "tab:olive",
+}
+
+
+def series(p: dict[str, Any]) -> str:
+    """A point's line in the figures: its mode, and whether its regions froze the other sessions
+    (``--freeze off``; points of older JSON have no ``freeze`` and froze)."""
+    return p["mode"] + (" no-freeze" if p.get("freeze", True) is False else "")
+
+
+def _series_of(points: list[dict[str, Any]]) -> list[str]:
+    present = {series(p) for p in points}
+    return [s for s in COLOURS if s in present]
 
 
 def _label(data: dict[str, Any]) -> str:
@@ -29,14 +45,14 @@ def throughput(data: dict[str, Any]) -> Any:
     ncols = len(thinks) + (1 if cold else 0)
     fig, axes = plt.subplots(1, max(1, ncols), figsize=(4.6 * max(1, ncols), 3.8), squeeze=False)
     for ax, think in zip(axes[0], thinks):
-        for mode in MODES:
+        for name in _series_of(points):
             ps = sorted(
-                (p for p in points if p["launch"] == "warm" and p["mode"] == mode and p["think_mean_s"] == think),
+                (p for p in points if p["launch"] == "warm" and series(p) == name and p["think_mean_s"] == think),
                 key=lambda p: p["agents"],
             )
             if ps:
                 ax.plot(
-                    [p["agents"] for p in ps], [p["evals_per_min"] for p in ps], "o-", color=COLOURS[mode], label=mode
+                    [p["agents"] for p in ps], [p["evals_per_min"] for p in ps], "o-", color=COLOURS[name], label=name
                 )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("agents")
@@ -66,17 +82,17 @@ def errors(data: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    series = []
-    for mode in MODES:
+    lines = []
+    for name in _series_of(data["points"]):
         errs = [
             r["error_pct"]
             for p in data["points"]
-            if p["mode"] == mode
+            if series(p) == name
             for r in p["records"]
             if r.get("error_pct") is not None
         ]
-        series.append((mode, errs))
-    shown = [(m, e) for m, e in series if e]
+        lines.append((name, errs))
+    shown = [(m, e) for m, e in lines if e]
     if shown:
         ax.boxplot([e for _, e in shown], showfliers=True, whis=(5, 95))
         ax.set_xticks(range(1, len(shown) + 1), [f"{m}\n(n={len(e)})" for m, e in shown])
@@ -96,7 +112,7 @@ def region_time(data: dict[str, Any]) -> Any:
         if p["mode"] == "none" or not p.get("regions"):
             continue
         rows.append(p)
-    rows.sort(key=lambda p: (p["launch"], p["think_mean_s"], p["agents"], p["mode"]))
+    rows.sort(key=lambda p: (p["launch"], p["think_mean_s"], p["agents"], series(p)))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4.0))
     x = range(len(rows))
     wait = [p["regions"]["wait_s_mean"] for p in rows]
@@ -106,7 +122,7 @@ def region_time(data: dict[str, Any]) -> Any:
     ax.bar(x, acq, bottom=wait, color="tab:purple", label="acquire (drain, freeze, isolate)")
     ax.bar(x, hold, bottom=[w + a for w, a in zip(wait, acq)], color="tab:blue", label="hold")
     ax.set_xticks(
-        list(x), [f"{p['mode']} {p['launch']}\n{p['agents']}a t{p['think_mean_s']:g}" for p in rows], fontsize=7
+        list(x), [f"{series(p)} {p['launch']}\n{p['agents']}a t{p['think_mean_s']:g}" for p in rows], fontsize=7
     )
     ax.set_ylabel("seconds per region (mean)")
     ax.legend(fontsize=8)

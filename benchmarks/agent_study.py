@@ -65,6 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import agent_kernels as ak  # noqa: E402
+import agent_plots  # noqa: E402 - matplotlib only when a figure is drawn
 from common import REPO, machine, percentile, write_result  # noqa: E402
 
 from krex_lab.errors import KrexError  # noqa: E402
@@ -86,6 +87,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--think-mean", type=floats, default=[0.0, 4.0], help="mean think times (s) to sweep")
     p.add_argument("--think-sigma", type=float, default=0.6, help="sigma of the lognormal think time")
     p.add_argument("--modes", default="command,region,none")
+    p.add_argument(
+        "--freeze",
+        default="on",
+        help="whether command and region points freeze the GPU's other sessions: on, off or on,off "
+        "(both, as separate points; locks and the core shield stay either way)",
+    )
     p.add_argument("--launch", default="warm,cold", help="warm (context workers) and/or cold (a process each)")
     p.add_argument("--seconds", type=float, default=20.0, help="window per warm point")
     p.add_argument("--cold-agents", type=int, default=4, help="agents of the cold vs warm comparison")
@@ -293,6 +300,7 @@ def run_point(
             "time_size": time_size,
             "bench": bench_options(args),
             "max_hold": args.max_hold,
+            "freeze": point["freeze"],
         }
         path = logs / f"agent{i}.json"
         path.write_text(json.dumps(cfg))
@@ -377,6 +385,7 @@ def summarise(
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     modes = [m for m in args.modes.split(",") if m]
+    freezes = [{"on": True, "off": False}[x] for x in args.freeze.split(",") if x]
     launches = [x for x in args.launch.split(",") if x]
     kernels = [k for k in args.kernels.split(",") if k] or sorted({c.kernel for c in ak.SPACE})
     points: list[dict[str, Any]] = []
@@ -384,7 +393,10 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         for think in args.think_mean:
             for agents in args.agents:
                 for mode in modes:
-                    points.append({"launch": "warm", "mode": mode, "agents": agents, "think_mean_s": think})
+                    for freeze in freezes if mode != "none" else [True]:
+                        points.append(
+                            {"launch": "warm", "mode": mode, "agents": agents, "think_mean_s": think, "freeze": freeze}
+                        )
     if "cold" in launches:
         think = args.cold_think if args.cold_think is not None else args.think_mean[-1]
         for mode in [m for m in args.cold_modes.split(",") if m]:
@@ -397,6 +409,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "think_mean_s": think,
                         "seconds": args.cold_seconds,
                         "compare_with_cold": launch == "warm",
+                        "freeze": freezes[0],
                     }
                 )
     for i, p in enumerate(points):
@@ -465,7 +478,8 @@ def main(argv: list[str] | None = None) -> Path:
             err = s["error_abs_pct"]
             reg = s["regions"] or {}
             print(
-                f"{p['launch']:4s} {p['mode']:7s} agents {p['agents']:2d} think {p['think_mean_s']:4.1f} s: "
+                f"{p['launch']:4s} {agent_plots.series(p):17s} agents {p['agents']:2d} "
+                f"think {p['think_mean_s']:4.1f} s: "
                 f"{s['evals_per_min']:6.1f} evals/min ({s['timed_per_min']:5.1f} timed), "
                 f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
                 f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
@@ -500,13 +514,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    key = ("launch", "agents", "think_mean_s")
+    key = ("launch", "agents", "think_mean_s", "freeze")
     for p in points:
         if p["mode"] != "region":
             continue
         for q in points:
-            if q["mode"] == "command" and all(q[k] == p[k] for k in key) and q["evals_per_min"]:
-                out.append({**{k: p[k] for k in key}, "ratio": round(p["evals_per_min"] / q["evals_per_min"], 2)})
+            if q["mode"] == "command" and all(q.get(k, True) == p.get(k, True) for k in key) and q["evals_per_min"]:
+                ratio = round(p["evals_per_min"] / q["evals_per_min"], 2)
+                out.append({**{k: p.get(k, True) for k in key}, "ratio": ratio})
     return out
 
 
@@ -514,7 +529,6 @@ def write_plots(result: dict[str, Any], path: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import agent_plots
 
     written = []
     for name, fn in agent_plots.FIGURES.items():

@@ -42,10 +42,12 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "vector_add,transpose",
             "--p-wrong",
             "0.3",
+            "--freeze",
+            "on,off",
             "--out",
             str(out),
         ]
-        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=110)
+        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         data: dict[str, Any] = json.loads(out.read_text())
         data["stdout"] = r.stdout
@@ -55,7 +57,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         mp.undo()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(220)
 def test_says_the_gpu_phases_are_simulated(study: dict[str, Any]) -> None:
     assert study["simulated_gpu_phases"] is True
     assert "SIMULATED" in study["stdout"]
@@ -118,3 +120,20 @@ def test_wrong_candidates_fail_and_correct_ones_pass(study: dict[str, Any]) -> N
     assert wrong, "no wrong candidate was drawn"
     assert all(r["status"] in ("wrong", "compile_error") for r in wrong)
     assert all(r["status"] == "ok" for r in records if not r["wrong_on_purpose"])
+
+
+def test_freeze_off_points_freeze_nobody_and_are_compared_with_their_twins(study: dict[str, Any]) -> None:
+    regions = {
+        (p["mode"], p["freeze"]): [r["region"] for r in p["records"] if r.get("region")]
+        for p in study["points"]
+        if p["mode"] != "none"
+    }
+    assert set(regions) == {("command", True), ("command", False), ("region", True), ("region", False)}
+    for (mode, freeze), held in regions.items():
+        assert held, (mode, freeze)
+        if freeze:  # four agents, each with its worker: a region froze the others
+            assert max(r["frozen"] for r in held) > 0, (mode, held)
+        else:
+            assert all(r["frozen"] == 0 for r in held), (mode, held)
+    assert "region no-freeze" in study["stdout"]
+    assert sorted(r["freeze"] for r in study["ratios_region_over_command"]) == [False, True]
