@@ -54,7 +54,7 @@ class DrainResult:
 class Locker:
     """Runs a backend's blocking lock/unlock calls in threads, under deadlines."""
 
-    def __init__(self, backend: GpuBackend, lock_timeout: float, threads: int = 4) -> None:
+    def __init__(self, backend: GpuBackend, lock_timeout: float, threads: int = 16) -> None:
         self.backend = backend
         self.lock_timeout = lock_timeout
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="krex-lock")
