@@ -194,9 +194,17 @@ def _exclusive(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     print(region.report.summary(), file=sys.stderr)
                 env = dict(os.environ, KREX_REGION=region.id or "")
+                # A Ctrl-C between the command's fork and its exec would escape Popen as a
+                # KeyboardInterrupt with no handle on the child, which then ran on outside the
+                # region: while it starts, Ctrl-C is only noted, and acted on below.
+                noted: list[int] = []
+                ctrl_c = signal.getsignal(signal.SIGINT)
+                if ctrl_c is signal.default_int_handler:
+                    signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
                 try:
                     proc = subprocess.Popen(cmd, env=env)
                 except OSError as exc:  # removed or changed since the check above
+                    signal.signal(signal.SIGINT, ctrl_c)
                     print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
                     code = 127 if isinstance(exc, FileNotFoundError) else 126
                 else:
@@ -208,6 +216,9 @@ def _exclusive(args: argparse.Namespace) -> int:
 
                     kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
                     try:
+                        signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except
+                        if noted:
+                            raise KeyboardInterrupt
                         code = _exit_code(proc.wait())
                     except KeyboardInterrupt:
                         proc.send_signal(signal.SIGINT)
