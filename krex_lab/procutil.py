@@ -103,9 +103,13 @@ def proc_state(pid: int) -> str | None:
     return chr(rest[0]) if rest else None
 
 
+#: the stat states of a process stopped by a signal (T) or a tracer (t)
+STOPPED = ("T", "t")
+
+
 def proc_is_stopped(pid: int) -> bool:
     """True if the process is stopped by a signal (T) or a tracer (t)."""
-    return proc_state(pid) in ("T", "t")
+    return proc_state(pid) in STOPPED
 
 
 def start_time(pid: int) -> int | None:

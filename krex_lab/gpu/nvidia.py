@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
-from ..procutil import proc_state, proc_uid
+from ..procutil import STOPPED, proc_state, proc_uid
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
     CUDA_ERROR_OPERATING_SYSTEM,
@@ -46,7 +46,6 @@ log = logging.getLogger("krex.gpu.nvidia")
 PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _GONE_STATES = ("Z", "X")  # a zombie has no GPU state left: the driver tore it down at exit
-_STOPPED_STATES = ("T", "t")
 
 
 class ProcessStopped(BackendError):
@@ -314,7 +313,7 @@ class NvidiaBackend(GpuBackend):
         state = proc_state(pid)
         if state is None or state in _GONE_STATES:
             return False
-        if state in _STOPPED_STATES:
+        if state in STOPPED:
             raise ProcessStopped(
                 f"pid {pid} is stopped (state {state}): the driver's {what} would hang on it; "
                 "resume it first (lock before you freeze, thaw before you unlock)"
@@ -348,27 +347,33 @@ class NvidiaBackend(GpuBackend):
         try:
             driver.checkpoint_lock(pid, timeout_ms)
         except CudaError as exc:
-            return self._why_not_locked(driver, pid, exc)
+            found = self._after_refusal(driver, pid, exc)
+            if isinstance(found, LockOutcome):
+                return found
+            if found is ProcessState.LOCKED:
+                return LockOutcome.ALREADY_LOCKED
+            if found is ProcessState.CHECKPOINTED:
+                return LockOutcome.CHECKPOINTED
+            if found is ProcessState.FAILED:
+                raise BackendError(
+                    f"pid {pid} is in the driver's FAILED checkpoint state; it cannot be locked"
+                ) from exc
+            raise self._explain(pid, exc) from exc  # RUNNING and still refused: a real failure
         return LockOutcome.LOCKED
 
-    def _why_not_locked(self, driver: CudaDriver, pid: int, exc: CudaError) -> LockOutcome:
+    def _after_refusal(self, driver: CudaDriver, pid: int, exc: CudaError) -> ProcessState | LockOutcome:
+        """What the process is now that the driver refused a lock or unlock of it (``exc``): GONE,
+        NOT_CUDA, or the driver's state. A state query that fails otherwise raises ``exc``."""
         if not _alive(pid):
             return LockOutcome.GONE
         try:
-            state = driver.checkpoint_state(pid)
+            return driver.checkpoint_state(pid)
         except CudaError as why:
             if not _alive(pid):
                 return LockOutcome.GONE
             if why.code in NOT_A_CUDA_PROCESS:
                 return LockOutcome.NOT_CUDA
             raise self._explain(pid, exc) from exc
-        if state is ProcessState.LOCKED:
-            return LockOutcome.ALREADY_LOCKED
-        if state is ProcessState.CHECKPOINTED:
-            return LockOutcome.CHECKPOINTED
-        if state is ProcessState.FAILED:
-            raise BackendError(f"pid {pid} is in the driver's FAILED checkpoint state; it cannot be locked") from exc
-        raise self._explain(pid, exc) from exc  # RUNNING and still refused: a real failure
 
     def lock(self, pid: int, timeout_s: float) -> str:
         """Drain ``pid``; a process that is gone, already locked or not using CUDA is fine as is."""
@@ -387,19 +392,14 @@ class NvidiaBackend(GpuBackend):
         try:
             driver.checkpoint_unlock(pid)
         except CudaError as exc:
-            if not _alive(pid):
-                return  # it exited between the check and the call: its lock died with it
-            try:
-                state = driver.checkpoint_state(pid)
-            except CudaError as why:
-                if not _alive(pid) or why.code in NOT_A_CUDA_PROCESS:
-                    return
-                raise exc from why
-            if state is ProcessState.LOCKED:
+            found = self._after_refusal(driver, pid, exc)
+            if isinstance(found, LockOutcome):
+                return  # gone (its lock died with it) or never used CUDA: nothing to undo
+            if found is ProcessState.LOCKED:
                 raise  # alive and still locked: never swallowed
             # RUNNING: nothing to undo (idempotent, for the guardian's replay).
-            if state is not ProcessState.RUNNING:
-                log.warning("unlock pid %d: driver state %s, left as is", pid, state.name)
+            if found is not ProcessState.RUNNING:
+                log.warning("unlock pid %d: driver state %s, left as is", pid, found.name)
 
     def checkpoint_state(self, pid: int) -> ProcessState:
         """The driver's view of ``pid`` (tests and ``krex status``)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..gpu.base import GpuBackend
-from ..procutil import state_and_start
+from ..procutil import STOPPED, state_and_start
 
 log = logging.getLogger("krex.drain")
 
@@ -69,7 +69,7 @@ class Locker:
             state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
             if start is None:
                 continue
-            if state in ("T", "t"):
+            if state in STOPPED:
                 result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
                 continue
             targets.append((pid, start))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..procutil import open_stat, proc_state, read_stat, read_state, same_process, state_and_start, tree
+from ..procutil import STOPPED, open_stat, proc_state, read_stat, read_state, same_process, state_and_start, tree
 from .cgroups import cgroup_of, is_frozen
 
 log = logging.getLogger("krex.freeze")
@@ -132,7 +132,7 @@ class Freezer:
                     fd = open_stat(pid)
                     state, start = read_stat(fd) if fd is not None else state_and_start(pid)
                     if state is None or start is None or state in ("Z", "T", "t"):
-                        if state in ("T", "t"):
+                        if state in STOPPED:
                             result.skipped.append(pid)
                         if fd is not None:
                             os.close(fd)
