@@ -12,6 +12,8 @@ the drain (fewer threads, sequential locks, fewer /proc checks) can be chosen fr
 * ``driver``: the bare ``cuCheckpointProcessLock`` / ``Unlock`` calls (``CtypesCudaDriver``);
 * ``backend``: ``NvidiaBackend.lock`` / ``unlock`` as the arbiter's ``Locker`` calls them (each
   adds liveness, stopped and frozen-cgroup checks and a ``cuCheckpointProcessGetState``);
+* ``locker``: the drain's own ``Locker.lock_all`` / ``unlock_all`` on an event loop, as the arbiter
+  runs them (the checks on the loop, then only driver calls in the threads);
 * ``state``: ``cuCheckpointProcessGetState`` alone, one call per sibling;
 * ``listing``: the drain's reads around the locks, each timed for all siblings: the backend's
   process listing (NVML, namespace mapping, /dev/nvidia check) and the stopped/frozen checks.
@@ -27,6 +29,7 @@ anything without the driver).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import signal
 import subprocess
@@ -40,6 +43,7 @@ from common import machine, percentile, write_result
 from krex_lab.gpu.cuda_driver import CtypesCudaDriver
 from krex_lab.gpu.nvidia import NvidiaBackend, cgroup_frozen, holds_nvidia_device, local_pid
 from krex_lab.procutil import proc_state
+from krex_lab.regions.drain import DrainResult, Locker
 
 SIBLING = r"""
 import ctypes, sys, time
@@ -76,7 +80,44 @@ def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
     return {f"{prefix}_p50_ms": round(percentile(ms, 0.5), 4), f"{prefix}_p99_ms": round(percentile(ms, 0.99), 4)}
 
 
+def measure_locker(pids: list[int], threads: int, rounds: int, timeout_s: float) -> dict[str, Any]:
+    """Whole lock and unlock rounds through the arbiter's Locker (no per-call figures)."""
+    backend = NvidiaBackend()
+    locker = Locker(backend, timeout_s, threads)
+    lock_walls, unlock_walls = [], []
+
+    async def rounds_() -> None:
+        for _ in range(rounds):
+            result = DrainResult()
+            t = time.perf_counter()
+            await locker.lock_all(pids, result, lambda _: None)
+            lock_walls.append(time.perf_counter() - t)
+            if len(result.locked) != len(pids):
+                raise SystemExit(f"locker: {len(result.locked)} of {len(pids)} locked: {result.not_drained}")
+            t = time.perf_counter()
+            errors = await locker.unlock_all(result.locked)
+            unlock_walls.append(time.perf_counter() - t)
+            if errors:
+                raise SystemExit(f"locker: {errors}")
+
+    try:
+        asyncio.run(rounds_())
+    finally:
+        locker.shutdown()
+        backend.close()
+    return {
+        "siblings": len(pids),
+        "threads": threads,
+        "path": "locker",
+        "rounds": rounds,
+        **_stats("lock_all", lock_walls),
+        **_stats("unlock_all", unlock_walls),
+    }
+
+
 def measure(pids: list[int], threads: int, rounds: int, path: str, timeout_s: float) -> dict[str, Any]:
+    if path == "locker":
+        return measure_locker(pids, threads, rounds, timeout_s)
     drv = CtypesCudaDriver()
     backend = NvidiaBackend() if path == "backend" else None
 
@@ -144,8 +185,8 @@ def listing_cost(pids: list[int], rounds: int) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--counts", default="1,3,15", help="sibling counts (comma-separated)")
-    p.add_argument("--threads", default="1,2,4,16", help="lock thread counts (the arbiter's default is 4)")
-    p.add_argument("--paths", default="driver,backend", help="driver, backend (see the module docstring)")
+    p.add_argument("--threads", default="1,2,4,16", help="lock thread counts (the arbiter's default is 16)")
+    p.add_argument("--paths", default="driver,backend,locker", help="driver, backend, locker (module docstring)")
     p.add_argument("--rounds", type=int, default=30, help="lock+unlock rounds per configuration")
     p.add_argument("--lock-timeout", type=float, default=2.0, help="each lock's driver timeout in seconds")
     args = p.parse_args()
@@ -176,10 +217,14 @@ def main() -> None:
                 for t in [int(x) for x in args.threads.split(",")]:
                     r = measure(pids, t, args.rounds, path, args.lock_timeout)
                     rows.append(r)
+                    calls = (
+                        (f" (one call {r['lock_call_p50_ms']:.3f})", f" (one call {r['unlock_call_p50_ms']:.3f})")
+                        if "lock_call_p50_ms" in r
+                        else ("", "")
+                    )
                     print(
-                        f"{n:>3} siblings  {path:<7} {t:>2} threads: lock all p50 {r['lock_all_p50_ms']:.3f} ms "
-                        f"(one call {r['lock_call_p50_ms']:.3f}), unlock all {r['unlock_all_p50_ms']:.3f} ms "
-                        f"(one call {r['unlock_call_p50_ms']:.3f})",
+                        f"{n:>3} siblings  {path:<7} {t:>2} threads: lock all p50 {r['lock_all_p50_ms']:.3f} ms"
+                        f"{calls[0]}, unlock all {r['unlock_all_p50_ms']:.3f} ms{calls[1]}",
                         flush=True,
                     )
         finally:

@@ -75,17 +75,30 @@ class GpuBackend(abc.ABC):
     def capabilities(self) -> Capabilities:
         return Capabilities(lock=False, reason="this backend cannot drain other processes")
 
-    def lock(self, pid: int, timeout_s: float) -> str:
+    def lock_check(self, pid: int, state: str | None, what: str) -> bool:
+        """The checks :meth:`lock` and :meth:`unlock` make before their driver call, for a caller
+        that makes them itself and then passes ``checked=True``.
+
+        The drain calls this on its event loop for every target, with ``state`` (/proc/PID/stat's)
+        read there already, so that its lock threads make nothing but driver calls: Python checks
+        in 16 threads at once queue on the GIL (lock_cost.py, H200, 2026-12-01). Returns False if
+        the process is gone; raises BackendError where the call would hang (``what``: "lock" or
+        "unlock", for the message).
+        """
+        return state is not None and state not in ("Z", "X")
+
+    def lock(self, pid: int, timeout_s: float, checked: bool = False) -> str:
         """Block ``pid``'s next GPU call and wait for its submitted work. Raises BackendError.
 
         Returns what happened: ``"locked"`` (KREX must unlock it), or why nothing was needed:
         ``"already-locked"`` (someone else's lock: not ours to undo), ``"checkpointed"``,
-        ``"not-cuda"`` (no context yet: look again later), ``"gone"``.
+        ``"not-cuda"`` (no context yet: look again later), ``"gone"``. ``checked``: the caller
+        made :meth:`lock_check` just before.
         """
         raise NotImplementedError(self.capabilities.reason)
 
-    def unlock(self, pid: int) -> None:
-        """Undo :meth:`lock`. Must be safe on a process that has exited."""
+    def unlock(self, pid: int, checked: bool = False) -> None:
+        """Undo :meth:`lock`. Must be safe on a process that has exited. ``checked`` as for lock."""
         raise NotImplementedError(self.capabilities.reason)
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -305,12 +305,12 @@ class NvidiaBackend(GpuBackend):
             raise BackendError(self._caps.reason)
         return self._driver
 
-    def _runnable(self, pid: int, what: str) -> bool:
+    def lock_check(self, pid: int, state: str | None, what: str) -> bool:
         """False if ``pid`` is gone; raises ProcessStopped where the driver's call would hang.
 
-        One stat read answers both "gone" and "stopped" (a drain makes this check for every
-        sibling, so each read counts: lock_cost.py, 2026-12-01)."""
-        state = proc_state(pid)
+        One stat read (``state``) answers both "gone" and "stopped"; the frozen-cgroup check reads
+        /proc/PID/cgroup. A drain makes these checks for every sibling, on its event loop (see
+        :meth:`GpuBackend.lock_check`)."""
         if state is None or state in _GONE_STATES:
             return False
         if state in STOPPED:
@@ -331,7 +331,7 @@ class NvidiaBackend(GpuBackend):
                 )
         return exc
 
-    def lock_pid(self, pid: int, timeout_s: float) -> LockOutcome:
+    def lock_pid(self, pid: int, timeout_s: float, checked: bool = False) -> LockOutcome:
         """:meth:`lock`, telling what it found. Raises BackendError (ProcessStopped, CudaError).
 
         The lock is asked for first and the driver's state only when it refuses: the driver
@@ -340,7 +340,7 @@ class NvidiaBackend(GpuBackend):
         (tests/gpu/test_nvidia_driver.py holds the driver to that).
         """
         driver = self._checkpoint_driver()
-        if not self._runnable(pid, "lock"):
+        if not checked and not self.lock_check(pid, proc_state(pid), "lock"):
             return LockOutcome.GONE
         # 0 would mean "no timeout" to the driver: never let rounding produce it.
         timeout_ms = max(1, int(timeout_s * 1000))
@@ -375,19 +375,19 @@ class NvidiaBackend(GpuBackend):
                 return LockOutcome.NOT_CUDA
             raise self._explain(pid, exc) from exc
 
-    def lock(self, pid: int, timeout_s: float) -> str:
+    def lock(self, pid: int, timeout_s: float, checked: bool = False) -> str:
         """Drain ``pid``; a process that is gone, already locked or not using CUDA is fine as is."""
-        outcome = self.lock_pid(pid, timeout_s)
+        outcome = self.lock_pid(pid, timeout_s, checked)
         if outcome is not LockOutcome.LOCKED:
             log.debug("lock pid %d: %s", pid, outcome.value)
         return outcome.value
 
-    def unlock(self, pid: int) -> None:
+    def unlock(self, pid: int, checked: bool = False) -> None:
         """Undo :meth:`lock`. Safe (a no-op) when the process is gone, not locked or not CUDA.
 
         As for the lock, the state is asked only when the driver refuses the unlock."""
         driver = self._checkpoint_driver()
-        if not self._runnable(pid, "unlock"):
+        if not checked and not self.lock_check(pid, proc_state(pid), "unlock"):
             return
         try:
             driver.checkpoint_unlock(pid)
