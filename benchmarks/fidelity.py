@@ -14,11 +14,11 @@ its own arbiter (``python -m krex_lab.cli arbiter``) on a private endpoint; ever
 ``krex_lab.attach(gpu=0)`` so that it is a registered session the arbiter can freeze.
 
 Timing method (shared/FACTS.md: event pairs around single launches move 5-10% for 0.07 ms
-kernels because host launch latency sits inside the interval). Both methods below keep the
-host out: before each batch, a spin kernel (``torch.cuda._sleep``) holds the stream while the
-host enqueues the whole batch, and a batch counts only if the spin was still running when
-the last launch was enqueued (checked with an event query; otherwise the hold grows and the
-batch is redone):
+kernels because host launch latency sits inside the interval). ``launch`` and ``graph`` keep the
+host out with ``krex_lab.bench``'s own ``HeldSampler`` (no L2 flush): before each batch a spin
+kernel (``torch.cuda._sleep``) holds the stream, and a batch counts only if the GPU had reached
+none of its start events when that sample's end event was enqueued (an event query per sample;
+otherwise the hold grows and the batch is redone):
 
 * ``launch``: one event pair per kernel launch, so every sample is one kernel;
 * ``plain``: as a user times a kernel -- an event pair around one launch, synchronised, no held
@@ -241,9 +241,10 @@ def run(args: argparse.Namespace) -> int:
             "gpu": gpu,
         },
         "method": {
-            "launch": "one CUDA event pair per kernel launch; the stream is held by a spin kernel "
-            "(torch.cuda._sleep) while the batch is enqueued, and a batch is redone if the spin "
-            "ended first, so host launch latency is outside every interval",
+            "launch": "one CUDA event pair per kernel launch, krex_lab.bench's HeldSampler (no L2 flush): "
+            "a spin kernel (torch.cuda._sleep) holds the stream while the batch is enqueued, and the "
+            "batch is redone if the GPU reached a start event before its end event was enqueued, so "
+            "host launch latency is outside every interval",
             "plain": "one CUDA event pair around one launch, synchronised; nothing held (host time counts)",
             "graph": "CUDA graph of K launches (replay >= 2 ms), one event pair per replay, held stream as "
             "above; per-kernel time = replay time / K",

@@ -36,55 +36,33 @@ MSG = "@@ "  # victim protocol lines on stdout start with this; anything else is
 
 
 class HeldTimer:
-    """Event timing with the stream held by a spin kernel while a batch is enqueued."""
+    """Event timing with the stream held by a spin kernel while a batch is enqueued: the
+    ``HeldSampler`` of ``krex_lab.bench`` itself (no L2 flush), so that these figures are those
+    of the method the product times with. One sampler per callable keeps its hold and spin rate."""
 
     def __init__(self, torch: Any) -> None:
-        self.torch = torch
-        self.has_sleep = hasattr(torch.cuda, "_sleep")
-        self.cycles_per_ms = self._calibrate_sleep() if self.has_sleep else 0.0
-        self.hold_ms = 1.0
+        from krex_lab.bench.frameworks import TorchAdapter
 
-    def _calibrate_sleep(self) -> float:
-        torch = self.torch
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        s.record()
-        torch.cuda._sleep(20_000_000)
-        e.record()
-        e.synchronize()
-        return 20_000_000 / max(float(s.elapsed_time(e)), 1e-3)
+        self.adapter = TorchAdapter(lambda: None, ())
+        self.has_sleep = True  # TorchAdapter refuses a torch without torch.cuda._sleep
+        self._samplers: dict[Any, Any] = {}
+        self.cycles_per_ms = self._sampler(self.adapter.call).units_per_ms
+
+    def _sampler(self, fn: Any) -> Any:
+        from krex_lab.bench.timing import HeldSampler
+
+        if fn not in self._samplers:
+            self._samplers[fn] = HeldSampler(self.adapter, call=fn, l2_flush=False)
+        return self._samplers[fn]
 
     def samples(self, fn: Any, count: int, batch: int) -> tuple[list[float], dict[str, Any]]:
-        torch = self.torch
-        batch = max(1, min(batch, count))
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)]
-        gate = torch.cuda.Event()
+        sampler = self._sampler(fn)
+        redone, spun = sampler.redone, sampler.spin_ms
         out: list[float] = []
-        redone = 0
         while len(out) < count:
-            b = min(batch, count - len(out))
-            if self.has_sleep:
-                torch.cuda._sleep(int(self.hold_ms * self.cycles_per_ms))
-            gate.record()
-            t0 = time.perf_counter()
-            for i in range(b):
-                pairs[i][0].record()
-                fn()
-                pairs[i][1].record()
-            enqueue_ms = (time.perf_counter() - t0) * 1e3
-            held = not gate.query()  # the spin still ran when the last launch was queued
-            pairs[b - 1][1].synchronize()
-            if self.has_sleep and not held:
-                redone += 1
-                self.hold_ms = min(200.0, max(self.hold_ms * 2, 2 * enqueue_ms + 0.5))
-                if redone > 100:
-                    raise RuntimeError("could not hold the stream over a batch 100 times")
-                continue
-            out.extend(float(s.elapsed_time(e)) for s, e in pairs[:b])
-            # Keep the hold about twice the host's enqueue time: long enough under CPU load,
-            # short enough not to waste the run.
-            self.hold_ms = max(0.3, 0.8 * self.hold_ms + 0.2 * (2 * enqueue_ms + 0.3))
-        return out, {"redone_batches": redone, "held": self.has_sleep}
+            out.extend(sampler.batch(max(1, min(batch, count - len(out)))))
+        info = {"redone_batches": sampler.redone - redone, "spin_ms": round(sampler.spin_ms - spun, 3)}
+        return out, {**info, "held": True}
 
 
 class Victim:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -99,6 +100,7 @@ def bench(
     max_hold: float | None = None,
     l2_flush: bool = True,
     warmup: float | None = None,
+    exclusive_warmup: bool = False,
     min_samples: int | None = None,
     min_time: float | None = None,
     max_noise: float | None = None,
@@ -125,8 +127,11 @@ def bench(
     The framework (torch, CuPy, numba.cuda; ``host`` = the host clock) comes from the arguments or
     the callable, or ``framework=``; the call runs on that framework's current stream (numba: the
     default stream), or on ``stream=``. Wrap keyword arguments with ``functools.partial``. The
-    whole measurement runs in a KREX region (``krex_lab.exclusive``) unless ``exclusive=False``;
-    inside a region this session already holds (``%%krex_exclusive``) it uses that one.
+    sampling runs in a KREX region (``krex_lab.exclusive``) unless ``exclusive=False``: the
+    warm-up runs before it, sharing the GPU, and one batch in the region, not kept, settles the
+    GPU again (``exclusive_warmup=True`` holds the region over the warm-up too). Inside a region
+    this session already holds (``%%krex_exclusive``) it uses that one. ``phases`` of the result
+    says where the wall time went.
     In numba's CUDA simulator the call is timed on the host with small budgets, flagged simulated.
     """
     if method not in METHODS:
@@ -163,12 +168,32 @@ def bench(
     if max_hold is None and opts["warmup"] + criterion.timeout + 20 > 60:
         max_hold = opts["warmup"] + criterion.timeout + 30  # beyond the arbiter's default 60 s lease
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
+    phases: dict[str, float] = {}
     try:
-        with _region(exclusive, gpu, max_hold, adapter.info.nvml_index, notes) as held:
+        lap = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            if exclusive_warmup:
+                held = stack.enter_context(_region(exclusive, gpu, max_hold, adapter.info.nvml_index, notes))
+                lap = _phase(phases, "region_wait_s", lap)
             sampler, method_text, batch_limit = _sampler(adapter, method, l2_flush and device_timing, graph_calls)
+            lap = _phase(phases, "setup_s", lap)
             warm = warm_up(sampler, float(opts["warmup"]))
+            lap = _phase(phases, "warmup_s", lap)
+            if not exclusive_warmup:
+                # Only the sampling is exclusive: setup and warm-up (compile, allocation, clocks,
+                # the estimate) share the GPU, then one batch in the region settles it again.
+                held = stack.enter_context(_region(exclusive, gpu, max_hold, adapter.info.nvml_index, notes))
+                lap = _phase(phases, "region_wait_s", lap)
+                if isinstance(sampler, HeldSampler):
+                    sampler.units_per_ms = sampler.calibrate()  # the spin's rate, the GPU alone
+                settle = sampler.batch(batch_size(warm.estimate_ms, batch_ms, batch_limit))
+                warm.estimate_ms = sorted(settle)[len(settle) // 2]
+                lap = _phase(phases, "settle_s", lap)
             batch = batch_size(warm.estimate_ms, batch_ms, batch_limit)
             got = collect(sampler, criterion, batch, clocks)
+            lap = _phase(phases, "sampling_s", lap)
+            if isinstance(sampler, HeldSampler):
+                phases["spin_s"] = sampler.spin_ms / 1e3
     finally:
         clocks.close()
         adapter.close()
@@ -211,12 +236,19 @@ def bench(
         batch=batch,
         wall_s=time.monotonic() - t_start,
         warmup={"calls": warm.calls, "seconds": warm.seconds, "estimate_ms": warm.estimate_ms},
+        phases={k: round(v, 6) for k, v in phases.items()},
         clocks=clocks.summary(),
         device=adapter.info.to_dict(),
         region=held.report,
         criterion={**criterion.to_dict(), "warmup": opts["warmup"]},
         warnings=notes,
     )
+
+
+def _phase(phases: dict[str, float], name: str, since: float) -> float:
+    now = time.monotonic()
+    phases[name] = now - since
+    return now
 
 
 def _sampler(adapter: HostAdapter, method: str, l2_flush: bool, graph_calls: int | None) -> tuple[Sampler, str, int]:

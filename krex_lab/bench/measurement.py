@@ -56,6 +56,9 @@ class Measurement:
     batch: int = 1
     wall_s: float = 0.0
     warmup: dict[str, Any] = field(default_factory=dict)
+    #: wall seconds by phase: setup_s, warmup_s, region_wait_s (acquiring the region), settle_s
+    #: (its first batch, not kept), sampling_s; spin_s is GPU time spent holding the stream
+    phases: dict[str, float] = field(default_factory=dict)
     clocks: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
     #: the region's report (``krex_lab.RegionReport``), None with ``exclusive=False``
@@ -125,6 +128,7 @@ class Measurement:
             "batch": self.batch,
             "wall_s": self.wall_s,
             "warmup": dict(self.warmup),
+            "phases": dict(self.phases),
             "clocks": dict(self.clocks),
             "device": dict(self.device),
             "region": dict(self.region) if self.region is not None else None,

@@ -3,9 +3,13 @@
 :class:`HeldSampler` is the method proven on the H200 (benchmarks/fidelity_roles.py,
 fidelity-2026-11-29.json): a spin kernel holds the stream while a whole batch is enqueued —
 for each sample an L2 flush, a start event, the call, an end event — so the GPU never waits
-for the host: host launch latency stays out of every interval. If the spin ended before the
-last launch was enqueued (checked with an event recorded right after it), the batch is redone
-with a longer hold. With ``divisor=K`` and a CUDA graph of K calls as the call, it is the graph
+for the host: host launch latency stays out of every interval. Right after each sample's end
+event is enqueued the host asks whether its start event has run yet: if it has, the GPU may
+have waited for the host inside that interval, and the batch is redone with a longer hold. The
+hold therefore only has to cover the first samples' enqueue while the GPU is slower than the
+host (0.3 ms, not twice the whole batch's enqueue time: that was a third of a 0.24 ms kernel's
+region on the H200, 2026-12-01); it grows only where the GPU catches up (tiny kernels, a
+preempted host). With ``divisor=K`` and a CUDA graph of K calls as the call, it is the graph
 method (per-call time = replay time / K; L2 is flushed between replays, not inside one).
 
 :class:`HostSampler` times a call with ``time.perf_counter`` (NumPy, numba's simulator).
@@ -27,6 +31,7 @@ from .stats import Convergence, Criterion
 from .throttle import ClockLog
 
 MAX_HOLD_MS = 200.0
+MIN_HOLD_MS = 0.3
 MAX_BATCH = 100
 
 
@@ -66,7 +71,10 @@ class HeldSampler:
         self.divisor = divisor
         self.redone = 0
         self.hold_ms = 1.0
-        self.gate = adapter.event()
+        #: a hold at least this long: 1.25 x the longest one the GPU outran (never lowered)
+        self.floor_ms = MIN_HOLD_MS
+        #: spin time asked for so far (GPU time spent holding the stream), for the phases report
+        self.spin_ms = 0.0
         self.pairs: list[tuple[Any, Any]] = []
         if l2_flush:
             adapter.prepare_flush()
@@ -96,25 +104,26 @@ class HeldSampler:
             self.pairs.append((ad.event(), ad.event()))
         pairs = self.pairs[:count]
         for _ in range(100):
+            caught = False
             with ad.stream_context():
                 ad.spin(int(self.hold_ms * self.units_per_ms))
-                ad.record(self.gate)
-                t0 = time.perf_counter()
                 for start, end in pairs:
                     if self.l2_flush:
                         ad.flush()
                     ad.record(start)
                     self.call()
                     ad.record(end)
-                enqueue_ms = (time.perf_counter() - t0) * 1e3
-                held = not ad.done(self.gate)  # the spin still ran when the last launch was queued
+                    # Has the GPU reached this start already? Then it may have waited for the
+                    # call's launch inside the interval. Not yet: start, call and end run back to back.
+                    caught = caught or ad.done(start)
+            self.spin_ms += self.hold_ms
             ad.wait(pairs[-1][1])
-            if not held:
+            if caught:
                 self.redone += 1
-                self.hold_ms = min(MAX_HOLD_MS, max(self.hold_ms * 2, 2 * enqueue_ms + 0.5))
+                self.floor_ms = min(MAX_HOLD_MS, max(self.floor_ms, 1.25 * self.hold_ms))
+                self.hold_ms = min(MAX_HOLD_MS, max(self.floor_ms, 2 * self.hold_ms))
                 continue
-            # About twice the host's enqueue time: enough under CPU load, not much GPU time wasted.
-            self.hold_ms = min(MAX_HOLD_MS, max(0.3, 0.8 * self.hold_ms + 0.2 * (2 * enqueue_ms + 0.3)))
+            self.hold_ms = max(self.floor_ms, 0.8 * self.hold_ms)
             return [ad.elapsed_ms(s, e) / self.divisor for s, e in pairs]
         raise RuntimeError(
             f"could not hold the stream over a batch of {count} calls 100 times "

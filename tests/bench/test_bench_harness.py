@@ -291,6 +291,109 @@ def test_held_sampler_times_only_the_call_and_redoes_unheld_batches() -> None:
     assert graph.batch(3) == pytest.approx([0.25] * 3)
 
 
+class QueueAdapter:
+    """A host and a GPU stream on two clocks, as the driver runs them: every API call costs the
+    host ``host_ms``; an operation starts on the GPU when the host has enqueued it and the stream is
+    free; an event takes the GPU's time then, and is done once the host's clock has passed it.
+    ``stalls`` maps the index of a host call to a pause before it (the host preempted)."""
+
+    calibration_units = 10_000
+
+    def __init__(self, kernel_ms: float, host_ms: float = 0.01, stalls: dict[int, float] | None = None) -> None:
+        self.kernel_ms, self.host_ms = kernel_ms, host_ms
+        self.stalls = stalls or {}
+        self.host = self.gpu = 0.0
+        self.calls = 0
+        self.gpu_busy = 0.0
+
+    class Event:
+        t = math.inf
+
+    def _host(self) -> None:
+        self.host += self.stalls.get(self.calls, 0.0) + self.host_ms
+        self.calls += 1
+
+    def _run(self, ms: float) -> float:
+        self._host()
+        start = max(self.gpu, self.host)
+        self.gpu = start + ms
+        self.gpu_busy += ms
+        return start
+
+    def event(self) -> Any:
+        return self.Event()
+
+    def stream_context(self) -> Any:
+        return contextlib.nullcontext()
+
+    def record(self, ev: Any) -> None:
+        ev.t = self._run(0.0)
+
+    def spin(self, units: int) -> None:
+        self._run(units / 1000.0)  # 1000 units per ms
+
+    def call(self) -> None:
+        self._run(self.kernel_ms)
+
+    def prepare_flush(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        self._run(0.02)
+
+    def done(self, ev: Any) -> bool:
+        self._host()
+        return bool(ev.t <= self.host)
+
+    def wait(self, ev: Any) -> None:
+        self.host = max(self.host, ev.t)
+
+    def elapsed_ms(self, a: Any, b: Any) -> float:
+        return float(b.t - a.t)
+
+
+def test_held_sampler_holds_the_stream_only_as_long_as_the_gpu_could_catch_up() -> None:
+    # A 0.25 ms kernel, 10 us a host call: the GPU never waits for the host after the first
+    # sample, so the spin is a sliver of the batch. The hold was twice the batch's enqueue time
+    # (a third of a 0.24 ms kernel's region on the H200, 2026-12-01).
+    ad = QueueAdapter(kernel_ms=0.25)
+    s = HeldSampler(ad, l2_flush=True)
+    busy_before = ad.gpu_busy
+    out = [t for _ in range(20) for t in s.batch(40)]
+    assert out == pytest.approx([0.25] * 800), "no host time inside an interval"
+    assert s.redone == 0
+    assert s.hold_ms == pytest.approx(0.3), "the hold settles at its floor"
+    assert s.spin_ms < 0.05 * (ad.gpu_busy - busy_before), (s.spin_ms, ad.gpu_busy - busy_before)
+
+
+def test_held_sampler_redoes_a_batch_the_gpu_caught_up_with() -> None:
+    # The host is preempted for 10 ms between a start event and its call, mid-batch: longer than
+    # the GPU's lead (20 samples of 0.25 ms, less the host's 50 us each), so that sample would
+    # hold the stall. The batch is taken again; nothing returned holds it.
+    ad = QueueAdapter(kernel_ms=0.25)
+    s = HeldSampler(ad, l2_flush=True)
+    s.batch(10)
+    # the spin, then per sample: flush, start, call, end, query; the stall comes before call 20
+    ad.stalls = {ad.calls + 1 + 5 * 20 + 2: 10.0}
+    out = s.batch(40)
+    assert out == pytest.approx([0.25] * 40) and s.redone == 1
+    assert s.floor_ms > 0.3
+
+
+def test_held_sampler_covers_the_whole_enqueue_when_the_gpu_is_faster_than_the_host() -> None:
+    # A 2 us kernel against 10 us host calls: the GPU would wait at every sample. The hold grows
+    # until the batch is enqueued under it, and stays there (no redo in every batch after).
+    ad = QueueAdapter(kernel_ms=0.002)
+    s = HeldSampler(ad, l2_flush=False)
+    out = [t for _ in range(30) for t in s.batch(20)]
+    assert out == pytest.approx([0.002] * 600)
+    first = s.redone
+    assert first >= 1
+    for _ in range(30):
+        s.batch(20)
+    assert s.redone - first <= 3, "the hold must not fall back under what the GPU outran"
+
+
 # -- bench() and friends on host callables ----------------------------------------------------
 
 
@@ -326,6 +429,18 @@ def test_bench_runs_inside_a_region(arbiter: ArbiterProc) -> None:
     with krex_lab.exclusive() as region:  # inside the caller's own region: bench uses it
         inner = krex_lab.bench(busy, 0.1, **FAST)
     assert inner.region is not None and inner.region["nested"] and inner.region["region"] == region.id
+
+
+def test_only_the_sampling_holds_the_region(arbiter: ArbiterProc) -> None:
+    # The warm-up (compile, allocation, clocks: 0.2 s by default) shares the GPU; a region held
+    # over it kept every other agent off the GPU for nothing (agent_study.py, H200, 2026-12-01).
+    opts = {**FAST, "warmup": 0.4}
+    m = krex_lab.bench(busy, 0.1, **opts)
+    assert m.region is not None and m.phases["warmup_s"] >= 0.4
+    assert m.region["hold_s"] < 0.4, (m.region["hold_s"], m.phases)
+    assert m.phases["sampling_s"] > 0 and "settle_s" in m.phases and m.to_dict()["phases"] == m.phases
+    held = krex_lab.bench(busy, 0.1, exclusive_warmup=True, **opts)
+    assert held.region is not None and held.region["hold_s"] >= 0.4 and "settle_s" not in held.phases
 
 
 def test_bench_options_are_checked() -> None:
