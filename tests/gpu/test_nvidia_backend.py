@@ -304,23 +304,27 @@ def test_the_drain_checks_on_its_loop_and_its_threads_only_call_the_driver(child
     be.lock_check = lock_check  # type: ignore[method-assign]
     stopped = subprocess.Popen(["sleep", "60"])
     locker = Locker(be, lock_timeout=1.0)
+    # A loop of its own, never the thread's current one: asyncio.run() would unset that for
+    # the tests that run after this one.
+    loop = asyncio.new_event_loop()
     try:
         os.kill(stopped.pid, signal.SIGSTOP)
         wait_state(stopped.pid, "Tt")
         result = DrainResult()
         journaled: list[list[tuple[int, int]]] = []
-        asyncio.run(locker.lock_all([child.pid, stopped.pid], result, journaled.append))
+        loop.run_until_complete(locker.lock_all([child.pid, stopped.pid], result, journaled.append))
         assert result.locked_pids == [child.pid]
         assert "stopped" in result.not_drained[stopped.pid]
         assert [pid for pid, _ in journaled[0]] == [child.pid]  # journaled before any driver call
         os.kill(child.pid, signal.SIGSTOP)  # stopped while locked: its unlock would hang
         wait_state(child.pid, "Tt")
-        errors = asyncio.run(locker.unlock_all(result.locked))
+        errors = loop.run_until_complete(locker.unlock_all(result.locked))
         assert len(errors) == 1 and "stopped" in errors[0]
         os.kill(child.pid, signal.SIGCONT)
         wait_state(child.pid, "S")
-        assert asyncio.run(locker.unlock_all(result.locked)) == []
+        assert loop.run_until_complete(locker.unlock_all(result.locked)) == []
     finally:
+        loop.close()
         locker.shutdown()
         os.kill(stopped.pid, signal.SIGCONT)
         stopped.kill()
