@@ -170,6 +170,28 @@ class Held:
             )
 
 
+def region_info(gpu: int, rep: dict[str, Any]) -> dict[str, Any]:
+    """:class:`Held`'s record from a region report as the arbiter closed it (its own wall-clock
+    times: requested, granted and released, the release's undo included)."""
+    granted, released = float(rep.get("granted_at") or 0.0), float(rep.get("released_at") or 0.0)
+    requested = float(rep.get("requested_at") or granted)
+    return {
+        "gpu": gpu,
+        "id": rep.get("region"),
+        "requested": requested,
+        "granted": granted,
+        "released": released,
+        "wait_s": granted - requested,
+        "hold_s": released - granted,
+        "acquire_s": float(rep.get("acquire_s") or 0.0),
+        "arbiter_wait_s": float(rep.get("wait_s") or 0.0),
+        "frozen": len(rep.get("frozen") or []),
+        "locked": len(rep.get("locked") or []),
+        "degraded": bool(rep.get("degraded")),
+        "simulated": bool(rep.get("simulated")),
+    }
+
+
 def _load(path: str) -> Any:
     name = "agent_candidate_" + re.sub(r"\W", "_", Path(path).stem)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -256,10 +278,11 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     t0 = time.perf_counter()
     opts = dict(job.get("bench") or {})
     if mode == "region":
-        held = Held(gpu, job.get("max_hold", 60.0), bool(job.get("freeze", True)))
-        with held:
-            m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, **opts)  # nests in the region just taken
-        rec["region"] = held.info
+        # bench's own region: the warm-up shares the GPU, only the sampling holds it
+        freeze = bool(job.get("freeze", True))
+        m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, max_hold=job.get("max_hold", 60.0), freeze=freeze, **opts)
+        rec["region"] = region_info(gpu, m.region or {})
+        rec["phases"] = m.phases
     else:
         m = krex_lab.bench(fn, *ins, *outs, gpu=gpu, exclusive=mode == "command", **opts)
     rec["time_s"] = time.perf_counter() - t0

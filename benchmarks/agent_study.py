@@ -24,7 +24,10 @@ as ``krex exclusive -- python eval.py`` does); ``warm`` = ``krex_lab.submit`` to
 context workers (``krex pool``, ``--workers`` per GPU, started here).
 
 Before the sweep a **reference pass** evaluates every correct candidate alone (region mode, no
-other agent); every timed evaluation records its error against that reference median.
+other agent), and again after the points (``--no-reference-after``: only before): every timed
+evaluation records its error against the mean of the two reference medians, and the JSON says
+how far the two passes lie apart (``reference_drift_pct``: the GPU's own drift, a floor under
+any error the study can show). See ``agent_reference.py``.
 
 **Real**: the arbiter, its regions (queue, freeze of the other sessions of the GPU, core
 isolation; on NVIDIA also the driver lock), the agent processes and their sessions, the pool
@@ -66,6 +69,7 @@ sys.path.insert(0, str(HERE))
 
 import agent_kernels as ak  # noqa: E402
 import agent_plots  # noqa: E402 - matplotlib only when a figure is drawn
+import agent_reference  # noqa: E402
 from common import REPO, machine, percentile, write_result  # noqa: E402
 
 from krex_lab.errors import KrexError  # noqa: E402
@@ -114,6 +118,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--use-arbiter", action="store_true", help="use the arbiter at $KREX_ENDPOINT (tests)")
     p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--reference-after",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a second reference pass after the points; errors are then against the mean of both, and "
+        "their drift is reported (what the GPU itself moved meanwhile)",
+    )
     return p.parse_args(argv)
 
 
@@ -193,11 +204,6 @@ class World:
                     p.wait()
 
 
-def sizes(args: argparse.Namespace) -> tuple[str, str]:
-    fake = args.backend == "fake"
-    return (args.check_size or ("test1" if fake else "0.05ms"), args.time_size or ("test1" if fake else "0.1ms"))
-
-
 def bench_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     if args.backend == "fake":
@@ -205,44 +211,6 @@ def bench_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.bench_min_time is not None:
         opts["min_time"] = args.bench_min_time
     return opts
-
-
-def reference_pass(world: World, cands: list[ak.Candidate], workdir: Path) -> dict[str, dict[str, Any]]:
-    """Every correct candidate evaluated alone, in one process, before the sweep."""
-    args = world.args
-    check_size, time_size = sizes(args)
-    jobs = []
-    for i, c in enumerate(x for x in cands if not x.wrong):
-        path = ak.write_source(c, workdir, f"reference_{i:03d}")
-        jobs.append(
-            {
-                "candidate": ak.candidate_dict(c),
-                "path": str(path),
-                "mode": "region",
-                "gpu": 0,
-                "check_size": check_size,
-                "time_size": time_size,
-                "bench": bench_options(args),
-                "sim_compile_s": 0.0,
-                "max_hold": args.max_hold,
-            }
-        )
-    r = subprocess.run(
-        [sys.executable, str(HERE / "agent_kernels.py"), "reference"],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=world.env,
-        timeout=900,
-    )
-    lines = [x for x in r.stdout.splitlines() if x.startswith("AGENT-RESULT ")]
-    if not lines:
-        raise SystemExit(f"agent_study: the reference pass failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    out = {}
-    for rec in json.loads(lines[-1][len("AGENT-RESULT ") :]):
-        c = ak.Candidate(**rec["candidate"])
-        out[c.id] = {k: rec.get(k) for k in ("status", "median_ms", "p95_ms", "rel_stdev", "samples", "error")}
-    return out
 
 
 def overlaps(intervals: list[tuple[float, float]]) -> int:
@@ -271,7 +239,7 @@ def run_point(
     world: World, point: dict[str, Any], cands: list[ak.Candidate], workdir: Path, ref: dict[str, Any]
 ) -> dict[str, Any]:
     args = world.args
-    check_size, time_size = sizes(args)
+    check_size, time_size = agent_reference.sizes(args)
     logs = workdir / f"point{point['index']:02d}"
     logs.mkdir()
     start_at = time.time() + (3.0 if point["launch"] == "warm" else 2.0) + 0.05 * point["agents"]
@@ -319,10 +287,7 @@ def run_point(
                 tb = ev.pop("traceback", None)
                 if tb and len(tracebacks) < 8:
                     tracebacks.setdefault(str(ev.get("error", ""))[:120], tb)
-                r = ref.get(ev["candidate"], {})
-                if ev.get("median_ms") is not None and r.get("median_ms"):
-                    ev["ref_median_ms"] = r["median_ms"]
-                    ev["error_pct"] = 100.0 * (ev["median_ms"] / r["median_ms"] - 1.0)
+                agent_reference.score(ev, ref)
                 records.append(ev)
     return {**summarise(point, start_at, until, codes, starts, records), "tracebacks": tracebacks}
 
@@ -341,7 +306,6 @@ def summarise(
     by_gpu: dict[int, list[tuple[float, float]]] = {}
     for reg in regions:
         by_gpu.setdefault(reg["gpu"], []).append((reg["granted"], reg["released"]))
-    errs = [abs(r["error_pct"]) for r in timed if r.get("error_pct") is not None]
     statuses: dict[str, int] = {}
     for r in records:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -362,11 +326,7 @@ def summarise(
         "statuses": statuses,
         "wrong_on_purpose_passed": sum(1 for r in records if r["wrong_on_purpose"] and r["status"] == "ok"),
         "correct_failed": sum(1 for r in records if not r["wrong_on_purpose"] and r["status"] != "ok"),
-        "error_abs_pct": {
-            "median": round(statistics.median(errs), 3) if errs else None,
-            "p95": round(percentile(errs, 0.95), 3) if errs else None,
-            "n": len(errs),
-        },
+        "error_abs_pct": agent_reference.error_stats(timed),
         "region_overlaps": sum(overlaps(v) for v in by_gpu.values()),
         "regions": {
             "n": len(regions),
@@ -454,7 +414,7 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         world.start_arbiter()
         t0 = time.monotonic()
-        result["reference"] = reference_pass(world, cands, workdir)
+        result["reference"] = agent_reference.reference_pass(world, cands, workdir, bench_options(args))
         result["reference_s"] = round(time.monotonic() - t0, 1)
         print(f"reference pass: {len(result['reference'])} candidates alone in {result['reference_s']} s", flush=True)
         warm = [p for p in points if p["launch"] == "warm"]
@@ -487,6 +447,17 @@ def main(argv: list[str] | None = None) -> Path:
                 flush=True,
             )
         t_end = time.time()
+        if args.reference_after and result["points"]:
+            t0 = time.monotonic()
+            after = agent_reference.reference_pass(world, cands, workdir, bench_options(args), "after")
+            result["reference_after_s"] = round(time.monotonic() - t0, 1)
+            agent_reference.bracket(result, after)
+            print(
+                f"reference pass after the points: drift |after/before - 1| "
+                f"median {result['reference_drift_pct']['median']} % p95 {result['reference_drift_pct']['p95']} %; "
+                "errors are against the mean of both passes",
+                flush=True,
+            )
         time.sleep(1.5)  # the arbiter writes its history in batches, from a thread
         try:
             n, bad = history_overlaps(world.env["KREX_ENDPOINT"], t_start, t_end)

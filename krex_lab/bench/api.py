@@ -43,7 +43,7 @@ class _Held:
 
 @contextmanager
 def _region(
-    enabled: bool, gpu: int | None, max_hold: float | None, device_index: int | None, notes: list[str]
+    enabled: bool, gpu: int | None, max_hold: float | None, freeze: bool, device_index: int | None, notes: list[str]
 ) -> Iterator[_Held]:
     held = _Held()
     if not enabled:
@@ -60,7 +60,7 @@ def _region(
             f"this session is on GPU {session.gpu} but the timed device is NVML GPU {device_index}: "
             f"the region protects GPU {session.gpu}"
         )
-    region = client.Exclusive(gpu=gpu, max_hold=max_hold, session=session)
+    region = client.Exclusive(gpu=gpu, max_hold=max_hold, freeze=freeze, session=session)
     try:
         region.acquire()
     except ArbiterUnavailable as exc:
@@ -98,6 +98,7 @@ def bench(
     exclusive: bool = True,
     gpu: int | None = None,
     max_hold: float | None = None,
+    freeze: bool = True,
     l2_flush: bool = True,
     warmup: float | None = None,
     exclusive_warmup: bool = False,
@@ -130,7 +131,8 @@ def bench(
     sampling runs in a KREX region (``krex_lab.exclusive``) unless ``exclusive=False``: the
     warm-up runs before it, sharing the GPU, and one batch in the region, not kept, settles the
     GPU again (``exclusive_warmup=True`` holds the region over the warm-up too). Inside a region
-    this session already holds (``%%krex_exclusive``) it uses that one. ``phases`` of the result
+    this session already holds (``%%krex_exclusive``) it uses that one. ``freeze=False``: the
+    region stops no other session (drain and core isolation stay). ``phases`` of the result
     says where the wall time went.
     In numba's CUDA simulator the call is timed on the host with small budgets, flagged simulated.
     """
@@ -173,7 +175,7 @@ def bench(
         lap = time.monotonic()
         with contextlib.ExitStack() as stack:
             if exclusive_warmup:
-                held = stack.enter_context(_region(exclusive, gpu, max_hold, adapter.info.nvml_index, notes))
+                held = stack.enter_context(_region(exclusive, gpu, max_hold, freeze, adapter.info.nvml_index, notes))
                 lap = _phase(phases, "region_wait_s", lap)
             sampler, method_text, batch_limit = _sampler(adapter, method, l2_flush and device_timing, graph_calls)
             lap = _phase(phases, "setup_s", lap)
@@ -182,7 +184,7 @@ def bench(
             if not exclusive_warmup:
                 # Only the sampling is exclusive: setup and warm-up (compile, allocation, clocks,
                 # the estimate) share the GPU, then one batch in the region settles it again.
-                held = stack.enter_context(_region(exclusive, gpu, max_hold, adapter.info.nvml_index, notes))
+                held = stack.enter_context(_region(exclusive, gpu, max_hold, freeze, adapter.info.nvml_index, notes))
                 lap = _phase(phases, "region_wait_s", lap)
                 if isinstance(sampler, HeldSampler):
                     sampler.units_per_ms = sampler.calibrate()  # the spin's rate, the GPU alone

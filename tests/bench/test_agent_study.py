@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -103,15 +104,21 @@ def test_command_mode_regions_hold_the_compile_and_region_mode_regions_do_not(st
         assert r["region"]["requested"] - r["eval_started"] >= r["compile_s"], r
 
 
-def test_timing_errors_recorded_against_the_reference(study: dict[str, Any]) -> None:
+def test_timing_errors_recorded_against_the_reference_passes_before_and_after(study: dict[str, Any]) -> None:
+    before, after = study["reference"], study["reference_after"]
+    assert set(after) == set(before), "the same candidates, alone, after the points"
+    drift = [abs(after[c]["median_ms"] / before[c]["median_ms"] - 1) * 100 for c in before]
+    assert study["reference_drift_pct"]["n"] == len(drift)
+    assert study["reference_drift_pct"]["median"] == pytest.approx(statistics.median(drift), abs=1e-3)
     for p in study["points"]:
         timed = [r for r in p["records"] if r["status"] == "ok"]
         assert timed
         for r in timed:
-            ref = study["reference"][r["candidate"]]["median_ms"]
-            assert r["ref_median_ms"] == ref
+            ref = (before[r["candidate"]]["median_ms"] + after[r["candidate"]]["median_ms"]) / 2
+            assert math.isclose(r["ref_median_ms"], ref, rel_tol=1e-12)
             assert math.isclose(r["error_pct"], 100 * (r["median_ms"] / ref - 1), rel_tol=1e-9)
         assert p["error_abs_pct"]["n"] == sum(1 for r in timed if not r["late"])
+        assert p["error_abs_pct_vs_before"]["n"] == p["error_abs_pct"]["n"]
 
 
 def test_wrong_candidates_fail_and_correct_ones_pass(study: dict[str, Any]) -> None:
