@@ -105,6 +105,8 @@ def proc_state(pid: int) -> str | None:
 
 #: the stat states of a process stopped by a signal (T) or a tracer (t)
 STOPPED = ("T", "t")
+#: the stat states of a process that has exited (zombie, dead): nothing of it runs any more
+GONE = ("Z", "X")
 
 
 def proc_is_stopped(pid: int) -> bool:

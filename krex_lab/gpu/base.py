@@ -17,6 +17,8 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..procutil import GONE
+
 
 @dataclass
 class GpuInfo:
@@ -85,7 +87,7 @@ class GpuBackend(abc.ABC):
         the process is gone; raises BackendError where the call would hang (``what``: "lock" or
         "unlock", for the message).
         """
-        return state is not None and state not in ("Z", "X")
+        return state is not None and state not in GONE
 
     def lock(self, pid: int, timeout_s: float, checked: bool = False) -> str:
         """Block ``pid``'s next GPU call and wait for its submitted work. Raises BackendError.

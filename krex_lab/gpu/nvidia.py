@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
-from ..procutil import STOPPED, proc_state, proc_uid
+from ..procutil import GONE, STOPPED, proc_state, proc_uid
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
     CUDA_ERROR_OPERATING_SYSTEM,
@@ -45,7 +45,6 @@ log = logging.getLogger("krex.gpu.nvidia")
 
 PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-_GONE_STATES = ("Z", "X")  # a zombie has no GPU state left: the driver tore it down at exit
 
 
 class ProcessStopped(BackendError):
@@ -169,7 +168,7 @@ def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT) -> bool
 
 def _alive(pid: int) -> bool:
     state = proc_state(pid)
-    return state is not None and state not in _GONE_STATES
+    return state is not None and state not in GONE
 
 
 # -- the backend -----------------------------------------------------------------------------
@@ -311,7 +310,7 @@ class NvidiaBackend(GpuBackend):
         One stat read (``state``) answers both "gone" and "stopped"; the frozen-cgroup check reads
         /proc/PID/cgroup. A drain makes these checks for every sibling, on its event loop (see
         :meth:`GpuBackend.lock_check`)."""
-        if state is None or state in _GONE_STATES:
+        if state is None or state in GONE:
             return False
         if state in STOPPED:
             raise ProcessStopped(
