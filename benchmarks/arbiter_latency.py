@@ -65,8 +65,10 @@ for _ in range(rounds):
     region.release()
     t2 = time.perf_counter()
     r = region.report
-    out.append([t1 - t0, t2 - t1, t2 - t0, r.get("acquire_s", 0.0), len(r.get("frozen", [])),
-                r.get("drain_s", 0.0), r.get("freeze_s", 0.0), r.get("isolate_s", 0.0)])
+    # The arbiter's own step times (acquire_s, drain_s, drain_list_s, ..., unlock_s, undo_s).
+    row = {k[:-2]: v for k, v in r.items() if k.endswith("_s") and isinstance(v, float) and k != "max_hold_s"}
+    row.update(client_acquire=t1 - t0, client_release=t2 - t1, round_trip=t2 - t0, frozen=len(r.get("frozen", [])))
+    out.append(row)
 print(json.dumps(out), flush=True)
 """
 
@@ -92,20 +94,28 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int,
             s.send_signal(signal.SIGCONT)
             s.kill()
             s.wait()
-    keys = ["acquire", "release", "round_trip", "arbiter_acquire", None, "drain", "freeze", "isolate"]
-    ms = {k: [r[i] * 1e3 for r in rows] for i, k in enumerate(keys) if k}
+    # Client-side figures keep their old names (acquire, release); the arbiter's acquire is arbiter_acquire.
+    rename = {"client_acquire": "acquire", "client_release": "release", "acquire": "arbiter_acquire"}
+    steps = [k for k in rows[0] if k not in ("frozen", "wait", "hold") and all(k in r for r in rows)]
+    ms = {rename.get(k, k): [r[k] * 1e3 for r in rows] for k in steps}
     result: dict[str, Any] = {
         "siblings": n,
         "mode": "busy" if busy else "idle",
         "cuda_siblings": cuda,
         "cooperative_siblings": control,
         "rounds": rounds,
-        "frozen_per_region": rows[-1][4],
+        "frozen_per_region": rows[-1]["frozen"],
     }
     for k, xs in ms.items():
         result[f"{k}_p50_ms"] = round(percentile(xs, 0.5), 4)
         result[f"{k}_p99_ms"] = round(percentile(xs, 0.99), 4)
     return result
+
+
+def undo_line(r: dict[str, Any]) -> str:
+    """The arbiter's release steps, p50 (absent from results made before they were reported)."""
+    parts = [f"{k} {r[k + '_p50_ms']:.2f}" for k in ("undo", "unisolate", "thaw", "unlock") if k + "_p50_ms" in r]
+    return ", ".join(parts) or "steps not reported"
 
 
 def main() -> None:
@@ -150,7 +160,8 @@ def main() -> None:
                     f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
                     f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
                     f"frozen {r['frozen_per_region']}; drain {r['drain_p50_ms']:.2f}, "
-                    f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f})",
+                    f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f}; release p50 "
+                    f"{r['release_p50_ms']:.2f}: {undo_line(r)})",
                     flush=True,
                 )
     finally:

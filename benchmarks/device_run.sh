@@ -2,8 +2,10 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency lockcost warm quickstart study study0 multigpu bench (default: info gputests fidelity
-# latency warm quickstart).
+# Stages: info gputests fidelity latency before lockcost warm quickstart study study0 multigpu bench (default: info
+# gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
+# (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
+# names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
 # most 8 files), and benchmarks/results/ on that machine.
 set -uo pipefail
@@ -27,8 +29,17 @@ for stage in "${stages[@]}"; do
     fidelity)
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
     latency)
-      timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle,busy \
-        --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1 | tail -20 | tee "$OUT/latency.log" ;;
+      timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 \
+        --modes ${LATENCY_MODES:-idle,busy} --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1 | tail -20 \
+        | tee "$OUT/latency.log" ;;
+    before)
+      rev=$(cat .before/REV); mkdir -p /tmp/before-out
+      (cd .before && OUT=/tmp/before-out timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda \
+        --counts 0,3,15 --modes ${LATENCY_MODES:-idle,busy} --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1) \
+        | tail -20 | tee "$OUT/latency-before-$rev.log"
+      for f in /tmp/before-out/arbiter_latency-*.json; do
+        [ -e "$f" ] && cp "$f" "$OUT/$(basename "$f" | sed "s/-cuda-/-cuda-before-$rev-/")"
+      done ;;
     lockcost)  # issue 14: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
       timeout 120 python3 benchmarks/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
     warm)

@@ -94,7 +94,14 @@ def unisolate(steps: Enforcement, region: Region) -> None:
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     steps.cores.release(region.id)
     if region.shielded.mode == "affinity" and region.isolated.cores:
-        pids, _, _ = node_pids(set(), _movable_uid(), known=region.shielded.walked)
+        walked = region.shielded.walked
+        pids, _, _ = node_pids(set(), _movable_uid(), known=walked)
+        # A process stopped for the whole region (the same one: its start time, read by this very
+        # walk, is the one it was stopped with) made nothing meanwhile, and the shield never
+        # narrowed it: none of its threads need looking at (a frozen sibling's threads cost
+        # most of the release's walk).
+        stopped = dict(region.frozen.procs)
+        pids = {p: start for p, start in pids.items() if p in walked or stopped.get(p) != start}
         steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen)
 
 

@@ -35,6 +35,10 @@ log = logging.getLogger("krex.scheduler")
 #: up to this many threads, isolation runs on the event loop (cheaper than a thread hand-off)
 INLINE_THREADS = 256
 
+#: how long the grant looks again at once (yielding to the loop, no timed pause) for stops
+#: that have not landed yet, before it pauses between looks
+SPIN_LANDING = 0.01
+
 #: a request that arrives within this many seconds of the end of its session's stop as an
 #: intruder was on its way when it was stopped: its report says how long that stop was
 STOPPED_WINDOW = 1.0
@@ -263,11 +267,13 @@ class Scheduler:
                 self.steps.freezer.freeze(region.id, [s.pid for s in siblings], region.exempt, result=region.frozen)
                 # Grant only once the stops have landed: a sibling still running would share
                 # the holder's first milliseconds. (Re-walking the trees waits till after.)
-                # Looked at at once: stops made at the drain's answers have landed by now, and a
-                # pause of the event loop costs a millisecond (epoll's resolution).
+                # Looked at at once: stops made at the drain's answers have landed by now. Then
+                # the loop only yields between looks (one stat read each) for SPIN_LANDING
+                # seconds: a timed pause costs a millisecond (epoll's resolution), and stops
+                # land within tens of microseconds of each other.
                 waiting = self.steps.freezer.pending(region.frozen)
                 while waiting and time.monotonic() - t1 < 0.1:
-                    await asyncio.sleep(0.0002)
+                    await asyncio.sleep(0 if time.monotonic() - t1 < SPIN_LANDING else 0.0002)
                     waiting = self.steps.freezer.pending(region.frozen, among=waiting)
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
@@ -343,12 +349,18 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         targets: set[int] = set()
         lock_job = None
+        t0 = time.monotonic()
         listed = {p.pid for p in self.steps.gpu_processes(region.gpu)} - region.drain_exempt
+        region.times["drain_list"] = time.monotonic() - t0
         if self.steps.locker.can_lock:
             targets = set(listed)
             if not self.config.lock_foreign:
                 targets &= {p for s in self.sessions for p in tree(s.pid)}
-            lock_job = self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id))
+            lock_job = self._timed(
+                region,
+                "drain_lock",
+                self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id)),
+            )
         cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
         # Without driver locks nothing can be stopped before it is locked, so a session is
         # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
@@ -395,6 +407,15 @@ class Scheduler:
                 if self.steps.locker.can_lock
                 else f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
             )
+
+    @staticmethod
+    async def _timed(region: Region, step: str, job: Any) -> None:
+        """Await ``job`` and keep how long it took in the region's times (its report's ``<step>_s``)."""
+        t0 = time.monotonic()
+        try:
+            await job
+        finally:
+            region.times[step] = time.monotonic() - t0
 
     def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
         if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
@@ -486,23 +507,35 @@ class Scheduler:
             while region.locking:
                 await asyncio.sleep(0.005)
             region.watcher.cancel()
+        times = region.times
+        t0 = time.monotonic()
         try:
-            # Inline only for a few threads: the node-wide shield walks every process again at
-            # release (what was born during the region), a partition waits on the kernel.
-            if self._few_threads(region.shielded.mode, lambda: self.steps.cores.touched(region.id)):
-                unisolate(self.steps, region)
-            else:
-                await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
+            # Thaw first, then give the cores back while the unlocks run: the unlocks need the
+            # siblings running (the driver's helper in each answers), the cores do not need them
+            # stopped (the shield never moved a frozen process), and the two take about as long.
             thaw(region.frozen)
+            t1 = time.monotonic()
+            times["thaw"] = t1 - t0
             region.drain.closed = True
-            errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
-            region.isolated.failed.extend(errors)
+            unlocking = self._spawn(self._timed(region, "unlock", self._unlock(region)))
+            await asyncio.sleep(0)  # the unlocks' checks run and their driver calls start
+            try:
+                # Inline only for a few threads: the node-wide shield walks every process again at
+                # release (what was born during the region), a partition waits on the kernel.
+                if self._few_threads(region.shielded.mode, lambda: self.steps.cores.touched(region.id)):
+                    unisolate(self.steps, region)
+                else:
+                    await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
+                times["unisolate"] = time.monotonic() - t1
+            finally:
+                await unlocking  # never journal the end before every unlock has returned
             for s in self.sessions.on_gpu(region.gpu):
                 if s.pid in region.drain.acked or s.pid in region.drain.intruders:
                     self.notify.control(s, "resume", region)
         finally:
             self.steps.journal.end(region.id)
             self.steps.gate.open(region.gpu)
+            times["undo"] = time.monotonic() - t0
             region.move(RegionState.RELEASED)
             if region.granted_at:
                 region.times["hold"] = time.monotonic() - region.granted_at
@@ -512,6 +545,10 @@ class Scheduler:
             self.active[region.gpu] = None
             region.done.set()
             self._kick(region.gpu)
+
+    async def _unlock(self, region: Region) -> None:
+        errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
+        region.isolated.failed.extend(errors)
 
     def _finish_report(self, region: Region) -> dict[str, Any]:
         report = region.report(self.backend_info)

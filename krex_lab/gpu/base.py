@@ -77,7 +77,7 @@ class GpuBackend(abc.ABC):
     def capabilities(self) -> Capabilities:
         return Capabilities(lock=False, reason="this backend cannot drain other processes")
 
-    def lock_check(self, pid: int, state: str | None, what: str) -> bool:
+    def lock_check(self, pid: int, state: str | None, what: str, cgroups: dict[str, bool] | None = None) -> bool:
         """The checks :meth:`lock` and :meth:`unlock` make before their driver call, for a caller
         that makes them itself and then passes ``checked=True``.
 
@@ -85,7 +85,8 @@ class GpuBackend(abc.ABC):
         read there already, so that its lock threads make nothing but driver calls: Python checks
         in 16 threads at once queue on the GIL (lock_cost.py, H200, 2026-12-01). Returns False if
         the process is gone; raises BackendError where the call would hang (``what``: "lock" or
-        "unlock", for the message).
+        "unlock", for the message). ``cgroups``: what a batch of checks has learnt of cgroups so
+        far (frozen or not), so that a cgroup shared by many targets is looked at once.
         """
         return state is not None and state not in GONE
 

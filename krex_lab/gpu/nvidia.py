@@ -24,6 +24,9 @@ import enum
 import functools
 import logging
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +132,67 @@ def holds_nvidia_device(pid: int, proc: Path = PROC) -> bool | None:
     return False
 
 
+class PidMap:
+    """NVML pid -> our pid (:func:`local_pid`, checked with :func:`holds_nvidia_device`), kept for
+    the process's life. Both answers are fixed while the process lives, and a drain asks for
+    every GPU process: /proc reads of 50 us a process (lock_cost.py, H200, 2026-12-02) become
+    one signal-0 through a pidfd, which fails once the process has ended (its pid could then be
+    someone else's). Only for the real /proc: a stand-in's pids name no process of ours."""
+
+    #: entries not listed for this long are dropped (their pidfds closed)
+    FORGET_AFTER = 60.0
+
+    def __init__(self, proc: Path) -> None:
+        self._proc = proc
+        self._keep = proc == PROC
+        self._known: dict[int, tuple[int, int, float]] = {}  # nvml pid -> (ours, pidfd, last listed)
+        self._lock = threading.Lock()  # the drain (on the loop) and the region's watcher (a thread)
+
+    def lookup(self, nvml_pid: int) -> int | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._known.get(nvml_pid)
+            if hit is not None:
+                known, fd, _ = hit
+                try:
+                    signal.pidfd_send_signal(fd, 0)
+                    self._known[nvml_pid] = (known, fd, now)
+                    return known
+                except OSError:  # it ended: whoever has the pid now is asked afresh
+                    del self._known[nvml_pid]
+                    os.close(fd)
+        mine = local_pid(nvml_pid, self._proc)
+        # A pid that /proc names but that holds no NVIDIA device is a namespace collision,
+        # not the GPU process NVML meant: never lock or report a bystander.
+        if mine is None or holds_nvidia_device(mine, self._proc) is False:
+            return None
+        if self._keep:
+            try:
+                fd = os.pidfd_open(mine)
+            except OSError:  # gone already, or no pidfds here: ask again next time
+                return mine
+            with self._lock:
+                old = self._known.pop(nvml_pid, None)
+                self._known[nvml_pid] = (mine, fd, now)
+            if old is not None:
+                os.close(old[1])
+        return mine
+
+    def sweep(self) -> None:
+        """Drop what no listing has named for :attr:`FORGET_AFTER` seconds."""
+        cutoff = time.monotonic() - self.FORGET_AFTER
+        with self._lock:
+            stale = [k for k, (_, _, seen) in self._known.items() if seen < cutoff]
+            for k in stale:
+                os.close(self._known.pop(k)[1])
+
+    def close(self) -> None:
+        with self._lock:
+            for _, fd, _ in self._known.values():
+                os.close(fd)
+            self._known.clear()
+
+
 @functools.lru_cache(maxsize=8)
 def _v2_mount(root: Path) -> Path:
     """Where the v2 hierarchy is mounted: ``root``, or ``root/unified`` in the hybrid layout.
@@ -136,33 +200,40 @@ def _v2_mount(root: Path) -> Path:
     return root / "unified" if (root / "unified" / "cgroup.controllers").exists() else root
 
 
-def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT) -> bool:
+def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT, known: dict[str, bool] | None = None) -> bool:
     """Whether ``pid`` sits in a frozen cgroup (v2 ``cgroup.freeze`` or the v1 freezer).
 
     Frozen tasks show state S (v2) or D (v1), not T, so /proc/PID/stat alone misses them. The
     driver's lock needs the target's threads to run, so it is assumed to hang on them as on
-    stopped ones (measured for SIGSTOP only, shared/FACTS.md).
+    stopped ones (measured for SIGSTOP only, shared/FACTS.md). ``known`` keeps each cgroup's
+    answer for the caller's next pid: a drain's siblings mostly share one cgroup.
     """
     try:
         lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return False
+    known = {} if known is None else known
     for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        rel = path.lstrip("/")
-        try:
-            if hier == "0" and controllers == "":
-                # v2: cgroup.events says "frozen 1" also when an ancestor is frozen.
-                events = (_v2_mount(root) / rel / "cgroup.events").read_text()
-                if "frozen 1" in events.splitlines():
-                    return True
-            elif "freezer" in controllers.split(","):
-                state = (root / "freezer" / rel / "freezer.state").read_text().strip()
-                if state in ("FROZEN", "FREEZING"):
-                    return True
-        except OSError:
-            continue
+        if line not in known:
+            known[line] = _line_frozen(line, root)
+        if known[line]:
+            return True
+    return False
+
+
+def _line_frozen(line: str, root: Path) -> bool:
+    """Whether the cgroup named by one line of /proc/PID/cgroup is frozen."""
+    hier, _, rest = line.partition(":")
+    controllers, _, path = rest.partition(":")
+    rel = path.lstrip("/")
+    try:
+        if hier == "0" and controllers == "":
+            # v2: cgroup.events says "frozen 1" also when an ancestor is frozen.
+            return "frozen 1" in (_v2_mount(root) / rel / "cgroup.events").read_text().splitlines()
+        if "freezer" in controllers.split(","):
+            return (root / "freezer" / rel / "freezer.state").read_text().strip() in ("FROZEN", "FREEZING")
+    except OSError:
+        pass
     return False
 
 
@@ -187,6 +258,7 @@ class NvidiaBackend(GpuBackend):
     def __init__(self, nvml: NvmlApi | None = None, driver: CudaDriver | None = None, proc: Path = PROC) -> None:
         self._nvml = nvml if nvml is not None else PynvmlApi()
         self._proc = proc
+        self._pids = PidMap(proc)
         self._unmapped: dict[int, list[int]] = {}
         try:
             self._count = self._nvml.device_count()
@@ -240,13 +312,12 @@ class NvidiaBackend(GpuBackend):
         out: list[GpuProcess] = []
         unmapped: list[int] = []
         for pid, used in self._nvml.processes(gpu):
-            mine = local_pid(pid, self._proc)
-            # A pid that /proc names but that holds no NVIDIA device is a namespace collision,
-            # not the GPU process NVML meant: never lock or report a bystander.
-            if mine is None or holds_nvidia_device(mine, self._proc) is False:
+            mine = self._pids.lookup(pid)
+            if mine is None:
                 unmapped.append(pid)
                 continue
             out.append(GpuProcess(pid=mine, gpu=gpu, used_memory=used))
+        self._pids.sweep()
         if unmapped:
             log.info("GPU %d: NVML pids %s are not visible in this pid namespace", gpu, unmapped)
         self._unmapped[gpu] = unmapped
@@ -304,7 +375,7 @@ class NvidiaBackend(GpuBackend):
             raise BackendError(self._caps.reason)
         return self._driver
 
-    def lock_check(self, pid: int, state: str | None, what: str) -> bool:
+    def lock_check(self, pid: int, state: str | None, what: str, cgroups: dict[str, bool] | None = None) -> bool:
         """False if ``pid`` is gone; raises ProcessStopped where the driver's call would hang.
 
         One stat read (``state``) answers both "gone" and "stopped"; the frozen-cgroup check reads
@@ -317,7 +388,7 @@ class NvidiaBackend(GpuBackend):
                 f"pid {pid} is stopped (state {state}): the driver's {what} would hang on it; "
                 "resume it first (lock before you freeze, thaw before you unlock)"
             )
-        if cgroup_frozen(pid, self._proc):
+        if cgroup_frozen(pid, self._proc, known=cgroups):
             raise ProcessStopped(f"pid {pid} is in a frozen cgroup: the driver's {what} would hang on it")
         return True
 
@@ -405,6 +476,7 @@ class NvidiaBackend(GpuBackend):
         return self._checkpoint_driver().checkpoint_state(pid)
 
     def close(self) -> None:
+        self._pids.close()
         self._nvml.shutdown()
 
     def describe(self) -> dict[str, Any]:

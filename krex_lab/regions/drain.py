@@ -12,7 +12,9 @@ Two parts, run together:
   and a lock that completes after its deadline is undone at once, so that no process stays
   locked because KREX gave up on it. The checks before each call (gone, stopped, frozen) are
   made here on the event loop, all of them first: the threads then make only driver calls,
-  which release the GIL, instead of 16 threads queueing on it for their /proc reads.
+  which release the GIL, instead of 16 threads queueing on it for their /proc reads. A batch
+  wakes the event loop once, when its last call returns (or at its deadline), not once a call:
+  each wake-up is a hand-off of the GIL between the loop and the threads still returning.
 
 Always lock before freezing: a frozen process cannot release the driver's locks.
 """
@@ -21,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,6 +72,7 @@ class Locker:
 
     async def lock_all(self, pids: list[int], result: DrainResult, journal: JournalFn) -> None:
         targets: list[tuple[int, int]] = []
+        cgroups: dict[str, bool] = {}  # one look at each cgroup's freezer a batch
         for pid in pids:
             state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
             if start is None:
@@ -76,7 +81,7 @@ class Locker:
                 result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
                 continue
             try:
-                if not self.backend.lock_check(pid, state, "lock"):
+                if not self.backend.lock_check(pid, state, "lock", cgroups):
                     continue  # gone
             except BackendError as exc:  # in a frozen cgroup
                 result.not_drained[pid] = str(exc)
@@ -87,14 +92,14 @@ class Locker:
         journal(targets)
         loop = asyncio.get_running_loop()
         lock = functools.partial(self.backend.lock, timeout_s=self.lock_timeout, checked=True)
-        futures = [loop.run_in_executor(self._pool, lock, pid) for pid, _ in targets]
-        _, pending = await asyncio.wait(futures, timeout=self.lock_timeout + 0.5)
+        futures = await self._run_all(lock, [pid for pid, _ in targets], self.lock_timeout + 0.5)
         for target, fut in zip(targets, futures):
             pid = target[0]
-            if fut in pending:
+            if not fut.done():
                 result.not_drained[pid] = f"lock did not return within {self.lock_timeout:.1f} s"
-                # If the driver call finishes later, it must still be undone.
-                fut.add_done_callback(functools.partial(self._late, result=result, target=target))
+                # If the driver call finishes later, it must still be undone (on the loop).
+                late = functools.partial(self._late, result=result, target=target)
+                fut.add_done_callback(functools.partial(loop.call_soon_threadsafe, late))
             elif fut.exception() is not None:
                 result.not_drained[pid] = str(fut.exception())
             elif fut.result() == "locked":
@@ -103,7 +108,36 @@ class Locker:
             else:
                 result.unlocked_ok[pid] = str(fut.result())
 
-    def _late(self, fut: asyncio.Future[str], *, result: DrainResult, target: tuple[int, int]) -> None:
+    async def _run_all(
+        self, call: Callable[[int], object], pids: list[int], timeout: float | None
+    ) -> list[concurrent.futures.Future[object]]:
+        """``call(pid)`` for every pid in the lock threads; returns their futures once all are done
+        or ``timeout`` (None: no limit) has passed (the late ones still running). The loop is woken once, by the
+        last call to return, instead of once a call (asyncio's run_in_executor)."""
+        loop = asyncio.get_running_loop()
+        everything: asyncio.Future[None] = loop.create_future()
+        left = [len(pids)]
+        count = threading.Lock()
+
+        def settle() -> None:
+            if not everything.done():
+                everything.set_result(None)
+
+        def one_done(_: concurrent.futures.Future[object]) -> None:  # in the thread that ran it
+            with count:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                loop.call_soon_threadsafe(settle)
+
+        futures = [self._pool.submit(call, pid) for pid in pids]
+        for fut in futures:
+            fut.add_done_callback(one_done)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(everything, timeout)
+        return futures
+
+    def _late(self, fut: concurrent.futures.Future[object], *, result: DrainResult, target: tuple[int, int]) -> None:
         if fut.cancelled() or fut.exception() is not None or fut.result() != "locked":
             return
         if result.closed:
@@ -116,19 +150,20 @@ class Locker:
         :meth:`lock_all`; returns the errors."""
         errors: list[str] = []
         ready: list[int] = []
+        cgroups: dict[str, bool] = {}
         for pid, _ in procs:
             try:
-                if self.backend.lock_check(pid, proc_state(pid), "unlock"):
+                if self.backend.lock_check(pid, proc_state(pid), "unlock", cgroups):
                     ready.append(pid)
             except BackendError as exc:
                 errors.append(f"unlock {pid}: {exc}")
         if not ready:
             return errors
-        loop = asyncio.get_running_loop()
         unlock = functools.partial(self.backend.unlock, checked=True)
-        futures = [loop.run_in_executor(self._pool, unlock, pid) for pid in ready]
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        return errors + [f"unlock {pid}: {o}" for pid, o in zip(ready, outcomes) if isinstance(o, BaseException)]
+        # No deadline of the arbiter's: the region's end waits for its unlocks (a thawed process
+        # answers; an unlock that hangs is the driver's bug, and the guardian's replay retries it).
+        futures = await self._run_all(unlock, ready, None)
+        return errors + [f"unlock {pid}: {f.exception()}" for pid, f in zip(ready, futures) if f.exception()]
 
     def unlock_sync(self, procs: list[tuple[int, int]]) -> list[str]:
         """For the guardian and journal replay: unlock without an event loop, in parallel."""

@@ -44,6 +44,7 @@ from krex_lab.gpu.cuda_driver import (
 from krex_lab.gpu.nvidia import (
     LockOutcome,
     NvidiaBackend,
+    PidMap,
     ProcessStopped,
     cgroup_frozen,
     holds_nvidia_device,
@@ -297,9 +298,9 @@ def test_the_drain_checks_on_its_loop_and_its_threads_only_call_the_driver(child
     be = backend(drv)
     checked = be.lock_check
 
-    def lock_check(pid: int, state: str | None, what: str) -> bool:
+    def lock_check(pid: int, state: str | None, what: str, cgroups: dict[str, bool] | None = None) -> bool:
         where.append((f"check {what}", pid, threading.current_thread().name))
-        return checked(pid, state, what)
+        return checked(pid, state, what, cgroups)
 
     be.lock_check = lock_check  # type: ignore[method-assign]
     stopped = subprocess.Popen(["sleep", "60"])
@@ -618,6 +619,39 @@ def test_local_pid_of_a_real_child(child: subprocess.Popen[bytes]) -> None:
     assert local_pid(child.pid) is None
 
 
+@pytest.mark.skipif(not os.access("/dev", os.W_OK), reason="needs a writable /dev (root)")
+def test_the_pid_map_keeps_a_process_for_its_life_and_forgets_it_at_its_end(tmp_path: Path) -> None:
+    # A file named like a device node stands for the GPU context that NVML's listing implies:
+    # the map checks the open file's name only, and no driver is involved.
+    node = Path(f"/dev/nvidia-krex-test-{os.getpid()}")
+    node.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"f = open({str(node)!r}); print(1, flush=True); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    bystander = subprocess.Popen(["sleep", "60"])
+    pids = PidMap(Path("/proc"))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
+        assert pids.lookup(holder.pid) == holder.pid
+        assert pids.lookup(bystander.pid) is None  # holds no NVIDIA file: a namespace collision
+        # Remembered: asked again, it answers without /proc (a stand-in /proc would say "gone").
+        pids._proc = tmp_path
+        assert pids.lookup(holder.pid) == holder.pid
+        holder.kill()
+        holder.wait()
+        assert pids.lookup(holder.pid) is None  # its pidfd says it ended: asked afresh, not found
+        assert holder.pid not in pids._known
+    finally:
+        for p in (holder, bystander):
+            p.kill()
+            p.wait()
+        pids.close()
+        node.unlink()
+
+
 def _can_unshare() -> bool:
     if shutil.which("unshare") is None:
         return False
@@ -744,6 +778,25 @@ def test_cgroup_frozen_reads_v2_events_and_v1_freezer(tmp_path: Path) -> None:
     (root / "freezer" / "x" / "freezer.state").write_text("FROZEN\n")
     assert cgroup_frozen(6, proc, root)
     assert not cgroup_frozen(7, proc, root)  # gone
+
+
+def test_a_batch_of_checks_looks_at_a_shared_cgroup_once(tmp_path: Path) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "cg"
+    for pid, group in ((5, "a"), (6, "a"), (7, "b")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::/krex/{group}\n")
+        (root / "krex" / group).mkdir(parents=True, exist_ok=True)
+        (root / "krex" / group / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    known: dict[str, bool] = {}
+    assert not cgroup_frozen(5, proc, root, known)
+    # a's answer is kept for the batch: its freezer is not read again for 6 ...
+    (root / "krex" / "a" / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    assert not cgroup_frozen(6, proc, root, known)
+    # ... while b, not looked at yet, is read, and a new batch reads a again
+    (root / "krex" / "b" / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    assert cgroup_frozen(7, proc, root, known)
+    assert cgroup_frozen(6, proc, root, {})
+    assert sorted(known) == ["0::/krex/a", "0::/krex/b"]
 
 
 def _v1_freezer() -> Path | None:
