@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency before lockcost warm quickstart study study0 multigpu bench (default: info
+# Stages: info gputests fidelity latency before proccost lockcost warm quickstart study study0 multigpu bench (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -40,6 +40,8 @@ for stage in "${stages[@]}"; do
       for f in /tmp/before-out/arbiter_latency-*.json; do
         [ -e "$f" ] && cp "$f" "$OUT/$(basename "$f" | sed "s/-cuda-/-cuda-before-$rev-/")"
       done ;;
+    proccost)  # issue 14: /proc reads, signals and affinity calls of 15 torch siblings, each timed alone; ~40 s
+      timeout 120 python3 benchmarks/proc_cost.py ${PROCCOST_ARGS:-} 2>&1 | tail -20 | tee "$OUT/proccost.log" ;;
     lockcost)  # issue 14: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
       timeout 120 python3 benchmarks/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
     warm)

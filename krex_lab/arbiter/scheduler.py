@@ -326,7 +326,8 @@ class Scheduler:
         that starts once every stop has landed sees trees that can no longer grow: if it finds
         nothing new, the freeze is complete. A stop still in flight (a process in D state, slow on
         a loaded machine) does not hold the walks back: its siblings may be forking."""
-        deadline = time.monotonic() + 2.0
+        began = time.monotonic()
+        deadline = began + 2.0
         waiting: list[str] | None = None  # None: check every stop (new ones were just sent)
         while region.state is RegionState.HELD and time.monotonic() < deadline:
             waiting = self.steps.freezer.pending(region.frozen, among=waiting)
@@ -337,6 +338,7 @@ class Scheduler:
                 waiting = None
             elif landed:
                 region.frozen.landed()
+                region.times["settle"] = time.monotonic() - began  # after the grant, with the holder
                 return
             await asyncio.sleep(0.002)
 

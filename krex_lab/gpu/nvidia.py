@@ -27,11 +27,12 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
-from ..procutil import GONE, STOPPED, proc_state, proc_uid
+from ..procutil import GONE, STOPPED, proc_state, proc_uid, start_time
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
     CUDA_ERROR_OPERATING_SYSTEM,
@@ -135,17 +136,26 @@ def holds_nvidia_device(pid: int, proc: Path = PROC) -> bool | None:
 class PidMap:
     """NVML pid -> our pid (:func:`local_pid`, checked with :func:`holds_nvidia_device`), kept for
     the process's life. Both answers are fixed while the process lives, and a drain asks for
-    every GPU process: /proc reads of 50 us a process (lock_cost.py, H200, 2026-12-02) become
-    one signal-0 through a pidfd, which fails once the process has ended (its pid could then be
-    someone else's). Only for the real /proc: a stand-in's pids name no process of ours."""
+    every GPU process: a status read and a scan of every descriptor (0.6-0.8 ms for 15 torch
+    processes, lock_cost.py, H200, 2026-12-02) become one check that the process is still the
+    one mapped: a signal 0 through a pidfd, which fails once it has ended, or where pidfds are
+    not given (gVisor), its start time. Only for the real /proc: a stand-in's pids name no
+    process of ours."""
 
     #: entries not listed for this long are dropped (their pidfds closed)
     FORGET_AFTER = 60.0
 
+    @dataclass
+    class _Entry:
+        pid: int  # ours
+        fd: int  # a pidfd, or -1: then ``start`` tells the process
+        start: int
+        seen: float
+
     def __init__(self, proc: Path) -> None:
         self._proc = proc
         self._keep = proc == PROC
-        self._known: dict[int, tuple[int, int, float]] = {}  # nvml pid -> (ours, pidfd, last listed)
+        self._known: dict[int, PidMap._Entry] = {}  # by NVML pid
         self._lock = threading.Lock()  # the drain (on the loop) and the region's watcher (a thread)
 
     def lookup(self, nvml_pid: int) -> int | None:
@@ -153,44 +163,58 @@ class PidMap:
         with self._lock:
             hit = self._known.get(nvml_pid)
             if hit is not None:
-                known, fd, _ = hit
-                try:
-                    signal.pidfd_send_signal(fd, 0)
-                    self._known[nvml_pid] = (known, fd, now)
-                    return known
-                except OSError:  # it ended: whoever has the pid now is asked afresh
-                    del self._known[nvml_pid]
-                    os.close(fd)
+                if self._same(hit):
+                    hit.seen = now
+                    return hit.pid
+                self._drop(nvml_pid)  # it ended: whoever has the pid now is asked afresh
         mine = local_pid(nvml_pid, self._proc)
         # A pid that /proc names but that holds no NVIDIA device is a namespace collision,
         # not the GPU process NVML meant: never lock or report a bystander.
         if mine is None or holds_nvidia_device(mine, self._proc) is False:
             return None
         if self._keep:
+            start = start_time(mine)
             try:
                 fd = os.pidfd_open(mine)
-            except OSError:  # gone already, or no pidfds here: ask again next time
+            except ProcessLookupError:
+                return mine  # gone already: nothing to keep
+            except OSError:  # no pidfds here: the start time tells the process
+                fd = -1
+            if start is None or (fd >= 0 and start_time(mine) != start):
+                if fd >= 0:  # the pid changed hands between the two reads: ask again next time
+                    os.close(fd)
                 return mine
             with self._lock:
-                old = self._known.pop(nvml_pid, None)
-                self._known[nvml_pid] = (mine, fd, now)
-            if old is not None:
-                os.close(old[1])
+                self._drop(nvml_pid)
+                self._known[nvml_pid] = PidMap._Entry(mine, fd, start, now)
         return mine
+
+    @staticmethod
+    def _same(entry: PidMap._Entry) -> bool:
+        if entry.fd < 0:
+            return start_time(entry.pid) == entry.start
+        try:
+            signal.pidfd_send_signal(entry.fd, 0)
+            return True
+        except OSError:
+            return False
+
+    def _drop(self, nvml_pid: int) -> None:
+        entry = self._known.pop(nvml_pid, None)
+        if entry is not None and entry.fd >= 0:
+            os.close(entry.fd)
 
     def sweep(self) -> None:
         """Drop what no listing has named for :attr:`FORGET_AFTER` seconds."""
         cutoff = time.monotonic() - self.FORGET_AFTER
         with self._lock:
-            stale = [k for k, (_, _, seen) in self._known.items() if seen < cutoff]
-            for k in stale:
-                os.close(self._known.pop(k)[1])
+            for k in [k for k, e in self._known.items() if e.seen < cutoff]:
+                self._drop(k)
 
     def close(self) -> None:
         with self._lock:
-            for _, fd, _ in self._known.values():
-                os.close(fd)
-            self._known.clear()
+            for k in list(self._known):
+                self._drop(k)
 
 
 @functools.lru_cache(maxsize=8)

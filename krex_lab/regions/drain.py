@@ -11,8 +11,9 @@ Two parts, run together:
   deadline of the arbiter's own. A stopped process is never locked (the driver hangs on it),
   and a lock that completes after its deadline is undone at once, so that no process stays
   locked because KREX gave up on it. The checks before each call (gone, stopped, frozen) are
-  made here on the event loop, all of them first: the threads then make only driver calls,
-  which release the GIL, instead of 16 threads queueing on it for their /proc reads. A batch
+  made here on the event loop, each just before its call is handed to a thread (so that the
+  next process's checks overlap this one's driver call): the threads then make only driver
+  calls, which release the GIL, instead of 16 threads queueing on it for their /proc reads. A batch
   wakes the event loop once, when its last call returns (or at its deadline), not once a call:
   each wake-up is a hand-off of the GIL between the loop and the threads still returning.
 
@@ -28,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import BackendError
@@ -73,26 +74,28 @@ class Locker:
     async def lock_all(self, pids: list[int], result: DrainResult, journal: JournalFn) -> None:
         targets: list[tuple[int, int]] = []
         cgroups: dict[str, bool] = {}  # one look at each cgroup's freezer a batch
-        for pid in pids:
-            state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
-            if start is None:
-                continue
-            if state in STOPPED:
-                result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
-                continue
-            try:
-                if not self.backend.lock_check(pid, state, "lock", cgroups):
-                    continue  # gone
-            except BackendError as exc:  # in a frozen cgroup
-                result.not_drained[pid] = str(exc)
-                continue
-            targets.append((pid, start))
-        if not targets:
-            return
-        journal(targets)
+
+        def checked() -> Iterator[int]:
+            for pid in pids:
+                state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
+                if start is None:
+                    continue
+                if state in STOPPED:
+                    result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
+                    continue
+                try:
+                    if not self.backend.lock_check(pid, state, "lock", cgroups):
+                        continue  # gone
+                except BackendError as exc:  # in a frozen cgroup
+                    result.not_drained[pid] = str(exc)
+                    continue
+                targets.append((pid, start))
+                journal([(pid, start)])  # before its lock: a lock the arbiter dies making is undone
+                yield pid
+
         loop = asyncio.get_running_loop()
         lock = functools.partial(self.backend.lock, timeout_s=self.lock_timeout, checked=True)
-        futures = await self._run_all(lock, [pid for pid, _ in targets], self.lock_timeout + 0.5)
+        futures = await self._run_all(lock, checked(), self.lock_timeout + 0.5)
         for target, fut in zip(targets, futures):
             pid = target[0]
             if not fut.done():
@@ -109,30 +112,37 @@ class Locker:
                 result.unlocked_ok[pid] = str(fut.result())
 
     async def _run_all(
-        self, call: Callable[[int], object], pids: list[int], timeout: float | None
+        self, call: Callable[[int], object], pids: Iterable[int], timeout: float | None
     ) -> list[concurrent.futures.Future[object]]:
-        """``call(pid)`` for every pid in the lock threads; returns their futures once all are done
-        or ``timeout`` (None: no limit) has passed (the late ones still running). The loop is woken once, by the
-        last call to return, instead of once a call (asyncio's run_in_executor)."""
+        """``call(pid)`` in the lock threads for every pid, each submitted as soon as ``pids``
+        yields it (the checks of the next one then overlap the driver call of this one); returns
+        their futures once all are done or ``timeout`` (None: no limit) has passed since the last
+        was submitted (the late ones still running). The loop is woken once, by the last call to
+        return, instead of once a call (asyncio's run_in_executor)."""
         loop = asyncio.get_running_loop()
         everything: asyncio.Future[None] = loop.create_future()
-        left = [len(pids)]
+        left = [1]  # the calls not yet returned, and the submission itself until it ends
         count = threading.Lock()
 
         def settle() -> None:
             if not everything.done():
                 everything.set_result(None)
 
-        def one_done(_: concurrent.futures.Future[object]) -> None:  # in the thread that ran it
+        def one_done(_: object = None) -> None:  # in the thread that ran the call
             with count:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
                 loop.call_soon_threadsafe(settle)
 
-        futures = [self._pool.submit(call, pid) for pid in pids]
-        for fut in futures:
+        futures: list[concurrent.futures.Future[object]] = []
+        for pid in pids:
+            with count:
+                left[0] += 1
+            fut = self._pool.submit(call, pid)
             fut.add_done_callback(one_done)
+            futures.append(fut)
+        one_done()  # every call is submitted
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(everything, timeout)
         return futures
@@ -151,18 +161,20 @@ class Locker:
         errors: list[str] = []
         ready: list[int] = []
         cgroups: dict[str, bool] = {}
-        for pid, _ in procs:
-            try:
-                if self.backend.lock_check(pid, proc_state(pid), "unlock", cgroups):
-                    ready.append(pid)
-            except BackendError as exc:
-                errors.append(f"unlock {pid}: {exc}")
-        if not ready:
-            return errors
+
+        def checked() -> Iterator[int]:
+            for pid, _ in procs:
+                try:
+                    if self.backend.lock_check(pid, proc_state(pid), "unlock", cgroups):
+                        ready.append(pid)
+                        yield pid
+                except BackendError as exc:
+                    errors.append(f"unlock {pid}: {exc}")
+
         unlock = functools.partial(self.backend.unlock, checked=True)
         # No deadline of the arbiter's: the region's end waits for its unlocks (a thawed process
         # answers; an unlock that hangs is the driver's bug, and the guardian's replay retries it).
-        futures = await self._run_all(unlock, ready, None)
+        futures = await self._run_all(unlock, checked(), None)
         return errors + [f"unlock {pid}: {f.exception()}" for pid, f in zip(ready, futures) if f.exception()]
 
     def unlock_sync(self, procs: list[tuple[int, int]]) -> list[str]:

@@ -620,9 +620,18 @@ def test_local_pid_of_a_real_child(child: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.skipif(not os.access("/dev", os.W_OK), reason="needs a writable /dev (root)")
-def test_the_pid_map_keeps_a_process_for_its_life_and_forgets_it_at_its_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+def test_the_pid_map_keeps_a_process_for_its_life_and_forgets_it_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfds: bool
+) -> None:
     # A file named like a device node stands for the GPU context that NVML's listing implies:
     # the map checks the open file's name only, and no driver is involved.
+    if not pidfds:  # as under gVisor: the process is then told by its start time
+
+        def no_pidfd(pid: int, flags: int = 0) -> int:
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
     node = Path(f"/dev/nvidia-krex-test-{os.getpid()}")
     node.write_text("")
     holder = subprocess.Popen(
@@ -636,6 +645,7 @@ def test_the_pid_map_keeps_a_process_for_its_life_and_forgets_it_at_its_end(tmp_
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
         assert pids.lookup(holder.pid) == holder.pid
+        assert (pids._known[holder.pid].fd >= 0) is pidfds
         assert pids.lookup(bystander.pid) is None  # holds no NVIDIA file: a namespace collision
         # Remembered: asked again, it answers without /proc (a stand-in /proc would say "gone").
         pids._proc = tmp_path
