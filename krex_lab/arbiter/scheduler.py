@@ -519,8 +519,11 @@ class Scheduler:
             t1 = time.monotonic()
             times["thaw"] = t1 - t0
             region.drain.closed = True
-            unlocking = self._spawn(self._timed(region, "unlock", self._unlock(region)))
-            await asyncio.sleep(0)  # the unlocks' checks run and their driver calls start
+            unlocking = None
+            if region.drain.locked or region.drain.late:
+                # (unlock_s ends when the loop looks again, after the cores: a wait, not only its cost)
+                unlocking = self._spawn(self._timed(region, "unlock", self._unlock(region)))
+                await asyncio.sleep(0)  # the unlocks' checks run and their driver calls start
             try:
                 # Inline only for a few threads: the node-wide shield walks every process again at
                 # release (what was born during the region), a partition waits on the kernel.
@@ -530,7 +533,8 @@ class Scheduler:
                     await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
                 times["unisolate"] = time.monotonic() - t1
             finally:
-                await unlocking  # never journal the end before every unlock has returned
+                if unlocking is not None:
+                    await unlocking  # never journal the end before every unlock has returned
             for s in self.sessions.on_gpu(region.gpu):
                 if s.pid in region.drain.acked or s.pid in region.drain.intruders:
                     self.notify.control(s, "resume", region)

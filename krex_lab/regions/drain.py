@@ -143,6 +143,8 @@ class Locker:
             fut.add_done_callback(one_done)
             futures.append(fut)
         one_done()  # every call is submitted
+        if not futures:
+            return futures
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(everything, timeout)
         return futures

@@ -1,0 +1,94 @@
+"""procutil.tree with kept children files: every walk sees the tree as it is now, on real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from krex_lab import procutil
+from krex_lab.procutil import tree
+from krex_lab.pytest_plugin import wait_for
+
+# A process that, on each line of stdin, forks a `sleep` from its main thread ("main") or from a
+# new thread that stays ("hold"), or ends its last child ("end"), and prints its last child's pid.
+FORKER = r"""
+import subprocess, sys, threading
+kids = []
+def fork():
+    kids.append(subprocess.Popen(["sleep", "60"]))
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "main":
+        fork()
+    elif cmd == "end":
+        k = kids.pop(); k.kill(); k.wait()
+    elif cmd == "hold":
+        # a thread that stays, forking now: its own children file lists the child
+        ev = threading.Event()
+        def forker():
+            fork(); ev.set(); threading.Event().wait()
+        threading.Thread(target=forker, daemon=True).start(); ev.wait()
+    print(kids[-1].pid if kids else 0, flush=True)
+"""
+
+
+@pytest.fixture
+def forker() -> Iterator[subprocess.Popen[str]]:
+    p = subprocess.Popen(
+        [sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    yield p
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)  # its sleeps too
+    p.wait()
+
+
+def ask(p: subprocess.Popen[str], cmd: str) -> int:
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(cmd + "\n")
+    p.stdin.flush()
+    return int(p.stdout.readline())
+
+
+def test_every_walk_sees_children_forked_and_ended_since_the_last(forker: subprocess.Popen[str]) -> None:
+    assert tree(forker.pid) == [forker.pid]  # the first walk keeps its descriptors
+    a = ask(forker, "main")
+    b = ask(forker, "hold")  # forked by a thread born after the first walk
+    assert sorted(tree(forker.pid)) == sorted([forker.pid, a, b])
+    ask(forker, "end")  # b ends (and is reaped)
+    wait_for(lambda: sorted(tree(forker.pid)) == sorted([forker.pid, a]), timeout=5)
+    assert sorted(tree(forker.pid)) == sorted([forker.pid, a])
+
+
+def test_a_walk_after_a_pid_changes_hands_reads_the_new_process(forker: subprocess.Popen[str]) -> None:
+    tree(forker.pid)
+    files = procutil._CHILDREN
+    assert forker.pid in files._procs, "the walk kept its descriptors (pidfds are given here)"
+    forker.kill()
+    forker.wait()
+    # The kept entry is checked before use: its process has ended, so it is let go at once.
+    assert tree(forker.pid) == []
+    files.read(forker.pid, [str(forker.pid)])
+    assert forker.pid not in files._procs
+
+
+def test_kept_descriptors_of_processes_not_walked_again_are_closed(
+    forker: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = procutil._CHILDREN
+    before = len(os.listdir("/proc/self/fd"))
+    tree(forker.pid)
+    assert len(os.listdir("/proc/self/fd")) > before
+    monkeypatch.setattr(files, "SWEEP", 0.0)
+    forker.kill()
+    forker.wait()
+    tree(os.getpid())  # any walk sweeps: the ended process's descriptors go
+    assert forker.pid not in files._procs
+    files.clear()
+    assert len(os.listdir("/proc/self/fd")) <= before
