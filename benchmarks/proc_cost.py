@@ -9,8 +9,9 @@ costs what it costs, not what it costs on Linux. This script times, for all sibl
 each primitive the region sequence is made of, so that a change can be chosen from figures:
 
 * ``tree``: :func:`krex_lab.procutil.tree` of each sibling (a listdir of its tasks and one read of
-  each thread's children file), and its parts: ``listdir_task``, ``children_open`` (open, read,
-  close per thread, as tree() reads) and ``children_pread`` (a kept descriptor re-read per thread);
+  each thread's children file, through the descriptors it keeps, :mod:`krex_lab.procfiles`),
+  and its parts: ``listdir_task``, ``children_open`` (open, read, close per thread, as tree()
+  read before it kept them) and ``children_pread`` (a kept descriptor re-read per thread);
 * ``stat``: one stat read per sibling (:func:`state_and_start`); ``stat_pread`` through kept
   descriptors; ``kill0`` and, where pidfds are given, ``pidfd0`` (signal 0 through a pidfd);
 * ``stop_land``: SIGSTOP to every sibling and the wait until every stop shows, then SIGCONT;
@@ -34,7 +35,8 @@ from typing import Any
 
 from common import machine, percentile, write_result
 
-from krex_lab.procutil import _read, open_stat, read_stat, read_state, state_and_start, tree
+from krex_lab.procfiles import read_proc
+from krex_lab.procutil import open_stat, read_stat, read_state, state_and_start, tree
 from krex_lab.regions.shield import node_pids
 
 SIBLING = """
@@ -106,7 +108,7 @@ def main() -> None:
             "listdir_task": timed(args.rounds, lambda: [os.listdir(f"/proc/{pid}/task") for pid in pids]),
             "children_open": timed(
                 args.rounds,
-                lambda: [_read(f"/proc/{pid}/task/{t}/children", whole=True) for pid in pids for t in tids[pid]],
+                lambda: [read_proc(f"/proc/{pid}/task/{t}/children", whole=True) for pid in pids for t in tids[pid]],
             ),
             "children_pread": timed(args.rounds, lambda: [read_all(fd) for fd in children_fds]),
             "stat": timed(args.rounds, lambda: [state_and_start(pid) for pid in pids]),

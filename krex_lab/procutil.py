@@ -8,31 +8,12 @@ trees (compiler children included) and every thread.
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from collections.abc import Iterable
 
 import psutil
 
-
-def _read(path: str, whole: bool = False) -> bytes | None:
-    """A small /proc file (os-level: Python's buffered ``open`` costs more than the read itself,
-    and a region reads thousands of these). One read of a page, which holds a stat line;
-    ``whole`` reads on to the end (a children list can be longer)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = [os.read(fd, 4096)]
-        while whole and chunks[-1]:
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+from .procfiles import KEPT, read_proc
 
 
 def _after_comm(raw: bytes) -> bytes:
@@ -41,18 +22,19 @@ def _after_comm(raw: bytes) -> bytes:
     return raw[raw.rfind(b")") + 2 :]
 
 
-def _stat(pid: int) -> bytes | None:
-    """The text after comm in /proc/PID's stat (see :func:`_after_comm`)."""
+def _stat(pid: int, kept: bool = False) -> bytes | None:
+    """The text after comm in /proc/PID's stat (see :func:`_after_comm`); ``kept``: through a kept
+    descriptor (:mod:`krex_lab.procfiles`), for the processes every region reads again."""
     # The task-level file: /proc/PID/stat sums over every thread of the group, so reading it for
     # each of a process's N threads costs O(N^2) (0.27 ms a read beside 3000 threads, 0.01 here).
-    raw = _read(f"/proc/{pid}/task/{pid}/stat")
+    raw = KEPT.read(pid, [f"task/{pid}/stat"])[0] if kept else read_proc(f"/proc/{pid}/task/{pid}/stat")
     if raw is None:  # a group whose leader thread has exited
-        raw = _read(f"/proc/{pid}/stat")
+        raw = read_proc(f"/proc/{pid}/stat")
     return _after_comm(raw) if raw else None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    rest = _stat(pid)
+def _stat_fields(pid: int, kept: bool = False) -> list[str] | None:
+    rest = _stat(pid, kept)
     # [0] state, [19] start (ticks); nothing after the start time is read
     return rest.decode(errors="replace").split(maxsplit=20) if rest else None
 
@@ -99,9 +81,10 @@ def flags_and_start(pid: int) -> tuple[int | None, int | None]:
     return int(fields[6]), int(fields[19])
 
 
-def proc_state(pid: int) -> str | None:
-    """The one-letter state of /proc/PID/stat (R, S, D, T, t, Z, ...), None if gone."""
-    rest = _stat(pid)
+def proc_state(pid: int, kept: bool = False) -> str | None:
+    """The one-letter state of /proc/PID/stat (R, S, D, T, t, Z, ...), None if gone (``kept``:
+    see :func:`_stat`)."""
+    rest = _stat(pid, kept)
     return chr(rest[0]) if rest else None
 
 
@@ -122,9 +105,9 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
-def state_and_start(pid: int) -> tuple[str | None, int | None]:
-    """State letter and start time from one read of /proc/PID/stat."""
-    fields = _stat_fields(pid)
+def state_and_start(pid: int, kept: bool = False) -> tuple[str | None, int | None]:
+    """State letter and start time from one read of /proc/PID/stat (``kept``: see :func:`_stat`)."""
+    fields = _stat_fields(pid, kept)
     if not fields or len(fields) <= 19:
         return None, None
     return fields[0], int(fields[19])
@@ -199,127 +182,12 @@ def children(pid: int) -> list[int]:
 
 
 def _children_of_tasks(pid: int, tids: list[str]) -> list[int]:
+    # Through kept descriptors: a region walks its siblings' trees twice (procfiles).
     kids: list[int] = []
-    for raw in _CHILDREN.read(pid, tids):
+    for raw in KEPT.read(pid, [f"task/{tid}/children" for tid in tids]):
         if raw:
             kids.extend(map(int, raw.split()))
     return kids
-
-
-class _ChildrenFiles:
-    """Kept descriptors of the threads' children files of processes that trees are walked through.
-
-    A region walks every sibling's tree at its freeze and again once the stops have landed, one
-    children file a thread: 270 opens for 15 torch processes cost 1.2 ms on the H200 (gVisor),
-    re-reading kept descriptors 0.17 ms (benchmarks/proc_cost.py, 2026-12-02). A descriptor
-    names its task for good (once the task is gone it reads as empty, never as another's), so
-    what must be guarded against is a pid or tid naming another task than when it was opened:
-    a process is kept with a pidfd, whose signal 0 fails once it has ended (its pid may be
-    anyone's then), and each thread's descriptor is opened anew after ``TTL`` seconds (a tid
-    reused inside one living process would take the kernel's whole pid space meanwhile).
-    Where pidfds are not given, or beyond ``LIMIT`` descriptors, files are opened each time.
-    """
-
-    LIMIT = 2048
-    TTL = 10.0
-    #: how often processes that ended (or were not walked for SWEEP seconds) are let go
-    SWEEP = 30.0
-
-    def __init__(self) -> None:
-        self._procs: dict[int, tuple[int, dict[str, tuple[int, float]]]] = {}  # pid -> (pidfd, tid -> (fd, opened))
-        self._used: dict[int, float] = {}
-        self._count = 0
-        self._swept = time.monotonic()
-        self._lock = threading.Lock()  # the loop and the isolation thread walk trees
-        self._pidfds = hasattr(os, "pidfd_open")
-
-    def read(self, pid: int, tids: list[str]) -> list[bytes | None]:
-        with self._lock:  # held over the reads: a descriptor must not be closed (and reused) meanwhile
-            if time.monotonic() - self._swept > self.SWEEP:
-                self._sweep()
-            kept = self._process(pid)
-            if kept is None:
-                return [_read(f"/proc/{pid}/task/{tid}/children", whole=True) for tid in tids]
-            now = time.monotonic()
-            files = kept[1]
-            for tid in [t for t in files if t not in tids]:  # exited threads
-                self._close(files.pop(tid)[0])
-            out: list[bytes | None] = []
-            for tid in tids:
-                fd, opened = files.get(tid, (-1, now))
-                if fd >= 0 and now - opened > self.TTL:
-                    self._close(files.pop(tid)[0])
-                    fd = -1
-                if fd < 0 and self._count < self.LIMIT:
-                    fd = self._open(f"/proc/{pid}/task/{tid}/children")
-                    if fd >= 0:
-                        files[tid] = (fd, now)
-                if fd < 0:
-                    out.append(_read(f"/proc/{pid}/task/{tid}/children", whole=True))
-                    continue
-                try:
-                    raw = os.pread(fd, 65536, 0)
-                except OSError:
-                    raw = None
-                if raw is not None and len(raw) == 65536:  # a list longer than one read: read it whole
-                    raw = _read(f"/proc/{pid}/task/{tid}/children", whole=True)
-                out.append(raw)
-            self._used[pid] = now
-            return out
-
-    def _sweep(self) -> None:
-        now = self._swept = time.monotonic()
-        for pid in [p for p, used in self._used.items() if now - used > self.SWEEP]:
-            self._forget(pid)
-
-    def _process(self, pid: int) -> tuple[int, dict[str, tuple[int, float]]] | None:
-        """The kept entry of ``pid``, checked to be the same process (None: do not keep)."""
-        kept = self._procs.get(pid)
-        if kept is not None:
-            try:
-                signal.pidfd_send_signal(kept[0], 0)
-                return kept
-            except OSError:  # it ended: its descriptors name nothing any more
-                self._forget(pid)
-        if not self._pidfds or self._count >= self.LIMIT:
-            return None
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return None
-        except OSError:  # no pidfds on this kernel (or no descriptors left): read each time
-            self._pidfds = False
-            return None
-        self._count += 1
-        self._procs[pid] = (pidfd, {})
-        return self._procs[pid]
-
-    def _open(self, path: str) -> int:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return -1
-        self._count += 1
-        return fd
-
-    def _close(self, fd: int) -> None:
-        os.close(fd)
-        self._count -= 1
-
-    def _forget(self, pid: int) -> None:
-        self._used.pop(pid, None)
-        pidfd, files = self._procs.pop(pid)
-        for fd, _ in files.values():
-            self._close(fd)
-        self._close(pidfd)
-
-    def clear(self) -> None:
-        with self._lock:
-            for pid in list(self._procs):
-                self._forget(pid)
-
-
-_CHILDREN = _ChildrenFiles()
 
 
 _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")

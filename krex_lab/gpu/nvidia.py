@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendError
+from ..procfiles import KEPT
 from ..procutil import GONE, STOPPED, proc_state, proc_uid, start_time
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
@@ -232,10 +233,16 @@ def cgroup_frozen(pid: int, proc: Path = PROC, root: Path = CGROUP_ROOT, known: 
     stopped ones (measured for SIGSTOP only, shared/FACTS.md). ``known`` keeps each cgroup's
     answer for the caller's next pid: a drain's siblings mostly share one cgroup.
     """
-    try:
-        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
-    except OSError:
-        return False
+    if proc == PROC:  # a sibling's, read again every region: through a kept descriptor
+        raw = KEPT.read(pid, ["cgroup"])[0]
+        if raw is None:
+            return False
+        lines = raw.decode(errors="replace").splitlines()
+    else:
+        try:
+            lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return False
     known = {} if known is None else known
     for line in lines:
         if line not in known:

@@ -77,7 +77,7 @@ class Locker:
 
         def checked() -> Iterator[int]:
             for pid in pids:
-                state, start = state_and_start(pid)  # one read a sibling: a drain pays it for each
+                state, start = state_and_start(pid, kept=True)  # one read a sibling, every region
                 if start is None:
                     continue
                 if state in STOPPED:
@@ -167,7 +167,7 @@ class Locker:
         def checked() -> Iterator[int]:
             for pid, _ in procs:
                 try:
-                    if self.backend.lock_check(pid, proc_state(pid), "unlock", cgroups):
+                    if self.backend.lock_check(pid, proc_state(pid, kept=True), "unlock", cgroups):
                         ready.append(pid)
                         yield pid
                 except BackendError as exc:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from krex_lab import procutil
+from krex_lab.procfiles import KEPT
 from krex_lab.procutil import tree
 from krex_lab.pytest_plugin import wait_for
 
@@ -68,20 +68,20 @@ def test_every_walk_sees_children_forked_and_ended_since_the_last(forker: subpro
 
 def test_a_walk_after_a_pid_changes_hands_reads_the_new_process(forker: subprocess.Popen[str]) -> None:
     tree(forker.pid)
-    files = procutil._CHILDREN
-    assert forker.pid in files._procs, "the walk kept its descriptors (pidfds are given here)"
+    files = KEPT
+    assert files.kept(forker.pid), "the walk kept its descriptors (pidfds are given here)"
     forker.kill()
     forker.wait()
     # The kept entry is checked before use: its process has ended, so it is let go at once.
     assert tree(forker.pid) == []
-    files.read(forker.pid, [str(forker.pid)])
-    assert forker.pid not in files._procs
+    assert files.read(forker.pid, ["stat"]) == [None]
+    assert not files.kept(forker.pid)
 
 
 def test_kept_descriptors_of_processes_not_walked_again_are_closed(
     forker: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = procutil._CHILDREN
+    files = KEPT
     before = len(os.listdir("/proc/self/fd"))
     tree(forker.pid)
     assert len(os.listdir("/proc/self/fd")) > before
@@ -89,6 +89,6 @@ def test_kept_descriptors_of_processes_not_walked_again_are_closed(
     forker.kill()
     forker.wait()
     tree(os.getpid())  # any walk sweeps: the ended process's descriptors go
-    assert forker.pid not in files._procs
+    assert not files.kept(forker.pid)
     files.clear()
     assert len(os.listdir("/proc/self/fd")) <= before

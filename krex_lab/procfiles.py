@@ -1,0 +1,157 @@
+"""Kept descriptors of the /proc files that every region reads again.
+
+A region reads the same files of the same processes each time: every sibling's stat and cgroup
+(the drain's checks before each lock) and each thread's children file (the freeze's tree walks,
+twice). Opening a /proc file costs most of reading it: 270 children files of 15 torch processes
+took 1.2 ms opened and 0.17 ms re-read through kept descriptors on the H200, whose kernel is
+gVisor (benchmarks/proc_cost.py, 2026-12-02). :class:`KeptFiles` keeps them.
+
+What a kept descriptor reads is always the file as it is now, of the task it was opened on;
+once that task is gone it reads as empty or fails, never as another task's. What must be
+guarded against is a pid or tid naming another task than when the file was opened:
+
+* a process is kept with a pidfd, whose signal 0 fails once the process has ended (its pid may
+  be anyone's then): its descriptors are all let go before anything is read;
+* a thread's files (``task/TID/...``) are opened anew after :attr:`KeptFiles.TTL` seconds: a
+  tid reused inside one living process would take the kernel's whole pid space meanwhile.
+
+Where the kernel gives no pidfds, or beyond :attr:`KeptFiles.LIMIT` descriptors, files are
+opened and closed each time, as :func:`read_proc` does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+def read_proc(path: str, whole: bool = False) -> bytes | None:
+    """A small /proc file (os-level: Python's buffered ``open`` costs more than the read itself).
+    One read of a page, which holds a stat line; ``whole`` reads on to the end (a children list
+    can be longer). None if it cannot be opened (the process is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = [os.read(fd, 4096)]
+        while whole and chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class KeptFiles:
+    """Descriptors of /proc/PID/NAME files, kept per process (see the module's docstring)."""
+
+    LIMIT = 2048
+    #: seconds after which a thread's file is opened anew
+    TTL = 10.0
+    #: processes not read for this long are let go (checked at most this often)
+    SWEEP = 30.0
+    _PAGE = 65536
+
+    def __init__(self) -> None:
+        # pid -> (pidfd, name -> (fd, opened)); when each process was last read
+        self._procs: dict[int, tuple[int, dict[str, tuple[int, float]]]] = {}
+        self._used: dict[int, float] = {}
+        self._count = 0
+        self._swept = time.monotonic()
+        # Held over the reads: a descriptor must not be closed (and its number reused) while
+        # another thread reads it. The event loop and the isolation thread both read.
+        self._lock = threading.Lock()
+        self._pidfds = hasattr(os, "pidfd_open")
+
+    def read(self, pid: int, names: list[str]) -> list[bytes | None]:
+        """Each ``/proc/PID/NAME`` as it is now (None where it cannot be read)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._swept > self.SWEEP:
+                self._sweep(now)
+            kept = self._process(pid)
+            if kept is None:
+                return [read_proc(f"/proc/{pid}/{name}", whole=True) for name in names]
+            self._used[pid] = now
+            return [self._read(pid, kept[1], name, now) for name in names]
+
+    def _read(self, pid: int, files: dict[str, tuple[int, float]], name: str, now: float) -> bytes | None:
+        path = f"/proc/{pid}/{name}"
+        fd, opened = files.get(name, (-1, now))
+        if fd >= 0 and name.startswith("task/") and now - opened > self.TTL:
+            self._close(files.pop(name)[0])
+            fd = -1
+        if fd < 0 and self._count < self.LIMIT:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self._count += 1
+                files[name] = (fd, now)
+            except OSError:
+                return None
+        if fd < 0:
+            return read_proc(path, whole=True)
+        try:
+            raw = os.pread(fd, self._PAGE, 0)
+        except OSError:
+            return None
+        # A file longer than one read (a children list of thousands) is read whole, afresh.
+        return read_proc(path, whole=True) if len(raw) == self._PAGE else raw
+
+    def _process(self, pid: int) -> tuple[int, dict[str, tuple[int, float]]] | None:
+        """The kept entry of ``pid``, checked to be the same process (None: do not keep)."""
+        kept = self._procs.get(pid)
+        if kept is not None:
+            try:
+                signal.pidfd_send_signal(kept[0], 0)
+                return kept
+            except OSError:  # it ended: its descriptors name nothing any more
+                self._forget(pid)
+        if not self._pidfds or self._count >= self.LIMIT:
+            return None
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        except OSError as exc:
+            if exc.errno != 24:  # EMFILE passes; anything else: no pidfds on this kernel
+                self._pidfds = False
+            return None
+        self._count += 1
+        self._procs[pid] = (pidfd, {})
+        return self._procs[pid]
+
+    def _close(self, fd: int) -> None:
+        os.close(fd)
+        self._count -= 1
+
+    def _forget(self, pid: int) -> None:
+        self._used.pop(pid, None)
+        pidfd, files = self._procs.pop(pid)
+        for fd, _ in files.values():
+            self._close(fd)
+        self._close(pidfd)
+
+    def _sweep(self, now: float) -> None:
+        self._swept = now
+        for pid in [p for p, used in self._used.items() if now - used > self.SWEEP]:
+            self._forget(pid)
+        for pid in [p for p in self._procs if p not in self._used]:
+            self._forget(pid)
+
+    def kept(self, pid: int) -> bool:
+        """Whether ``pid``'s files are kept now (for tests and benchmarks)."""
+        with self._lock:
+            return pid in self._procs
+
+    def clear(self) -> None:
+        with self._lock:
+            for pid in list(self._procs):
+                self._forget(pid)
+
+
+#: the one cache of this process: the region sequence's reads of the siblings' files
+KEPT = KeptFiles()
