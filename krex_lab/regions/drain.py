@@ -74,6 +74,7 @@ class Locker:
     async def lock_all(self, pids: list[int], result: DrainResult, journal: JournalFn) -> None:
         targets: list[tuple[int, int]] = []
         cgroups: dict[str, bool] = {}  # one look at each cgroup's freezer a batch
+        failure: list[Exception] = []  # a journal line that could not be written: no more locks
 
         def checked() -> Iterator[int]:
             for pid in pids:
@@ -89,8 +90,12 @@ class Locker:
                 except BackendError as exc:  # in a frozen cgroup
                     result.not_drained[pid] = str(exc)
                     continue
+                try:
+                    journal([(pid, start)])  # before its lock: a lock the arbiter dies making is undone
+                except Exception as exc:
+                    failure.append(exc)
+                    return
                 targets.append((pid, start))
-                journal([(pid, start)])  # before its lock: a lock the arbiter dies making is undone
                 yield pid
 
         loop = asyncio.get_running_loop()
@@ -110,6 +115,8 @@ class Locker:
                 result.not_drained.pop(pid, None)
             else:
                 result.unlocked_ok[pid] = str(fut.result())
+        if failure:  # the locks made so far are in the result: the region's undo unlocks them
+            raise failure[0]
 
     async def _run_all(
         self, call: Callable[[int], object], pids: Iterable[int], timeout: float | None
@@ -167,11 +174,13 @@ class Locker:
         def checked() -> Iterator[int]:
             for pid, _ in procs:
                 try:
-                    if self.backend.lock_check(pid, proc_state(pid, kept=True), "unlock", cgroups):
-                        ready.append(pid)
-                        yield pid
+                    alive = self.backend.lock_check(pid, proc_state(pid, kept=True), "unlock", cgroups)
                 except BackendError as exc:
                     errors.append(f"unlock {pid}: {exc}")
+                    continue
+                if alive:
+                    ready.append(pid)
+                    yield pid
 
         unlock = functools.partial(self.backend.unlock, checked=True)
         # No deadline of the arbiter's: the region's end waits for its unlocks (a thawed process

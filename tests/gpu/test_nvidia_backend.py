@@ -342,6 +342,40 @@ def test_the_drain_checks_on_its_loop_and_its_threads_only_call_the_driver(child
     assert drv.states[child.pid] is ProcessState.RUNNING
 
 
+def test_a_journal_that_fails_mid_drain_stops_the_locks_and_keeps_those_made(
+    child: subprocess.Popen[bytes],
+) -> None:
+    # Each lock is journaled just before it is made: a journal that cannot be written stops the
+    # drain there, and the locks already made stay in the result, so that the region's undo
+    # unlocks them (none is left locked without a record).
+    drv = ScriptedDriver()
+    be = backend(drv)
+    second = subprocess.Popen(["sleep", "60"])
+    locker = Locker(be, lock_timeout=1.0)
+    loop = asyncio.new_event_loop()
+    lines: list[list[tuple[int, int]]] = []
+
+    def journal(procs: list[tuple[int, int]]) -> None:
+        if lines:
+            raise OSError(28, "No space left on device")
+        lines.append(procs)
+
+    try:
+        result = DrainResult()
+        with pytest.raises(OSError, match="No space"):
+            loop.run_until_complete(locker.lock_all([child.pid, second.pid], result, journal))
+        assert result.locked_pids == [child.pid]
+        assert drv.states[child.pid] is ProcessState.LOCKED
+        assert second.pid not in drv.states or drv.states[second.pid] is not ProcessState.LOCKED
+        assert loop.run_until_complete(locker.unlock_all(result.locked)) == []
+        assert drv.states[child.pid] is ProcessState.RUNNING
+    finally:
+        loop.close()
+        locker.shutdown()
+        second.kill()
+        second.wait()
+
+
 def test_lock_passes_milliseconds_and_never_zero(child: subprocess.Popen[bytes]) -> None:
     drv = ScriptedDriver()
     be = backend(drv)
