@@ -41,7 +41,8 @@ from typing import Any
 from common import machine, percentile, write_result
 
 from krex_lab.gpu.cuda_driver import CtypesCudaDriver
-from krex_lab.gpu.nvidia import NvidiaBackend, cgroup_frozen, holds_nvidia_device, local_pid
+from krex_lab.gpu.nvidia import NvidiaBackend, cgroup_frozen
+from krex_lab.gpu.pid_mapping import holds_nvidia_device, local_pid
 from krex_lab.procutil import proc_state
 from krex_lab.regions.drain import DrainResult, Locker
 

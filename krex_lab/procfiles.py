@@ -15,8 +15,13 @@ guarded against is a pid or tid naming another task than when the file was opene
 * a thread's files (``task/TID/...``) are opened anew after :attr:`KeptFiles.TTL` seconds: a
   tid reused inside one living process would take the kernel's whole pid space meanwhile.
 
-Where the kernel gives no pidfds, or beyond :attr:`KeptFiles.LIMIT` descriptors, files are
-opened and closed each time, as :func:`read_proc` does.
+Where the kernel gives no pidfds, beyond :attr:`KeptFiles.LIMIT` descriptors in all or
+:attr:`KeptFiles.PER_PROCESS` for one process, files are opened and closed each time, as
+:func:`read_proc` does. Only the processes a region names are kept (session roots, GPU
+processes), never what a user can multiply at will (a tree's descendants): a user's 200
+children held 400 descriptors of the arbiter before that bound (tests/security). The session
+capacity reserves :attr:`KeptFiles.LIMIT` (``arbiter/quotas.py``), and a session's files go
+when it ends (:meth:`KeptFiles.forget`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ def read_proc(path: str, whole: bool = False) -> bytes | None:
 class KeptFiles:
     """Descriptors of /proc/PID/NAME files, kept per process (see the module's docstring)."""
 
-    LIMIT = 2048
+    LIMIT = 512
+    #: files kept for one process (its pidfd aside): a process of many threads has the rest read
+    PER_PROCESS = 64
     #: seconds after which a thread's file is opened anew
     TTL = 10.0
     #: processes not read for this long are let go (checked at most this often)
@@ -85,7 +92,7 @@ class KeptFiles:
         if fd >= 0 and name.startswith("task/") and now - opened > self.TTL:
             self._close(files.pop(name)[0])
             fd = -1
-        if fd < 0 and self._count < self.LIMIT:
+        if fd < 0 and self._count < self.LIMIT and len(files) < self.PER_PROCESS:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 self._count += 1
@@ -141,6 +148,12 @@ class KeptFiles:
             self._forget(pid)
         for pid in [p for p in self._procs if p not in self._used]:
             self._forget(pid)
+
+    def forget(self, pid: int) -> None:
+        """Let ``pid``'s files go now (its session ended: the arbiter knows before any sweep)."""
+        with self._lock:
+            if pid in self._procs:
+                self._forget(pid)
 
     def kept(self, pid: int) -> bool:
         """Whether ``pid``'s files are kept now (for tests and benchmarks)."""

@@ -181,10 +181,11 @@ def children(pid: int) -> list[int]:
     return _children_of_tasks(pid, tids)
 
 
-def _children_of_tasks(pid: int, tids: list[str]) -> list[int]:
-    # Through kept descriptors: a region walks its siblings' trees twice (procfiles).
+def _children_of_tasks(pid: int, tids: list[str], kept: bool = False) -> list[int]:
+    names = [f"task/{tid}/children" for tid in tids]
+    raws = KEPT.read(pid, names) if kept else [read_proc(f"/proc/{pid}/{n}", whole=True) for n in names]
     kids: list[int] = []
-    for raw in KEPT.read(pid, [f"task/{tid}/children" for tid in tids]):
+    for raw in raws:
         if raw:
             kids.extend(map(int, raw.split()))
     return kids
@@ -200,7 +201,10 @@ def tree(pid: int) -> list[int]:
     (CONFIG_PROC_CHILDREN) instead of scanning every process on the node as psutil would.
     """
     try:  # the root's own task list: one read that also says whether it still exists
-        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task")) if _HAS_CHILDREN_FILE else None
+        # The root's files through kept descriptors (procfiles): a region walks its siblings'
+        # trees twice, every region; a root is a session or a GPU process, which the arbiter
+        # bounds, while its descendants are as many as a user makes, and are read afresh.
+        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True) if _HAS_CHILDREN_FILE else None
     except OSError:
         return []
     if first is None and not os.path.exists(f"/proc/{pid}"):

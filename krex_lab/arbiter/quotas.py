@@ -26,10 +26,12 @@ from traitlets import Dict, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from ..errors import QuotaExceeded
+from ..procfiles import KeptFiles
 from .region import Region
 
-#: file descriptors kept free for sockets, the journal, NVML and the like
-FD_RESERVE = 256
+#: file descriptors kept free for sockets, the journal, NVML and the like, and the /proc files
+#: the region sequence keeps open (procfiles.KeptFiles.LIMIT)
+FD_RESERVE = 256 + KeptFiles.LIMIT
 #: descriptors one session costs: its pidfd and its control connection
 FDS_PER_SESSION = 2
 

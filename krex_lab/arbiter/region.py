@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +83,14 @@ class Region:
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)
     gone: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def timed(self, step: str, job: Awaitable[object]) -> None:
+        """Await ``job`` and keep how long it took in :attr:`times` (the report's ``<step>_s``)."""
+        t0 = time.monotonic()
+        try:
+            await job
+        finally:
+            self.times[step] = time.monotonic() - t0
 
     def move(self, new: RegionState) -> None:
         """Change state along one of :data:`TRANSITIONS` (anything else is a bug: raise)."""

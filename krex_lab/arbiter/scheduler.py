@@ -13,21 +13,21 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import KrexError, RegionCancelled
-from ..procutil import ancestors, node_task_count, state_and_start, task_count, tree, tree_until
+from ..procfiles import KEPT
+from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.freeze import thaw
+from .draining import Draining
 from .enforcement import Enforcement, isolate, unisolate
 from .region import Region, RegionState, Reply
+from .scheduler_config import Notifier, SchedulerConfig
 from .sessions import Session, SessionTable
 
 log = logging.getLogger("krex.scheduler")
@@ -42,30 +42,6 @@ SPIN_LANDING = 0.01
 #: a request that arrives within this many seconds of the end of its session's stop as an
 #: intruder was on its way when it was stopped: its report says how long that stop was
 STOPPED_WINDOW = 1.0
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The arbiter options the region sequence reads (see ``Arbiter`` for their meaning)."""
-
-    drain_timeout: float = 1.0
-    lock_foreign: bool = True
-    poll_interval: float = 0.1
-    history: int = 200
-    #: the backend's ``describe()``: every report carries it
-    backend_info: dict[str, Any] | None = None
-    #: seconds a session that registers mid-region runs before it is drained and frozen, so
-    #: that it hears its registration and can queue (it is stopped at once when it queues)
-    intruder_grace: float = 0.5
-    #: seconds the isolation step may take (its per-thread work runs off the event loop);
-    #: threads it has not reached by then stay where they are and the report says so
-    isolate_deadline: float = 0.5
-
-
-def _running(session: Session) -> bool:
-    """Is the session's process still there (not exited, not a zombie, not a reused pid)?"""
-    state, start = state_and_start(session.pid)
-    return state not in (None, "Z", "X") and start == session.start
 
 
 class QueuePolicy(Protocol):
@@ -84,14 +60,6 @@ class Fifo:
 
     def charge(self, uid: int, seconds: float) -> None:
         pass
-
-
-class Notifier(Protocol):
-    """How the scheduler tells the world: events for observers, control messages for sessions."""
-
-    def publish(self, topic: str, data: dict[str, Any]) -> None: ...
-
-    def control(self, session: Session, kind: str, region: Region) -> None: ...
 
 
 class Scheduler:
@@ -133,6 +101,7 @@ class Scheduler:
         # Per-thread work (affinities of every thread of every session) runs here, off the loop;
         # one thread, so that the core book is only ever touched by one at a time.
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
+        self.draining = Draining(steps, sessions, notify, config, self._other_session_pids)
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         # Keep a reference: the loop holds tasks only weakly.
@@ -214,6 +183,7 @@ class Scheduler:
         return self.past(region.id) or {}
 
     def session_gone(self, session: Session, reason: str) -> None:
+        KEPT.forget(session.pid)  # the /proc files kept for its tree walks
         self._stopped.pop(session.id, None)
         pending = self._intruders.pop(session.id, None)
         if pending is not None:
@@ -257,7 +227,7 @@ class Scheduler:
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in self.sessions.on_gpu(region.gpu) if s.id != holder.id and s.pid not in region.exempt]
-            await self._drain(region, siblings)
+            await self.draining.drain(region, siblings)
             t1 = time.monotonic()
             region.times["drain"] = t1 - t0
             # A session that left while being drained is no session to freeze any more.
@@ -307,7 +277,7 @@ class Scheduler:
         if region.frozen.procs:
             self._spawn(self._settle_freeze(region, [s.pid for s in siblings]))
         if self.steps.locker.can_lock:
-            region.watcher = self._spawn(self._watch_intruders(region))
+            region.watcher = self._spawn(self.draining.watch_intruders(region))
         report = region.report(self.backend_info)
         self.notify.publish("region", {"event": "granted", **report})
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
@@ -341,113 +311,6 @@ class Scheduler:
                 region.times["settle"] = time.monotonic() - began  # after the grant, with the holder
                 return
             await asyncio.sleep(0.002)
-
-    async def _drain(self, region: Region, siblings: list[Session]) -> None:
-        """Lock what the driver can lock; ask the other KREX-aware sessions to synchronise.
-
-        A session that is being locked is not also asked to synchronise: its sync call would
-        block on the very lock until release.
-        """
-        loop = asyncio.get_running_loop()
-        targets: set[int] = set()
-        lock_job = None
-        t0 = time.monotonic()
-        listed = {p.pid for p in self.steps.gpu_processes(region.gpu)} - region.drain_exempt
-        region.times["drain_list"] = time.monotonic() - t0
-        if self.steps.locker.can_lock:
-            targets = set(listed)
-            if not self.config.lock_foreign:
-                targets &= {p for s in self.sessions for p in tree(s.pid)}
-            lock_job = self._timed(
-                region,
-                "drain_lock",
-                self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id)),
-            )
-        cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
-        # Without driver locks nothing can be stopped before it is locked, so a session is
-        # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
-        freeze_on_ack = region.freeze and not self.steps.locker.can_lock
-        for s in cooperative:
-            ack = region.acks[s.id] = loop.create_future()
-            if freeze_on_ack:
-                ack.add_done_callback(functools.partial(self._freeze_acked, region, s.pid))
-            self.notify.control(s, "drain", region)
-        for s in siblings:
-            if s.control is None and s.pid not in targets:
-                region.drain.not_drained[s.pid] = "not KREX-aware (no control channel) and not lockable"
-        waits: list[Any] = []
-        # Futures kept here too: a session that ends meanwhile takes its own out of region.acks.
-        acks = dict(region.acks)
-        asked = time.monotonic()
-        if acks:
-            waits.append(asyncio.wait(list(acks.values()), timeout=self.config.drain_timeout))
-        if lock_job is not None:
-            waits.append(lock_job)
-        await asyncio.gather(*waits)
-        # What was measured: the wait ends early when every ack arrived or a session left.
-        waited = time.monotonic() - asked
-        live = {s.id for s in self.sessions}
-        for s in cooperative:
-            fut = acks.get(s.id)
-            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
-                region.drain.acked.append(s.pid)
-            elif s.id not in live or not _running(s):
-                # It exited, or ended its session, while being drained: nothing left to drain.
-                region.gone.append(s.pid)
-            else:
-                region.drain.not_drained[s.pid] = f"did not answer drain within {waited:.2f} s"
-            if fut is not None and not fut.done():
-                fut.cancel()
-        # Whatever is on the GPU and neither locked, synchronised nor known to need no lock
-        # shares the region: name it (the report is then degraded).
-        done = set(region.drain.acked) | set(region.drain.locked_pids) | set(region.drain.unlocked_ok)
-        for pid in sorted(listed - done - set(region.drain.not_drained) - set(region.gone)):
-            if not os.path.exists(f"/proc/{pid}"):
-                continue
-            region.drain.not_drained[pid] = (
-                "on the GPU and not locked: not a KREX session's process (lock_foreign is off)"
-                if self.steps.locker.can_lock
-                else f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
-            )
-
-    @staticmethod
-    async def _timed(region: Region, step: str, job: Any) -> None:
-        """Await ``job`` and keep how long it took in the region's times (its report's ``<step>_s``)."""
-        t0 = time.monotonic()
-        try:
-            await job
-        finally:
-            region.times[step] = time.monotonic() - t0
-
-    def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
-        if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
-            self.steps.freezer.extend(region.id, region.frozen, [pid], region.exempt, passes=1)
-
-    async def _watch_intruders(self, region: Region) -> None:
-        """Lock processes that appear on the GPU while the region is held."""
-        loop = asyncio.get_running_loop()
-        while region.state is RegionState.HELD:
-            await asyncio.sleep(self.config.poll_interval)
-            try:
-                listed = await loop.run_in_executor(None, self.steps.gpu_processes, region.gpu)
-            except Exception as exc:  # NVML hiccup: say so, keep watching
-                region.watch_errors.append(str(exc))
-                log.warning("region %s: listing GPU %d processes failed: %s", region.id, region.gpu, exc)
-                continue
-            known = set(region.drain.locked_pids) | set(region.drain.not_drained) | {p for p, _ in region.drain.late}
-            known |= {p for p, why in region.drain.unlocked_ok.items() if why != "not-cuda"}
-            sessions = self._other_session_pids(region)
-            new = [p.pid for p in listed if p.pid not in known and not region.exempts(p.pid, sessions)]
-            if new and region.state is RegionState.HELD:
-                region.locking = True
-                try:
-                    await self.steps.locker.lock_all(new, region.drain, self.steps.lock_journal(region.id))
-                finally:
-                    region.locking = False
-                fresh = [p for p in new if p in region.drain.locked_pids and p not in region.drain.intruders]
-                if fresh:
-                    region.drain.intruders.extend(fresh)
-                    self.notify.publish("region", {"event": "intruder", "region": region.id, "pids": fresh})
 
     def intruder_session(self, session: Session) -> None:
         """A session that registers on a GPU mid-region is drained and frozen (lock first)."""
@@ -529,7 +392,7 @@ class Scheduler:
             times["thaw"] = t2 - t1
             region.drain.closed = True
             if region.drain.locked or region.drain.late:
-                await self._timed(region, "unlock", self._unlock(region))
+                await region.timed("unlock", self._unlock(region))
             for s in self.sessions.on_gpu(region.gpu):
                 if s.pid in region.drain.acked or s.pid in region.drain.intruders:
                     self.notify.control(s, "resume", region)

@@ -41,17 +41,9 @@ from krex_lab.gpu.cuda_driver import (
     CudaError,
     ProcessState,
 )
-from krex_lab.gpu.nvidia import (
-    LockOutcome,
-    NvidiaBackend,
-    PidMap,
-    ProcessStopped,
-    cgroup_frozen,
-    holds_nvidia_device,
-    local_pid,
-    parse_nspid,
-)
+from krex_lab.gpu.nvidia import LockOutcome, NvidiaBackend, ProcessStopped, cgroup_frozen
 from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
+from krex_lab.gpu.pid_mapping import PidMap, holds_nvidia_device, local_pid, parse_nspid
 from krex_lab.procutil import proc_state
 from krex_lab.regions.drain import DrainResult, Locker
 from tests.support.procs import kill_tree
@@ -707,7 +699,7 @@ def test_local_pid_inside_a_real_pid_namespace() -> None:
     # A python in a new pid namespace but with the outer /proc (no --mount-proc): it is pid 1
     # to itself and N to /proc. The helper must find 1 for N, and None for our pid.
     code = (
-        "import os, sys; from krex_lab.gpu.nvidia import local_pid, parse_nspid;"
+        "import os, sys; from krex_lab.gpu.pid_mapping import local_pid, parse_nspid;"
         "outer = parse_nspid(open('/proc/self/status').read())[0];"
         "print(outer, local_pid(outer), os.getpid(), local_pid(int(sys.argv[1])))"
     )

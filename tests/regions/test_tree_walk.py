@@ -92,3 +92,14 @@ def test_kept_descriptors_of_processes_not_walked_again_are_closed(
     assert not files.kept(forker.pid)
     files.clear()
     assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def test_only_the_root_of_a_walked_tree_keeps_descriptors(forker: subprocess.Popen[str]) -> None:
+    # A root is a session or a GPU process (the arbiter bounds them); its descendants are as many
+    # as a user makes: each walk reads theirs afresh instead of keeping a descriptor of each.
+    kids = [ask(forker, "main") for _ in range(5)]
+    assert sorted(tree(forker.pid)) == sorted([forker.pid, *kids])
+    assert KEPT.kept(forker.pid)
+    assert not any(KEPT.kept(k) for k in kids)
+    KEPT.forget(forker.pid)  # a session that ends lets its files go at once
+    assert not KEPT.kept(forker.pid)

@@ -1,0 +1,147 @@
+"""Step 3 of a region as the scheduler runs it: drain the GPU's other work, and keep it drained.
+
+:class:`Draining` is called by the :class:`~.scheduler.Scheduler` on its event loop: ``drain``
+during a grant (driver locks through the ``Locker``, ``drain`` control messages to the other
+KREX-aware sessions, and what was neither named in the report), ``watch_intruders`` while a
+region is held (processes that appear on the GPU are locked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..procutil import state_and_start, tree
+from .enforcement import Enforcement
+from .region import Region, RegionState
+from .scheduler_config import Notifier, SchedulerConfig
+from .sessions import Session, SessionTable
+
+log = logging.getLogger("krex.scheduler")
+
+
+def _running(session: Session) -> bool:
+    """Is the session's process still there (not exited, not a zombie, not a reused pid)?"""
+    state, start = state_and_start(session.pid)
+    return state not in (None, "Z", "X") and start == session.start
+
+
+class Draining:
+    """The drain of a region on the enforcement steps it uses; the scheduler owns one."""
+
+    def __init__(
+        self,
+        steps: Enforcement,
+        sessions: SessionTable,
+        notify: Notifier,
+        config: SchedulerConfig,
+        other_sessions: Callable[[Region], set[int]],
+    ) -> None:
+        self.steps = steps
+        self.sessions = sessions
+        self.notify = notify
+        self.config = config
+        #: pids of the sessions that are not part of a region (see Scheduler._other_session_pids)
+        self._other_sessions = other_sessions
+
+    async def drain(self, region: Region, siblings: list[Session]) -> None:
+        """Lock what the driver can lock; ask the other KREX-aware sessions to synchronise.
+
+        A session that is being locked is not also asked to synchronise: its sync call would
+        block on the very lock until release.
+        """
+        loop = asyncio.get_running_loop()
+        targets: set[int] = set()
+        lock_job = None
+        t0 = time.monotonic()
+        listed = {p.pid for p in self.steps.gpu_processes(region.gpu)} - region.drain_exempt
+        region.times["drain_list"] = time.monotonic() - t0
+        if self.steps.locker.can_lock:
+            targets = set(listed)
+            if not self.config.lock_foreign:
+                targets &= {p for s in self.sessions for p in tree(s.pid)}
+            lock_job = region.timed(
+                "drain_lock",
+                self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id)),
+            )
+        cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
+        # Without driver locks nothing can be stopped before it is locked, so a session is
+        # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
+        freeze_on_ack = region.freeze and not self.steps.locker.can_lock
+        for s in cooperative:
+            ack = region.acks[s.id] = loop.create_future()
+            if freeze_on_ack:
+                ack.add_done_callback(functools.partial(self._freeze_acked, region, s.pid))
+            self.notify.control(s, "drain", region)
+        for s in siblings:
+            if s.control is None and s.pid not in targets:
+                region.drain.not_drained[s.pid] = "not KREX-aware (no control channel) and not lockable"
+        waits: list[Any] = []
+        # Futures kept here too: a session that ends meanwhile takes its own out of region.acks.
+        acks = dict(region.acks)
+        asked = time.monotonic()
+        if acks:
+            waits.append(asyncio.wait(list(acks.values()), timeout=self.config.drain_timeout))
+        if lock_job is not None:
+            waits.append(lock_job)
+        await asyncio.gather(*waits)
+        # What was measured: the wait ends early when every ack arrived or a session left.
+        waited = time.monotonic() - asked
+        live = {s.id for s in self.sessions}
+        for s in cooperative:
+            fut = acks.get(s.id)
+            if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
+                region.drain.acked.append(s.pid)
+            elif s.id not in live or not _running(s):
+                # It exited, or ended its session, while being drained: nothing left to drain.
+                region.gone.append(s.pid)
+            else:
+                region.drain.not_drained[s.pid] = f"did not answer drain within {waited:.2f} s"
+            if fut is not None and not fut.done():
+                fut.cancel()
+        # Whatever is on the GPU and neither locked, synchronised nor known to need no lock
+        # shares the region: name it (the report is then degraded).
+        done = set(region.drain.acked) | set(region.drain.locked_pids) | set(region.drain.unlocked_ok)
+        for pid in sorted(listed - done - set(region.drain.not_drained) - set(region.gone)):
+            if not os.path.exists(f"/proc/{pid}"):
+                continue
+            region.drain.not_drained[pid] = (
+                "on the GPU and not locked: not a KREX session's process (lock_foreign is off)"
+                if self.steps.locker.can_lock
+                else f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
+            )
+
+    def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
+            self.steps.freezer.extend(region.id, region.frozen, [pid], region.exempt, passes=1)
+
+    async def watch_intruders(self, region: Region) -> None:
+        """Lock processes that appear on the GPU while the region is held."""
+        loop = asyncio.get_running_loop()
+        while region.state is RegionState.HELD:
+            await asyncio.sleep(self.config.poll_interval)
+            try:
+                listed = await loop.run_in_executor(None, self.steps.gpu_processes, region.gpu)
+            except Exception as exc:  # NVML hiccup: say so, keep watching
+                region.watch_errors.append(str(exc))
+                log.warning("region %s: listing GPU %d processes failed: %s", region.id, region.gpu, exc)
+                continue
+            known = set(region.drain.locked_pids) | set(region.drain.not_drained) | {p for p, _ in region.drain.late}
+            known |= {p for p, why in region.drain.unlocked_ok.items() if why != "not-cuda"}
+            sessions = self._other_sessions(region)
+            new = [p.pid for p in listed if p.pid not in known and not region.exempts(p.pid, sessions)]
+            if new and region.state is RegionState.HELD:
+                region.locking = True
+                try:
+                    await self.steps.locker.lock_all(new, region.drain, self.steps.lock_journal(region.id))
+                finally:
+                    region.locking = False
+                fresh = [p for p in new if p in region.drain.locked_pids and p not in region.drain.intruders]
+                if fresh:
+                    region.drain.intruders.extend(fresh)
+                    self.notify.publish("region", {"event": "intruder", "region": region.id, "pids": fresh})
