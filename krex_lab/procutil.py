@@ -194,17 +194,18 @@ def _children_of_tasks(pid: int, tids: list[str], kept: bool = False) -> list[in
 _HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
-def tree(pid: int) -> list[int]:
+def tree(pid: int, kept: bool = False) -> list[int]:
     """``pid`` and all its descendants (parents first); empty if ``pid`` is gone.
 
     A region walks the trees of every session, so this reads only those processes' entries
     (CONFIG_PROC_CHILDREN) instead of scanning every process on the node as psutil would.
+    ``kept``: the root's files through kept descriptors (procfiles), for the arbiter's freeze,
+    which walks its siblings' trees twice every region; a root is a session, which the arbiter
+    bounds, while its descendants are as many as a user makes, and are read afresh. Off for
+    everyone else: a worker that runs user code must hold no descriptor the code could close.
     """
     try:  # the root's own task list: one read that also says whether it still exists
-        # The root's files through kept descriptors (procfiles): a region walks its siblings'
-        # trees twice, every region; a root is a session or a GPU process, which the arbiter
-        # bounds, while its descendants are as many as a user makes, and are read afresh.
-        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True) if _HAS_CHILDREN_FILE else None
+        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept) if _HAS_CHILDREN_FILE else None
     except OSError:
         return []
     if first is None and not os.path.exists(f"/proc/{pid}"):

@@ -123,7 +123,7 @@ class Freezer:
         for _ in range(passes):
             new: list[tuple[int, int, int | None]] = []  # pid, start, stat descriptor
             for root in roots:
-                for pid in tree(root):
+                for pid in tree(root, kept=True):  # walked again at settle and every region
                     if pid in seen or pid in exempt:
                         continue
                     seen.add(pid)

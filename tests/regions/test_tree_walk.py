@@ -57,23 +57,23 @@ def ask(p: subprocess.Popen[str], cmd: str) -> int:
 
 
 def test_every_walk_sees_children_forked_and_ended_since_the_last(forker: subprocess.Popen[str]) -> None:
-    assert tree(forker.pid) == [forker.pid]  # the first walk keeps its descriptors
+    assert tree(forker.pid, kept=True) == [forker.pid]  # the first walk keeps its descriptors
     a = ask(forker, "main")
     b = ask(forker, "hold")  # forked by a thread born after the first walk
-    assert sorted(tree(forker.pid)) == sorted([forker.pid, a, b])
+    assert sorted(tree(forker.pid, kept=True)) == sorted([forker.pid, a, b])
     ask(forker, "end")  # b ends (and is reaped)
-    wait_for(lambda: sorted(tree(forker.pid)) == sorted([forker.pid, a]), timeout=5)
-    assert sorted(tree(forker.pid)) == sorted([forker.pid, a])
+    wait_for(lambda: sorted(tree(forker.pid, kept=True)) == sorted([forker.pid, a]), timeout=5)
+    assert sorted(tree(forker.pid, kept=True)) == sorted([forker.pid, a])
 
 
 def test_a_walk_after_a_pid_changes_hands_reads_the_new_process(forker: subprocess.Popen[str]) -> None:
-    tree(forker.pid)
+    tree(forker.pid, kept=True)
     files = KEPT
     assert files.kept(forker.pid), "the walk kept its descriptors (pidfds are given here)"
     forker.kill()
     forker.wait()
     # The kept entry is checked before use: its process has ended, so it is let go at once.
-    assert tree(forker.pid) == []
+    assert tree(forker.pid, kept=True) == []
     assert files.read(forker.pid, ["stat"]) == [None]
     assert not files.kept(forker.pid)
 
@@ -83,12 +83,12 @@ def test_kept_descriptors_of_processes_not_walked_again_are_closed(
 ) -> None:
     files = KEPT
     before = len(os.listdir("/proc/self/fd"))
-    tree(forker.pid)
+    tree(forker.pid, kept=True)
     assert len(os.listdir("/proc/self/fd")) > before
     monkeypatch.setattr(files, "SWEEP", 0.0)
     forker.kill()
     forker.wait()
-    tree(os.getpid())  # any walk sweeps: the ended process's descriptors go
+    tree(os.getpid(), kept=True)  # any kept walk sweeps: the ended process's descriptors go
     assert not files.kept(forker.pid)
     files.clear()
     assert len(os.listdir("/proc/self/fd")) <= before
@@ -98,8 +98,17 @@ def test_only_the_root_of_a_walked_tree_keeps_descriptors(forker: subprocess.Pop
     # A root is a session or a GPU process (the arbiter bounds them); its descendants are as many
     # as a user makes: each walk reads theirs afresh instead of keeping a descriptor of each.
     kids = [ask(forker, "main") for _ in range(5)]
-    assert sorted(tree(forker.pid)) == sorted([forker.pid, *kids])
+    assert sorted(tree(forker.pid, kept=True)) == sorted([forker.pid, *kids])
     assert KEPT.kept(forker.pid)
     assert not any(KEPT.kept(k) for k in kids)
     KEPT.forget(forker.pid)  # a session that ends lets its files go at once
+    assert not KEPT.kept(forker.pid)
+
+
+def test_a_walk_keeps_nothing_unless_asked(forker: subprocess.Popen[str]) -> None:
+    # Workers and the pool walk their own trees too; they run user code, which may close any
+    # descriptor, so only the arbiter's freeze asks for kept ones.
+    KEPT.forget(forker.pid)
+    kid = ask(forker, "main")
+    assert sorted(tree(forker.pid)) == sorted([forker.pid, kid])
     assert not KEPT.kept(forker.pid)
