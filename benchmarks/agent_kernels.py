@@ -293,6 +293,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
         samples=len(m.samples),
         bench_simulated=bool(m.simulated),
         converged=m.stop_reason in ("noise", "stable"),
+        sm_mhz=(m.clocks or {}).get("sm_mhz_median"),  # NVML's SM clock over the sampling, where read
     )
     del ins, outs
     with contextlib.suppress(Exception):
@@ -300,21 +301,15 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     _ = np  # numpy is imported by the kernels anyway
 
 
-def reference(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each candidate evaluated alone, one after the other (region mode, nobody else running)."""
-    return [{**evaluate(j), "candidate": j["candidate"]} for j in jobs]
-
-
 def main() -> None:
-    """``python agent_kernels.py eval|reference`` with the job(s) as JSON on stdin: a cold evaluation."""
+    """``python agent_kernels.py eval`` with the job as JSON on stdin: a cold evaluation."""
     import krex_lab
 
-    what = sys.argv[1]
-    jobs = json.loads(sys.stdin.read())
-    first = jobs if isinstance(jobs, dict) else jobs[0]
-    krex_lab.attach(gpu=int(first["gpu"]), name=f"eval-{what}")  # KREX_REGION (command mode): part of it
-    out = evaluate(jobs) if what == "eval" else reference(jobs)
-    print("AGENT-RESULT " + json.dumps(out), flush=True)
+    if sys.argv[1:] != ["eval"]:
+        raise SystemExit("usage: python agent_kernels.py eval < JOB.json")
+    job = json.loads(sys.stdin.read())
+    krex_lab.attach(gpu=int(job["gpu"]), name="eval")  # KREX_REGION (command mode): part of it
+    print("AGENT-RESULT " + json.dumps(evaluate(job)), flush=True)
 
 
 def candidate_dict(c: Candidate) -> dict[str, Any]:

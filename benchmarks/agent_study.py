@@ -2,7 +2,7 @@
 
     python benchmarks/agent_study.py [--backend fake|nvidia] [--gpus 1] [--agents 1,4,8,16,32]
         [--think-mean 0,8] [--think-sigma 0.6] [--modes command,region,none] [--launch warm,cold]
-        [--seconds 30] [--cold-agents 4] [--cold-seconds 20] [--kernels ...]
+        [--seconds 30] [--warmup 10] [--cold-agents 4] [--cold-seconds 20] [--kernels ...]
 
 Agents behave like kernel-optimising LLM agents. Each is a real process (``agent_loop.py``)
 registered with a real ``krex arbiter`` as a session on its GPU (agent i on GPU i mod --gpus),
@@ -23,11 +23,19 @@ eval.py`` would; in command mode the agent holds the region around that process,
 as ``krex exclusive -- python eval.py`` does); ``warm`` = ``krex_lab.submit`` to a pool of warm
 context workers (``krex pool``, ``--workers`` per GPU, started here).
 
-Before the sweep a **reference pass** evaluates every correct candidate alone (region mode, no
-other agent), and again after the points (``--no-reference-after``: only before): every timed
-evaluation records its error against the mean of the two reference medians, and the JSON says
-how far the two passes lie apart (``reference_drift_pct``: the GPU's own drift, a floor under
-any error the study can show). See ``agent_reference.py``.
+**Throughput is a steady state.** Every agent starts at one moment, runs ``--warmup`` seconds
+unmeasured (queues form, think times spread out), then ``--seconds`` measured: a point's
+evaluations per minute count the evaluations that *returned* inside the measured window.
+(Counting from the start, in windows a few think times long, mostly measured the start: all
+agents think at once, then all want the GPU at once; 2026-12-02, T0235.)
+
+Before the sweep a **reference pass** evaluates every correct candidate alone
+``--reference-repeats`` times on the warm workers, one evaluation at a time, and again after
+the points (``--no-reference-after``: only before): every timed evaluation records its error
+against the median of those alone runs, and the JSON says how far the passes lie apart
+(``reference_drift_pct``) and how far one alone run lies from the reference
+(``reference_spread_pct``: the floor under any error the study can show). See
+``agent_reference.py``.
 
 **Real**: the arbiter, its regions (queue, freeze of the other sessions of the GPU, core
 isolation; on NVIDIA also the driver lock), the agent processes and their sessions, the pool
@@ -98,9 +106,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "(both, as separate points; locks and the core shield stay either way)",
     )
     p.add_argument("--launch", default="warm,cold", help="warm (context workers) and/or cold (a process each)")
-    p.add_argument("--seconds", type=float, default=20.0, help="window per warm point")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured window per warm point")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="seconds every point runs before its measured window (evaluations returned then are not counted)",
+    )
     p.add_argument("--cold-agents", type=int, default=4, help="agents of the cold vs warm comparison")
-    p.add_argument("--cold-seconds", type=float, default=20.0, help="window per cold (and its warm twin) point")
+    p.add_argument("--cold-seconds", type=float, default=20.0, help="measured window per cold (and its warm twin) point")
     p.add_argument(
         "--cold-think", type=float, default=None, help="think mean there (default: the last of --think-mean)"
     )
@@ -118,6 +132,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--use-arbiter", action="store_true", help="use the arbiter at $KREX_ENDPOINT (tests)")
     p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--reference-repeats", type=int, default=2, help="alone runs of each candidate per reference pass")
     p.add_argument(
         "--reference-after",
         action=argparse.BooleanOptionalAction,
@@ -243,7 +258,8 @@ def run_point(
     logs = workdir / f"point{point['index']:02d}"
     logs.mkdir()
     start_at = time.time() + (3.0 if point["launch"] == "warm" else 2.0) + 0.05 * point["agents"]
-    until = start_at + point["seconds"]
+    measure_from = start_at + args.warmup
+    until = measure_from + point["seconds"]
     procs = []
     for i in range(point["agents"]):
         cfg = {
@@ -289,19 +305,21 @@ def run_point(
                     tracebacks.setdefault(str(ev.get("error", ""))[:120], tb)
                 agent_reference.score(ev, ref)
                 records.append(ev)
-    return {**summarise(point, start_at, until, codes, starts, records), "tracebacks": tracebacks}
+    return {**summarise(point, start_at, measure_from, until, codes, starts, records), "tracebacks": tracebacks}
 
 
 def summarise(
     point: dict[str, Any],
     start_at: float,
+    measure_from: float,
     until: float,
     codes: list[int],
     starts: list[tuple[int, int]],
     records: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    in_window = [r for r in records if not r["late"]]
+    in_window = [r for r in records if measure_from <= r["done"] <= until]
     timed = [r for r in in_window if r.get("median_ms") is not None]
+    scored = [r for r in records if not r["late"] and r.get("median_ms") is not None]  # warm-up's too
     regions = [r["region"] for r in records if r.get("region")]
     by_gpu: dict[int, list[tuple[float, float]]] = {}
     for reg in regions:
@@ -310,10 +328,11 @@ def summarise(
     for r in records:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     done_keys = [(r["agent"], r["seq"]) for r in records]
-    window = until - start_at
+    window = until - measure_from
     out = {
         **point,
         "start_at": start_at,
+        "measure_from": measure_from,
         "until": until,
         "agent_exit_codes": codes,
         "evaluations_started": len(starts),
@@ -326,7 +345,7 @@ def summarise(
         "statuses": statuses,
         "wrong_on_purpose_passed": sum(1 for r in records if r["wrong_on_purpose"] and r["status"] == "ok"),
         "correct_failed": sum(1 for r in records if not r["wrong_on_purpose"] and r["status"] != "ok"),
-        "error_abs_pct": agent_reference.error_stats(timed),
+        "error_abs_pct": agent_reference.error_stats(scored),
         "region_overlaps": sum(overlaps(v) for v in by_gpu.values()),
         "regions": {
             "n": len(regions),
@@ -413,16 +432,21 @@ def main(argv: list[str] | None = None) -> Path:
     }
     try:
         world.start_arbiter()
-        t0 = time.monotonic()
-        result["reference"] = agent_reference.reference_pass(world, cands, workdir, bench_options(args))
-        result["reference_s"] = round(time.monotonic() - t0, 1)
-        print(f"reference pass: {len(result['reference'])} candidates alone in {result['reference_s']} s", flush=True)
         warm = [p for p in points if p["launch"] == "warm"]
-        if warm:
-            per_gpu = max(-(-p["agents"] // args.gpus) for p in warm)
-            workers = args.workers or min(16, per_gpu)
-            result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers), 1)}
-            print(f"pool: {workers} warm workers per GPU ready in {result['pool']['ready_s']} s", flush=True)
+        per_gpu = max([-(-p["agents"] // args.gpus) for p in warm] or [1])
+        workers = args.workers or min(16, per_gpu)
+        result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers), 1)}
+        print(f"pool: {workers} warm workers per GPU ready in {result['pool']['ready_s']} s", flush=True)
+        t0 = time.monotonic()
+        result["reference"] = agent_reference.reference_pass(
+            world, cands, workdir, bench_options(args), repeats=args.reference_repeats
+        )
+        result["reference_s"] = round(time.monotonic() - t0, 1)
+        print(
+            f"reference pass: {len(result['reference'])} candidates alone, {args.reference_repeats} runs each, "
+            f"on warm workers in {result['reference_s']} s",
+            flush=True,
+        )
         result["points"] = []
         signal.signal(signal.SIGTERM, _interrupt)  # `timeout` on the device: keep what was measured
         for p in points:
@@ -449,13 +473,16 @@ def main(argv: list[str] | None = None) -> Path:
         t_end = time.time()
         if args.reference_after and result["points"]:
             t0 = time.monotonic()
-            after = agent_reference.reference_pass(world, cands, workdir, bench_options(args), "after")
+            after = agent_reference.reference_pass(
+                world, cands, workdir, bench_options(args), "after", repeats=args.reference_repeats
+            )
             result["reference_after_s"] = round(time.monotonic() - t0, 1)
             agent_reference.bracket(result, after)
             print(
                 f"reference pass after the points: drift |after/before - 1| "
                 f"median {result['reference_drift_pct']['median']} % p95 {result['reference_drift_pct']['p95']} %; "
-                "errors are against the mean of both passes",
+                f"one alone run against the reference: |error| median {result['reference_spread_pct']['median']} % "
+                f"p95 {result['reference_spread_pct']['p95']} %; errors are against the median of every alone run",
                 flush=True,
             )
         time.sleep(1.5)  # the arbiter writes its history in batches, from a thread

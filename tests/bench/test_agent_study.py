@@ -36,7 +36,9 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--think-mean",
             "0",
             "--seconds",
-            "10",
+            "8",
+            "--warmup",
+            "2",
             "--launch",
             "warm",
             "--kernels",
@@ -104,21 +106,38 @@ def test_command_mode_regions_hold_the_compile_and_region_mode_regions_do_not(st
         assert r["region"]["requested"] - r["eval_started"] >= r["compile_s"], r
 
 
-def test_timing_errors_recorded_against_the_reference_passes_before_and_after(study: dict[str, Any]) -> None:
+def test_timing_errors_recorded_against_every_alone_run_before_and_after(study: dict[str, Any]) -> None:
     before, after = study["reference"], study["reference_after"]
     assert set(after) == set(before), "the same candidates, alone, after the points"
+    for c in before:  # each pass ran each candidate its repeats, on the pool's workers
+        assert len(before[c]["runs"]) == len(after[c]["runs"]) == 2
     drift = [abs(after[c]["median_ms"] / before[c]["median_ms"] - 1) * 100 for c in before]
     assert study["reference_drift_pct"]["n"] == len(drift)
     assert study["reference_drift_pct"]["median"] == pytest.approx(statistics.median(drift), abs=1e-3)
+    assert study["reference_spread_pct"]["n"] == 4 * len(before)
     for p in study["points"]:
         timed = [r for r in p["records"] if r["status"] == "ok"]
         assert timed
         for r in timed:
-            ref = (before[r["candidate"]]["median_ms"] + after[r["candidate"]]["median_ms"]) / 2
+            runs = before[r["candidate"]]["runs"] + after[r["candidate"]]["runs"]
+            ref = statistics.median(x["median_ms"] for x in runs)
             assert math.isclose(r["ref_median_ms"], ref, rel_tol=1e-12)
             assert math.isclose(r["error_pct"], 100 * (r["median_ms"] / ref - 1), rel_tol=1e-9)
         assert p["error_abs_pct"]["n"] == sum(1 for r in timed if not r["late"])
         assert p["error_abs_pct_vs_before"]["n"] == p["error_abs_pct"]["n"]
+
+
+def test_throughput_counts_what_returned_in_the_measured_window(study: dict[str, Any]) -> None:
+    for p in study["points"]:
+        assert p["measure_from"] - p["start_at"] == pytest.approx(2.0)
+        assert p["until"] - p["measure_from"] == pytest.approx(8.0)
+        counted = [r for r in p["records"] if p["measure_from"] <= r["done"] <= p["until"]]
+        assert p["evaluations_in_window"] == len(counted)
+        assert p["evals_per_min"] == round(len(counted) * 60 / 8.0, 2)
+        assert any(r["sent"] < p["measure_from"] for r in p["records"]), "the agents ran before the window"
+    # and what returned before it is not counted
+    early = [r for p in study["points"] for r in p["records"] if r["done"] < p["measure_from"]]
+    assert early
 
 
 def test_wrong_candidates_fail_and_correct_ones_pass(study: dict[str, Any]) -> None:
