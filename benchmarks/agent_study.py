@@ -114,7 +114,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="seconds every point runs before its measured window (evaluations returned then are not counted)",
     )
     p.add_argument("--cold-agents", type=int, default=4, help="agents of the cold vs warm comparison")
-    p.add_argument("--cold-seconds", type=float, default=20.0, help="measured window per cold (and its warm twin) point")
+    p.add_argument("--cold-seconds", type=float, default=20.0, help="measured window of a cold point and its warm twin")
     p.add_argument(
         "--cold-think", type=float, default=None, help="think mean there (default: the last of --think-mean)"
     )
