@@ -1,18 +1,23 @@
 """What an agent of ``agent_study.py`` writes and how one candidate is evaluated (compile, check, time).
 
 The candidate space (:func:`space`): for every kernel of ``kernels/``, its naive and optimised
-variants, parameter mutations of them (block size, tile shape, the depth of a matmul's
-shared-memory step, a vector add's chunk) and a few wrong ones on purpose (an off-by-one bound,
-a swapped tile index, a block size the reduction tree cannot take, a typo that does not
-compile). :func:`write_source` *writes* a candidate as an agent would: the kernel's module from
-``kernels/`` with the change applied, as a new ``.py`` file.
+variants (numba.cuda), parameter mutations of them (block size, tile shape, the depth of a
+matmul's shared-memory step, a vector add's chunk) and a few wrong ones on purpose (an
+off-by-one bound, a swapped tile index, a block size the reduction tree cannot take, a typo
+that does not compile). Where Triton and a GPU are, also Triton versions of vector_add, softmax
+and matmul (``agent_triton/``) with their mutations (block, warps, tile depth) and wrong ones.
+:func:`write_source` *writes* a candidate as an agent would: the kernel's module with the change
+applied, as a new ``.py`` file.
 
 :func:`evaluate` is the evaluation of one written candidate, run in the agent's own child
 (``python agent_kernels.py eval``: cold) or on a warm context worker (``krex_lab.submit``):
 
 1. compile: import the file and call the candidate once on the smallest test size (numba.cuda
    JIT-compiles on the first call; the array types are those of the larger sizes, so nothing
-   compiles again). In numba's CUDA simulator (the fake backend) nothing compiles: the phase
+   compiles again). A Triton candidate is called on the check size instead: Triton specialises
+   on sizes divisible by 16, as the check and timing sizes are and the test size is not; and
+   Triton's disk cache is bypassed (``TRITON_ALWAYS_COMPILE``), since an agent's code is new.
+   In numba's CUDA simulator (the fake backend) nothing compiles: the phase
    first burns the drawn ``sim_compile_s`` of CPU time (:func:`burn_cpu`), then makes the same
    import and call.
 2. check: ``krex_lab.check`` against the NumPy reference (fresh inputs, NaN-poisoned outputs).
@@ -37,9 +42,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for _path in (REPO, HERE):  # kernels/ and agent_triton/, for the written candidates too
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,15 @@ class Candidate:
     @property
     def id(self) -> str:
         return f"{self.kernel}/{self.variant}" + (f"/{self.change}" if self.change else "")
+
+    @property
+    def compiler(self) -> str:
+        return "triton" if self.variant == "triton" else "numba"
+
+    @property
+    def function(self) -> str:
+        """The candidate's function in its written module."""
+        return "run" if self.compiler == "triton" else self.variant
 
 
 #: (kernel, variant, change, wrong-on-purpose reason); changes are keys of EDITS
@@ -80,7 +96,19 @@ SPACE: list[Candidate] = [
     Candidate("matmul", "optimised", "bk*2"),
     Candidate("matmul", "optimised", "tm/2"),
     Candidate("matmul", "optimised", "last-k-step", "drops the last k step"),
+    # Triton (agent_triton/), where Triton and a GPU are
+    Candidate("vector_add", "triton"),
+    Candidate("vector_add", "triton", "BLOCK*2"),
+    Candidate("vector_add", "triton", "mask-n-1", "leaves the last element unwritten"),
+    Candidate("softmax", "triton"),
+    Candidate("softmax", "triton", "warps*2"),
+    Candidate("softmax", "triton", "max-not-sum", "divides by the row's largest term"),
+    Candidate("matmul", "triton"),
+    Candidate("matmul", "triton", "bk*2"),
+    Candidate("matmul", "triton", "bm/2"),
+    Candidate("matmul", "triton", "last-k-step", "drops the last k step"),
 ]
+COMPILERS = ("numba", "triton")
 
 _AFTER_IMPORT = "__after_spec_import__"
 #: change -> (regex, replacement) applied to the kernel module's source (each must match)
@@ -98,17 +126,38 @@ EDITS: dict[str, list[tuple[str, str]]] = {
     "bk*2": [(r"^(BK = )(.*?)(  #.*)?$", r"\1(\2) * 2\3")],
     "tm/2": [(r"^(TM = )(.*?)(  #.*)?$", r"\1(\2) // 2\3")],
     "last-k-step": [(r"range\(0, kdim, BK\)", "range(0, kdim - BK, BK)")],
+    "BLOCK*2": [(r"^BLOCK = (\d+)$", r"BLOCK = \1 * 2")],
+    "warps*2": [(r"^WARPS = (\d+)$", r"WARPS = \1 * 2")],
+    "bm/2": [(r"^BM = (\d+)$", r"BM = \1 // 2")],
+    "mask-n-1": [(r"mask = offs < n$", "mask = offs < n - 1")],
+    "max-not-sum": [(r"total = tl\.sum\(e, axis=0\)", "total = tl.max(e, axis=0)")],
 }
+#: where a Triton kernel's body names the written file (Triton's cache keys on the kernel's source)
+_CANDIDATE_MARK = "# @candidate@"
 
 
-def space(kernels: list[str] | None = None) -> list[Candidate]:
-    return [c for c in SPACE if kernels is None or c.kernel in kernels]
+def space(kernels: list[str] | None = None, compilers: tuple[str, ...] = ("numba",)) -> list[Candidate]:
+    return [c for c in SPACE if (kernels is None or c.kernel in kernels) and c.compiler in compilers]
 
 
-def source(c: Candidate) -> str:
-    """The candidate's module: ``kernels/<kernel>.py`` with the change applied."""
-    text = (REPO / "kernels" / f"{c.kernel}.py").read_text()
-    text = text.replace("from .spec import", "from kernels.spec import")
+def triton_usable() -> str:
+    """Why Triton candidates cannot run in this Python ("" when they can: Triton and torch are
+    installed; whether a GPU is there is the backend's to say)."""
+    missing = [m for m in ("triton", "torch") if importlib.util.find_spec(m) is None]
+    return f"{' and '.join(missing)} not installed" if missing else ""
+
+
+def source(c: Candidate, stem: str = "") -> str:
+    """The candidate's module (``kernels/<kernel>.py``, or ``agent_triton/<kernel>.py`` for a Triton
+    one) with the change applied; ``stem``, the written file's name, marks a Triton kernel's body."""
+    if c.compiler == "triton":
+        text = (HERE / "agent_triton" / f"{c.kernel}.py").read_text()
+        if _CANDIDATE_MARK not in text:
+            raise ValueError(f"agent_triton/{c.kernel}.py has no {_CANDIDATE_MARK!r} line")
+        text = text.replace(_CANDIDATE_MARK, f"# candidate {stem or c.id}")
+    else:
+        text = (REPO / "kernels" / f"{c.kernel}.py").read_text()
+        text = text.replace("from .spec import", "from kernels.spec import")
     for pattern, repl in EDITS.get(c.change, []):
         if pattern == _AFTER_IMPORT:
             text, n = re.subn(
@@ -117,13 +166,13 @@ def source(c: Candidate) -> str:
         else:
             text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
         if n != 1:
-            raise ValueError(f"{c.id}: the edit {pattern!r} does not apply to kernels/{c.kernel}.py")
+            raise ValueError(f"{c.id}: the edit {pattern!r} does not apply to its module")
     return f"# written by an agent of benchmarks/agent_study.py: {c.id}\n" + text
 
 
 def write_source(c: Candidate, directory: Path, stem: str) -> Path:
     path = directory / f"{stem}.py"
-    path.write_text(source(c))
+    path.write_text(source(c, stem))
     return path
 
 
@@ -227,6 +276,24 @@ def evaluate(job: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+@contextlib.contextmanager
+def _new_code(c: Candidate) -> Any:
+    """Triton compiles a written candidate as the new code it is: its disk cache, which holds the
+    same candidate from another agent or evaluation, is bypassed (the environment is restored)."""
+    if c.compiler != "triton":
+        yield
+        return
+    old = os.environ.get("TRITON_ALWAYS_COMPILE")
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_ALWAYS_COMPILE", None)
+        else:
+            os.environ["TRITON_ALWAYS_COMPILE"] = old
+
+
 def burn_cpu(seconds: float) -> None:
     """A simulated compile: busy until this process has used ``seconds`` of CPU time. A compile is
     CPU-bound, so under load (or frozen) it takes longer in wall time, as a real one does."""
@@ -243,13 +310,17 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
 
     spec = kernels.get(c.kernel)
     rec["simulated"] = SIMULATOR
+    rec["compiler"] = c.compiler
     t0 = time.perf_counter()
     try:
         if SIMULATOR:
             burn_cpu(float(job.get("sim_compile_s") or 0.0))  # the simulated compile phase
-        fn = getattr(_load(job["path"]), c.variant)
-        ins, outs = spec.device_inputs(spec.test_sizes[-1])
-        fn(*ins, *outs)  # numba.cuda compiles on the first call
+        fn = getattr(_load(job["path"]), c.function)
+        ins, outs = spec.device_inputs(
+            _size(spec, job["check_size"]) if c.compiler == "triton" else spec.test_sizes[-1]
+        )
+        with _new_code(c):
+            fn(*ins, *outs)  # numba.cuda and Triton compile on the first call
         cuda.synchronize()
         del ins, outs
     except Exception as exc:
@@ -275,6 +346,10 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     finally:
         rec["check_s"] = time.perf_counter() - t0
     ins, outs = spec.device_inputs(_size(spec, job["time_size"]))
+    if c.compiler == "triton":  # torch views (no copy): bench then times on torch's stream, where Triton launches
+        import torch
+
+        ins, outs = (tuple(torch.as_tensor(x, device="cuda") for x in xs) for xs in (ins, outs))
     t0 = time.perf_counter()
     opts = dict(job.get("bench") or {})
     if mode == "region":

@@ -40,8 +40,9 @@ against the median of those alone runs, and the JSON says how far the passes lie
 **Real**: the arbiter, its regions (queue, freeze of the other sessions of the GPU, core
 isolation; on NVIDIA also the driver lock), the agent processes and their sessions, the pool
 and its workers, the candidate source files, ``krex_lab.check`` and ``krex_lab.bench``, all
-timestamps. On ``--backend nvidia`` the compile is numba.cuda's JIT and check and timing run
-on the GPU. **Simulated on the fake backend** (said in the output and the JSON): numba's CUDA
+timestamps. On ``--backend nvidia`` the compile is numba.cuda's JIT, and Triton's for the
+Triton candidates (``--compilers``; where Triton and torch are installed), and check and timing
+run on the GPU. **Simulated on the fake backend** (said in the output and the JSON): numba's CUDA
 simulator runs the kernels on the CPU (check and timing are real code and real measurements of
 simulated kernels, at the tiny test sizes), and the compile phase is CPU work: a busy loop
 until the evaluating process has used the CPU seconds drawn from a lognormal
@@ -120,6 +121,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--cold-modes", default="command,region")
     p.add_argument("--kernels", default="", help="kernels of kernels/ the agents work on (default: all)")
+    p.add_argument(
+        "--compilers",
+        default="numba,triton",
+        help="what the candidates are written for: numba (numba.cuda JIT) and triton (where Triton, torch and a "
+        "GPU are; said when left out)",
+    )
     p.add_argument("--p-wrong", type=float, default=0.2, help="probability that a candidate is a wrong one")
     p.add_argument("--sim-compile-mean", type=float, default=1.0, help="fake backend: compile phase mean (s)")
     p.add_argument("--sim-compile-sigma", type=float, default=0.4)
@@ -187,10 +194,10 @@ class World:
 
         wait_until(up, 30, "the arbiter did not answer")
 
-    def start_pool(self, workers: int) -> float:
+    def start_pool(self, workers: int, preload: list[str]) -> float:
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "krex_lab.workers.pool", f"--workers-per-gpu={workers}", "--spares=0"]
-        cmd += ["--preload=['numba.cuda']", "--log-level=WARN"]
+        cmd += [f"--preload={preload!r}", "--log-level=WARN"]
         cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
         self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=subprocess.DEVNULL))
         os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
@@ -411,7 +418,12 @@ def main(argv: list[str] | None = None) -> Path:
         )
     points = plan(args)
     kernels = points[0]["kernels"] if points else []
-    cands = ak.space(kernels)
+    compilers = tuple(x for x in args.compilers.split(",") if x)
+    if "triton" in compilers and (simulated or ak.triton_usable()):
+        why = "the fake backend has no GPU" if simulated else ak.triton_usable()
+        print(f"agent_study: no Triton candidates ({why})", flush=True)
+        compilers = tuple(x for x in compilers if x != "triton")
+    cands = ak.space(kernels, compilers)
     runtime = Path(tempfile.mkdtemp(prefix="krex-agents-"))
     runtime.chmod(0o700)
     workdir = runtime / "work"
@@ -428,6 +440,7 @@ def main(argv: list[str] | None = None) -> Path:
         "machine": machine(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "parameters": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "compilers": list(compilers),
         "candidates": [{**ak.candidate_dict(c), "id": c.id} for c in cands],
     }
     try:
@@ -435,7 +448,8 @@ def main(argv: list[str] | None = None) -> Path:
         warm = [p for p in points if p["launch"] == "warm"]
         per_gpu = max([-(-p["agents"] // args.gpus) for p in warm] or [1])
         workers = args.workers or min(16, per_gpu)
-        result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers), 1)}
+        preload = ["numba.cuda"] + (["torch", "triton"] if "triton" in compilers else [])
+        result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers, preload), 1)}
         print(f"pool: {workers} warm workers per GPU ready in {result['pool']['ready_s']} s", flush=True)
         t0 = time.monotonic()
         result["reference"] = agent_reference.reference_pass(
