@@ -64,6 +64,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -135,6 +136,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bench-min-time", type=float, default=None, help="krex_lab.bench min_time (default its own)")
     p.add_argument("--workers", type=int, default=0, help="warm workers per GPU (default: agents per GPU, <= 16)")
     p.add_argument("--max-hold", type=float, default=60.0)
+    p.add_argument(
+        "--pool-memory-slack-mb",
+        type=int,
+        default=None,
+        help="the pool's Pool.memory_slack_mb (GPU memory a job may leave behind before its worker is "
+        "recycled; default: the pool's own)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--use-arbiter", action="store_true", help="use the arbiter at $KREX_ENDPOINT (tests)")
     p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
@@ -197,9 +205,13 @@ class World:
     def start_pool(self, workers: int, preload: list[str]) -> float:
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "krex_lab.workers.pool", f"--workers-per-gpu={workers}", "--spares=0"]
-        cmd += [f"--preload={preload!r}", "--log-level=WARN"]
+        cmd += [f"--preload={preload!r}", "--log-level=INFO"]  # INFO: each recycled worker and why
         cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
-        self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=subprocess.DEVNULL))
+        if self.args.pool_memory_slack_mb is not None:
+            cmd += [f"--Pool.memory_slack_mb={self.args.pool_memory_slack_mb}"]
+        self.pool_log = self.runtime / "pool.log"
+        with open(self.pool_log, "wb") as log:
+            self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=log))
         os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
         from krex_lab.workers.client.pool_client import PoolClient
 
@@ -214,6 +226,21 @@ class World:
 
         wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")
         return time.monotonic() - t0
+
+    def recycled(self) -> dict[str, int]:
+        """Workers the pool recycled since the last call, counted by reason (from its log)."""
+        if not hasattr(self, "pool_log"):
+            return {}
+        with open(self.pool_log, errors="replace") as f:
+            f.seek(getattr(self, "_log_at", 0))
+            text = f.read()
+            self._log_at = f.tell()
+        reasons: dict[str, int] = {}
+        for line in text.splitlines():
+            if "recycling worker" in line:
+                why = re.sub(r"\d+(\.\d+)?", "N", line.split("): ", 1)[-1].strip())[:160]
+                reasons[why] = reasons.get(why, 0) + 1
+        return reasons
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -456,9 +483,10 @@ def main(argv: list[str] | None = None) -> Path:
             world, cands, workdir, bench_options(args), repeats=args.reference_repeats
         )
         result["reference_s"] = round(time.monotonic() - t0, 1)
+        result["reference_recycled"] = world.recycled()
         print(
             f"reference pass: {len(result['reference'])} candidates alone, {args.reference_repeats} runs each, "
-            f"on warm workers in {result['reference_s']} s",
+            f"on warm workers in {result['reference_s']} s; workers recycled: {result['reference_recycled']}",
             flush=True,
         )
         result["points"] = []
@@ -466,6 +494,7 @@ def main(argv: list[str] | None = None) -> Path:
         for p in points:
             try:
                 s = run_point(world, p, cands, workdir, result["reference"])
+                s["pool_recycled"] = world.recycled()
             except KeyboardInterrupt:
                 result["interrupted"] = f"stopped before point {p['index']} ended"
                 print(f"agent_study: INTERRUPTED during point {p['index']}; writing what was measured", flush=True)
@@ -481,9 +510,12 @@ def main(argv: list[str] | None = None) -> Path:
                 f"{s['evals_per_min']:6.1f} evals/min ({s['timed_per_min']:5.1f} timed), "
                 f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
                 f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
-                f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}",
+                f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}, "
+                f"workers recycled {sum(s['pool_recycled'].values())}",
                 flush=True,
             )
+            for why, n in s["pool_recycled"].items():
+                print(f"    recycled {n}x: {why}", flush=True)
         t_end = time.time()
         if args.reference_after and result["points"]:
             t0 = time.monotonic()

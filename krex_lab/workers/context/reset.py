@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from ...devsync import numba_context
@@ -159,6 +160,26 @@ def _nvml_process_memory() -> int | None:
         return total if found else None
     except Exception:
         return None
+
+
+#: how long a reset waits for GPU memory a job freed to show as free before it recycles the worker
+MEMORY_SETTLE_S = 0.5
+
+
+def settled(
+    read: Callable[[], dict[str, int]], grown: Callable[[dict[str, int]], dict[str, int]], seconds: float
+) -> dict[str, int]:
+    """``read()`` again until nothing has ``grown`` or ``seconds`` have passed; the last reading.
+
+    On the H200 (gVisor) the pool recycled a worker after most jobs whose inputs were a few
+    hundred MiB, and not after others of the same kernel (agent_study, 2026-12-02): a reading
+    taken at once after the frees could still count them."""
+    deadline = time.monotonic() + seconds
+    now = read()
+    while grown(now) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = read()
+    return now
 
 
 def empty_caches() -> list[str]:
@@ -344,14 +365,20 @@ class Baseline:
         live = [p for p in tree(os.getpid())[1:] if proc_state(p) not in (None, "Z")]
         return [f"child processes left running: {live[:5]}"] if live else []
 
+    def _grown(self, now: dict[str, int]) -> dict[str, int]:
+        return {k: now.get(k, 0) - v for k, v in self.memory.items() if now.get(k, 0) > v + self.memory_slack}
+
     def _memory(self) -> list[str]:
         errors = empty_caches()
         if errors:
             return [f"CUDA error on synchronisation: {e}" for e in errors]
         now = gpu_memory()
-        if any(now.get(k, 0) > v + self.memory_slack for k, v in self.memory.items()):
+        if self._grown(now):
             gc.collect()
             empty_caches()
-            now = gpu_memory()
-        grown = {k: now.get(k, 0) - v for k, v in self.memory.items() if now.get(k, 0) > v + self.memory_slack}
-        return [f"GPU memory not back to baseline ({k}: +{d / 2**20:.1f} MiB)" for k, d in grown.items()]
+            now = settled(gpu_memory, self._grown, MEMORY_SETTLE_S)
+        grown = self._grown(now)
+        return [
+            f"GPU memory not back to baseline after {MEMORY_SETTLE_S:g} s ({k}: +{d / 2**20:.1f} MiB)"
+            for k, d in grown.items()
+        ]

@@ -1,0 +1,93 @@
+"""How soon NVML's per-process GPU memory shows a free (the pool's reset reads it to decide
+whether a job left memory behind; ``krex_lab.workers.context.reset``).
+
+    python benchmarks/nvml_memory_lag.py [--mib 400] [--rounds 5]
+
+In one process: allocate ``--mib`` with numba.cuda (and with torch, where installed), fill it,
+free it (numba: the pending deallocations cleared; torch: its cache emptied), then read NVML's
+``usedGpuMemory`` for this process at once and after 5 ms ... 1 s. Prints and writes
+``benchmarks/results/nvml_memory_lag-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, write_result
+
+DELAYS = (0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def used(pynvml: Any, handle: Any) -> int | None:
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if p.pid == os.getpid():
+            return int(p.usedGpuMemory or 0)
+    return None
+
+
+def after_free(pynvml: Any, handle: Any, before: int) -> list[float]:
+    """MiB above ``before`` at each of DELAYS after the free."""
+    t0 = time.perf_counter()
+    out = []
+    for d in DELAYS:
+        while time.perf_counter() - t0 < d:
+            time.sleep(0.001)
+        now = used(pynvml, handle)
+        out.append(round(((now or 0) - before) / 2**20, 1))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    import numpy as np
+    import pynvml
+    from numba import cuda
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    ctx = cuda.current_context()
+    cuda.device_array(16).copy_to_host()
+    result: dict[str, Any] = {"benchmark": "nvml_memory_lag", "machine": machine(), "mib": args.mib,
+                              "delays_s": list(DELAYS), "rounds": {}}  # fmt: skip
+    rounds: dict[str, list[list[float]]] = {"numba": [], "torch": []}
+    for _ in range(args.rounds):
+        before = used(pynvml, handle) or 0
+        arr = cuda.device_array(args.mib << 18, dtype=np.float32)
+        arr[:] = 1.0
+        cuda.synchronize()
+        held = ((used(pynvml, handle) or 0) - before) / 2**20
+        del arr
+        ctx.deallocations.clear()
+        rounds["numba"].append([round(held, 1), *after_free(pynvml, handle, before)])
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        for _ in range(args.rounds):
+            before = used(pynvml, handle) or 0
+            t = torch.ones(args.mib << 18, device="cuda")
+            torch.cuda.synchronize()
+            held = ((used(pynvml, handle) or 0) - before) / 2**20
+            del t
+            torch.cuda.empty_cache()
+            rounds["torch"].append([round(held, 1), *after_free(pynvml, handle, before)])
+    result["rounds"] = rounds
+    for name, rs in rounds.items():
+        for r in rs:
+            print(f"{name:5s} held {r[0]:7.1f} MiB; after the free, at " + ", ".join(
+                f"{d * 1e3:g} ms: {v:+.1f}" for d, v in zip(DELAYS, r[1:])))  # fmt: skip
+    write_result("nvml_memory_lag", result)
+
+
+if __name__ == "__main__":
+    main()
