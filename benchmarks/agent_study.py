@@ -227,19 +227,24 @@ class World:
         wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")
         return time.monotonic() - t0
 
-    def recycled(self) -> dict[str, int]:
-        """Workers the pool recycled since the last call, counted by reason (from its log)."""
+    def recycled(self) -> dict[str, Any]:
+        """Workers the pool recycled since the last call, counted by reason (from its log), and the
+        GPU memory (MiB) each reset found left behind where that was the reason."""
         if not hasattr(self, "pool_log"):
             return {}
         with open(self.pool_log, errors="replace") as f:
             f.seek(getattr(self, "_log_at", 0))
             text = f.read()
             self._log_at = f.tell()
-        reasons: dict[str, int] = {}
+        reasons: dict[str, Any] = {}
         for line in text.splitlines():
             if "recycling worker" in line:
-                why = re.sub(r"\d+(\.\d+)?", "N", line.split("): ", 1)[-1].strip())[:160]
-                reasons[why] = reasons.get(why, 0) + 1
+                why = line.split("): ", 1)[-1].strip()
+                left = [float(x) for x in re.findall(r"\+([\d.]+) MiB", why)]
+                key = re.sub(r"\+[\d.]+ MiB", "+... MiB", why)[:160]
+                reasons[key] = reasons.get(key, 0) + 1
+                if left:
+                    reasons.setdefault("left_mib", []).extend(left)
         return reasons
 
     def stop(self) -> None:
@@ -511,11 +516,11 @@ def main(argv: list[str] | None = None) -> Path:
                 f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
                 f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
                 f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}, "
-                f"workers recycled {sum(s['pool_recycled'].values())}",
+                f"workers recycled {sum(v for v in s['pool_recycled'].values() if isinstance(v, int))}",
                 flush=True,
             )
             for why, n in s["pool_recycled"].items():
-                print(f"    recycled {n}x: {why}", flush=True)
+                print(f"    recycled {n}x: {why}" if why != "left_mib" else f"    MiB left: {n}", flush=True)
         t_end = time.time()
         if args.reference_after and result["points"]:
             t0 = time.monotonic()

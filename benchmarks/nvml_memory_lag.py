@@ -43,6 +43,37 @@ def after_free(pynvml: Any, handle: Any, before: int) -> list[float]:
     return out
 
 
+def evaluations(pynvml: Any, handle: Any, ctx: Any, torch: Any) -> list[dict[str, Any]]:
+    """What one agent_study evaluation (compile, check, time; no region) leaves in this process:
+    MiB above the memory before it, at once and after gc, numba's pending frees and torch's cache."""
+    import gc
+
+    import agent_kernels as ak
+
+    out = []
+    work = Path(os.environ.get("TMPDIR", "/tmp"))
+    ids = ["vector_add/optimised", "softmax/naive", "matmul/optimised", "vector_add/optimised", "vector_add/triton"]
+    cands = {c.id: c for c in ak.space(None, ak.COMPILERS)}
+    for i, cid in enumerate(ids):
+        c = cands[cid]
+        before = used(pynvml, handle) or 0
+        path = ak.write_source(c, work, f"lag_{i}")
+        job = {"candidate": ak.candidate_dict(c), "path": str(path), "mode": "none", "gpu": 0,
+               "check_size": "0.05ms", "time_size": "0.1ms", "bench": {"min_time": 0.1}}  # fmt: skip
+        rec = ak.evaluate(job)
+        at_once = ((used(pynvml, handle) or 0) - before) / 2**20
+        gc.collect()
+        ctx.deallocations.clear()
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+        cuda_sync = ((used(pynvml, handle) or 0) - before) / 2**20
+        row = {"candidate": cid, "status": rec["status"], "left_mib": round(at_once, 1),
+               "left_after_cleanup_mib": round(cuda_sync, 1)}  # fmt: skip
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mib", type=int, default=400)
@@ -51,6 +82,8 @@ def main() -> None:
     import numpy as np
     import pynvml
     from numba import cuda
+
+    import kernels.spec  # noqa: F401 - numba-cuda's np.row_stack under NumPy 2.4 (see kernels/spec.py)
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -82,6 +115,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             rounds["torch"].append([round(held, 1), *after_free(pynvml, handle, before)])
     result["rounds"] = rounds
+    result["evaluations"] = evaluations(pynvml, handle, ctx, torch)
     for name, rs in rounds.items():
         for r in rs:
             print(f"{name:5s} held {r[0]:7.1f} MiB; after the free, at " + ", ".join(
