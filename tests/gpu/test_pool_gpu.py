@@ -93,6 +93,24 @@ def test_gpu_memory_back_to_baseline_or_recycled(gpu_pool: PoolProc) -> None:
     gpu_pool.wait_ready(120)
 
 
+def test_numba_memory_freed_by_a_job_keeps_the_worker(gpu_pool: PoolProc) -> None:
+    # agent_study's jobs allocate a few hundred MiB with numba and free them; on the H200 (2026-12-02)
+    # the pool recycled the worker after most of them: the freed memory still counted.
+    client = gpu_pool.client
+    gpu_pool.wait_ready(120)
+    recycled = gpu_pool.status()["counters"].get("recycled", 0)
+    code = (
+        "import numpy as np\nnp.row_stack = getattr(np, 'row_stack', np.vstack)  # kernels/spec.py says why\n"
+        "from numba import cuda\n"
+        "x = cuda.device_array(600 << 18, dtype=np.float32)\nx[:] = 1.0\ncuda.synchronize()\nint(x.size)"
+    )
+    r = client.run_code(code, gpu=0)
+    assert r.ok and r.value == str(600 << 18), r
+    time.sleep(1.5)  # the reset runs after the result
+    assert alive(r.worker_pid or 0)
+    assert gpu_pool.status()["counters"].get("recycled", 0) == recycled
+
+
 def test_sticky_cuda_error_recycles_the_worker(gpu_pool: PoolProc) -> None:
     # An out-of-range gather trips a device-side assert: the context is unusable afterwards.
     code = (
