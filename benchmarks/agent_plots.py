@@ -4,7 +4,9 @@
   panel per think time; cold against warm beside it;
 * :func:`errors`: the timing error of every timed candidate against the same candidate timed
   alone, per mode;
-* :func:`region_time`: where a region's time goes (wait, acquire, hold), per mode.
+* :func:`region_time`: where a region's time goes (wait, acquire, hold), per mode;
+* :func:`evaluation_time`: where an evaluation's time goes (the queue for a warm worker,
+  compile, check, time), per point.
 """
 
 from __future__ import annotations
@@ -131,4 +133,40 @@ def region_time(data: dict[str, Any]) -> Any:
     return fig
 
 
-FIGURES = {"throughput": throughput, "errors": errors, "regions": region_time}
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else 0.0
+
+
+def evaluation_time(data: dict[str, Any]) -> Any:
+    """Median seconds per evaluation: sent to started on a worker (the queue for a warm worker,
+    or a cold process's start), then its compile, check and time phases (the region's wait and
+    hold are inside compile..time in command mode, inside time in region mode)."""
+    import matplotlib.pyplot as plt
+
+    rows = sorted(data["points"], key=lambda p: (p["launch"], p["think_mean_s"], p["agents"], series(p)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4.0))
+    parts = [
+        ("queue", "tab:red", lambda r: r["eval_started"] - r["sent"]),
+        ("compile", "tab:gray", lambda r: r.get("compile_s") or 0.0),
+        ("check", "tab:olive", lambda r: r.get("check_s") or 0.0),
+        ("time", "tab:blue", lambda r: r.get("time_s") or 0.0),
+    ]
+    bottom = [0.0] * len(rows)
+    for name, colour, value in parts:
+        heights = [_median([value(r) for r in p["records"] if r.get("eval_started")]) for p in rows]
+        ax.bar(range(len(rows)), heights, bottom=bottom, color=colour, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(
+        list(range(len(rows))),
+        [f"{series(p)} {p['launch']}\n{p['agents']}a t{p['think_mean_s']:g}" for p in rows],
+        fontsize=7,
+    )
+    ax.set_ylabel("seconds per evaluation (median of each part)")
+    ax.legend(fontsize=8)
+    ax.set_title("Where an evaluation's time goes - " + _label(data), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {"throughput": throughput, "errors": errors, "regions": region_time, "evaluations": evaluation_time}

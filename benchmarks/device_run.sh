@@ -52,18 +52,18 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
-    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6.5 min, 7 min 50 s at most
-      # reference pass (18 candidates alone) + 16 warm workers + 16 agents x {command,region,none} x warm, think
-      # mean 8 s, 30 s each + cold vs warm (4 agents, command/region, 15 s each); JSON and 3 PNGs in $OUT
+    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6 min
+      # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
+      # a warm worker: ~75 s), then 16 agents x {command,region,none}, think mean 8 s, 10 s warm-up + 45 s measured each
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-470} python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
-        --seconds 30 --launch warm,cold --cold-agents 4 --cold-seconds 15} 2>&1 \
+        --seconds 45 --warmup 10 --launch warm --reference-repeats 1 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
     study0)  # issue 15, think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-330} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 0 \
-        --seconds 24 --launch warm --no-plots 2>&1 \
+        --seconds 24 --warmup 5 --launch warm --reference-repeats 1 --no-reference-after --no-plots 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study0.log"; tail -12 "$OUT/study0.log" ;;
     bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
