@@ -307,6 +307,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
 
     import kernels
     from kernels.spec import SIMULATOR, cuda
+    from krex_lab.devsync import numba_free_pending
 
     spec = kernels.get(c.kernel)
     rec["simulated"] = SIMULATOR
@@ -372,7 +373,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
     )
     del ins, outs
     with contextlib.suppress(Exception):
-        cuda.current_context().deallocations.clear()
+        numba_free_pending(cuda.current_context())
     _ = np  # numpy is imported by the kernels anyway
 
 

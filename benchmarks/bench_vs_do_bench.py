@@ -132,7 +132,9 @@ def free_numba() -> None:
     try:
         from numba import cuda
 
-        cuda.current_context().deallocations.clear()
+        from krex_lab.devsync import numba_free_pending
+
+        numba_free_pending(cuda.current_context())
     except Exception:
         pass
 

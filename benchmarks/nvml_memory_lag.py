@@ -4,8 +4,11 @@ whether a job left memory behind; ``krex_lab.workers.context.reset``).
     python benchmarks/nvml_memory_lag.py [--mib 400] [--rounds 5]
 
 In one process: allocate ``--mib`` with numba.cuda (and with torch, where installed), fill it,
-free it (numba: the pending deallocations cleared; torch: its cache emptied), then read NVML's
-``usedGpuMemory`` for this process at once and after 5 ms ... 1 s. Prints and writes
+free it, then read NVML's ``usedGpuMemory`` for this process at once and after 5 ms ... 1 s.
+numba is freed two ways: ``numba (context queue)`` clears only the context's pending frees, as
+the pool's reset did until 2026-12-02 (on the H200 the 400 MiB then stayed); ``numba (both
+queues)`` also its memory manager's, where a device array's free waits
+(``krex_lab.devsync.numba_free_pending``). torch: its cache emptied. Prints and writes
 ``benchmarks/results/nvml_memory_lag-<date>.json``.
 """
 
@@ -20,6 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, write_result
+
+from krex_lab.devsync import numba_free_pending
 
 DELAYS = (0.0, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -63,7 +68,7 @@ def evaluations(pynvml: Any, handle: Any, ctx: Any, torch: Any) -> list[dict[str
         rec = ak.evaluate(job)
         at_once = ((used(pynvml, handle) or 0) - before) / 2**20
         gc.collect()
-        ctx.deallocations.clear()
+        numba_free_pending(ctx)
         if torch is not None and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
         cuda_sync = ((used(pynvml, handle) or 0) - before) / 2**20
@@ -91,16 +96,21 @@ def main() -> None:
     cuda.device_array(16).copy_to_host()
     result: dict[str, Any] = {"benchmark": "nvml_memory_lag", "machine": machine(), "mib": args.mib,
                               "delays_s": list(DELAYS), "rounds": {}}  # fmt: skip
-    rounds: dict[str, list[list[float]]] = {"numba": [], "torch": []}
-    for _ in range(args.rounds):
-        before = used(pynvml, handle) or 0
-        arr = cuda.device_array(args.mib << 18, dtype=np.float32)
-        arr[:] = 1.0
-        cuda.synchronize()
-        held = ((used(pynvml, handle) or 0) - before) / 2**20
-        del arr
-        ctx.deallocations.clear()
-        rounds["numba"].append([round(held, 1), *after_free(pynvml, handle, before)])
+    rounds: dict[str, list[list[float]]] = {"numba (context queue)": [], "numba (both queues)": [], "torch": []}
+    for name in ("numba (context queue)", "numba (both queues)"):
+        for _ in range(args.rounds):
+            numba_free_pending(ctx)  # nothing left over from the round before
+            before = used(pynvml, handle) or 0
+            arr = cuda.device_array(args.mib << 18, dtype=np.float32)
+            arr[:] = 1.0
+            cuda.synchronize()
+            held = ((used(pynvml, handle) or 0) - before) / 2**20
+            del arr
+            if name == "numba (both queues)":
+                numba_free_pending(ctx)
+            else:
+                ctx.deallocations.clear()
+            rounds[name].append([round(held, 1), *after_free(pynvml, handle, before)])
     try:
         import torch
     except ImportError:
@@ -118,7 +128,7 @@ def main() -> None:
     result["evaluations"] = evaluations(pynvml, handle, ctx, torch)
     for name, rs in rounds.items():
         for r in rs:
-            print(f"{name:5s} held {r[0]:7.1f} MiB; after the free, at " + ", ".join(
+            print(f"{name:21s} held {r[0]:7.1f} MiB; after the free, at " + ", ".join(
                 f"{d * 1e3:g} ms: {v:+.1f}" for d, v in zip(DELAYS, r[1:])))  # fmt: skip
     write_result("nvml_memory_lag", result)
 

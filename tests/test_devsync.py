@@ -204,3 +204,41 @@ def test_a_numba_cuda_context_is_found_and_synchronised_without_a_driver_call(tm
     context is current; a context that does not exist is not created."""
     seen = _run_child(tmp_path, NUMBA_CUDA_LAYOUT, CONTEXT_CHILD)
     assert seen == {"before": [[], True], "after": ["numba"], "synced": 1, "calls": []}, seen
+
+
+class _Queue:
+    """numba's ``_PendingDeallocs`` as far as a free is concerned: queued, then done on clear()."""
+
+    def __init__(self, freed: list[str]) -> None:
+        self.items: list[str] = []
+        self.freed = freed
+
+    def add_item(self, what: str) -> None:
+        self.items.append(what)
+
+    def clear(self) -> None:
+        self.freed.extend(self.items)
+        self.items.clear()
+
+
+def test_numba_free_pending_frees_the_memory_managers_queue_too() -> None:
+    # numba-cuda's Context has its own queue (streams, events, modules) and its memory manager has
+    # another, where a device array's free waits (numba_cuda/.../cudadrv/driver.py: _alloc_finalizer
+    # adds to memory_manager.deallocations). The pool's reset cleared only the first; on the H200 a
+    # job's few hundred MiB stayed allocated and the worker was recycled (2026-12-02).
+    from types import SimpleNamespace
+
+    from krex_lab.devsync import numba_free_pending
+
+    freed: list[str] = []
+    ctx = SimpleNamespace(deallocations=_Queue(freed), memory_manager=SimpleNamespace(deallocations=_Queue(freed)))
+    ctx.deallocations.add_item("stream")
+    ctx.memory_manager.deallocations.add_item("array of 400 MiB")
+    numba_free_pending(ctx)
+    assert sorted(freed) == ["array of 400 MiB", "stream"]
+    assert not ctx.deallocations.items and not ctx.memory_manager.deallocations.items
+    # an older numba without a separate manager queue: the context's alone, once
+    old = SimpleNamespace(deallocations=_Queue([]))
+    old.deallocations.add_item("array")
+    numba_free_pending(old)
+    assert old.deallocations.freed == ["array"]

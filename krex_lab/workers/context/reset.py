@@ -23,7 +23,7 @@ import time
 import warnings
 from typing import Any
 
-from ...devsync import numba_context
+from ...devsync import numba_context, numba_free_pending
 from ...procutil import proc_state, tree
 
 _SIGNALS = [
@@ -183,44 +183,11 @@ def empty_caches() -> list[str]:
     ctx = numba_context()
     if ctx is not None:
         try:
-            ctx.deallocations.clear()
+            numba_free_pending(ctx)
             ctx.synchronize()
         except Exception as exc:
             errors.append(f"numba: {exc}")
-        else:
-            trim_memory_pool(int(getattr(ctx.device, "id", 0)))
     return errors
-
-
-def trim_memory_pool(ordinal: int) -> bool:
-    """Give the device's current stream-ordered memory pool's free memory back to the driver.
-
-    On the H200 image (2026-12-02, ``benchmarks/nvml_memory_lag.py``) 400 MiB that numba.cuda
-    allocated and freed stayed in NVML's reading of the process for at least 1 s, and the pool
-    recycled a worker after most agent_study jobs with inputs of a few hundred MiB. A pool that
-    frees asynchronously keeps such memory until it is trimmed. Best effort: False where
-    cuda-python's driver bindings are missing or the call fails (the memory check then decides).
-    Whether this trim is what brings that memory back was not yet seen on a GPU:
-    ``tests/gpu/test_pool_gpu.py::test_numba_memory_freed_by_a_job_keeps_the_worker`` says."""
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # cuda-python before 12.6
-        except ImportError:
-            return False
-    try:
-        ok = cu.CUresult.CUDA_SUCCESS
-        err, dev = cu.cuDeviceGet(ordinal)
-        if err != ok:
-            return False
-        err, pool = cu.cuDeviceGetMemPool(dev)
-        if err != ok:
-            return False
-        (err,) = cu.cuMemPoolTrimTo(pool, 0)
-        return bool(err == ok)
-    except Exception:
-        return False
 
 
 def _torch_flags() -> dict[str, Any] | None:
