@@ -268,6 +268,7 @@ def summarise(
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     done_keys = [(r["agent"], r["seq"]) for r in records]
     window = until - measure_from
+    queued = [r["eval_started"] - r["sent"] for r in records if r.get("eval_started")]
     out = {
         **point,
         "start_at": start_at,
@@ -283,6 +284,8 @@ def summarise(
         "timed_per_min": round(len(timed) * 60.0 / window, 2),
         "statuses": statuses,
         "wrong_on_purpose_passed": sum(1 for r in records if r["wrong_on_purpose"] and r["status"] == "ok"),
+        # sent -> started where it runs: the wait for a warm worker (or a cold process's start)
+        "queue_s_median": round(statistics.median(queued), 3) if queued else None,
         "correct_failed": sum(1 for r in records if not r["wrong_on_purpose"] and r["status"] != "ok"),
         "error_abs_pct": agent_reference.error_stats(scored),
         "region_overlaps": sum(overlaps(v) for v in by_gpu.values()),
@@ -409,6 +412,7 @@ def main(argv: list[str] | None = None) -> Path:
                 Path(os.environ["OUT"], f"agent_study-{args.backend}-partial.json").write_text(json.dumps(result))
             err = s["error_abs_pct"]
             reg = s["regions"] or {}
+            recycled = sum(v for v in s["pool_recycled"].values() if isinstance(v, int))
             print(
                 f"{p['launch']:4s} {agent_plots.series(p):17s} agents {p['agents']:2d} "
                 f"think {p['think_mean_s']:4.1f} s: "
@@ -416,9 +420,15 @@ def main(argv: list[str] | None = None) -> Path:
                 f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
                 f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
                 f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}, "
-                f"workers recycled {sum(v for v in s['pool_recycled'].values() if isinstance(v, int))}",
+                f"queue for a worker median {s['queue_s_median']} s, workers recycled {recycled}",
                 flush=True,
             )
+            if recycled * 10 > s["evaluations_returned"]:
+                print(
+                    f"    WARNING: the pool recycled a worker after {recycled} of {s['evaluations_returned']} "
+                    "evaluations, and the agents waited for new ones: this throughput is the pool's",
+                    flush=True,
+                )
             for why, n in s["pool_recycled"].items():
                 print(f"    recycled {n}x: {why}" if why != "left_mib" else f"    MiB left: {n}", flush=True)
         t_end = time.time()

@@ -135,6 +135,9 @@ def test_throughput_counts_what_returned_in_the_measured_window(study: dict[str,
         assert p["evaluations_in_window"] == len(counted)
         assert p["evals_per_min"] == round(len(counted) * 60 / 8.0, 2)
         assert any(r["sent"] < p["measure_from"] for r in p["records"]), "the agents ran before the window"
+        queued = sorted(r["eval_started"] - r["sent"] for r in p["records"])
+        assert p["queue_s_median"] == pytest.approx(statistics.median(queued), abs=1e-3)
+        assert p["queue_s_median"] >= 0
     # and what returned before it is not counted
     early = [r for p in study["points"] for r in p["records"] if r["done"] < p["measure_from"]]
     assert early
