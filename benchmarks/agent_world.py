@@ -14,17 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO
+from common import REPO, wait_until
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"agent_study: {what} within {timeout:.0f} s")
-        time.sleep(0.1)
 
 
 class World:

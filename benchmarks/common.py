@@ -9,6 +9,8 @@ import platform
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +107,12 @@ def matmul_times(n, reps=200):
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in ev]
 """
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.1 s; exit the benchmark saying ``what`` did not happen in time."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{Path(sys.argv[0]).stem}: {what} within {timeout:.0f} s")
+        time.sleep(0.1)

@@ -28,9 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from common import REPO, machine, percentile, write_result
+from common import REPO, machine, percentile, wait_until, write_result
 
 SCRIPTS = {
     "torch": (
@@ -89,14 +88,6 @@ def concurrent(cmd: list[str], env: dict[str, str], n: int) -> float:
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err.decode()[-2000:]}")
     return time.perf_counter() - t0
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"warm_vs_cold: {what} within {timeout:.0f} s")
-        time.sleep(0.1)
 
 
 def main() -> None:
