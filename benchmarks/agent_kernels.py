@@ -15,8 +15,9 @@ applied, as a new ``.py`` file.
 1. compile: import the file and call the candidate once on the smallest test size (numba.cuda
    JIT-compiles on the first call; the array types are those of the larger sizes, so nothing
    compiles again). A Triton candidate is called on the check size instead: Triton specialises
-   on sizes divisible by 16, as the check and timing sizes are and the test size is not; and
-   Triton's disk cache is bypassed (``TRITON_ALWAYS_COMPILE``), since an agent's code is new.
+   on sizes divisible by 16, as the check and timing sizes are and the test size is not. Each
+   written file names itself inside its kernel (``# @candidate@``), so Triton's cache, which
+   keys on the kernel's source, never holds it: an agent's code is new.
    In numba's CUDA simulator (the fake backend) nothing compiles: the phase
    first burns the drawn ``sim_compile_s`` of CPU time (:func:`burn_cpu`), then makes the same
    import and call.
@@ -276,24 +277,6 @@ def evaluate(job: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-@contextlib.contextmanager
-def _new_code(c: Candidate) -> Any:
-    """Triton compiles a written candidate as the new code it is: its disk cache, which holds the
-    same candidate from another agent or evaluation, is bypassed (the environment is restored)."""
-    if c.compiler != "triton":
-        yield
-        return
-    old = os.environ.get("TRITON_ALWAYS_COMPILE")
-    os.environ["TRITON_ALWAYS_COMPILE"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_ALWAYS_COMPILE", None)
-        else:
-            os.environ["TRITON_ALWAYS_COMPILE"] = old
-
-
 def burn_cpu(seconds: float) -> None:
     """A simulated compile: busy until this process has used ``seconds`` of CPU time. A compile is
     CPU-bound, so under load (or frozen) it takes longer in wall time, as a real one does."""
@@ -320,8 +303,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
         ins, outs = spec.device_inputs(
             _size(spec, job["check_size"]) if c.compiler == "triton" else spec.test_sizes[-1]
         )
-        with _new_code(c):
-            fn(*ins, *outs)  # numba.cuda and Triton compile on the first call
+        fn(*ins, *outs)  # numba.cuda and Triton compile on the first call
         cuda.synchronize()
         del ins, outs
     except Exception as exc:

@@ -27,7 +27,6 @@ from typing import Any
 import agent_kernels as ak
 from common import percentile
 
-HERE = Path(__file__).resolve().parent
 KEPT = ("status", "median_ms", "p95_ms", "rel_stdev", "samples", "error", "pid", "sm_mhz")
 
 
