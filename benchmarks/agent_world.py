@@ -26,6 +26,8 @@ class World:
         self.args = args
         self.runtime = runtime
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.pool_log = runtime / "pool.log"  # the pool's log, read from _log_at on by recycled()
+        self._log_at = 0
         env = dict(os.environ)
         if not args.use_arbiter:
             env["KREX_RUNTIME_DIR"] = str(runtime)
@@ -62,7 +64,6 @@ class World:
         cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
         if self.args.pool_memory_slack_mb is not None:
             cmd += [f"--Pool.memory_slack_mb={self.args.pool_memory_slack_mb}"]
-        self.pool_log = self.runtime / "pool.log"
         with open(self.pool_log, "wb") as log:
             self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=log))
         os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
@@ -83,10 +84,10 @@ class World:
     def recycled(self) -> dict[str, Any]:
         """Workers the pool recycled since the last call, counted by reason (from its log), and the
         GPU memory (MiB) each reset found left behind where that was the reason."""
-        if not hasattr(self, "pool_log"):
+        if not self.pool_log.exists():
             return {}
         with open(self.pool_log, errors="replace") as f:
-            f.seek(getattr(self, "_log_at", 0))
+            f.seek(self._log_at)
             text = f.read()
             self._log_at = f.tell()
         reasons: dict[str, Any] = {}
