@@ -177,7 +177,7 @@ def write_source(c: Candidate, directory: Path, stem: str) -> Path:
     return path
 
 
-def _size(spec: Any, size: str) -> Any:
+def size_arg(spec: Any, size: str) -> Any:
     """``test0`` / ``test1``: the spec's test sizes (for the simulator); otherwise a preset name."""
     if size.startswith("test"):
         return spec.test_sizes[int(size[4:])]
@@ -301,7 +301,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
             burn_cpu(float(job.get("sim_compile_s") or 0.0))  # the simulated compile phase
         fn = getattr(_load(job["path"]), c.function)
         ins, outs = spec.device_inputs(
-            _size(spec, job["check_size"]) if c.compiler == "triton" else spec.test_sizes[-1]
+            size_arg(spec, job["check_size"]) if c.compiler == "triton" else spec.test_sizes[-1]
         )
         fn(*ins, *outs)  # numba.cuda and Triton compile on the first call
         cuda.synchronize()
@@ -318,7 +318,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
         rec["compile_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     try:
-        make = spec.inputs_maker(_size(spec, job["check_size"]))
+        make = spec.inputs_maker(size_arg(spec, job["check_size"]))
         krex_lab.check(fn, spec.reference, make, rtol=spec.rtol, atol=spec.atol)
     except AssertionError as exc:  # CheckFailed
         rec.update(status="wrong", error=str(exc).splitlines()[0][:300])
@@ -328,7 +328,7 @@ def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[st
         return
     finally:
         rec["check_s"] = time.perf_counter() - t0
-    ins, outs = spec.device_inputs(_size(spec, job["time_size"]))
+    ins, outs = spec.device_inputs(size_arg(spec, job["time_size"]))
     if c.compiler == "triton":  # torch views (no copy): bench then times on torch's stream, where Triton launches
         import torch
 

@@ -14,11 +14,19 @@ alone run a poor reference on the H200:
 The reference median is the median of every alone run of both passes. ``reference_drift_pct``
 is how far the passes lie apart; ``reference_spread_pct`` how far one alone run lies from the
 reference: the floor under any error the study can show.
+
+A point's errors (:func:`point_errors`) count candidates of at least ``MIN_MS`` alone (issue 15's
+bar is for candidates of 0.1 ms and more), and are given twice: over all of them, and over the
+*steady* ones, whose alone runs lie within ``STEADY_PCT`` of each other. Some candidates are not
+steady alone: on the H200 the tiled numba matmul read 0.2451-0.2578 ms in four alone runs on warm
+workers, at one SM clock (2026-12-02, T1131); a median of such runs lies between its modes, and
+every evaluation, in any mode, reads 2-4 % off it. ``candidate_modes.py`` looks into why.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 from pathlib import Path
@@ -28,6 +36,10 @@ import agent_kernels as ak
 from common import percentile
 
 KEPT = ("status", "median_ms", "p95_ms", "rel_stdev", "samples", "error", "pid", "sm_mhz")
+#: the error is judged on candidates of at least this median alone (ms)
+MIN_MS = 0.1
+#: a candidate whose alone runs lie further apart than this (%) is not steady alone
+STEADY_PCT = 1.0
 
 
 def sizes(args: argparse.Namespace) -> tuple[str, str]:
@@ -84,12 +96,33 @@ def reference_pass(
     return out
 
 
+def alone_range_pct(r: dict[str, Any]) -> float | None:
+    """How far a candidate's alone runs lie apart (max / min - 1, %); None with fewer than two."""
+    medians = [run["median_ms"] for run in r.get("runs", []) if run.get("median_ms")]
+    return round(100.0 * (max(medians) / min(medians) - 1.0), 3) if len(medians) > 1 else None
+
+
 def score(rec: dict[str, Any], ref: dict[str, dict[str, Any]]) -> None:
-    """Set ``ref_median_ms`` and ``error_pct`` of a timed evaluation record."""
+    """Set ``ref_median_ms``, ``error_pct`` and ``alone_range_pct`` of a timed evaluation record."""
     r = ref.get(rec["candidate"], {})
     if rec.get("median_ms") is not None and r.get("median_ms"):
         rec["ref_median_ms"] = r["median_ms"]
         rec["error_pct"] = 100.0 * (rec["median_ms"] / r["median_ms"] - 1.0)
+        rec["alone_range_pct"] = alone_range_pct(r)
+
+
+def point_errors(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A point's timing errors (its warm-up's evaluations too, not those that came back late):
+    ``error_abs_pct`` over candidates of at least ``MIN_MS`` alone, ``error_abs_pct_steady``
+    over those of them steady alone, and the candidates that were not (``unsteady_alone``)."""
+    judged = [r for r in records if not r["late"] and r.get("error_pct") is not None and r["ref_median_ms"] >= MIN_MS]
+    steady = [r for r in judged if r.get("alone_range_pct") is not None and r["alone_range_pct"] <= STEADY_PCT]
+    unsteady = sorted({r["candidate"] for r in judged if (r.get("alone_range_pct") or 0.0) > STEADY_PCT})
+    return {
+        "error_abs_pct": error_stats(judged),
+        "error_abs_pct_steady": error_stats(steady),
+        "unsteady_alone": unsteady,
+    }
 
 
 def error_stats(timed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -100,6 +133,20 @@ def error_stats(timed: list[dict[str, Any]]) -> dict[str, Any]:
         "p95": round(percentile(errs, 0.95), 3) if errs else None,
         "n": len(errs),
     }
+
+
+def error_text(s: dict[str, Any]) -> str:
+    """A point's timing errors in one phrase (candidates of 0.1 ms and more; the steady ones apart)."""
+    err, steady = s["error_abs_pct"], s["error_abs_pct_steady"]
+    return (
+        f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}; "
+        f"steady alone p95 {steady['p95']} %, n={steady['n']})"
+    )
+
+
+def error_line(s: dict[str, Any], label: str) -> str:
+    """``label``: a point's errors, and the candidates that were not steady alone."""
+    return f"    {label}: {error_text(s)}; not steady alone: {', '.join(s['unsteady_alone']) or 'none'}"
 
 
 def spread(ref: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -134,7 +181,42 @@ def bracket(result: dict[str, Any], after: dict[str, dict[str, Any]]) -> None:
     for p in result["points"]:
         p["error_abs_pct_vs_before"] = p["error_abs_pct"]
         for rec in p["records"]:
-            rec.pop("ref_median_ms", None)
-            rec.pop("error_pct", None)
+            for key in ("ref_median_ms", "error_pct", "alone_range_pct"):
+                rec.pop(key, None)
             score(rec, both)
-        p["error_abs_pct"] = error_stats([r for r in p["records"] if not r["late"] and r.get("median_ms") is not None])
+        p.update(point_errors(p["records"]))
+
+
+def rescore(data: dict[str, Any]) -> None:
+    """Score a study's points again under this module's rules (a run made before they changed);
+    the figures it was written with stay, as ``error_abs_pct_as_run``."""
+    passes = [("error_abs_pct_vs_before", data["reference"])]
+    if data.get("reference_combined"):
+        passes.append(("error_abs_pct", data["reference_combined"]))
+    for p in data["points"]:
+        p.setdefault("error_abs_pct_as_run", p["error_abs_pct"])
+        for field, ref in passes:
+            for rec in p["records"]:
+                for key in ("ref_median_ms", "error_pct", "alone_range_pct"):
+                    rec.pop(key, None)
+                score(rec, ref)
+            errors = point_errors(p["records"])
+            p.update(errors)
+            p[field] = errors["error_abs_pct"]
+    data["rescored"] = {"by": "benchmarks/agent_reference.py --rescore", "min_ms": MIN_MS, "steady_pct": STEADY_PCT}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Score agent-study JSON files again under the current rules, in place.")
+    p.add_argument("--rescore", nargs="+", type=Path, required=True, metavar="JSON")
+    for path in p.parse_args().rescore:
+        data = json.loads(path.read_text())
+        rescore(data)
+        path.write_text(json.dumps(data, indent=1))
+        print(path.name)
+        for s in data["points"]:
+            print(error_line(s, f"{s['launch']:4s} {s['mode']:7s} agents {s['agents']:2d}"))
+
+
+if __name__ == "__main__":
+    main()

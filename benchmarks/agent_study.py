@@ -258,7 +258,6 @@ def summarise(
 ) -> dict[str, Any]:
     in_window = [r for r in records if measure_from <= r["done"] <= until]
     timed = [r for r in in_window if r.get("median_ms") is not None]
-    scored = [r for r in records if not r["late"] and r.get("median_ms") is not None]  # warm-up's too
     regions = [r["region"] for r in records if r.get("region")]
     by_gpu: dict[int, list[tuple[float, float]]] = {}
     for reg in regions:
@@ -287,7 +286,7 @@ def summarise(
         # sent -> started where it runs: the wait for a warm worker (or a cold process's start)
         "queue_s_median": round(statistics.median(queued), 3) if queued else None,
         "correct_failed": sum(1 for r in records if not r["wrong_on_purpose"] and r["status"] != "ok"),
-        "error_abs_pct": agent_reference.error_stats(scored),
+        **agent_reference.point_errors(records),
         "region_overlaps": sum(overlaps(v) for v in by_gpu.values()),
         "regions": {
             "n": len(regions),
@@ -410,14 +409,13 @@ def main(argv: list[str] | None = None) -> Path:
             result["points"].append(s)
             if os.environ.get("OUT"):  # a run killed outright still leaves the points it finished
                 Path(os.environ["OUT"], f"agent_study-{args.backend}-partial.json").write_text(json.dumps(result))
-            err = s["error_abs_pct"]
             reg = s["regions"] or {}
             recycled = sum(v for v in s["pool_recycled"].values() if isinstance(v, int))
             print(
                 f"{p['launch']:4s} {agent_plots.series(p):17s} agents {p['agents']:2d} "
                 f"think {p['think_mean_s']:4.1f} s: "
                 f"{s['evals_per_min']:6.1f} evals/min ({s['timed_per_min']:5.1f} timed), "
-                f"|error| median {err['median']} % p95 {err['p95']} % (n={err['n']}), "
+                f"{agent_reference.error_text(s)}, "
                 f"wait {reg.get('wait_s_mean', 0):.2f} s hold {reg.get('hold_s_mean', 0):.2f} s, "
                 f"overlaps {s['region_overlaps']}, returned once: {s['returned_exactly_once']}, "
                 f"queue for a worker median {s['queue_s_median']} s, workers recycled {recycled}",
@@ -443,9 +441,12 @@ def main(argv: list[str] | None = None) -> Path:
                 f"reference pass after the points: drift |after/before - 1| "
                 f"median {result['reference_drift_pct']['median']} % p95 {result['reference_drift_pct']['p95']} %; "
                 f"one alone run against the reference: |error| median {result['reference_spread_pct']['median']} % "
-                f"p95 {result['reference_spread_pct']['p95']} %; errors are against the median of every alone run",
+                f"p95 {result['reference_spread_pct']['p95']} %; errors against the median of every alone run:",
                 flush=True,
             )
+            for s in result["points"]:
+                label = f"{s['launch']:4s} {agent_plots.series(s):17s} agents {s['agents']:2d}"
+                print(agent_reference.error_line(s, label), flush=True)
         time.sleep(1.5)  # the arbiter writes its history in batches, from a thread
         try:
             n, bad = history_overlaps(world.env["KREX_ENDPOINT"], t_start, t_end)

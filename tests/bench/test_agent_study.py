@@ -119,11 +119,18 @@ def test_timing_errors_recorded_against_every_alone_run_before_and_after(study: 
         timed = [r for r in p["records"] if r["status"] == "ok"]
         assert timed
         for r in timed:
-            runs = before[r["candidate"]]["runs"] + after[r["candidate"]]["runs"]
-            ref = statistics.median(x["median_ms"] for x in runs)
+            runs = [x["median_ms"] for x in before[r["candidate"]]["runs"] + after[r["candidate"]]["runs"]]
+            ref = statistics.median(runs)
             assert math.isclose(r["ref_median_ms"], ref, rel_tol=1e-12)
             assert math.isclose(r["error_pct"], 100 * (r["median_ms"] / ref - 1), rel_tol=1e-9)
-        assert p["error_abs_pct"]["n"] == sum(1 for r in timed if not r["late"])
+            assert r["alone_range_pct"] == pytest.approx(100 * (max(runs) / min(runs) - 1), abs=1e-3)
+        # judged: candidates of 0.1 ms and more alone; steady: their alone runs within 1 % of each other
+        judged = [r for r in timed if not r["late"] and r["ref_median_ms"] >= 0.1]
+        assert judged, "the fake backend's candidates take a millisecond or so"
+        steady = [r for r in judged if r["alone_range_pct"] <= 1.0]
+        assert p["error_abs_pct"]["n"] == len(judged)
+        assert p["error_abs_pct_steady"]["n"] == len(steady)
+        assert set(p["unsteady_alone"]) == {r["candidate"] for r in judged if r not in steady}
         assert p["error_abs_pct_vs_before"]["n"] == p["error_abs_pct"]["n"]
 
 
