@@ -64,6 +64,10 @@ def trials(spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, rng:
                 "median_ms": m.median,
                 "rel_stdev": m.rel_stdev,
                 "sm_mhz": (m.clocks or {}).get("sm_mhz_median"),
+                "mem_mhz": [(m.clocks or {}).get("mem_mhz_min"), (m.clocks or {}).get("mem_mhz_max")],
+                # the first and last tenth of the samples: does a slow start fade within one measurement?
+                "first_tenth_ms": statistics.median(m.samples[: max(1, len(m.samples) // 10)]),
+                "last_tenth_ms": statistics.median(m.samples[-max(1, len(m.samples) // 10) :]),
                 "in_offsets_2mib": [offset_2mib(a) for a in ins],
                 "out_offsets_2mib": [offset_2mib(a) for a in outs],
             }
