@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency before proccost lockcost warm quickstart lag study study0 multigpu bench (default: info
+# Stages: info gputests fidelity latency before proccost lockcost warm quickstart lag modes study study0 multigpu bench (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -54,6 +54,9 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
     lag)  # issue 15: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)
       timeout 90 python3 benchmarks/nvml_memory_lag.py --rounds 3 2>&1 | grep -v Numba | tail -16 | tee "$OUT/nvml_lag.log" ;;
+    modes)  # issue 15: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled (~2 min)
+      timeout 200 python3 benchmarks/candidate_modes.py ${MODES_ARGS:---trials 10 --candidates matmul/optimised,softmax/naive} \
+        2>&1 | grep -v Numba | tail -12 | tee "$OUT/modes.log" ;;
     study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6 min
       # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
       # a warm worker: ~75 s), then 16 agents x {command,region,none}, think mean 8 s, 10 s warm-up + 45 s measured each
