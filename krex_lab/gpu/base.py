@@ -75,7 +75,10 @@ class GpuBackend(abc.ABC):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(lock=False, reason="this backend cannot drain other processes")
+        return Capabilities(
+            lock=False,
+            reason="no driver lock here: KREX sessions are drained by asking them, other processes not at all",
+        )
 
     def lock_check(self, pid: int, state: str | None, what: str, cgroups: dict[str, bool] | None = None) -> bool:
         """The checks :meth:`lock` and :meth:`unlock` make before their driver call, for a caller
