@@ -1,5 +1,6 @@
 """notebooks/04_agent_study.ipynb runs top to bottom with nbclient on the agent study's JSON files:
-the newest one (what a clone shows) and an older one written before the steady-alone figures."""
+the newest run on a GPU (what a clone shows, though a fake-backend run is newer) and an older one
+written before the steady-alone figures."""
 
 from __future__ import annotations
 
@@ -17,23 +18,25 @@ from .test_notebooks import outputs_text
 
 pytestmark = pytest.mark.timeout(180)
 RESULTS = ROOT / "benchmarks" / "results"
+STAMP = r"\d{4}-\d{2}-\d{2}T\d{4}"
 
 
 def stamp(path: Path) -> str:
-    found = re.search(r"\d{4}-\d{2}-\d{2}T\d{4}", path.name)
+    found = re.search(STAMP, path.name)
     assert found, path
     return found.group(0)
 
 
-def run(monkeypatch: pytest.MonkeyPatch, study: Path | None) -> str:
-    """Every code cell's printed output, the notebook run on ``study`` (None: its own choice)."""
+def run(monkeypatch: pytest.MonkeyPatch, study: Path | None, root: Path = ROOT) -> str:
+    """Every code cell's printed output, the notebook run in ``root`` on ``study`` (None: its own
+    choice among ``root``'s benchmarks/results)."""
     if study is None:
         monkeypatch.delenv("AGENT_STUDY_JSON", raising=False)
     else:
         monkeypatch.setenv("AGENT_STUDY_JSON", str(study))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(ROOT / "notebooks" / "04_agent_study.ipynb", as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
     return "".join(outputs_text(c) for c in nb.cells if c.cell_type == "code")
 
 
@@ -45,12 +48,27 @@ def check_points(text: str, study: Path) -> None:
     assert "region / command:" in text and "not steady alone:" in text
 
 
-def test_the_newest_study_by_its_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
-    newest = max(RESULTS.glob("agent_study-*.json"), key=stamp)
-    text = run(monkeypatch, None)
-    check_points(text, newest)
-    unsteady = sorted({c for p in json.loads(newest.read_text())["points"] for c in p.get("unsteady_alone", [])})
+def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A clone's results hold both; the notebook shows the GPU's figures, and the fake ones only
+    where no GPU run exists."""
+    runs = sorted(RESULTS.glob("agent_study-*.json"), key=stamp)
+    gpu = next(r for r in reversed(runs) if not r.name.startswith("agent_study-fake-"))
+    fake = next(r for r in reversed(runs) if r.name.startswith("agent_study-fake-"))
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (tmp_path / "benchmarks" / "agent_plots.py").symlink_to(ROOT / "benchmarks" / "agent_plots.py")
+    older, newer = (
+        results / re.sub(STAMP, "2020-01-01T0000", gpu.name),
+        results / re.sub(STAMP, "2030-01-01T0000", fake.name),
+    )
+    older.symlink_to(gpu)
+    newer.symlink_to(fake)
+    text = run(monkeypatch, None, tmp_path)
+    check_points(text, older)
+    unsteady = sorted({c for p in json.loads(gpu.read_text())["points"] for c in p.get("unsteady_alone", [])})
     assert f"not steady alone: {unsteady or 'none'}" in text
+    older.unlink()
+    check_points(run(monkeypatch, None, tmp_path), newer)
 
 
 def test_a_study_written_before_the_steady_alone_figures(monkeypatch: pytest.MonkeyPatch) -> None:
