@@ -111,6 +111,14 @@ def score(rec: dict[str, Any], ref: dict[str, dict[str, Any]]) -> None:
         rec["alone_range_pct"] = alone_range_pct(r)
 
 
+def score_all(records: list[dict[str, Any]], ref: dict[str, dict[str, Any]]) -> None:
+    """:func:`score` every record against ``ref``, dropping what an earlier scoring set."""
+    for rec in records:
+        for key in ("ref_median_ms", "error_pct", "alone_range_pct"):
+            rec.pop(key, None)
+        score(rec, ref)
+
+
 def point_errors(records: list[dict[str, Any]]) -> dict[str, Any]:
     """A point's timing errors (its warm-up's evaluations too, not those that came back late):
     ``error_abs_pct`` over candidates of at least ``MIN_MS`` alone, ``error_abs_pct_steady``
@@ -180,29 +188,20 @@ def bracket(result: dict[str, Any], after: dict[str, dict[str, Any]]) -> None:
     result["reference_spread_pct"] = spread(both)
     for p in result["points"]:
         p["error_abs_pct_vs_before"] = p["error_abs_pct"]
-        for rec in p["records"]:
-            for key in ("ref_median_ms", "error_pct", "alone_range_pct"):
-                rec.pop(key, None)
-            score(rec, both)
+        score_all(p["records"], both)
         p.update(point_errors(p["records"]))
 
 
 def rescore(data: dict[str, Any]) -> None:
     """Score a study's points again under this module's rules (a run made before they changed);
     the figures it was written with stay, as ``error_abs_pct_as_run``."""
-    passes = [("error_abs_pct_vs_before", data["reference"])]
-    if data.get("reference_combined"):
-        passes.append(("error_abs_pct", data["reference_combined"]))
     for p in data["points"]:
         p.setdefault("error_abs_pct_as_run", p["error_abs_pct"])
-        for field, ref in passes:
-            for rec in p["records"]:
-                for key in ("ref_median_ms", "error_pct", "alone_range_pct"):
-                    rec.pop(key, None)
-                score(rec, ref)
-            errors = point_errors(p["records"])
-            p.update(errors)
-            p[field] = errors["error_abs_pct"]
+        if data.get("reference_combined"):  # bracketed: the before-only figures too, as bracket() keeps them
+            score_all(p["records"], data["reference"])
+            p["error_abs_pct_vs_before"] = point_errors(p["records"])["error_abs_pct"]
+        score_all(p["records"], data.get("reference_combined") or data["reference"])
+        p.update(point_errors(p["records"]))
     data["rescored"] = {"by": "benchmarks/agent_reference.py --rescore", "min_ms": MIN_MS, "steady_pct": STEADY_PCT}
 
 

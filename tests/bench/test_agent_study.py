@@ -173,3 +173,22 @@ def test_freeze_off_points_freeze_nobody_and_are_compared_with_their_twins(study
             assert all(r["frozen"] == 0 for r in held), (mode, held)
     assert "region no-freeze" in study["stdout"]
     assert sorted(r["freeze"] for r in study["ratios_region_over_command"]) == [False, True]
+
+
+def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({k: v for k, v in study.items() if k != "stdout"}))
+    r = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "agent_reference.py"), "--rescore", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    again = json.loads(path.read_text())
+    assert again["rescored"]["min_ms"] == 0.1 and again["rescored"]["steady_pct"] == 1.0
+    fields = ("error_abs_pct", "error_abs_pct_steady", "unsteady_alone", "error_abs_pct_vs_before")
+    for before, after in zip(study["points"], again["points"], strict=True):
+        assert {f: after[f] for f in fields} == {f: before[f] for f in fields}
+        assert after["error_abs_pct_as_run"] == before["error_abs_pct"]
+        assert f"agents {before['agents']:2d}: |error| median {before['error_abs_pct']['median']} %" in r.stdout
