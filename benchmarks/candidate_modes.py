@@ -58,16 +58,18 @@ def trials(spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, rng:
         pad = cuda.device_array(pad_mib * 2**18, dtype=np.float32) if pad_mib else None
         ins, outs = spec.device_inputs(size)
         m = krex_lab.bench(fn, *ins, *outs, exclusive=False)
+        clocks = m.clocks or {}
+        tenth = max(1, len(m.samples) // 10)
         rows.append(
             {
                 "pad_mib": pad_mib,
                 "median_ms": m.median,
                 "rel_stdev": m.rel_stdev,
-                "sm_mhz": (m.clocks or {}).get("sm_mhz_median"),
-                "mem_mhz": [(m.clocks or {}).get("mem_mhz_min"), (m.clocks or {}).get("mem_mhz_max")],
+                "sm_mhz": clocks.get("sm_mhz_median"),
+                "mem_mhz": [clocks.get("mem_mhz_min"), clocks.get("mem_mhz_max")],
                 # the first and last tenth of the samples: does a slow start fade within one measurement?
-                "first_tenth_ms": statistics.median(m.samples[: max(1, len(m.samples) // 10)]),
-                "last_tenth_ms": statistics.median(m.samples[-max(1, len(m.samples) // 10) :]),
+                "first_tenth_ms": statistics.median(m.samples[:tenth]),
+                "last_tenth_ms": statistics.median(m.samples[-tenth:]),
                 "in_offsets_2mib": [offset_2mib(a) for a in ins],
                 "out_offsets_2mib": [offset_2mib(a) for a in outs],
             }
