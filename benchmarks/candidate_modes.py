@@ -13,7 +13,9 @@ allocated inputs:
   elsewhere;
 * ``after idle``: as ``same place``, after ``--idle`` seconds with nothing on the GPU (the study's
   alone runs come to a worker that waited; under 16 agents the GPU is never idle, and there every
-  evaluation read the fast mode).
+  evaluation read the fast mode);
+* ``after idle, 1 s warm-up``: the same with ``bench``'s warm-up at ``--long-warmup`` seconds
+  instead of 0.2 s, the fix tried in the same run.
 
 If the ``shifted`` medians split into groups and the ``same place`` ones do not, where the
 inputs land sets the time; if ``after idle`` ones do, an idle GPU does. Either way one alone run
@@ -43,7 +45,9 @@ def offset_2mib(arr: Any) -> int | None:
     return None if ptr is None else int(ptr.value) % 2**21
 
 
-def trials(spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, rng: random.Random) -> list[dict[str, Any]]:
+def trials(
+    spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, warmup: float | None, rng: random.Random
+) -> list[dict[str, Any]]:
     import numpy as np
     from numba import cuda
 
@@ -57,7 +61,7 @@ def trials(spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, rng:
         pad_mib = rng.randint(1, 64) if shift else 0
         pad = cuda.device_array(pad_mib * 2**18, dtype=np.float32) if pad_mib else None
         ins, outs = spec.device_inputs(size)
-        m = krex_lab.bench(fn, *ins, *outs, exclusive=False)
+        m = krex_lab.bench(fn, *ins, *outs, exclusive=False, warmup=warmup)
         clocks = m.clocks or {}
         tenth = max(1, len(m.samples) // 10)
         rows.append(
@@ -70,6 +74,7 @@ def trials(spec: Any, fn: Any, size: Any, n: int, shift: bool, idle: float, rng:
                 # the first and last tenth of the samples: does a slow start fade within one measurement?
                 "first_tenth_ms": statistics.median(m.samples[:tenth]),
                 "last_tenth_ms": statistics.median(m.samples[-tenth:]),
+                "warmup_estimate_ms": m.warmup.get("estimate_ms"),
                 "in_offsets_2mib": [offset_2mib(a) for a in ins],
                 "out_offsets_2mib": [offset_2mib(a) for a in outs],
             }
@@ -98,6 +103,7 @@ def main() -> None:
         "--size", default="0.1ms", help="kernels/ preset (the study's timing size); test0/test1: the simulator"
     )
     p.add_argument("--idle", type=float, default=3.0, help="seconds the GPU idles before each 'after idle' run")
+    p.add_argument("--long-warmup", type=float, default=1.0, help="bench warm-up (s) of the last 'after idle' set")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
 
@@ -116,17 +122,19 @@ def main() -> None:
         fn(*ins, *outs)  # compile once, outside the trials
         del ins, outs
         res = {}
-        for label, shift, idle in (
-            ("same place", False, 0.0),
-            ("shifted", True, 0.0),
-            ("after idle", False, args.idle),
+        for label, shift, idle, warmup in (
+            ("same place", False, 0.0, None),
+            ("shifted", True, 0.0, None),
+            ("after idle", False, args.idle, None),
+            # the would-be fix, tried in the same run: a warm-up long enough for a GPU out of idle
+            (f"after idle, {args.long_warmup:g} s warm-up", False, args.idle, args.long_warmup),
         ):
-            rows = trials(spec, fn, size, args.trials, shift, idle, rng)
+            rows = trials(spec, fn, size, args.trials, shift, idle, warmup, rng)
             res[label] = {"summary": summary(rows), "runs": rows}
             s = res[label]["summary"]
             medians = " ".join(f"{r['median_ms']:.4f}" for r in rows)
             print(
-                f"{cid:22s} {label:10s}: median {s['median_ms']:.4f} ms, range {s['min_ms']:.4f}-{s['max_ms']:.4f} "
+                f"{cid:22s} {label:24s}: median {s['median_ms']:.4f} ms, range {s['min_ms']:.4f}-{s['max_ms']:.4f} "
                 f"({s['range_pct']} %); runs {medians}",
                 flush=True,
             )

@@ -54,8 +54,8 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
     lag)  # issue 15: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)
       timeout 90 python3 benchmarks/nvml_memory_lag.py --rounds 3 2>&1 | grep -v Numba | tail -16 | tee "$OUT/nvml_lag.log" ;;
-    modes)  # issue 15: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled (~2 min)
-      timeout 200 python3 benchmarks/candidate_modes.py ${MODES_ARGS:---trials 10 --candidates matmul/optimised,softmax/naive} \
+    modes)  # issue 15: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled, short or long warm-up (~4 min)
+      timeout 330 python3 benchmarks/candidate_modes.py ${MODES_ARGS:---trials 8 --candidates matmul/optimised,softmax/naive} \
         2>&1 | grep -v Numba | tail -12 | tee "$OUT/modes.log" ;;
     study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6 min
       # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
