@@ -69,7 +69,8 @@ def percentile(values: list[float], q: float) -> float:
 def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """A ``krex arbiter`` (``args`` after ``arbiter``) on a fresh private runtime dir, started and
     answering, and the environment a process needs to use it (``KREX_ENDPOINT`` and the repo on
-    ``PYTHONPATH``). Stop it with SIGTERM."""
+    ``PYTHONPATH``). Stop it with SIGTERM. ``KREX_PROF=FILE`` in the environment runs it under
+    cProfile, its statistics written to FILE when it stops."""
     import tempfile
     import time
 
@@ -81,7 +82,7 @@ def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subpr
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
     }
     arbiter = subprocess.Popen(
-        [sys.executable, "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, *(["-m", "cProfile", "-o", os.environ["KREX_PROF"]] if os.environ.get("KREX_PROF") else []), "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + timeout
     while not (runtime / "arbiter.sock").exists():

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any
 
+import psutil
 from common import machine, percentile, private_arbiter, write_result
 
 REGISTRAR = """
@@ -66,6 +67,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--isolate", action="store_true", help="reserve cores in every region too")
     p.add_argument("--shield", default="sessions", help="the arbiter's --Arbiter.shield (with --isolate)")
+    p.add_argument("--cgroups", default="off", choices=["off", "auto"], help="the arbiter's --Arbiter.cgroups")
     args = p.parse_args()
     total = args.gpus * args.sessions
     arbiter, env = private_arbiter(
@@ -76,6 +78,7 @@ def main() -> None:
         str(args.gpus),
         f"--Quotas.sessions_per_user={total + 16}",
         f"--Arbiter.shield={args.shield}",
+        f"--Arbiter.cgroups={args.cgroups}",
     )
     registrars: list[subprocess.Popen[str]] = []
     holders: list[subprocess.Popen[str]] = []
@@ -103,9 +106,14 @@ def main() -> None:
         per_gpu: list[list[list[float]]] = []
         for h in holders:
             assert h.stdout is not None and h.stdout.readline().startswith("ready"), "a holder failed"
+        # The arbiter's own CPU time over the run: on a 2-core machine shared with 16 client
+        # processes, regions/s swings by a third from run to run; CPU per region much less.
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0 = sum(psutil.Process(arbiter.pid).cpu_times()[:2])
         for h in holders:
             out, _ = h.communicate(timeout=args.seconds + 120)
             per_gpu.append(json.loads(out.strip().splitlines()[-1]))
+        arbiter_cpu = sum(psutil.Process(arbiter.pid).cpu_times()[:2]) - cpu0
     finally:
         for r in registrars:  # end of input: each registrar kills its sleeping children
             if r.stdin is not None:
@@ -137,12 +145,15 @@ def main() -> None:
         "acquire_p99_ms": round(percentile(acquire, 0.99), 3),
         "release_p50_ms": round(percentile(release, 0.5), 3),
         "release_p99_ms": round(percentile(release, 0.99), 3),
+        "arbiter_cpu_s": round(arbiter_cpu, 3),
+        "arbiter_cpu_ms_per_region": round(1e3 * arbiter_cpu / max(1, sum(counts)), 3),
     }
     print(
         f"{args.gpus} GPUs x {args.sessions} sessions, freeze on, isolate {'on' if args.isolate else 'off'}: "
         f"{sum(counts)} regions in {args.seconds:.0f} s = {rate:.0f} regions/s (per GPU {counts}); "
         f"frozen per region {frozen}; acquire p50 {result['acquire_p50_ms']:.2f} ms "
-        f"p99 {result['acquire_p99_ms']:.2f} ms, release p50 {result['release_p50_ms']:.2f} ms"
+        f"p99 {result['acquire_p99_ms']:.2f} ms, release p50 {result['release_p50_ms']:.2f} ms; "
+        f"arbiter CPU {result['arbiter_cpu_ms_per_region']:.2f} ms a region"
     )
     write_result(
         "scale",
