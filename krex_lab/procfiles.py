@@ -11,17 +11,20 @@ once that task is gone it reads as empty or fails, never as another task's. What
 guarded against is a pid or tid naming another task than when the file was opened:
 
 * a process is kept with a pidfd, whose signal 0 fails once the process has ended (its pid may
-  be anyone's then): its descriptors are all let go before anything is read;
+  be anyone's then): its descriptors are all let go before anything is read. A look that starts
+  with the stat file skips the signal while that file reads as a live process's: a descriptor of
+  an ended process fails or reads a zombie's stat, never another process's;
 * a thread's files (``task/TID/...``) are opened anew after :attr:`KeptFiles.TTL` seconds: a
   tid reused inside one living process would take the kernel's whole pid space meanwhile.
 
-Where the kernel gives no pidfds, beyond :attr:`KeptFiles.LIMIT` descriptors in all or
+Where the kernel gives no pidfds, beyond :attr:`KeptFiles.limit` descriptors in all or
 :attr:`KeptFiles.PER_PROCESS` for one process, files are opened and closed each time, as
 :func:`read_proc` does. Only the processes a region names are kept (session roots, GPU
 processes), never what a user can multiply at will (a tree's descendants): a user's 200
 children held 400 descriptors of the arbiter before that bound (tests/security). The session
-capacity reserves :attr:`KeptFiles.LIMIT` (``arbiter/quotas.py``), and a session's files go
-when it ends (:meth:`KeptFiles.forget`).
+capacity reserves :attr:`KeptFiles.limit` (``arbiter/quotas.py``, which sets it from the
+descriptor limit: every session root keeps three or four files), and a session's files go when it
+ends (:meth:`KeptFiles.forget`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def read_proc(path: str, whole: bool = False) -> bytes | None:
 class KeptFiles:
     """Descriptors of /proc/PID/NAME files, kept per process (see the module's docstring)."""
 
+    #: descriptors kept in all, unless the owner sets :attr:`limit` (the arbiter does)
     LIMIT = 512
     #: files kept for one process (its pidfd aside): a process of many threads has the rest read
     PER_PROCESS = 64
@@ -73,13 +77,28 @@ class KeptFiles:
         # another thread reads it. The event loop and the isolation thread both read.
         self._lock = threading.Lock()
         self._pidfds = hasattr(os, "pidfd_open")
+        self.limit = self.LIMIT
 
-    def read(self, pid: int, names: list[str]) -> list[bytes | None]:
-        """Each ``/proc/PID/NAME`` as it is now (None where it cannot be read)."""
+    def read(self, pid: int, names: list[str], vouched: bool = False) -> list[bytes | None]:
+        """Each ``/proc/PID/NAME`` as it is now (None where it cannot be read). ``vouched``: the
+        caller has just seen the process alive and holds it still (stopped through its pidfd), so
+        its kept descriptors are read unchecked (if it ended since, they read as empty)."""
         with self._lock:
             now = time.monotonic()
             if now - self._swept > self.SWEEP:
                 self._sweep(now)
+            kept = self._procs.get(pid)
+            if kept is not None and vouched:
+                self._used[pid] = now
+                return [self._read(pid, kept[1], name, now) for name in names]
+            if kept is not None and names and names[0].endswith("stat"):
+                # A stat line read first vouches for the process: a kept descriptor of one that has
+                # ended fails to read, or reads it as a zombie, never as another process. Only
+                # then is the pidfd asked (one syscall less on every look of a live process).
+                first = self._read(pid, kept[1], names[0], now)
+                if first is not None and first[first.rfind(b")") + 2 : first.rfind(b")") + 3] not in (b"Z", b"X", b""):
+                    self._used[pid] = now
+                    return [first, *(self._read(pid, kept[1], name, now) for name in names[1:])]
             kept = self._process(pid)
             if kept is None:
                 return [read_proc(f"/proc/{pid}/{name}", whole=True) for name in names]
@@ -92,7 +111,7 @@ class KeptFiles:
         if fd >= 0 and name.startswith("task/") and now - opened > self.TTL:
             self._close(files.pop(name)[0])
             fd = -1
-        if fd < 0 and self._count < self.LIMIT and len(files) < self.PER_PROCESS:
+        if fd < 0 and self._count < self.limit and len(files) < self.PER_PROCESS:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 self._count += 1
@@ -117,7 +136,7 @@ class KeptFiles:
                 return kept
             except OSError:  # it ended: its descriptors name nothing any more
                 self._forget(pid)
-        if not self._pidfds or self._count >= self.LIMIT:
+        if not self._pidfds or self._count >= self.limit:
             return None
         try:
             pidfd = os.pidfd_open(pid)

@@ -72,6 +72,16 @@ def read_state(fd: int) -> str | None:
     return chr(rest[0]) if rest and b")" in raw else None
 
 
+def state_and_threads(pid: int) -> tuple[str | None, int | None]:
+    """State letter and thread count of a session root, through its kept stat file (None, None if
+    gone). A stopped process makes no thread: its count then holds until it is continued."""
+    rest = _stat(pid, kept=True)
+    fields = rest.split(maxsplit=18) if rest else []
+    if len(fields) <= 17:
+        return None, None
+    return chr(fields[0][0]), int(fields[17])
+
+
 def flags_and_start(pid: int) -> tuple[int | None, int | None]:
     """The kernel's task flags (field 9 of stat: PF_KTHREAD and the like) and the start time, from
     one read; (None, None) if gone."""
@@ -200,16 +210,59 @@ def tree(pid: int, kept: bool = False) -> list[int]:
     A region walks the trees of every session, so this reads only those processes' entries
     (CONFIG_PROC_CHILDREN) instead of scanning every process on the node as psutil would.
     ``kept``: the root's files through kept descriptors (procfiles), for the arbiter's freeze,
-    which walks its siblings' trees twice every region; a root is a session, which the arbiter
-    bounds, while its descendants are as many as a user makes, and are read afresh. Off for
+    which walks its siblings' trees twice every region (see :func:`session_tree`). Off for
     everyone else: a worker that runs user code must hold no descriptor the code could close.
     """
+    if kept:
+        return session_tree(pid)[0]
     try:  # the root's own task list: one read that also says whether it still exists
-        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept) if _HAS_CHILDREN_FILE else None
+        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task")) if _HAS_CHILDREN_FILE else None
     except OSError:
         return []
     if first is None and not os.path.exists(f"/proc/{pid}"):
         return []
+    return _descend(pid, first)
+
+
+def session_tree(pid: int, stopped_threads: int | None = None) -> tuple[list[int], tuple[str, int] | None]:
+    """A session root's tree, as :func:`tree`, and the root's (state, start time) from the same look.
+
+    The root's stat and its leader thread's children come through kept descriptors in one read;
+    a root of one thread (the stat says so) has no other children file, so its task list is not
+    read (a listing costs four syscalls: the freeze's two walks of 63 sleeping siblings spent a
+    third of the arbiter's time listing, ``benchmarks/scale.py``, 2026-12-02). A session is a
+    process the arbiter bounds, while its descendants are as many as a user makes: they are
+    read afresh. ``([], None)`` if the root is gone.
+
+    ``stopped_threads``: the root's thread count, read after it was seen stopped (by
+    :func:`state_and_threads`); a stopped root of one thread is walked from its children file
+    alone, with no state to return.
+    """
+    if not _HAS_CHILDREN_FILE:
+        return tree(pid), None
+    if stopped_threads == 1:
+        raw = KEPT.read(pid, [f"task/{pid}/children"], vouched=True)[0]
+        return _descend(pid, [int(x) for x in raw.split()] if raw else []), None
+    raw_stat, raw_kids = KEPT.read(pid, [f"task/{pid}/stat", f"task/{pid}/children"])
+    fields = _after_comm(raw_stat).split(maxsplit=20) if raw_stat else []
+    if len(fields) <= 19:  # gone, or a group whose leader thread exited: list what is left
+        try:
+            first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
+        except OSError:
+            return [], None
+        return _descend(pid, first), None
+    if fields[17] == b"1":
+        first = [int(x) for x in raw_kids.split()] if raw_kids else []
+    else:
+        try:
+            first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
+        except OSError:
+            return [], None
+    return _descend(pid, first), (chr(fields[0][0]), int(fields[19]))
+
+
+def _descend(pid: int, first: list[int] | None) -> list[int]:
+    """``pid`` and its descendants, given its own children (None: read them too)."""
     found = [pid]
     seen = {pid}
     i = 0

@@ -29,9 +29,8 @@ from ..errors import QuotaExceeded
 from ..procfiles import KeptFiles
 from .region import Region
 
-#: file descriptors kept free for sockets, the journal, NVML and the like, and the /proc files
-#: the region sequence keeps open (procfiles.KeptFiles.LIMIT)
-FD_RESERVE = 256 + KeptFiles.LIMIT
+#: file descriptors kept free for sockets, the journal, NVML and the like
+FD_RESERVE = 256
 #: descriptors one session costs: its pidfd and its control connection
 FDS_PER_SESSION = 2
 
@@ -57,9 +56,17 @@ def raise_fd_limit() -> int:
     return soft
 
 
+def kept_files_limit(fd_limit: int) -> int:
+    """Descriptors of /proc files the region sequence may keep (procfiles.KeptFiles.limit): a
+    quarter of the limit, at least :attr:`KeptFiles.LIMIT`. Each session root keeps three or four
+    (pidfd, stat, children, cgroup): 512 in all kept half of 504 siblings' files, and every other
+    read cost an open and a close (benchmarks/scale.py, 2026-12-02)."""
+    return max(KeptFiles.LIMIT, fd_limit // 4)
+
+
 def node_session_capacity(fd_limit: int) -> int:
     """Sessions the arbiter takes before it would run short of descriptors (it refuses beyond)."""
-    return max(16, (fd_limit - FD_RESERVE) // FDS_PER_SESSION)
+    return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // FDS_PER_SESSION)
 
 
 _FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold")

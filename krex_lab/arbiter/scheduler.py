@@ -245,6 +245,8 @@ class Scheduler:
                 while waiting and time.monotonic() - t1 < 0.1:
                     await asyncio.sleep(0 if time.monotonic() - t1 < SPIN_LANDING else 0.0002)
                     waiting = self.steps.freezer.pending(region.frozen, among=waiting)
+                if not waiting:  # the settle looks only at stops made after this
+                    region.frozen.seen_landed()
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
             if region.isolate and region.cores > 0:  # cores=0: the holder asked for no isolation

@@ -25,6 +25,7 @@ from traitlets.config import LoggingConfigurable
 from .. import __version__, paths, protocol
 from ..errors import KrexError
 from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
+from ..procfiles import KEPT
 from ..regions.cgroups import CgroupPlacer
 from ..regions.corelock import NodeCoreLock
 from ..regions.drain import Locker
@@ -41,7 +42,7 @@ from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event
 from .queries import NodeQueries
-from .quotas import FairShare, Quotas, node_session_capacity, raise_fd_limit
+from .quotas import FairShare, Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
 from .region import Region
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
@@ -304,7 +305,9 @@ class Arbiter(LoggingConfigurable):
             isolate_deadline=self.isolate_deadline,
         )
         self.quotas = Quotas(parent=self)
-        self.capacity = node_session_capacity(raise_fd_limit())
+        fd_limit = raise_fd_limit()
+        self.capacity = node_session_capacity(fd_limit)
+        KEPT.limit = kept_files_limit(fd_limit)
         db = self.root / "history.sqlite" if self.history_db is None else self.history_db
         self.region_history: RegionHistory | None = (
             RegionHistory(db, self.history_retention_days, arbiter=f"{os.getpid()}@{self.started:.3f}") if db else None

@@ -26,7 +26,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..procutil import STOPPED, open_stat, proc_state, read_stat, read_state, same_process, state_and_start, tree
+from ..procutil import (
+    STOPPED,
+    open_stat,
+    proc_state,
+    read_stat,
+    read_state,
+    same_process,
+    session_tree,
+    state_and_start,
+    state_and_threads,
+)
 from .cgroups import cgroup_of, is_frozen
 
 log = logging.getLogger("krex.freeze")
@@ -48,8 +58,21 @@ class FreezeResult:
     #: no /proc read is needed to make sure); closed by :func:`thaw`
     pidfds: dict[int, int] = field(default_factory=dict)
     #: a stat descriptor per process whose stop may not have landed yet: :meth:`Freezer.pending`
-    #: re-reads it without a path lookup; closed once the stops have landed (:meth:`landed`)
+    #: re-reads it without a path lookup; closed once the stops have landed (:meth:`landed`).
+    #: Session roots have none: their stat files are kept across regions (procfiles.KEPT)
     statfds: dict[int, int] = field(default_factory=dict)
+
+    #: how many of :attr:`procs` and :attr:`cgroups` are known to have landed (a stop that has
+    #: landed stays landed while the region holds): :meth:`Freezer.pending` looks past them only
+    landed_procs: int = 0
+    landed_cgroups: int = 0
+    #: thread counts of session roots seen stopped (:meth:`Freezer.pending`): the settle's walk
+    #: of a stopped root of one thread reads its children file alone
+    threads: dict[int, int] = field(default_factory=dict)
+
+    def seen_landed(self) -> None:
+        """Every stop made so far has been seen to land (the grant's wait ended with none pending)."""
+        self.landed_procs, self.landed_cgroups = len(self.procs), len(self.cgroups)
 
     def landed(self) -> None:
         """Every stop has shown: the stat descriptors are not needed any more."""
@@ -123,14 +146,23 @@ class Freezer:
         for _ in range(passes):
             new: list[tuple[int, int, int | None]] = []  # pid, start, stat descriptor
             for root in roots:
-                for pid in tree(root, kept=True):  # walked again at settle and every region
+                # walked again at settle, and every region
+                pids, root_stat = session_tree(root, result.threads.get(root))
+                for pid in pids:
                     if pid in seen or pid in exempt:
                         continue
                     seen.add(pid)
                     if result.inside and cgroup_of(pid) in result.inside:
                         continue  # the kernel freezes it with its cgroup, forks included
-                    fd = open_stat(pid)
-                    state, start = read_stat(fd) if fd is not None else state_and_start(pid)
+                    fd: int | None = None
+                    state: str | None
+                    start: int | None
+                    if pid == root and root_stat is not None:
+                        # read in the walk's look; :meth:`pending` reads a root's kept stat file
+                        state, start = root_stat
+                    else:
+                        fd = open_stat(pid)
+                        state, start = read_stat(fd) if fd is not None else state_and_start(pid)
                     if state is None or start is None or state in ("Z", "T", "t"):
                         if state in STOPPED:
                             result.skipped.append(pid)
@@ -162,15 +194,28 @@ class Freezer:
     def pending(result: FreezeResult, among: list[str] | None = None) -> list[str]:
         """What was told to stop and may not have yet (a D-state sleeper can take a while): pids as
         strings, cgroup paths; empty once every stop has landed. ``among``: an earlier answer, to
-        check only what was still pending then (a stop that has landed stays landed while the
-        region holds). The pids are looked at in the order they were stopped and the look ends
+        check only what was still pending then; without it, what is not known to have landed
+        (:meth:`FreezeResult.seen_landed`): a stop that has landed stays landed while the region
+        holds. The pids are looked at in the order they were stopped and the look ends
         at the first that has not: the rest are returned unchecked (stops land roughly in the
         order they were sent, so a wait costs one read per poll instead of one per process)."""
-        pids = result.pids if among is None else [int(x) for x in among if x.isdigit()]
-        groups = result.cgroups if among is None else [x for x in among if not x.isdigit()]
-        fds = result.statfds
+        if among is None:
+            pids = [p for p, _ in result.procs[result.landed_procs :]]
+            groups = result.cgroups[result.landed_cgroups :]
+        else:
+            pids = [int(x) for x in among if x.isdigit()]
+            groups = [x for x in among if not x.isdigit()]
+        fds, roots = result.statfds, result.roots
         for i, p in enumerate(pids):
-            if (read_state(fds[p]) if p in fds else proc_state(p)) not in ("T", "t", "Z", None):
+            if p in fds:
+                state = read_state(fds[p])
+            elif p in roots:
+                state, threads = state_and_threads(p)
+                if state in STOPPED and threads is not None:
+                    result.threads[p] = threads
+            else:
+                state = proc_state(p)
+            if state not in ("T", "t", "Z", None):
                 return [str(q) for q in pids[i:]] + list(groups)
         return [c for c in groups if not is_frozen(c)]
 

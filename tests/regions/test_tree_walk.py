@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from krex_lab.procfiles import KEPT
-from krex_lab.procutil import tree
+from krex_lab.procutil import proc_state, session_tree, state_and_threads, tree
 from krex_lab.pytest_plugin import wait_for
 
 # A process that, on each line of stdin, forks a `sleep` from its main thread ("main") or from a
@@ -112,3 +112,21 @@ def test_a_walk_keeps_nothing_unless_asked(forker: subprocess.Popen[str]) -> Non
     kid = ask(forker, "main")
     assert sorted(tree(forker.pid)) == sorted([forker.pid, kid])
     assert not KEPT.kept(forker.pid)
+
+
+def test_a_stopped_root_is_walked_by_the_thread_count_read_once_it_stopped(forker: subprocess.Popen[str]) -> None:
+    # The settle walks a stopped root of one thread from its leader's children file alone: the
+    # count must come from a read made after the stop, or a thread born just before it (and its
+    # children) would be missed.
+    a = ask(forker, "main")
+    for expect_threads, kids in ((1, [a]), (2, None)):
+        if kids is None:
+            kids = [a, ask(forker, "hold")]  # a second thread, which forks
+        os.kill(forker.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: proc_state(forker.pid) == "T", timeout=5)
+            state, threads = state_and_threads(forker.pid)
+            assert (state, threads) == ("T", expect_threads)
+            assert sorted(session_tree(forker.pid, threads)[0]) == sorted([forker.pid, *kids])
+        finally:
+            os.kill(forker.pid, signal.SIGCONT)
