@@ -81,8 +81,9 @@ def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subpr
         "KREX_ENDPOINT": f"ipc://{runtime}/arbiter.sock",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
     }
+    profile = ["-m", "cProfile", "-o", os.environ["KREX_PROF"]] if os.environ.get("KREX_PROF") else []
     arbiter = subprocess.Popen(
-        [sys.executable, *(["-m", "cProfile", "-o", os.environ["KREX_PROF"]] if os.environ.get("KREX_PROF") else []), "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, *profile, "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + timeout
     while not (runtime / "arbiter.sock").exists():
