@@ -1,6 +1,6 @@
 """notebooks/04_agent_study.ipynb runs top to bottom with nbclient on the agent study's JSON files:
-the newest run on a GPU (what a clone shows, though a fake-backend run is newer) and an older one
-written before the steady-alone figures."""
+the newest run on a GPU that compares region with command (what a clone shows, though a run of
+one mode or a fake-backend run is newer) and an older one written before the steady-alone figures."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     """A clone's results hold both; the notebook shows the GPU's figures, and the fake ones only
     where no GPU run exists."""
     runs = sorted(RESULTS.glob("agent_study-*.json"), key=stamp)
-    gpu = next(r for r in reversed(runs) if not r.name.startswith("agent_study-fake-"))
+    on_gpu = [r for r in reversed(runs) if not r.name.startswith("agent_study-fake-")]
+    gpu = next(r for r in on_gpu if json.loads(r.read_text())["ratios_region_over_command"])
+    one_mode = next(r for r in on_gpu if not json.loads(r.read_text())["ratios_region_over_command"])
     fake = next(r for r in reversed(runs) if r.name.startswith("agent_study-fake-"))
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
@@ -63,11 +65,16 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     )
     older.symlink_to(gpu)
     newer.symlink_to(fake)
+    # a newer GPU run of one mode (the 32-agent region point, 2026-12-02 T1514) has no ratio to show
+    (results / re.sub(STAMP, "2025-01-01T0000", one_mode.name)).symlink_to(one_mode)
     text = run(monkeypatch, None, tmp_path)
     check_points(text, older)
     unsteady = sorted({c for p in json.loads(gpu.read_text())["points"] for c in p.get("unsteady_alone", [])})
     assert f"not steady alone: {unsteady or 'none'}" in text
     older.unlink()
+    check_points(run(monkeypatch, None, tmp_path), results / re.sub(STAMP, "2025-01-01T0000", one_mode.name))
+    for r in results.glob("agent_study-nvidia-*"):
+        r.unlink()
     check_points(run(monkeypatch, None, tmp_path), newer)
 
 
