@@ -21,6 +21,11 @@ If the ``shifted`` medians split into groups and the ``same place`` ones do not,
 inputs land sets the time; if ``after idle`` ones do, an idle GPU does. Either way one alone run
 is a sample of that, not the candidate's time.
 
+Answered on the H200 (2026-12-02 14:40, ``candidate_modes-2026-12-02T1440.json``): all four
+split alike, 26 of 32 runs at 0.2436-0.2468 ms and 6 at 0.2592-0.2602 ms, at one clock, each
+run in one mode from its warm-up to its last samples. The mode comes with an allocation (the
+inputs' offset in a 2 MiB page was 0 in every run), not with an idle GPU or a short warm-up.
+
 Usage (GPU): ``python3 benchmarks/candidate_modes.py [--trials 16] [--candidates matmul/optimised,...]``
 Writes ``benchmarks/results/candidate_modes-<stamp>.json``.
 """
