@@ -57,12 +57,13 @@ for stage in "${stages[@]}"; do
     modes)  # issue 15: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled, short or long warm-up (~4 min)
       timeout 330 python3 benchmarks/candidate_modes.py ${MODES_ARGS:---trials 8 --candidates matmul/optimised,softmax/naive} \
         2>&1 | grep -v Numba | tail -12 | tee "$OUT/modes.log" ;;
-    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 6 min
+    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 8 min
       # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
-      # a warm worker: ~75 s), then 16 agents x {command,region,none}, think mean 8 s, 10 s warm-up + 45 s measured each
+      # a warm worker, 4 times, each on fresh inputs: ~280 s; a tiled matmul reads one of two times by its allocation),
+      # then 16 agents x {command,region}, think mean 8 s, 10 s warm-up + 45 s measured each
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
-      timeout ${STUDY_TIMEOUT:-470} python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
-        --seconds 45 --warmup 10 --launch warm --reference-repeats 1 --no-reference-after} 2>&1 \
+      timeout ${STUDY_TIMEOUT:-545} python3 benchmarks/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
+        --seconds 45 --warmup 10 --launch warm --modes command,region --reference-repeats 4 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
     study0)  # issue 15, think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min

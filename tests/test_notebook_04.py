@@ -45,6 +45,10 @@ def check_points(text: str, study: Path) -> None:
     assert study.name in text
     for p in data["points"]:
         assert f"{p['evals_per_min']:10.1f} {p['timed_per_min']:10.1f}" in text, p["mode"]
+        # the steady-alone and beyond-the-alone-runs p95, side by side (nan where a run has none)
+        steady, beyond = ((p.get(k) or {}).get("p95") for k in ("error_abs_pct_steady", "error_abs_pct_beyond_alone"))
+        nan = float("nan")
+        assert f"{nan if steady is None else steady:12.2f} {nan if beyond is None else beyond:12.2f}" in text, p["mode"]
     assert "region / command:" in text and "not steady alone:" in text
 
 

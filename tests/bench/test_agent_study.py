@@ -124,6 +124,11 @@ def test_timing_errors_recorded_against_every_alone_run_before_and_after(study: 
             assert math.isclose(r["ref_median_ms"], ref, rel_tol=1e-12)
             assert math.isclose(r["error_pct"], 100 * (r["median_ms"] / ref - 1), rel_tol=1e-9)
             assert r["alone_range_pct"] == pytest.approx(100 * (max(runs) / min(runs) - 1), abs=1e-3)
+            # outside the alone runs' range, signed; 0 inside it
+            m, lo, hi = r["median_ms"], min(runs), max(runs)
+            beyond = 100 * (m / hi - 1) if m > hi else 100 * (m / lo - 1) if m < lo else 0.0
+            assert r["beyond_alone_pct"] == pytest.approx(beyond, abs=1e-9)
+            assert abs(r["beyond_alone_pct"]) <= abs(r["error_pct"]) + 1e-9, "the median lies inside the range"
         # judged: candidates of 0.1 ms and more alone; steady: their alone runs within 1 % of each other
         judged = [r for r in timed if not r["late"] and r["ref_median_ms"] >= 0.1]
         assert judged, "the fake backend's candidates take a millisecond or so"
@@ -132,6 +137,8 @@ def test_timing_errors_recorded_against_every_alone_run_before_and_after(study: 
         assert p["error_abs_pct_steady"]["n"] == len(steady)
         assert set(p["unsteady_alone"]) == {r["candidate"] for r in judged if r not in steady}
         assert p["error_abs_pct_vs_before"]["n"] == p["error_abs_pct"]["n"]
+        assert p["error_abs_pct_beyond_alone"]["n"] == len(judged)
+        assert p["error_abs_pct_beyond_alone"]["p95"] <= p["error_abs_pct"]["p95"] + 1e-9
 
 
 def test_throughput_counts_what_returned_in_the_measured_window(study: dict[str, Any]) -> None:
@@ -187,7 +194,13 @@ def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[st
     assert r.returncode == 0, r.stderr
     again = json.loads(path.read_text())
     assert again["rescored"]["min_ms"] == 0.1 and again["rescored"]["steady_pct"] == 1.0
-    fields = ("error_abs_pct", "error_abs_pct_steady", "unsteady_alone", "error_abs_pct_vs_before")
+    fields = (
+        "error_abs_pct",
+        "error_abs_pct_steady",
+        "error_abs_pct_beyond_alone",
+        "unsteady_alone",
+        "error_abs_pct_vs_before",
+    )
     for before, after in zip(study["points"], again["points"], strict=True):
         assert {f: after[f] for f in fields} == {f: before[f] for f in fields}
         assert after["error_abs_pct_as_run"] == before["error_abs_pct"]
