@@ -44,10 +44,13 @@ def machine() -> dict[str, Any]:
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>-<date>.json`` (and a copy under $OUT when set)."""
+    """Write ``benchmarks/results/<name>-<date>.json`` (and a copy under $OUT when set); the
+    date is UTC to the minute, to the second where a file of that minute exists."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M")
-    path = RESULTS / f"{name}-{stamp}.json"
+    now = dt.datetime.now(dt.timezone.utc)
+    path = RESULTS / f"{name}-{now:%Y-%m-%dT%H%M}.json"
+    if path.exists():  # two runs in one minute: the second keeps its seconds, not the first's name
+        path = RESULTS / f"{name}-{now:%Y-%m-%dT%H%M%S}.json"
     text = json.dumps(data, indent=2)
     path.write_text(text)
     out = os.environ.get("OUT")

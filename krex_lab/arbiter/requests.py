@@ -16,6 +16,7 @@ from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
 from ..procutil import ancestors, proc_uid
 from ..regions.cgroups import CgroupPlacer
+from ..regions.freeze import FREEZE_FILES
 from ..service import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas
@@ -141,6 +142,8 @@ class SessionRequests:
 
     def session_gone(self, session: Session, reason: str) -> None:
         self.scheduler.session_gone(session, reason)
+        if session.cgroup:
+            FREEZE_FILES.forget(session.cgroup)  # a region that held it has thawed it by now
         self.placer.remove(session.cgroup)
         self.notify.publish("session", {"event": "left", **session.public()})
 

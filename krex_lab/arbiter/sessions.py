@@ -70,6 +70,7 @@ class SessionTable:
     def __init__(self, on_death: Callable[[Session], None]) -> None:
         self._on_death = on_death
         self._sessions: dict[str, Session] = {}
+        self._by_pid: dict[int, list[Session]] = {}  # the sessions of each process
         self._fds: dict[str, int] = {}
         self._poll_task: asyncio.Task[None] | None = None
         self._counter = 0
@@ -84,8 +85,9 @@ class SessionTable:
         return [s for s in self._sessions.values() if s.gpu == gpu]
 
     def cgroup_of(self, pid: int) -> str:
-        """The cgroup the arbiter placed session ``pid`` in ("" when none)."""
-        return next((s.cgroup for s in self._sessions.values() if s.pid == pid and s.cgroup), "")
+        """The cgroup the arbiter placed session ``pid`` in ("" when none): asked for every
+        sibling of every region, so looked up by pid, not through every session."""
+        return next((s.cgroup for s in self._by_pid.get(pid, ()) if s.cgroup), "")
 
     def get(self, session_id: str, token: str) -> Session:
         session = self._sessions.get(session_id)
@@ -123,11 +125,16 @@ class SessionTable:
             within=within,
         )
         self._sessions[session.id] = session
+        self._by_pid.setdefault(pid, []).append(session)
         self._watch(session)
         return session
 
     def remove(self, session_id: str) -> Session | None:
         session = self._sessions.pop(session_id, None)
+        if session is not None:
+            others = [s for s in self._by_pid.pop(session.pid, []) if s is not session]
+            if others:
+                self._by_pid[session.pid] = others
         fd = self._fds.pop(session_id, None)
         if fd is not None:
             asyncio.get_running_loop().remove_reader(fd)

@@ -14,15 +14,20 @@ hierarchy (``/sys/fs/cgroup/unified``) freezes without any controller.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from pathlib import Path
 
+from ..procfiles import read_proc
+
 log = logging.getLogger("krex.cgroups")
 
 
+@functools.cache
 def v2_root() -> Path | None:
-    """Mount point of the cgroup v2 hierarchy, if there is one."""
+    """Mount point of the cgroup v2 hierarchy, if there is one (read once: every region's freeze
+    and thaw asks, and a node does not move its hierarchy under a running arbiter)."""
     try:
         with open("/proc/self/mounts") as f:
             mounts = [line.split() for line in f]
@@ -34,14 +39,19 @@ def v2_root() -> Path | None:
 
 def cgroup_of(pid: int) -> str | None:
     """The process's v2 cgroup, relative to the hierarchy's root (``/krex/s1-…``)."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        return None
+    for line in (read_proc(f"/proc/{pid}/cgroup", whole=True) or b"").decode(errors="replace").splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip()
     return None
+
+
+def is_frozen(path: str | Path) -> bool:
+    """Whether every process of the cgroup at ``path`` is frozen (read afresh; the region sequence
+    reads through :data:`FREEZE_FILES`)."""
+    try:
+        return "frozen 1" in Path(path, "cgroup.events").read_text()
+    except OSError:
+        return False
 
 
 #: v2 interface files whose value, when not the default, limits the processes of a cgroup
@@ -74,13 +84,6 @@ def limits_on(root: Path, cgroup: str) -> dict[str, str]:
                 found["/" + "/".join(parts) + "/" + name] = value
         parts.pop()
     return found
-
-
-def is_frozen(path: str | Path) -> bool:
-    try:
-        return "frozen 1" in Path(path, "cgroup.events").read_text()
-    except OSError:
-        return False
 
 
 class CgroupPlacer:
@@ -147,7 +150,10 @@ class CgroupPlacer:
     def relative(self, path: str) -> str:
         """``path`` as /proc/PID/cgroup names it."""
         assert self.root is not None
-        return "/" + str(Path(path).relative_to(self.root))
+        root = str(self.root).rstrip("/")
+        if not path.startswith(root + "/"):
+            raise ValueError(f"{path} is not under {root}")
+        return path[len(root) :]
 
     def remove(self, path: str) -> None:
         """Drop a session's cgroup once it is empty (a live child keeps it until the next sweep).

@@ -22,10 +22,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..paths import UnsafePath, krex_cgroup_fd
 from ..procutil import (
     STOPPED,
     open_stat,
@@ -37,7 +38,7 @@ from ..procutil import (
     state_and_start,
     state_and_threads,
 )
-from .cgroups import cgroup_of, is_frozen
+from .cgroups import cgroup_of
 
 log = logging.getLogger("krex.freeze")
 
@@ -69,6 +70,10 @@ class FreezeResult:
     #: thread counts of session roots seen stopped (:meth:`Freezer.pending`): the settle's walk
     #: of a stopped root of one thread reads its children file alone
     threads: dict[int, int] = field(default_factory=dict)
+    #: session roots frozen with the cgroup the arbiter placed them in
+    placed: set[int] = field(default_factory=set)
+    #: the members of :attr:`cgroups` as :meth:`all_pids` last read them (how many cgroups then)
+    _members: tuple[int, list[int]] = (0, [])
 
     def seen_landed(self) -> None:
         """Every stop made so far has been seen to land (the grant's wait ended with none pending)."""
@@ -86,14 +91,80 @@ class FreezeResult:
         return [p for p, _ in self.procs]
 
     def all_pids(self) -> list[int]:
-        """Every frozen process: stopped ones and the members of frozen cgroups."""
-        members: list[int] = []
-        for path in self.cgroups:
+        """Every frozen process: stopped ones and the members of frozen cgroups (read once for
+        the grant's report and the release's: a frozen cgroup gains no process by forking)."""
+        if self._members[0] != len(self.cgroups):
+            members = [pid for path in self.cgroups for pid in FREEZE_FILES.members(path)]
+            self._members = (len(self.cgroups), members)
+        return sorted(set(self.pids) | set(self._members[1]))
+
+
+class FreezeFiles:
+    """Kept descriptors of the ``cgroup.freeze``, ``cgroup.events`` and ``cgroup.procs`` files of
+    the cgroups KREX manages: a region writes and reads them for every sibling session, and a
+    path opened component by component (:func:`krex_lab.paths.krex_cgroup_fd`) costs eight
+    syscalls. Each is opened that safe way once and kept until its session ends
+    (:meth:`forget`). Any other path is refused as it is by that function."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, tuple[int, ...]] = {}  # path -> (freeze, events, procs) descriptors
+        self._lock = threading.Lock()  # the event loop and the guardian's undo may both write
+
+    def _get(self, path: str) -> tuple[int, ...]:
+        files = self._files.get(path)
+        if files is None:
+            dirfd = krex_cgroup_fd(path)
+            opened: list[int] = []
             try:
-                members.extend(int(x) for x in Path(path, "cgroup.procs").read_text().split())
+                for name, mode in (
+                    ("cgroup.freeze", os.O_WRONLY),
+                    ("cgroup.events", os.O_RDONLY),
+                    ("cgroup.procs", os.O_RDONLY),
+                ):
+                    opened.append(os.open(name, mode | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd))
             except OSError:
-                continue
-        return sorted(set(self.pids) | set(members))
+                for fd in opened:
+                    os.close(fd)
+                raise
+            finally:
+                os.close(dirfd)
+            files = self._files[path] = tuple(opened)
+        return files
+
+    def set(self, path: str, frozen: bool) -> None:
+        """Freeze or thaw ``path`` (raises OSError, or UnsafePath for a path KREX does not manage)."""
+        with self._lock:
+            os.write(self._get(path)[0], b"1" if frozen else b"0")
+
+    def frozen(self, path: str) -> bool:
+        """Whether every process of ``path`` is frozen now (False where it cannot be read)."""
+        with self._lock:
+            try:
+                return b"frozen 1" in os.pread(self._get(path)[1], 4096, 0)
+            except Exception:
+                return False
+
+    def members(self, path: str) -> list[int]:
+        """The processes in ``path`` now (empty where it cannot be read)."""
+        with self._lock:
+            try:
+                fd = self._get(path)[2]
+                chunks = [os.pread(fd, 65536, 0)]
+                while len(chunks[-1]) == 65536:  # thousands of members: read on
+                    chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+            except Exception:
+                return []
+        return [int(x) for x in b"".join(chunks).split()]
+
+    def forget(self, path: str) -> None:
+        """Close ``path``'s files (its session ended; the cgroup is about to go)."""
+        with self._lock:
+            for fd in self._files.pop(path, ()):
+                os.close(fd)
+
+
+#: the region sequence's kept cgroup files (one arbiter per process)
+FREEZE_FILES = FreezeFiles()
 
 
 class Freezer:
@@ -124,16 +195,18 @@ class Freezer:
         return result
 
     def _freeze_cgroups(self, region: str, result: FreezeResult, roots: list[int]) -> None:
-        groups = [g for g in (self._cgroup_of_session(r) for r in roots) if g and g not in result.cgroups]
-        if not groups:
+        placed = [(r, g) for r, g in ((r, self._cgroup_of_session(r)) for r in roots) if g and g not in result.cgroups]
+        if not placed:
             return
-        self._record("cgfreeze", region, paths=groups)
-        for path in groups:
+        self._record("cgfreeze", region, paths=[g for _, g in placed])
+        for root, path in placed:
             try:
-                Path(path, "cgroup.freeze").write_text("1")
+                FREEZE_FILES.set(path, True)
                 result.cgroups.append(path)
                 result.inside.add(self._relative(path))
-            except OSError as exc:
+                # The arbiter put the root there, and only root may move it out of krex/
+                result.placed.add(root)
+            except (OSError, ValueError, UnsafePath) as exc:  # ValueError: not under the hierarchy
                 result.failed.append(f"cgroup {path}: {exc}")
 
     def extend(
@@ -152,7 +225,7 @@ class Freezer:
                     if pid in seen or pid in exempt:
                         continue
                     seen.add(pid)
-                    if result.inside and cgroup_of(pid) in result.inside:
+                    if pid in result.placed or (result.inside and cgroup_of(pid) in result.inside):
                         continue  # the kernel freezes it with its cgroup, forks included
                     fd: int | None = None
                     state: str | None
@@ -217,7 +290,7 @@ class Freezer:
                 state = proc_state(p)
             if state not in ("T", "t", "Z", None):
                 return [str(q) for q in pids[i:]] + list(groups)
-        return [c for c in groups if not is_frozen(c)]
+        return [c for c in groups if not FREEZE_FILES.frozen(c)]
 
     def settle(self, region: str, result: FreezeResult, roots: list[int], exempt: set[int]) -> list[int]:
         """Walk the trees again and stop what is new; returns the processes caught late."""
@@ -243,8 +316,6 @@ def thaw_cgroups(paths: Iterable[str]) -> int:
     """Write 0 to ``cgroup.freeze`` of every cgroup KREX manages among ``paths``. Any other path
     (a journal may be crafted) is refused before anything is written, and the file is opened
     from the cgroup's directory fd without following a link."""
-    from ..paths import UnsafePath, krex_cgroup_fd
-
     n = 0
     for path in paths:
         try:
@@ -286,7 +357,11 @@ def _stop(pid: int, pidfds: dict[int, int]) -> None:
 
 def thaw(result: FreezeResult) -> None:
     result.landed()
-    thaw_cgroups(result.cgroups)
+    for path in result.cgroups:  # through the kept files; the careful way where that fails
+        try:
+            FREEZE_FILES.set(path, False)
+        except (OSError, UnsafePath):
+            thaw_cgroups([path])
     by_pid = [(pid, start) for pid, start in result.procs if pid not in result.pidfds]
     for fd in list(result.pidfds.values()):
         try:

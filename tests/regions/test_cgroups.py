@@ -77,3 +77,51 @@ def test_guardian_thaws_cgroups_when_the_arbiter_dies(cg_arbiter: ArbiterProc, c
     took = wait_for(lambda: not is_frozen(path), timeout=1.0)
     assert took < 1.0 and cpu_gain(sib.pid) > 0.02
     cg_arbiter.proc.wait()
+
+
+def _cgroup_fds(pid: int, path: str) -> list[str]:
+    """The arbiter's descriptors open on files of the cgroup at ``path``."""
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = str(fd.readlink())
+        except OSError:
+            continue
+        if target.startswith(path + "/"):
+            found.append(target)
+    return found
+
+
+def test_a_regions_cgroup_files_are_kept_until_the_session_ends(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
+    sib = cg_procs.start("sibling", "0")
+    path = _session(cg_arbiter, sib.pid)["cgroup"]
+    assert cg_arbiter.proc is not None
+    for _ in range(2):  # the second region reuses what the first opened
+        holder = cg_procs.start("holder", "0", "--hold", "0.1", wait_line="granted")
+        released = cg_procs.report(cg_procs.readline(holder))
+        assert path in released["frozen_cgroups"] and sib.pid in released["frozen"]
+        wait_for(lambda: not is_frozen(path))
+        kept = sorted(Path(t).name for t in _cgroup_fds(cg_arbiter.proc.pid, path))
+        assert kept == ["cgroup.events", "cgroup.freeze", "cgroup.procs"], kept
+    sib.kill()
+    sib.wait()
+    wait_for(lambda: not Path(path).exists(), timeout=5)  # the session ended: its cgroup goes
+    assert _cgroup_fds(cg_arbiter.proc.pid, path) == [], "and with it the arbiter's descriptors"
+
+
+def test_kept_cgroup_files_refuse_a_cgroup_krex_does_not_manage() -> None:
+    from krex_lab.paths import UnsafePath
+    from krex_lab.regions.cgroups import v2_root
+    from krex_lab.regions.freeze import FREEZE_FILES
+
+    root = v2_root()
+    assert root is not None
+    other = root / "not-krex-test"
+    other.mkdir(exist_ok=True)
+    try:
+        for path in (str(other), str(root / "krex" / ".." / "not-krex-test")):
+            with pytest.raises(UnsafePath):
+                FREEZE_FILES.set(path, True)
+            assert not is_frozen(other)
+    finally:
+        other.rmdir()
