@@ -15,7 +15,8 @@ guarded against is a pid or tid naming another task than when the file was opene
   with the stat file skips the signal while that file reads as a live process's: a descriptor of
   an ended process fails or reads a zombie's stat, never another process's;
 * a thread's files (``task/TID/...``) are opened anew after :attr:`KeptFiles.TTL` seconds: a
-  tid reused inside one living process would take the kernel's whole pid space meanwhile.
+  tid reused inside one living process would take the kernel's whole pid space meanwhile (the
+  leader's, ``task/PID/...``, are not: its tid stays taken while the process lives).
 
 Where the kernel gives no pidfds, beyond :attr:`KeptFiles.limit` descriptors in all or
 :attr:`KeptFiles.PER_PROCESS` for one process, files are opened and closed each time, as
@@ -81,17 +82,20 @@ class KeptFiles:
 
     def read(self, pid: int, names: list[str], vouched: bool = False) -> list[bytes | None]:
         """Each ``/proc/PID/NAME`` as it is now (None where it cannot be read). ``vouched``: the
-        caller has just seen the process alive and holds it still (stopped through its pidfd), so
-        its kept descriptors are read unchecked (if it ended since, they read as empty)."""
+        caller has just seen the process alive and stopped (its stop made through a pidfd), so
+        files it already keeps are read unchecked: a descriptor of a process that has ended since
+        reads as empty, never as another's. Files not kept yet are read the checked way."""
         with self._lock:
             now = time.monotonic()
             if now - self._swept > self.SWEEP:
                 self._sweep(now)
             kept = self._procs.get(pid)
-            if kept is not None and vouched:
+            # Only descriptors kept from before can vouch: a file opened now, by path, may be a
+            # new process's under a reused pid.
+            if kept is not None and vouched and all(n in kept[1] for n in names):
                 self._used[pid] = now
                 return [self._read(pid, kept[1], name, now) for name in names]
-            if kept is not None and names and names[0].endswith("stat"):
+            if kept is not None and names and names[0] in ("stat", f"task/{pid}/stat") and names[0] in kept[1]:
                 # A stat line read first vouches for the process: a kept descriptor of one that has
                 # ended fails to read, or reads it as a zombie, never as another process. Only
                 # then is the pidfd asked (one syscall less on every look of a live process).
@@ -108,7 +112,9 @@ class KeptFiles:
     def _read(self, pid: int, files: dict[str, tuple[int, float]], name: str, now: float) -> bytes | None:
         path = f"/proc/{pid}/{name}"
         fd, opened = files.get(name, (-1, now))
-        if fd >= 0 and name.startswith("task/") and now - opened > self.TTL:
+        # A thread's tid may come back within its process; the leader's (tid = pid) cannot while
+        # the process lives, so its files need no reopening (a reopening goes by path).
+        if fd >= 0 and name.startswith("task/") and not name.startswith(f"task/{pid}/") and now - opened > self.TTL:
             self._close(files.pop(name)[0])
             fd = -1
         if fd < 0 and self._count < self.limit and len(files) < self.PER_PROCESS:

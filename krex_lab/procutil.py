@@ -236,7 +236,8 @@ def session_tree(pid: int, stopped_threads: int | None = None) -> tuple[list[int
 
     ``stopped_threads``: the root's thread count, read after it was seen stopped (by
     :func:`state_and_threads`); a stopped root of one thread is walked from its children file
-    alone, with no state to return.
+    alone, with no state to return (and ``[pid]`` even if it has ended since). A root its owner
+    continues meanwhile escapes the freeze anyway, as it always did.
     """
     if not _HAS_CHILDREN_FILE:
         return tree(pid), None

@@ -31,8 +31,10 @@ from .region import Region
 
 #: file descriptors kept free for sockets, the journal, NVML and the like
 FD_RESERVE = 256
-#: descriptors one session costs: its pidfd and its control connection
+#: descriptors one session costs: its pidfd and its control connection (and, placed in a cgroup,
+#: the freeze, events and procs files the region sequence keeps of it: regions/freeze.FreezeFiles)
 FDS_PER_SESSION = 2
+FDS_PER_PLACED_SESSION = 5
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,11 @@ def kept_files_limit(fd_limit: int) -> int:
     return max(KeptFiles.LIMIT, fd_limit // 4)
 
 
-def node_session_capacity(fd_limit: int) -> int:
-    """Sessions the arbiter takes before it would run short of descriptors (it refuses beyond)."""
-    return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // FDS_PER_SESSION)
+def node_session_capacity(fd_limit: int, placed: bool = False) -> int:
+    """Sessions the arbiter takes before it would run short of descriptors (it refuses beyond);
+    ``placed``: sessions are placed in cgroups (``--cgroups auto``)."""
+    per_session = FDS_PER_PLACED_SESSION if placed else FDS_PER_SESSION
+    return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // per_session)
 
 
 _FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold")

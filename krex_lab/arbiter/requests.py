@@ -143,7 +143,8 @@ class SessionRequests:
     def session_gone(self, session: Session, reason: str) -> None:
         self.scheduler.session_gone(session, reason)
         if session.cgroup:
-            FREEZE_FILES.forget(session.cgroup)  # a region that held it has thawed it by now
+            # A region holding it frozen still thaws it: thaw() opens the files again if need be.
+            FREEZE_FILES.forget(session.cgroup)
         self.placer.remove(session.cgroup)
         self.notify.publish("session", {"event": "left", **session.public()})
 

@@ -241,12 +241,13 @@ class Scheduler:
                 # the loop only yields between looks (one stat read each) for SPIN_LANDING
                 # seconds: a timed pause costs a millisecond (epoll's resolution), and stops
                 # land within tens of microseconds of each other.
+                looked_at = len(region.frozen.procs), len(region.frozen.cgroups)
                 waiting = self.steps.freezer.pending(region.frozen)
                 while waiting and time.monotonic() - t1 < 0.1:
                     await asyncio.sleep(0 if time.monotonic() - t1 < SPIN_LANDING else 0.0002)
                     waiting = self.steps.freezer.pending(region.frozen, among=waiting)
-                if not waiting:  # the settle looks only at stops made after this
-                    region.frozen.seen_landed()
+                if not waiting:  # the settle looks only at stops made after these
+                    region.frozen.seen_landed(*looked_at)
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
             if region.isolate and region.cores > 0:  # cores=0: the holder asked for no isolation

@@ -306,7 +306,7 @@ class Arbiter(LoggingConfigurable):
         )
         self.quotas = Quotas(parent=self)
         fd_limit = raise_fd_limit()
-        self.capacity = node_session_capacity(fd_limit)
+        self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
         db = self.root / "history.sqlite" if self.history_db is None else self.history_db
         self.region_history: RegionHistory | None = (

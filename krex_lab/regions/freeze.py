@@ -70,14 +70,15 @@ class FreezeResult:
     #: thread counts of session roots seen stopped (:meth:`Freezer.pending`): the settle's walk
     #: of a stopped root of one thread reads its children file alone
     threads: dict[int, int] = field(default_factory=dict)
-    #: session roots frozen with the cgroup the arbiter placed them in
+    #: session roots seen in the cgroup frozen for their session (not read again in the walks)
     placed: set[int] = field(default_factory=set)
-    #: the members of :attr:`cgroups` as :meth:`all_pids` last read them (how many cgroups then)
-    _members: tuple[int, list[int]] = (0, [])
+    #: the members of each frozen cgroup as read when it was frozen (a frozen cgroup gains none)
+    members: dict[str, list[int]] = field(default_factory=dict)
 
-    def seen_landed(self) -> None:
-        """Every stop made so far has been seen to land (the grant's wait ended with none pending)."""
-        self.landed_procs, self.landed_cgroups = len(self.procs), len(self.cgroups)
+    def seen_landed(self, procs: int, cgroups: int) -> None:
+        """The first ``procs`` stops and ``cgroups`` cgroup freezes were seen to land (counted
+        before the grant's first look: a stop made at a drain's answer during the wait is not)."""
+        self.landed_procs, self.landed_cgroups = procs, cgroups
 
     def landed(self) -> None:
         """Every stop has shown: the stat descriptors are not needed any more."""
@@ -91,12 +92,12 @@ class FreezeResult:
         return [p for p, _ in self.procs]
 
     def all_pids(self) -> list[int]:
-        """Every frozen process: stopped ones and the members of frozen cgroups (read once for
-        the grant's report and the release's: a frozen cgroup gains no process by forking)."""
-        if self._members[0] != len(self.cgroups):
-            members = [pid for path in self.cgroups for pid in FREEZE_FILES.members(path)]
-            self._members = (len(self.cgroups), members)
-        return sorted(set(self.pids) | set(self._members[1]))
+        """Every frozen process: stopped ones and the members of frozen cgroups (as read when each
+        was frozen: the grant's report and the release's read nothing more)."""
+        for path in self.cgroups:
+            if path not in self.members:
+                self.members[path] = FREEZE_FILES.members(path)
+        return sorted(set(self.pids).union(*self.members.values()))
 
 
 class FreezeFiles:
@@ -110,8 +111,10 @@ class FreezeFiles:
         self._files: dict[str, tuple[int, ...]] = {}  # path -> (freeze, events, procs) descriptors
         self._lock = threading.Lock()  # the event loop and the guardian's undo may both write
 
-    def _get(self, path: str) -> tuple[int, ...]:
+    def _get(self, path: str, open_new: bool = True) -> tuple[int, ...]:
         files = self._files.get(path)
+        if files is None and not open_new:
+            raise LookupError(path)
         if files is None:
             dirfd = krex_cgroup_fd(path)
             opened: list[int] = []
@@ -132,9 +135,11 @@ class FreezeFiles:
         return files
 
     def set(self, path: str, frozen: bool) -> None:
-        """Freeze or thaw ``path`` (raises OSError, or UnsafePath for a path KREX does not manage)."""
+        """Freeze or thaw ``path`` (raises OSError, or UnsafePath for a path KREX does not manage;
+        a thaw raises LookupError where the files are not kept: its session has ended, and the
+        caller thaws the careful way without keeping anything)."""
         with self._lock:
-            os.write(self._get(path)[0], b"1" if frozen else b"0")
+            os.write(self._get(path, open_new=frozen)[0], b"1" if frozen else b"0")
 
     def frozen(self, path: str) -> bool:
         """Whether every process of ``path`` is frozen now (False where it cannot be read)."""
@@ -204,10 +209,14 @@ class Freezer:
                 FREEZE_FILES.set(path, True)
                 result.cgroups.append(path)
                 result.inside.add(self._relative(path))
-                # The arbiter put the root there, and only root may move it out of krex/
-                result.placed.add(root)
             except (OSError, ValueError, UnsafePath) as exc:  # ValueError: not under the hierarchy
                 result.failed.append(f"cgroup {path}: {exc}")
+                continue
+            # A process with sessions on two GPUs sits in the cgroup of its last: the root is
+            # frozen with this one only if it is in it (one read, kept for the report too).
+            members = result.members[path] = FREEZE_FILES.members(path)
+            if root in members:
+                result.placed.add(root)
 
     def extend(
         self, region: str, result: FreezeResult, roots: list[int], exempt: set[int], passes: int = _MAX_PASSES
@@ -360,7 +369,7 @@ def thaw(result: FreezeResult) -> None:
     for path in result.cgroups:  # through the kept files; the careful way where that fails
         try:
             FREEZE_FILES.set(path, False)
-        except (OSError, UnsafePath):
+        except (OSError, UnsafePath, LookupError):
             thaw_cgroups([path])
     by_pid = [(pid, start) for pid, start in result.procs if pid not in result.pidfds]
     for fd in list(result.pidfds.values()):

@@ -125,3 +125,32 @@ def test_kept_cgroup_files_refuse_a_cgroup_krex_does_not_manage() -> None:
             assert not is_frozen(other)
     finally:
         other.rmdir()
+
+
+def test_a_process_with_sessions_on_two_gpus_is_frozen_by_a_region_on_the_first(
+    cg_arbiter: ArbiterProc, cg_procs: Procs
+) -> None:
+    # Each registration moves the process into its new session's cgroup: it sits in its GPU 1
+    # session's, so a region on GPU 0 that freezes the GPU 0 session's (empty) cgroup must still
+    # stop it. (Taking the root as frozen with its session's cgroup let it run through regions.)
+    code = (
+        "import krex_lab.client\n"
+        "a = krex_lab.client.Session(gpu=0, control=False)\n"
+        "b = krex_lab.client.Session(gpu=1, control=False)\n"
+        "print('ready', flush=True)\nwhile True: pass\n"
+    )
+    twice = subprocess.Popen([sys.executable, "-c", code], env=cg_arbiter.env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert Procs.readline(twice).startswith("ready")
+        paths = {
+            s["gpu"]: s["cgroup"] for g in cg_arbiter.status()["gpus"] for s in g["sessions"] if s["pid"] == twice.pid
+        }
+        assert cgroup_of(twice.pid) == "/" + str(Path(paths[1]).relative_to(Path(paths[1]).parents[1]))
+        holder = cg_procs.start("holder", "0", "--hold", "1.0", wait_line="granted")
+        assert cpu_gain(twice.pid) == pytest.approx(0.0, abs=0.02), "it runs through the region"
+        released = cg_procs.report(cg_procs.readline(holder))
+        assert twice.pid in released["frozen"] and released["failures"] == []
+        wait_for(lambda: cpu_gain(twice.pid) > 0.05)
+    finally:
+        twice.kill()
+        twice.wait()
