@@ -42,9 +42,10 @@ def wait(result):
 def cycle():
     result = FreezeResult()
     freezer.freeze("r", pids, set(), result)
+    looked_at = len(result.procs), len(result.cgroups)
     wait(result)  # the grant waits for the stops
-    if hasattr(result, "seen_landed"):  # trees before 2026-12-02 16:00 have none
-        result.seen_landed()
+    if hasattr(result, "seen_landed"):  # trees before 2026-12-02 15:00 have none
+        result.seen_landed(*looked_at)
     wait(result)  # the settle: stops made since, then the walk
     freezer.settle("r", result, pids, set())
     result.landed()
