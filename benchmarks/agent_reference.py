@@ -96,9 +96,14 @@ def reference_pass(
     return out
 
 
+def alone_medians(r: dict[str, Any]) -> list[float]:
+    """The medians of a candidate's alone runs (a reference entry), those that timed."""
+    return [run["median_ms"] for run in r.get("runs", []) if run.get("median_ms")]
+
+
 def alone_range_pct(r: dict[str, Any]) -> float | None:
     """How far a candidate's alone runs lie apart (max / min - 1, %); None with fewer than two."""
-    medians = [run["median_ms"] for run in r.get("runs", []) if run.get("median_ms")]
+    medians = alone_medians(r)
     return round(100.0 * (max(medians) / min(medians) - 1.0), 3) if len(medians) > 1 else None
 
 
@@ -111,7 +116,7 @@ def beyond_alone_pct(median_ms: float, r: dict[str, Any]) -> float | None:
     allocation's. Against the median of a few alone runs such a candidate misses by 4-6% with
     nobody else on the GPU; against their range it misses only by what sharing added. With one
     alone run this is the error itself."""
-    medians = [run["median_ms"] for run in r.get("runs", []) if run.get("median_ms")]
+    medians = alone_medians(r)
     if not medians:
         return None
     lo, hi = min(medians), max(medians)

@@ -100,7 +100,8 @@ class KeptFiles:
                 # ended fails to read, or reads it as a zombie, never as another process. Only
                 # then is the pidfd asked (one syscall less on every look of a live process).
                 first = self._read(pid, kept[1], names[0], now)
-                if first is not None and first[first.rfind(b")") + 2 : first.rfind(b")") + 3] not in (b"Z", b"X", b""):
+                state = first[first.rfind(b")") + 2 :][:1] if first is not None else b""
+                if state not in (b"Z", b"X", b""):
                     self._used[pid] = now
                     return [first, *(self._read(pid, kept[1], name, now) for name in names[1:])]
             kept = self._process(pid)

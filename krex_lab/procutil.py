@@ -75,11 +75,10 @@ def read_state(fd: int) -> str | None:
 def state_and_threads(pid: int) -> tuple[str | None, int | None]:
     """State letter and thread count of a session root, through its kept stat file (None, None if
     gone). A stopped process makes no thread: its count then holds until it is continued."""
-    rest = _stat(pid, kept=True)
-    fields = rest.split(maxsplit=18) if rest else []
-    if len(fields) <= 17:
+    fields = _stat_fields(pid, kept=True)
+    if not fields or len(fields) <= 17:
         return None, None
-    return chr(fields[0][0]), int(fields[17])
+    return fields[0], int(fields[17])
 
 
 def flags_and_start(pid: int) -> tuple[int | None, int | None]:
@@ -246,20 +245,15 @@ def session_tree(pid: int, stopped_threads: int | None = None) -> tuple[list[int
         return _descend(pid, [int(x) for x in raw.split()] if raw else []), None
     raw_stat, raw_kids = KEPT.read(pid, [f"task/{pid}/stat", f"task/{pid}/children"])
     fields = _after_comm(raw_stat).split(maxsplit=20) if raw_stat else []
-    if len(fields) <= 19:  # gone, or a group whose leader thread exited: list what is left
-        try:
-            first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
-        except OSError:
-            return [], None
-        return _descend(pid, first), None
-    if fields[17] == b"1":
-        first = [int(x) for x in raw_kids.split()] if raw_kids else []
-    else:
-        try:
-            first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
-        except OSError:
-            return [], None
-    return _descend(pid, first), (chr(fields[0][0]), int(fields[19]))
+    # no stat: gone, or a group whose leader thread exited (list what is left)
+    stat = (chr(fields[0][0]), int(fields[19])) if len(fields) > 19 else None
+    if stat is not None and fields[17] == b"1":
+        return _descend(pid, [int(x) for x in raw_kids.split()] if raw_kids else []), stat
+    try:
+        first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
+    except OSError:
+        return [], None
+    return _descend(pid, first), stat
 
 
 def _descend(pid: int, first: list[int] | None) -> list[int]:

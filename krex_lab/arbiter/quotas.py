@@ -34,7 +34,7 @@ FD_RESERVE = 256
 #: descriptors one session costs: its pidfd and its control connection (and, placed in a cgroup,
 #: the freeze, events and procs files the region sequence keeps of it: regions/freeze.FreezeFiles)
 FDS_PER_SESSION = 2
-FDS_PER_PLACED_SESSION = 5
+FDS_PER_PLACED_SESSION = FDS_PER_SESSION + 3
 
 
 @dataclass(frozen=True)

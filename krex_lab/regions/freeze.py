@@ -200,11 +200,11 @@ class Freezer:
         return result
 
     def _freeze_cgroups(self, region: str, result: FreezeResult, roots: list[int]) -> None:
-        placed = [(r, g) for r, g in ((r, self._cgroup_of_session(r)) for r in roots) if g and g not in result.cgroups]
-        if not placed:
+        groups = [(r, g) for r, g in ((r, self._cgroup_of_session(r)) for r in roots) if g and g not in result.cgroups]
+        if not groups:
             return
-        self._record("cgfreeze", region, paths=[g for _, g in placed])
-        for root, path in placed:
+        self._record("cgfreeze", region, paths=[g for _, g in groups])
+        for root, path in groups:
             try:
                 FREEZE_FILES.set(path, True)
                 result.cgroups.append(path)
