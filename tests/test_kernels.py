@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,14 +36,20 @@ def krex_spec(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 class Kernels:
-    """Started kernels, shut down (and continued first, should one be stopped) at teardown."""
+    """Started kernels, shut down (and continued first, should one be stopped) at teardown.
 
-    def __init__(self) -> None:
+    Over ipc sockets in ``sockets``: a TCP port that jupyter_client found free can be taken by
+    another process before the kernel binds it, and the kernel then dies at start ("Address
+    already in use", once in a CI-like run on 2026-12-02)."""
+
+    def __init__(self, sockets: Path) -> None:
         self.managers: list[AsyncKernelManager] = []
+        self.sockets = sockets
 
     async def start(self, n: int, env: dict[str, str] | None = None) -> list[tuple[AsyncKernelManager, Any]]:
         async def one() -> tuple[AsyncKernelManager, Any]:
-            km = AsyncKernelManager(kernel_name="krex")
+            where = self.sockets / f"kernel-{len(self.managers)}"
+            km = AsyncKernelManager(kernel_name="krex", transport="ipc", ip=str(where))
             self.managers.append(km)
             await km.start_kernel(env={**os.environ, **(env or {})})
             kc = km.client()
@@ -144,8 +151,8 @@ def detached(arbiter: ArbiterProc) -> Iterator[Any]:
 
 
 @pytest.fixture
-async def kernels(arbiter: ArbiterProc, krex_spec: None) -> AsyncIterator[Kernels]:
-    ks = Kernels()
+async def kernels(arbiter: ArbiterProc, krex_spec: None, tmp_path: Path) -> AsyncIterator[Kernels]:
+    ks = Kernels(tmp_path)
     yield ks
     await ks.shutdown()
 
