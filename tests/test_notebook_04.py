@@ -1,6 +1,8 @@
 """notebooks/04_agent_study.ipynb runs top to bottom with nbclient on the agent study's JSON files:
-the newest run on a GPU that compares region with command (what a clone shows, though a run of
-one mode or a fake-backend run is newer) and an older one written before the steady-alone figures."""
+the newest run on a GPU that compares region with command with think time and the freeze on (what
+a clone shows, though a run of one mode, a run without the freeze or think time, or a fake-backend
+run is newer) and an older
+one written before the steady-alone figures."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def check_points(text: str, study: Path) -> None:
     data = json.loads(study.read_text())
     assert study.name in text
     for p in data["points"]:
+        freeze = "on" if p.get("freeze", True) else "off"
+        assert f"{p['mode']:8} {freeze:>6} {p['agents']:6d}" in text, p["mode"]
         assert f"{p['evals_per_min']:10.1f} {p['timed_per_min']:10.1f}" in text, p["mode"]
         # the steady-alone and beyond-the-alone-runs p95, side by side (nan where a run has none)
         steady, beyond = ((p.get(k) or {}).get("p95") for k in ("error_abs_pct_steady", "error_abs_pct_beyond_alone"))
@@ -57,8 +61,11 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     where no GPU run exists."""
     runs = sorted(RESULTS.glob("agent_study-*.json"), key=stamp)
     on_gpu = [r for r in reversed(runs) if not r.name.startswith("agent_study-fake-")]
-    gpu = next(r for r in on_gpu if json.loads(r.read_text())["ratios_region_over_command"])
-    one_mode = next(r for r in on_gpu if not json.loads(r.read_text())["ratios_region_over_command"])
+    ratios = {r: json.loads(r.read_text()).get("ratios_region_over_command") or [] for r in on_gpu}
+    gpu = next(r for r in on_gpu if ratios[r] and all(x.get("freeze", True) and x["think_mean_s"] for x in ratios[r]))
+    no_freeze = next(r for r in on_gpu if ratios[r] and not any(x.get("freeze", True) for x in ratios[r]))
+    no_think = next(r for r in on_gpu if ratios[r] and not any(x["think_mean_s"] for x in ratios[r]))
+    one_mode = next(r for r in on_gpu if not ratios[r])
     fake = next(r for r in reversed(runs) if r.name.startswith("agent_study-fake-"))
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
@@ -69,6 +76,10 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     )
     older.symlink_to(gpu)
     newer.symlink_to(fake)
+    # newer GPU runs without the freeze (2026-12-02 T1838) or without think time (T1826) are not the
+    # study's headline
+    (results / re.sub(STAMP, "2021-01-01T0000", no_freeze.name)).symlink_to(no_freeze)
+    (results / re.sub(STAMP, "2021-02-01T0000", no_think.name)).symlink_to(no_think)
     # a newer GPU run of one mode (the 32-agent region point, 2026-12-02 T1514) has no ratio to show
     (results / re.sub(STAMP, "2025-01-01T0000", one_mode.name)).symlink_to(one_mode)
     text = run(monkeypatch, None, tmp_path)
@@ -76,6 +87,9 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     unsteady = sorted({c for p in json.loads(gpu.read_text())["points"] for c in p.get("unsteady_alone", [])})
     assert f"not steady alone: {unsteady or 'none'}" in text
     older.unlink()
+    check_points(run(monkeypatch, None, tmp_path), results / re.sub(STAMP, "2021-02-01T0000", no_think.name))
+    (results / re.sub(STAMP, "2021-02-01T0000", no_think.name)).unlink()
+    (results / re.sub(STAMP, "2021-01-01T0000", no_freeze.name)).unlink()
     check_points(run(monkeypatch, None, tmp_path), results / re.sub(STAMP, "2025-01-01T0000", one_mode.name))
     for r in results.glob("agent_study-nvidia-*"):
         r.unlink()
