@@ -26,7 +26,9 @@ every evaluation, in any mode, reads 2-4 % off it. ``candidate_modes.py`` looks 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import random
 import statistics
 from pathlib import Path
@@ -161,6 +163,55 @@ def point_errors(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Region over command evaluations a minute, for each region point and its command twin (same
+    launch, agents, think time and freeze), with the counts in the two windows and a 95 %
+    interval for the ratio (:func:`log_rate_se`): a 45 s window holds 14-19 command-mode
+    evaluations on the H200, and one run's ratio is known to no better than about ±25 %."""
+    out = []
+    key = ("launch", "agents", "think_mean_s", "freeze")
+    for p in points:
+        if p["mode"] != "region":
+            continue
+        for q in points:
+            if q["mode"] == "command" and all(q.get(k, True) == p.get(k, True) for k in key) and q["evals_per_min"]:
+                ratio = p["evals_per_min"] / q["evals_per_min"]
+                se = [log_rate_se(x) for x in (p, q)]
+                spread = None if None in se else math.exp(1.96 * math.hypot(*se))  # type: ignore[arg-type]
+                out.append(
+                    {
+                        **{k: p.get(k, True) for k in key},
+                        "ratio": round(ratio, 2),
+                        "counts": [p["evaluations_in_window"], q["evaluations_in_window"]],
+                        "interval_95": None if spread is None else [round(ratio / spread, 2), round(ratio * spread, 2)],
+                    }
+                )
+    return out
+
+
+def ratio_line(r: dict[str, Any]) -> str:
+    """One ratio of :func:`ratios` in a line."""
+    lo_hi = r["interval_95"]
+    interval = "no interval (under 3 returns)" if lo_hi is None else f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
+    freeze = "on" if r["freeze"] else "off"
+    return (
+        f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s freeze {freeze}: "
+        f"{r['ratio']}x ({interval}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
+    )
+
+
+def log_rate_se(point: dict[str, Any]) -> float | None:
+    """Standard error of the log of a point's evaluation rate, from the gaps between the
+    evaluations that returned in its window: their coefficient of variation over the root of
+    their number. Gaps as regular as a saturated GPU's queue give a narrow interval, gaps as
+    random as a Poisson process's (variation 1) the interval of a count. None below 3 returns."""
+    done = sorted(r["done"] for r in point["records"] if point["measure_from"] <= r["done"] <= point["until"])
+    gaps = [b - a for a, b in itertools.pairwise(done)]
+    if len(gaps) < 2 or statistics.fmean(gaps) <= 0:
+        return None
+    return statistics.stdev(gaps) / statistics.fmean(gaps) / math.sqrt(len(gaps))
+
+
 def error_stats(timed: list[dict[str, Any]], key: str = "error_pct") -> dict[str, Any]:
     """Median and p95 of |``key``| over timed records, and their count."""
     errs = [abs(r[key]) for r in timed if r.get(key) is not None]
@@ -231,6 +282,7 @@ def rescore(data: dict[str, Any]) -> None:
             p["error_abs_pct_vs_before"] = point_errors(p["records"])["error_abs_pct"]
         score_all(p["records"], data.get("reference_combined") or data["reference"])
         p.update(point_errors(p["records"]))
+    data["ratios_region_over_command"] = ratios(data["points"])
     data["rescored"] = {"by": "benchmarks/agent_reference.py --rescore", "min_ms": MIN_MS, "steady_pct": STEADY_PCT}
 
 
@@ -238,9 +290,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description="Score agent-study JSON files again under the current rules, in place.")
     p.add_argument("--rescore", nargs="+", type=Path, required=True, metavar="JSON")
     for path in p.parse_args().rescore:
-        data = json.loads(path.read_text())
+        text = path.read_text()
+        data = json.loads(text)
         rescore(data)
-        path.write_text(json.dumps(data, indent=1))
+        second = text.split("\n", 2)[1]  # written as it was indented (a diff shows what changed)
+        path.write_text(json.dumps(data, indent=len(second) - len(second.lstrip()) or 1))
         print(path.name)
         for s in data["points"]:
             print(error_line(s, f"{s['launch']:4s} {s['mode']:7s} agents {s['agents']:2d}"))

@@ -456,7 +456,9 @@ def main(argv: list[str] | None = None) -> Path:
     finally:
         world.stop()
     result["wall_s"] = round(time.time() - t_start, 1)
-    result["ratios_region_over_command"] = ratios(result["points"])
+    result["ratios_region_over_command"] = agent_reference.ratios(result["points"])
+    for r in result["ratios_region_over_command"]:
+        print(agent_reference.ratio_line(r), flush=True)
     name = f"agent_study-{args.backend}"
     if args.out:
         path = Path(args.out)
@@ -470,19 +472,6 @@ def main(argv: list[str] | None = None) -> Path:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    key = ("launch", "agents", "think_mean_s", "freeze")
-    for p in points:
-        if p["mode"] != "region":
-            continue
-        for q in points:
-            if q["mode"] == "command" and all(q.get(k, True) == p.get(k, True) for k in key) and q["evals_per_min"]:
-                ratio = round(p["evals_per_min"] / q["evals_per_min"], 2)
-                out.append({**{k: p.get(k, True) for k in key}, "ratio": ratio})
-    return out
 
 
 def write_plots(result: dict[str, Any], path: Path) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,36 @@ def test_freeze_off_points_freeze_nobody_and_are_compared_with_their_twins(study
     assert sorted(r["freeze"] for r in study["ratios_region_over_command"]) == [False, True]
 
 
+def test_each_ratio_comes_with_its_counts_and_an_interval_around_it(study: dict[str, Any]) -> None:
+    points = {(p["mode"], p["freeze"]): p for p in study["points"]}
+    for r in study["ratios_region_over_command"]:
+        region, command = points["region", r["freeze"]], points["command", r["freeze"]]
+        assert r["counts"] == [region["evaluations_in_window"], command["evaluations_in_window"]]
+        assert r["ratio"] == round(region["evals_per_min"] / command["evals_per_min"], 2)
+        lo, hi = r["interval_95"]
+        assert 0 < lo < r["ratio"] < hi
+        line = f"{r['ratio']}x (95 % {lo:.2f}-{hi:.2f}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
+        assert line in study["stdout"]
+
+
+def _point(done: list[float]) -> dict[str, Any]:
+    return {"measure_from": 0.0, "until": 100.0, "records": [{"done": t} for t in [-1.0, *done, 101.0]]}
+
+
+def test_the_interval_is_narrow_for_a_steady_queue_and_a_count_s_for_random_returns() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import agent_reference
+
+    steady = agent_reference.log_rate_se(_point([1.0 + 2.0 * i + (0.1 if i % 2 else 0.0) for i in range(40)]))
+    gen = random.Random(3)
+    random_ = agent_reference.log_rate_se(_point(list(itertools.accumulate(gen.expovariate(0.5) for _ in range(40)))))
+    assert steady is not None and random_ is not None
+    assert steady < 0.02  # gaps of 2.1 and 1.9 s: the rate is known to a few percent
+    assert 0.5 / math.sqrt(39) < random_ < 1.5 / math.sqrt(39)  # like a count of 40
+    # what returned outside the window is not among the gaps, and under 3 returns there is none
+    assert agent_reference.log_rate_se(_point([10.0, 20.0])) is None
+
+
 def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "study.json"
     path.write_text(json.dumps({k: v for k, v in study.items() if k != "stdout"}))
@@ -205,3 +236,4 @@ def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[st
         assert {f: after[f] for f in fields} == {f: before[f] for f in fields}
         assert after["error_abs_pct_as_run"] == before["error_abs_pct"]
         assert f"agents {before['agents']:2d}: |error| median {before['error_abs_pct']['median']} %" in r.stdout
+    assert again["ratios_region_over_command"] == study["ratios_region_over_command"]
