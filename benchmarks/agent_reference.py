@@ -190,14 +190,15 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def ratio_line(r: dict[str, Any]) -> str:
-    """One ratio of :func:`ratios` in a line."""
+    """One ratio of :func:`ratios` in a line (also one of a run written before they had counts)."""
+    freeze = "on" if r.get("freeze", True) else "off"
+    head = f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s "
+    head += f"freeze {freeze}: {r['ratio']}x"
+    if "counts" not in r:
+        return f"{head} (no interval: a run written before 2026-12-02 19:00; --rescore gives one)"
     lo_hi = r["interval_95"]
     interval = "no interval (under 3 returns)" if lo_hi is None else f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
-    freeze = "on" if r["freeze"] else "off"
-    return (
-        f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s freeze {freeze}: "
-        f"{r['ratio']}x ({interval}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
-    )
+    return f"{head} ({interval}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
 
 
 def log_rate_se(point: dict[str, Any]) -> float | None:

@@ -53,7 +53,15 @@ def check_points(text: str, study: Path) -> None:
         steady, beyond = ((p.get(k) or {}).get("p95") for k in ("error_abs_pct_steady", "error_abs_pct_beyond_alone"))
         nan = float("nan")
         assert f"{nan if steady is None else steady:12.2f} {nan if beyond is None else beyond:12.2f}" in text, p["mode"]
-    assert "region / command:" in text and "not steady alone:" in text
+    for r in data.get("ratios_region_over_command") or []:
+        freeze = "on" if r.get("freeze", True) else "off"
+        head = f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s "
+        head += f"freeze {freeze}: {r['ratio']}x"
+        assert head in text
+        if "counts" in r:
+            lo, hi = r["interval_95"]
+            assert f"{head} (95 % {lo:.2f}-{hi:.2f}; {r['counts'][0]} vs {r['counts'][1]} evaluations)" in text
+    assert "not steady alone:" in text
 
 
 def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -69,7 +77,8 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     fake = next(r for r in reversed(runs) if r.name.startswith("agent_study-fake-"))
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
-    (tmp_path / "benchmarks" / "agent_plots.py").symlink_to(ROOT / "benchmarks" / "agent_plots.py")
+    for module in (ROOT / "benchmarks").glob("*.py"):  # what the notebook imports, and what they import
+        (tmp_path / "benchmarks" / module.name).symlink_to(module)
     older, newer = (
         results / re.sub(STAMP, "2020-01-01T0000", gpu.name),
         results / re.sub(STAMP, "2030-01-01T0000", fake.name),
