@@ -134,6 +134,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-size", default=None, help="check size (default: 0.05ms preset; fake: test1)")
     p.add_argument("--time-size", default=None, help="timing size (default: 0.1ms preset; fake: test1)")
     p.add_argument("--bench-min-time", type=float, default=None, help="krex_lab.bench min_time (default its own)")
+    p.add_argument(
+        "--bench-warmup",
+        type=float,
+        default=None,
+        help="krex_lab.bench warmup in seconds (default its own, 0.2 s): GPU time each evaluation spends "
+        "outside its region, which region mode's throughput pays at 16 agents (the reference pass too)",
+    )
     p.add_argument("--workers", type=int, default=0, help="warm workers per GPU (default: agents per GPU, <= 16)")
     p.add_argument("--max-hold", type=float, default=60.0)
     p.add_argument(
@@ -164,6 +171,8 @@ def bench_options(args: argparse.Namespace) -> dict[str, Any]:
         opts.update(min_samples=5, max_samples=5)  # simulated kernels: a few host-clock samples
     if args.bench_min_time is not None:
         opts["min_time"] = args.bench_min_time
+    if args.bench_warmup is not None:
+        opts["warmup"] = args.bench_warmup
     return opts
 
 

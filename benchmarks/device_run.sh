@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency before proccost lockcost warm quickstart lag modes study study0 multigpu bench (default: info
+# Stages: info gputests fidelity latency before proccost lockcost warm quickstart lag modes study studylong study0 multigpu bench (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -66,6 +66,13 @@ for stage in "${stages[@]}"; do
         --seconds 45 --warmup 10 --launch warm --modes command,region --reference-repeats 4 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
+    studylong)  # issue 15: the 3.4x bar decided: 16 agents x {command,region}, think 8 s, 140 s windows (a ratio's
+      # 95 % interval about +-13 %, against +-25 % in 45 s), two alone runs a candidate; about 8.5 min
+      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      timeout ${STUDY_TIMEOUT:-560} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 8 \
+        --seconds 140 --warmup 10 --launch warm --modes command,region --reference-repeats 2 --no-reference-after \
+        ${STUDYLONG_ARGS:-} 2>&1 | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" \
+        -e "warn(errors.NumbaPerformanceWarning" > "$OUT/studylong.log"; tail -12 "$OUT/studylong.log" ;;
     study0)  # issue 15, think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-330} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 0 \
