@@ -150,7 +150,9 @@ def main() -> None:
     try:
         from krex_lab import client
 
-        shield = client.status(env["KREX_ENDPOINT"])["arbiter"].get("shield", args.shield)
+        arbiter_status = client.status(env["KREX_ENDPOINT"])["arbiter"]
+        shield = arbiter_status.get("shield", args.shield)
+        cgroups = arbiter_status.get("cgroups", "")
         results = []
         for mode in args.modes.split(","):
             for n in [int(c) for c in args.counts.split(",")]:
@@ -182,6 +184,7 @@ def main() -> None:
             "machine": machine(),
             "command": " ".join(sys.argv),
             "shield": shield,
+            "cgroups": cgroups,
             "results": results,
             "target": "p50 round trip under 3 ms with 16 siblings on the 2-core CI-class machine",
         },

@@ -461,6 +461,8 @@ class Arbiter(LoggingConfigurable):
             "events": self.events,
             "started": self.started,
             "shield": self.shielding.describe(),
+            #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
+            "cgroups": self.placer.reason,
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)

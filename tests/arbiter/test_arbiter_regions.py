@@ -209,3 +209,4 @@ def test_krex_exclusive_cli_propagates_exit_code(arbiter: ArbiterProc) -> None:
 
     table = json.loads(status.stdout)
     assert table["arbiter"]["simulated"] is True and len(table["gpus"]) == 2
+    assert table["arbiter"]["cgroups"] == "disabled (--cgroups off)"  # how sessions are frozen: SIGSTOP
