@@ -6,11 +6,19 @@
   alone, per mode;
 * :func:`region_time`: where a region's time goes (wait, acquire, hold), per mode;
 * :func:`evaluation_time`: where an evaluation's time goes (the queue for a warm worker,
-  compile, check, time), per point.
+  compile, check, time), per point;
+* :func:`sweep`: several runs at once, evaluations per minute against agents and the region /
+  command ratio with its interval (a sweep's points come from runs made one call at a time).
+
+    python benchmarks/agent_plots.py --sweep --since 2026-12-02T1100   # every GPU run since, think 8 s
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 COLOURS = {
@@ -170,3 +178,113 @@ def evaluation_time(data: dict[str, Any]) -> Any:
 
 
 FIGURES = {"throughput": throughput, "errors": errors, "regions": region_time, "evaluations": evaluation_time}
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{4}")
+
+
+def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, Any]]:
+    """The warm, freezing points of every run at think mean ``think``, one row each, by agents:
+    what :func:`sweep` draws (run names are their files' stamps)."""
+    rows = [
+        {"run": name, "mode": p["mode"], "agents": p["agents"], "evals_per_min": p["evals_per_min"]}
+        for name, data in runs.items()
+        for p in data["points"]
+        if p["launch"] == "warm" and p.get("freeze", True) and p["think_mean_s"] == think
+    ]
+    ratios = [
+        {
+            "run": name,
+            "mode": "region/command",
+            "agents": r["agents"],
+            "ratio": r["ratio"],
+            "interval_95": r.get("interval_95"),
+        }
+        for name, data in runs.items()
+        for r in data.get("ratios_region_over_command") or []
+        if r["launch"] == "warm" and r.get("freeze", True) and r["think_mean_s"] == think
+    ]
+    return sorted(rows + ratios, key=lambda r: (r["agents"], r["mode"], r["run"]))
+
+
+def row_line(r: dict[str, Any]) -> str:
+    """One row of :func:`sweep_rows` in a line."""
+    figure = f"{r['ratio']:.2f}x {r['interval_95'] or ''}" if "ratio" in r else f"{r['evals_per_min']:.2f}/min"
+    return f"{r['agents']:3d} agents  {r['mode']:15s} {figure:22s} {r['run']}"
+
+
+def sweep(runs: dict[str, dict[str, Any]], think: float = 8.0, bar: float = 3.4) -> Any:
+    """Evaluations per minute against agents, every run's point and the median per agent count;
+    beside it each run's region / command ratio with its 95 % interval, against ``bar``."""
+    import matplotlib.pyplot as plt
+
+    rows = sweep_rows(runs, think)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 3.9))
+    for mode in ("command", "region", "none"):
+        mine = [r for r in rows if r["mode"] == mode]
+        if not mine:
+            continue
+        left.plot([r["agents"] for r in mine], [r["evals_per_min"] for r in mine], "o", color=COLOURS[mode], alpha=0.5)
+        agents = sorted({r["agents"] for r in mine})
+        medians = [_median([r["evals_per_min"] for r in mine if r["agents"] == a]) for a in agents]
+        left.plot(agents, medians, "-", color=COLOURS[mode], label=f"{mode} (median of runs)")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("agents")
+    left.set_ylabel("evaluations / min")
+    left.set_title(f"warm, think mean {think:g} s, freeze on", fontsize=9)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    ratios = [r for r in rows if r["mode"] == "region/command"]
+    for i, r in enumerate(ratios):
+        x = r["agents"] * (1 + 0.04 * (i % 3 - 1))  # runs at one agent count side by side
+        lo, hi = r["interval_95"] or (r["ratio"], r["ratio"])
+        right.errorbar(
+            [x], [r["ratio"]], yerr=[[r["ratio"] - lo], [hi - r["ratio"]]], fmt="o", color="tab:green", capsize=3
+        )
+    right.axhline(bar, color="k", ls="--", lw=0.8, label=f"the paper's {bar:g}x")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("agents")
+    right.set_ylabel("region / command (95 % interval)")
+    right.set_title("each run's ratio", fontsize=9)
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    drawn = sorted({r["run"] for r in rows})
+    backends = sorted({runs[name].get("backend", "?") for name in drawn})
+    span = f"{drawn[0]} to {drawn[-1]}" if drawn else "none"
+    fig.suptitle(f"Agent study sweep: {len(drawn)} runs, {span} ({', '.join(backends)})", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def load_runs(since: str, backend: str = "nvidia", results: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """Every ``agent_study-<backend>-*.json`` of ``results`` stamped ``since`` or later, by stamp."""
+    runs = {}
+    for path in sorted(results.glob(f"agent_study-{backend}-*.json")):
+        found = STAMP.search(path.name)
+        if found and found.group(0) >= since:
+            runs[path.stem.removeprefix(f"agent_study-{backend}-")] = json.loads(path.read_text())
+    return runs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="The agent study's sweep over several runs, as one figure.")
+    p.add_argument("--sweep", action="store_true", required=True)
+    p.add_argument("--since", default="2026-12-02T1100", help="first run stamp (default: since the workers stay warm)")
+    p.add_argument("--backend", default="nvidia")
+    p.add_argument("--think", type=float, default=8.0)
+    args = p.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    runs = load_runs(args.since, args.backend)
+    if not runs:
+        raise SystemExit(f"no agent_study-{args.backend}-*.json since {args.since} in {RESULTS}")
+    for r in sweep_rows(runs, args.think):
+        print(row_line(r))
+    out = RESULTS / f"agent_sweep-{args.backend}-think{args.think:g}.png"
+    sweep(runs, args.think).savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

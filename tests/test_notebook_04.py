@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,9 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.support import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import agent_plots
 
 from .test_notebooks import outputs_text
 
@@ -93,6 +97,7 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     (results / re.sub(STAMP, "2025-01-01T0000", one_mode.name)).symlink_to(one_mode)
     text = run(monkeypatch, None, tmp_path)
     check_points(text, older)
+    assert "no GPU run at think 8 s since 2026-12-02T1100" in text  # the copies are stamped 2020-2030
     unsteady = sorted({c for p in json.loads(gpu.read_text())["points"] for c in p.get("unsteady_alone", [])})
     assert f"not steady alone: {unsteady or 'none'}" in text
     older.unlink()
@@ -111,3 +116,8 @@ def test_a_study_written_before_the_steady_alone_figures(monkeypatch: pytest.Mon
     text = run(monkeypatch, older)
     check_points(text, older)
     assert "not steady alone: none" in text
+    # the sweep below it draws every GPU run since 2026-12-02 11:00, whichever run is shown above
+    rows = agent_plots.sweep_rows(agent_plots.load_runs("2026-12-02T1100"), 8.0)
+    assert {r["agents"] for r in rows} >= {1, 4, 8, 16, 32}
+    for r in rows:
+        assert agent_plots.row_line(r) in text
