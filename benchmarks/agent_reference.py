@@ -30,6 +30,7 @@ import itertools
 import json
 import math
 import random
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -294,8 +295,9 @@ def main() -> None:
         text = path.read_text()
         data = json.loads(text)
         rescore(data)
-        second = text.split("\n", 2)[1]  # written as it was indented (a diff shows what changed)
-        path.write_text(json.dumps(data, indent=len(second) - len(second.lstrip()) or 1))
+        # written as it was indented, or compact (a diff then shows only what changed)
+        indent = re.match(r"\{\n( +)", text)
+        path.write_text(json.dumps(data, indent=len(indent.group(1)) if indent else None))
         print(path.name)
         for s in data["points"]:
             print(error_line(s, f"{s['launch']:4s} {s['mode']:7s} agents {s['agents']:2d}"))
