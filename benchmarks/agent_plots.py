@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
+
+from agent_reference import interval_text
 
 COLOURS = {
     "command": "tab:red",
@@ -142,8 +145,7 @@ def region_time(data: dict[str, Any]) -> Any:
 
 
 def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else 0.0
+    return statistics.median(xs) if xs else 0.0
 
 
 def evaluation_time(data: dict[str, Any]) -> Any:
@@ -209,7 +211,9 @@ def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, 
 
 def row_line(r: dict[str, Any]) -> str:
     """One row of :func:`sweep_rows` in a line."""
-    figure = f"{r['ratio']:.2f}x {r['interval_95'] or ''}" if "ratio" in r else f"{r['evals_per_min']:.2f}/min"
+    figure = (
+        f"{r['ratio']:.2f}x ({interval_text(r['interval_95'])})" if "ratio" in r else f"{r['evals_per_min']:.2f}/min"
+    )
     return f"{r['agents']:3d} agents  {r['mode']:15s} {figure:22s} {r['run']}"
 
 
@@ -268,11 +272,13 @@ def load_runs(since: str, backend: str = "nvidia", results: Path = RESULTS) -> d
 
 def main() -> None:
     p = argparse.ArgumentParser(description="The agent study's sweep over several runs, as one figure.")
-    p.add_argument("--sweep", action="store_true", required=True)
+    p.add_argument("--sweep", action="store_true", help="draw the sweep (the only figure drawn from several runs)")
     p.add_argument("--since", default="2026-12-02T1100", help="first run stamp (default: since the workers stay warm)")
     p.add_argument("--backend", default="nvidia")
     p.add_argument("--think", type=float, default=8.0)
     args = p.parse_args()
+    if not args.sweep:
+        p.error("nothing to draw: say --sweep")
     import matplotlib
 
     matplotlib.use("Agg")

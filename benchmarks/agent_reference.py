@@ -43,6 +43,8 @@ KEPT = ("status", "median_ms", "p95_ms", "rel_stdev", "samples", "error", "pid",
 MIN_MS = 0.1
 #: a candidate whose alone runs lie further apart than this (%) is not steady alone
 STEADY_PCT = 1.0
+#: returns in a window below which a rate gets no interval (:func:`log_rate_se`)
+MIN_RETURNS = 10
 
 
 def sizes(args: argparse.Namespace) -> tuple[str, str]:
@@ -168,7 +170,9 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Region over command evaluations a minute, for each region point and its command twin (same
     launch, agents, think time and freeze), with the counts in the two windows and a 95 %
     interval for the ratio (:func:`log_rate_se`): a 45 s window holds 14-19 command-mode
-    evaluations on the H200, and one run's ratio is known to no better than about ±25 %."""
+    evaluations on the H200, and one run's ratio is known to no better than about ±25 %. The
+    interval is the noise of counting within the run; runs on other machines, with other
+    candidates drawn, differ by more (command mode held 2.84 s at 11:31 and 2.31 s at 18:17)."""
     out = []
     key = ("launch", "agents", "think_mean_s", "freeze")
     for p in points:
@@ -196,20 +200,30 @@ def ratio_line(r: dict[str, Any]) -> str:
     head = f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s "
     head += f"freeze {freeze}: {r['ratio']}x"
     if "counts" not in r:
-        return f"{head} (no interval: a run written before 2026-12-02 19:00; --rescore gives one)"
-    lo_hi = r["interval_95"]
-    interval = "no interval (under 3 returns)" if lo_hi is None else f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
-    return f"{head} ({interval}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
+        return f"{head} (no interval: a run written before 2026-12-02 19:00; --rescore gives one where it can)"
+    return f"{head} ({interval_text(r['interval_95'])}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
+
+
+def interval_text(lo_hi: list[float] | None) -> str:
+    return (
+        f"no interval (under {MIN_RETURNS} returns in a window, or no window recorded)"
+        if lo_hi is None
+        else f"95 % {lo_hi[0]:.2f}-{lo_hi[1]:.2f}"
+    )
 
 
 def log_rate_se(point: dict[str, Any]) -> float | None:
     """Standard error of the log of a point's evaluation rate, from the gaps between the
     evaluations that returned in its window: their coefficient of variation over the root of
     their number. Gaps as regular as a saturated GPU's queue give a narrow interval, gaps as
-    random as a Poisson process's (variation 1) the interval of a count. None below 3 returns."""
+    random as a Poisson process's (variation 1) the interval of a count. A normal approximation:
+    None under ``MIN_RETURNS`` returns (a handful of gaps says little about their spread), and
+    for a run written before windows were recorded (no ``measure_from``)."""
+    if "measure_from" not in point:
+        return None
     done = sorted(r["done"] for r in point["records"] if point["measure_from"] <= r["done"] <= point["until"])
     gaps = [b - a for a, b in itertools.pairwise(done)]
-    if len(gaps) < 2 or statistics.fmean(gaps) <= 0:
+    if len(done) < MIN_RETURNS or statistics.fmean(gaps) <= 0:
         return None
     return statistics.stdev(gaps) / statistics.fmean(gaps) / math.sqrt(len(gaps))
 

@@ -66,8 +66,9 @@ for stage in "${stages[@]}"; do
         --seconds 45 --warmup 10 --launch warm --modes command,region --reference-repeats 4 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
-    studylong)  # issue 15: the 3.4x bar decided: 16 agents x {command,region}, think 8 s, 140 s windows (a ratio's
-      # 95 % interval about +-13 %, against +-25 % in 45 s), two alone runs a candidate; about 8.5 min
+    studylong)  # issue 15, toward deciding the 3.4x bar: 16 agents x {command,region}, think 8 s, 140 s windows (a
+      # ratio's 95 % counting interval about +-14 %, against +-25 % in 45 s; runs on other machines differ by more:
+      # repeat it), two alone runs a candidate; about 8.5 min
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-560} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 8 \
         --seconds 140 --warmup 10 --launch warm --modes command,region --reference-repeats 2 --no-reference-after \

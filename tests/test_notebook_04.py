@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -16,9 +15,6 @@ import pytest
 from nbclient import NotebookClient
 
 from tests.support import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import agent_plots
 
 from .test_notebooks import outputs_text
 
@@ -116,8 +112,23 @@ def test_a_study_written_before_the_steady_alone_figures(monkeypatch: pytest.Mon
     text = run(monkeypatch, older)
     check_points(text, older)
     assert "not steady alone: none" in text
-    # the sweep below it draws every GPU run since 2026-12-02 11:00, whichever run is shown above
-    rows = agent_plots.sweep_rows(agent_plots.load_runs("2026-12-02T1100"), 8.0)
-    assert {r["agents"] for r in rows} >= {1, 4, 8, 16, 32}
-    for r in rows:
-        assert agent_plots.row_line(r) in text
+    # the sweep below it lists every warm, freezing point and ratio at think 8 s of the GPU runs
+    # since 2026-12-02 11:00, whichever run is shown above (read here from the files themselves)
+    lines = text.splitlines()
+    shown = set()
+    for path in RESULTS.glob("agent_study-nvidia-*.json"):
+        run_stamp = path.stem.removeprefix("agent_study-nvidia-")
+        if run_stamp < "2026-12-02T1100":
+            continue
+        data = json.loads(path.read_text())
+        for p in data["points"]:
+            if p["launch"] == "warm" and p.get("freeze", True) and p["think_mean_s"] == 8.0:
+                want = (f"{p['agents']:3d} agents  {p['mode']:15s} {p['evals_per_min']:.2f}/min", run_stamp)
+                assert any(all(w in line for w in want) for line in lines), want
+                shown.add(p["agents"])
+        for r in data.get("ratios_region_over_command") or []:
+            if r["launch"] == "warm" and r.get("freeze", True) and r["think_mean_s"] == 8.0:
+                interval = "no interval" if r["interval_95"] is None else "{:.2f}-{:.2f}".format(*r["interval_95"])
+                want = (f"{r['agents']:3d} agents  region/command  {r['ratio']:.2f}x", interval, run_stamp)
+                assert any(all(w in line for w in want) for line in lines), want
+    assert shown >= {1, 4, 8, 16, 32}

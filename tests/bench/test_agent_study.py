@@ -188,9 +188,15 @@ def test_each_ratio_comes_with_its_counts_and_an_interval_around_it(study: dict[
     for r in study["ratios_region_over_command"]:
         region, command = points["region", r["freeze"]], points["command", r["freeze"]]
         assert r["counts"] == [region["evaluations_in_window"], command["evaluations_in_window"]]
-        assert r["ratio"] == round(region["evals_per_min"] / command["evals_per_min"], 2)
+        ratio = region["evals_per_min"] / command["evals_per_min"]
+        assert r["ratio"] == round(ratio, 2)
+        if min(r["counts"]) < 10:  # a handful of gaps says little about their spread
+            assert r["interval_95"] is None
+            assert f"{r['ratio']}x (no interval (under 10 returns" in study["stdout"]
+            continue
         lo, hi = r["interval_95"]
         assert 0 < lo < r["ratio"] < hi
+        assert lo * hi == pytest.approx(ratio**2, rel=0.02)  # centred on the ratio, on a log scale
         line = f"{r['ratio']}x (95 % {lo:.2f}-{hi:.2f}; {r['counts'][0]} vs {r['counts'][1]} evaluations)"
         assert line in study["stdout"]
 
@@ -209,8 +215,27 @@ def test_the_interval_is_narrow_for_a_steady_queue_and_a_count_s_for_random_retu
     assert steady is not None and random_ is not None
     assert steady < 0.02  # gaps of 2.1 and 1.9 s: the rate is known to a few percent
     assert 0.5 / math.sqrt(39) < random_ < 1.5 / math.sqrt(39)  # like a count of 40
-    # what returned outside the window is not among the gaps, and under 3 returns there is none
-    assert agent_reference.log_rate_se(_point([10.0, 20.0])) is None
+    # what returned outside the window is not counted: under 10 returns in it there is no interval
+    assert agent_reference.log_rate_se(_point([5.0 * i + gen.random() for i in range(1, 10)])) is None
+    assert agent_reference.log_rate_se(_point([5.0 * i + gen.random() for i in range(1, 11)])) is not None
+    # nor for a point of a run written before its window was recorded
+    assert agent_reference.log_rate_se({"records": [{"done": float(t)} for t in range(40)]}) is None
+
+
+def test_a_run_written_before_windows_were_recorded_rescores_without_an_interval(tmp_path: Path) -> None:
+    old = REPO / "benchmarks" / "results" / "agent_study-nvidia-2026-12-01T2257.json"
+    assert "measure_from" not in old.read_text()
+    path = tmp_path / old.name
+    path.write_text(old.read_text())
+    r = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "agent_reference.py"), "--rescore", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    (ratio,) = json.loads(path.read_text())["ratios_region_over_command"]
+    assert ratio["ratio"] == 2.14 and ratio["counts"] == [30, 14] and ratio["interval_95"] is None
 
 
 def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[str, Any], tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ def _session(arb: ArbiterProc, pid: int) -> dict:
 def test_forking_session_frozen_by_its_cgroup(cg_arbiter: ArbiterProc, cg_procs: Procs) -> None:
     forker = cg_procs.start("sibling", "0", "--forker")
     path = _session(cg_arbiter, forker.pid)["cgroup"]
-    assert cg_arbiter.status()["arbiter"]["cgroups"] == f"sessions placed under {Path(path).parent}"
     assert path and cgroup_of(forker.pid) == "/" + str(Path(path).relative_to(Path(path).parents[1]))
+    assert cg_arbiter.status()["arbiter"]["cgroups"] == f"sessions placed under {Path(path).parent}"
     wait_for(lambda: len(tree(forker.pid)) > 3)
     holder = cg_procs.start("holder", "0", "--hold", "1.0", wait_line="granted")
     assert is_frozen(path)
