@@ -207,16 +207,10 @@ class Held:
         try:
             self.region.__exit__(*exc)
         finally:
-            rep = dict(self.region.report)
             self.info.update(
                 wait_s=self.info["granted"] - self.info["requested"],
                 hold_s=self.info["released"] - self.info["granted"],
-                acquire_s=float(rep.get("acquire_s") or 0.0),
-                arbiter_wait_s=float(rep.get("wait_s") or 0.0),
-                frozen=len(rep.get("frozen") or []),
-                locked=len(rep.get("locked") or []),
-                degraded=bool(rep.get("degraded")),
-                simulated=bool(rep.get("simulated")),
+                **_report_fields(dict(self.region.report)),
             )
 
 
@@ -233,12 +227,26 @@ def region_info(gpu: int, rep: dict[str, Any]) -> dict[str, Any]:
         "released": released,
         "wait_s": granted - requested,
         "hold_s": released - granted,
+        **_report_fields(rep),
+    }
+
+
+#: a region report's step times (``<step>_s``) kept in an evaluation's record, as ``steps``
+STEPS = ("drain", "drain_list", "drain_lock", "freeze", "isolate", "undo", "unisolate", "thaw", "unlock")
+
+
+def _report_fields(rep: dict[str, Any]) -> dict[str, Any]:
+    """What a record keeps of a region report: the arbiter's acquire and queue times, how many
+    processes were frozen and locked, whether it was degraded or simulated, and its step times
+    (where a region's acquire and release went: absent steps did not run)."""
+    return {
         "acquire_s": float(rep.get("acquire_s") or 0.0),
         "arbiter_wait_s": float(rep.get("wait_s") or 0.0),
         "frozen": len(rep.get("frozen") or []),
         "locked": len(rep.get("locked") or []),
         "degraded": bool(rep.get("degraded")),
         "simulated": bool(rep.get("simulated")),
+        "steps": {k: float(rep[f"{k}_s"]) for k in STEPS if isinstance(rep.get(f"{k}_s"), (int, float))},
     }
 
 

@@ -304,6 +304,12 @@ def summarise(
             "hold_s_mean": statistics.fmean(x["hold_s"] for x in regions),
             "wait_s_p95": percentile([x["wait_s"] for x in regions], 0.95),
             "degraded": sum(1 for x in regions if x["degraded"]),
+            # where the acquire and the release went, step by step (medians, ms)
+            "steps_ms_median": {
+                k: round(statistics.median(v) * 1e3, 3)
+                for k in ak.STEPS
+                if (v := [x["steps"][k] for x in regions if k in x.get("steps", {})])
+            },
         }
         if regions
         else None,

@@ -53,14 +53,22 @@ def check_points(text: str, study: Path) -> None:
         steady, beyond = ((p.get(k) or {}).get("p95") for k in ("error_abs_pct_steady", "error_abs_pct_beyond_alone"))
         nan = float("nan")
         assert f"{nan if steady is None else steady:12.2f} {nan if beyond is None else beyond:12.2f}" in text, p["mode"]
+    for p in data["points"]:
+        steps = (p["regions"] or {}).get("steps_ms_median")
+        if steps:
+            assert f"{p['mode']} {p['agents']} agents, region steps (median ms): drain {steps['drain']:.2f}" in text
     for r in data.get("ratios_region_over_command") or []:
         freeze = "on" if r.get("freeze", True) else "off"
         head = f"region / command, {r['launch']} {r['agents']} agents think {r['think_mean_s']} s "
         head += f"freeze {freeze}: {r['ratio']}x"
         assert head in text
         if "counts" in r:
-            lo, hi = r["interval_95"]
-            assert f"{head} (95 % {lo:.2f}-{hi:.2f}; {r['counts'][0]} vs {r['counts'][1]} evaluations)" in text
+            counts = f"{r['counts'][0]} vs {r['counts'][1]} evaluations"
+            if r["interval_95"] is None:  # under 10 returns in a window
+                assert f"{head} (no interval (under 10 returns" in text and counts in text
+            else:
+                lo, hi = r["interval_95"]
+                assert f"{head} (95 % {lo:.2f}-{hi:.2f}; {counts})" in text
     assert "not steady alone:" in text
 
 

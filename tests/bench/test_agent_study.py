@@ -158,6 +158,25 @@ def test_throughput_counts_what_returned_in_the_measured_window(study: dict[str,
     assert early
 
 
+def test_regions_say_where_their_acquire_and_release_went(study: dict[str, Any]) -> None:
+    for p in study["points"]:
+        if p["mode"] == "none":
+            continue
+        held = [r["region"] for r in p["records"] if r.get("region")]
+        assert held
+        for region in held:
+            steps = region["steps"]
+            assert {"drain", "freeze", "isolate", "undo", "unisolate", "thaw"} <= set(steps), steps
+            # the acquire's steps lie inside the acquire, the release's inside the undo
+            assert (
+                steps["drain"] + steps["freeze"] + steps["isolate"] <= region["acquire_s"] + 1e-5
+            )  # each rounded to the microsecond
+            assert steps["unisolate"] + steps["thaw"] <= steps["undo"] + 1e-5
+        medians = p["regions"]["steps_ms_median"]
+        for step in ("drain", "freeze", "isolate", "undo"):
+            assert medians[step] == pytest.approx(statistics.median(r["steps"][step] for r in held) * 1e3, abs=1e-3)
+
+
 def test_wrong_candidates_fail_and_correct_ones_pass(study: dict[str, Any]) -> None:
     records = [r for p in study["points"] for r in p["records"]]
     wrong = [r for r in records if r["wrong_on_purpose"]]
