@@ -188,11 +188,15 @@ STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{4}")
 def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, Any]]:
     """The warm, freezing points of every run at think mean ``think``, one row each, by agents:
     what :func:`sweep` draws (run names are their files' stamps)."""
+
+    def drawn(x: dict[str, Any]) -> bool:  # a point or a ratio
+        return x["launch"] == "warm" and x.get("freeze", True) and x["think_mean_s"] == think
+
     rows = [
         {"run": name, "mode": p["mode"], "agents": p["agents"], "evals_per_min": p["evals_per_min"]}
         for name, data in runs.items()
         for p in data["points"]
-        if p["launch"] == "warm" and p.get("freeze", True) and p["think_mean_s"] == think
+        if drawn(p)
     ]
     ratios = [
         {
@@ -204,7 +208,7 @@ def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, 
         }
         for name, data in runs.items()
         for r in data.get("ratios_region_over_command") or []
-        if r["launch"] == "warm" and r.get("freeze", True) and r["think_mean_s"] == think
+        if drawn(r)
     ]
     return sorted(rows + ratios, key=lambda r: (r["agents"], r["mode"], r["run"]))
 

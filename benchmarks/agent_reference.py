@@ -181,8 +181,12 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for q in points:
             if q["mode"] == "command" and all(q.get(k, True) == p.get(k, True) for k in key) and q["evals_per_min"]:
                 ratio = p["evals_per_min"] / q["evals_per_min"]
-                se = [log_rate_se(x) for x in (p, q)]
-                spread = None if None in se else math.exp(1.96 * math.hypot(*se))  # type: ignore[arg-type]
+                se_region, se_command = log_rate_se(p), log_rate_se(q)
+                spread = (
+                    None
+                    if se_region is None or se_command is None
+                    else math.exp(1.96 * math.hypot(se_region, se_command))
+                )
                 out.append(
                     {
                         **{k: p.get(k, True) for k in key},

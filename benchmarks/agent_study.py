@@ -308,7 +308,7 @@ def summarise(
             "steps_ms_median": {
                 k: round(statistics.median(v) * 1e3, 3)
                 for k in ak.STEPS
-                if (v := [x["steps"][k] for x in regions if k in x.get("steps", {})])
+                if (v := [x["steps"][k] for x in regions if k in x["steps"]])
             },
         }
         if regions

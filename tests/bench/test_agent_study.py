@@ -241,11 +241,8 @@ def test_the_interval_is_narrow_for_a_steady_queue_and_a_count_s_for_random_retu
     assert agent_reference.log_rate_se({"records": [{"done": float(t)} for t in range(40)]}) is None
 
 
-def test_a_run_written_before_windows_were_recorded_rescores_without_an_interval(tmp_path: Path) -> None:
-    old = REPO / "benchmarks" / "results" / "agent_study-nvidia-2026-12-01T2257.json"
-    assert "measure_from" not in old.read_text()
-    path = tmp_path / old.name
-    path.write_text(old.read_text())
+def rescore(path: Path) -> subprocess.CompletedProcess[str]:
+    """``agent_reference.py --rescore PATH``, as a user runs it; it must succeed."""
     r = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "agent_reference.py"), "--rescore", str(path)],
         capture_output=True,
@@ -253,6 +250,15 @@ def test_a_run_written_before_windows_were_recorded_rescores_without_an_interval
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_run_written_before_windows_were_recorded_rescores_without_an_interval(tmp_path: Path) -> None:
+    old = REPO / "benchmarks" / "results" / "agent_study-nvidia-2026-12-01T2257.json"
+    assert "measure_from" not in old.read_text()
+    path = tmp_path / old.name
+    path.write_text(old.read_text())
+    rescore(path)
     (ratio,) = json.loads(path.read_text())["ratios_region_over_command"]
     assert ratio["ratio"] == 2.14 and ratio["counts"] == [30, 14] and ratio["interval_95"] is None
 
@@ -260,13 +266,7 @@ def test_a_run_written_before_windows_were_recorded_rescores_without_an_interval
 def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "study.json"
     path.write_text(json.dumps({k: v for k, v in study.items() if k != "stdout"}))
-    r = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "agent_reference.py"), "--rescore", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
+    r = rescore(path)
     again = json.loads(path.read_text())
     assert again["rescored"]["min_ms"] == 0.1 and again["rescored"]["steady_pct"] == 1.0
     fields = (
