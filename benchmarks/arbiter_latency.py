@@ -9,6 +9,10 @@ matmuls on the GPU) and a separate holder process (siblings must not be in the h
 process tree, which a region exempts) that takes ``--rounds`` regions with freeze and isolate
 on. Every round's acquire, release and total times come back to this process; the JSON holds
 p50/p99 per configuration with the machine and date.
+
+Rounds come back to back, so each region adopts the shield its predecessor left lingering
+(``Arbiter.shield_linger``; the JSON counts them, ``adopted``): the cost of a timing loop of
+regions. ``--gap 0.1`` waits out the linger before every round: the cost of a region on its own.
 """
 
 from __future__ import annotations
@@ -51,13 +55,14 @@ while True:
 
 HOLDER = """
 import json, sys, time, krex_lab
-rounds = int(sys.argv[1])
+rounds, gap = int(sys.argv[1]), float(sys.argv[2])
 krex_lab.attach(gpu=0, name="latency-holder")
 for _ in range(3):
     with krex_lab.exclusive(gpu=0):
         pass
 out = []
 for _ in range(rounds):
+    time.sleep(gap)
     t0 = time.perf_counter()
     region = krex_lab.exclusive(gpu=0)
     region.acquire()
@@ -68,12 +73,15 @@ for _ in range(rounds):
     # The arbiter's own step times (acquire_s, drain_s, drain_list_s, ..., unlock_s, undo_s).
     row = {k[:-2]: v for k, v in r.items() if k.endswith("_s") and isinstance(v, float) and k != "max_hold_s"}
     row.update(client_acquire=t1 - t0, client_release=t2 - t1, round_trip=t2 - t0, frozen=len(r.get("frozen", [])))
+    row["adopted"] = r.get("shield", {}).get("adopted", "")
     out.append(row)
 print(json.dumps(out), flush=True)
 """
 
 
-def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int, control: bool) -> dict[str, Any]:
+def run_config(
+    env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int, control: bool, gap: float = 0.0
+) -> dict[str, Any]:
     args = [str(int(cuda)), str(int(busy)), str(int(control))]
     siblings = [
         subprocess.Popen([sys.executable, "-c", SIBLING, *args], env=env, stdout=subprocess.PIPE, text=True)
@@ -84,7 +92,7 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int,
             assert s.stdout is not None and s.stdout.readline().startswith("ready")
         time.sleep(0.5 if busy else 0.1)
         holder = subprocess.run(
-            [sys.executable, "-c", HOLDER, str(rounds)], env=env, capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", HOLDER, str(rounds), str(gap)], env=env, capture_output=True, text=True, timeout=600
         )
         if holder.returncode != 0:
             raise RuntimeError(holder.stderr)
@@ -96,7 +104,7 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int,
             s.wait()
     # Client-side figures keep their old names (acquire, release); the arbiter's acquire is arbiter_acquire.
     rename = {"client_acquire": "acquire", "client_release": "release", "acquire": "arbiter_acquire"}
-    steps = [k for k in rows[0] if k not in ("frozen", "wait", "hold") and all(k in r for r in rows)]
+    steps = [k for k in rows[0] if k not in ("frozen", "adopted", "wait", "hold") and all(k in r for r in rows)]
     ms = {rename.get(k, k): [r[k] * 1e3 for r in rows] for k in steps}
     result: dict[str, Any] = {
         "siblings": n,
@@ -104,6 +112,9 @@ def run_config(env: dict[str, str], n: int, busy: bool, cuda: bool, rounds: int,
         "cuda_siblings": cuda,
         "cooperative_siblings": control,
         "rounds": rounds,
+        "gap_s": gap,
+        # how many regions took over the shield of the one before (Arbiter.shield_linger)
+        "adopted": sum(bool(r["adopted"]) for r in rows),
         "frozen_per_region": rows[-1]["frozen"],
     }
     for k, xs in ms.items():
@@ -131,6 +142,14 @@ def main() -> None:
         help="siblings without a control channel (frozen but not asked to drain): the floor "
         "without the cooperative drain's round trips",
     )
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds between one round's release and the next acquire; longer than the arbiter's "
+        "shield_linger (0.05 s), every region makes its shield afresh (default 0: back to back, "
+        "each region adopts the one before's)",
+    )
     p.add_argument("--shield", default="", help="the arbiter's --Arbiter.shield (default: the arbiter's own)")
     p.add_argument(
         "--arbiter-option",
@@ -156,14 +175,14 @@ def main() -> None:
         results = []
         for mode in args.modes.split(","):
             for n in [int(c) for c in args.counts.split(",")]:
-                r = run_config(env, n, mode == "busy", args.cuda, args.rounds, not args.plain_siblings)
+                r = run_config(env, n, mode == "busy", args.cuda, args.rounds, not args.plain_siblings, args.gap)
                 results.append(r)
                 print(
                     f"{n:3d} {mode:4s} siblings: round trip p50 {r['round_trip_p50_ms']:.2f} ms, "
                     f"p99 {r['round_trip_p99_ms']:.2f} ms (acquire p50 {r['acquire_p50_ms']:.2f} ms, "
                     f"frozen {r['frozen_per_region']}; drain {r['drain_p50_ms']:.2f}, "
                     f"freeze {r['freeze_p50_ms']:.2f}, isolate {r['isolate_p50_ms']:.2f}; release p50 "
-                    f"{r['release_p50_ms']:.2f}: {undo_line(r)})",
+                    f"{r['release_p50_ms']:.2f}: {undo_line(r)}; {r['adopted']}/{r['rounds']} adopted)",
                     flush=True,
                 )
     finally:
@@ -173,6 +192,7 @@ def main() -> None:
         ["arbiter_latency", args.backend]
         + ["cuda"] * args.cuda
         + ["plain"] * args.plain_siblings
+        + ([f"gap{args.gap:g}"] if args.gap else [])
         + ([f"shield_{args.shield}"] if args.shield else [])
         + [o.lstrip("-").replace("Arbiter.", "").replace("=", "_") for o in args.arbiter_option]
     )

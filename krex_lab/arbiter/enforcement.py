@@ -3,11 +3,24 @@
 :class:`Enforcement` is what the :class:`~.scheduler.Scheduler` is given (gate, locker, freezer,
 core book, shield, journal); :func:`isolate` and :func:`unisolate` run in the scheduler's isolation
 thread (a node's thousands of threads must not stall the event loop).
+
+**A lingering shield.** With the affinity shield most of a region's own cost is the node walk and
+the affinity calls, at its start and again at its end (on the H200, 0.58 + 0.51 ms of a 2.46 ms
+round trip with no sibling; 2026-12-02 ...T1851). Regions often come back to back (a timing loop
+of short regions, a queue of agents), so the end of one (``Enforcement.linger`` > 0) gives only
+its holder's threads back: everyone else stays off the reserved cores for ``linger`` seconds,
+journaled under a name of its own (``<region>-shield``). A region that starts meanwhile and wants
+as many cores :func:`adopts <isolate>` them: it pins its holder and moves only processes the
+lingering shield has not moved (born since its walk, or frozen while it was made). When the time
+is up, :func:`end_linger` restores everyone, as a region's end did before. A chain of adoptions
+walks the node afresh after ``FRESH_WALK`` seconds (pids are reused, slowly).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,9 +30,59 @@ from ..regions.drain import Locker
 from ..regions.freeze import Freezer
 from ..regions.gate import Gate
 from ..regions.isolate import CoreBook, IsolateResult
-from ..regions.shield import Shield, node_pids
+from ..regions.shield import Shield, ShieldResult, node_pids
 from .journal import Journal
 from .region import Region
+
+#: how long a chain of adopted shields trusts its first node walk (see the module docstring)
+FRESH_WALK = 1.0
+
+
+@dataclass
+class Linger:
+    """A region's shield kept up after its end, under ``name`` (see the module docstring)."""
+
+    name: str
+    cores: set[int]
+    #: boot ticks when the first shield of the chain went up (what started since inherited it)
+    since: int
+    #: the chain's node walks: pid -> start time of every process the shield moved off the cores
+    walked: dict[int, int]
+    #: every thread the chain looked at
+    seen: set[int]
+    #: when the chain's first walk was made (monotonic)
+    walked_at: float
+
+
+class LingerSlot:
+    """The one lingering shield of an arbiter, if any. Taken atomically: a region's grant (in
+    the isolation thread or on the loop) and the timer that ends it never both have it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._linger: Linger | None = None
+
+    def put(self, linger: Linger) -> bool:
+        """Keep ``linger``; False if another region's shield lingers already (one at a time)."""
+        with self._lock:
+            if self._linger is not None:
+                return False
+            self._linger = linger
+            return True
+
+    def take(self, name: str | None = None) -> Linger | None:
+        """The lingering shield (only if it is ``name``, when given), no longer lingering."""
+        with self._lock:
+            linger = self._linger
+            if linger is None or (name is not None and linger.name != name):
+                return None
+            self._linger = None
+            return linger
+
+    @property
+    def name(self) -> str:
+        linger = self._linger
+        return linger.name if linger is not None else ""
 
 
 @dataclass(frozen=True)
@@ -38,6 +101,9 @@ class Enforcement:
     own_pids: Callable[[], set[int]]
     #: what keeps everyone but the holder off its reserved cores (default: KREX sessions only)
     shield: Shield = field(default_factory=lambda: Shield("sessions"))
+    #: seconds a region's affinity shield stays up after its end for the next region to adopt (0: never)
+    linger: float = 0.0
+    lingering: LingerSlot = field(default_factory=LingerSlot)
 
     def lock_journal(self, region: str) -> Callable[[list[tuple[int, int]]], None]:
         """What the locker journals its locks with, for ``region``."""
@@ -52,15 +118,34 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
     threads. In the isolation thread: thousands of threads must not stall the loop."""
     frozen = set(region.frozen.pids)
     holder = tree_until(region.session.pid, apart)
-    cores = steps.cores.reserve(region.id, region.cores)
-    if cores:
-        region.shielded = steps.shield.take(region.id, set(cores), holder, steps.journal.record)
+    linger = steps.lingering.take()
+    cores: list[int] = []
+    if linger is not None:
+        if time.monotonic() - linger.walked_at < FRESH_WALK:
+            cores = steps.cores.adopt(linger.name, region.id, region.cores)
+        if cores:
+            # Journaled under this region before the linger's own entry ends: always one names them.
+            steps.journal.record("threads", region.id, threads=steps.cores.originals(region.id))
+            steps.journal.end(linger.name)
+            region.shielded = ShieldResult(mode="affinity", adopted=linger.name)
+        else:
+            end_linger(steps, linger)
+    if not cores:
+        cores = steps.cores.reserve(region.id, region.cores)
+        if cores:
+            region.shielded = steps.shield.take(region.id, set(cores), holder, steps.journal.record)
     others: dict[int, int] | list[int] = []
     region.shielded.since = boot_ticks() - 1  # a tick's slack: start times are rounded down
     if region.shielded.mode == "affinity":
         # Frozen processes do not run: moving them would only cost time (and undoing it).
-        others, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), _movable_uid())
-        region.shielded.walked = others
+        walked = linger.walked if region.shielded.adopted and linger is not None else None
+        every, region.shielded.kernel_threads, foreign = node_pids(frozen | set(holder), _movable_uid(), known=walked)
+        # An adopted shield moved the others already; what it did not walk is left to move.
+        others = every if walked is None else {p: s for p, s in every.items() if p not in walked}
+        region.shielded.walked = every
+        region.shielded.walked_at = time.monotonic()
+        if linger is not None and walked is not None:
+            region.shielded.since, region.shielded.walked_at = linger.since, linger.walked_at
         if foreign:
             region.shielded.notes.append(f"{foreign} processes of other users left (the arbiter is not root)")
     elif region.shielded.mode == "sessions":
@@ -82,27 +167,66 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
         deadline,
         starts=region.shielded.walked,
     )
+    if linger is not None and region.shielded.adopted:
+        result.seen |= linger.seen
     region.shielded.processes = len(result.moved_pids)
     return result
 
 
-def unisolate(steps: Enforcement, region: Region) -> None:
+def unisolate(steps: Enforcement, region: Region) -> Linger | None:
     """Give the reserved cores back: the partition and IRQs first (moving the holder back
     to its cgroup resets its affinity), then every affinity the core book changed. The walk for
     threads born meanwhile comes after the restore and lists tasks afresh: one born before the
-    restore inherited the narrowed mask and must be seen."""
+    restore inherited the narrowed mask and must be seen. With ``steps.linger``, an affinity
+    shield stays up instead (only the holder's threads get theirs back) and is returned: the
+    caller ends it with :func:`end_linger` unless the next region adopted it first."""
     region.isolated.failed.extend(steps.shield.give_back(region.id))
+    shielded = region.shielded
+    if not (shielded.mode == "affinity" and region.isolated.cores):
+        steps.cores.release(region.id)
+        return None
+    walked_at = shielded.walked_at or region.granted_at or time.monotonic()
+    if steps.linger > 0 and time.monotonic() - walked_at < FRESH_WALK:
+        name = f"{region.id}-shield"
+        kept = steps.cores.linger(region.id, name)
+        steps.journal.record("threads", name, threads=kept)  # before the region's own entries end
+        linger = Linger(
+            name, set(region.isolated.cores), shielded.since, shielded.walked, region.isolated.seen, walked_at
+        )
+        if steps.lingering.put(linger):
+            shielded.lingers = name
+            return linger
+        end_linger(steps, linger)  # another region's shield lingers (regions on two GPUs)
+        return None
     steps.cores.release(region.id)
-    if region.shielded.mode == "affinity" and region.isolated.cores:
-        walked = region.shielded.walked
-        pids, _, _ = node_pids(set(), _movable_uid(), known=walked)
-        # A process stopped for the whole region (the same one: its start time, read by this very
-        # walk, is the one it was stopped with) made nothing meanwhile, and the shield never
-        # narrowed it: none of its threads need looking at (a frozen sibling's threads cost
-        # most of the release's walk).
-        stopped = dict(region.frozen.procs)
-        pids = {p: start for p, start in pids.items() if p in walked or stopped.get(p) != start}
-        steps.cores.widen_born(pids, set(region.isolated.cores), region.shielded.since, known=region.isolated.seen)
+    _widen_born(
+        steps,
+        shielded.walked,
+        set(region.isolated.cores),
+        shielded.since,
+        region.isolated.seen,
+        dict(region.frozen.procs),
+    )
+    return None
+
+
+def end_linger(steps: Enforcement, linger: Linger) -> None:
+    """Give a lingering shield's cores back: everyone gets their original affinity."""
+    steps.cores.release(linger.name)
+    _widen_born(steps, linger.walked, linger.cores, linger.since, linger.seen, {})
+    steps.journal.end(linger.name)
+
+
+def _widen_born(
+    steps: Enforcement, walked: dict[int, int], cores: set[int], since: int, seen: set[int], stopped: dict[int, int]
+) -> None:
+    pids, _, _ = node_pids(set(), _movable_uid(), known=walked)
+    # A process stopped for the whole region (the same one: its start time, read by this very
+    # walk, is the one it was stopped with) made nothing meanwhile, and the shield never
+    # narrowed it: none of its threads need looking at (a frozen sibling's threads cost
+    # most of the release's walk).
+    pids = {p: start for p, start in pids.items() if p in walked or stopped.get(p) != start}
+    steps.cores.widen_born(pids, cores, since, known=seen)
 
 
 def _movable_uid() -> int | None:

@@ -25,7 +25,7 @@ from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.freeze import thaw
 from .draining import Draining
-from .enforcement import Enforcement, isolate, unisolate
+from .enforcement import Enforcement, Linger, end_linger, isolate, unisolate
 from .region import Region, RegionState, Reply
 from .scheduler_config import Notifier, SchedulerConfig
 from .sessions import Session, SessionTable
@@ -101,6 +101,8 @@ class Scheduler:
         # Per-thread work (affinities of every thread of every session) runs here, off the loop;
         # one thread, so that the core book is only ever touched by one at a time.
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
+        #: a lingering shield being ended (see enforcement.py): a grant waits for its cores
+        self._ending_linger: asyncio.Future[Any] | None = None
         self.draining = Draining(steps, sessions, notify, config, self._other_session_pids)
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
@@ -251,6 +253,10 @@ class Scheduler:
             t2 = time.monotonic()
             region.times["freeze"] = t2 - t1
             if region.isolate and region.cores > 0:  # cores=0: the holder asked for no isolation
+                if self._ending_linger is not None and not self._ending_linger.done():
+                    # Its cores are still reserved until it has restored everyone (on a 2-core
+                    # machine they are the only ones to have).
+                    await asyncio.shield(self._ending_linger)
                 roots = [s.pid for s in self.sessions if s.pid not in region.exempt]
                 deadline = time.monotonic() + self.config.isolate_deadline
                 others = self._other_session_pids(region)  # as they are now, after the drain's wait
@@ -385,9 +391,11 @@ class Scheduler:
             # Inline only for a few threads: the node-wide shield walks every process again at
             # release (what was born during the region), a partition waits on the kernel.
             if self._few_threads(region.shielded.mode, lambda: self.steps.cores.touched(region.id)):
-                unisolate(self.steps, region)
+                linger = unisolate(self.steps, region)
             else:
-                await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
+                linger = await asyncio.get_running_loop().run_in_executor(self._threads, unisolate, self.steps, region)
+            if linger is not None:
+                asyncio.get_running_loop().call_later(self.steps.linger, self._linger_over, linger.name)
             t1 = time.monotonic()
             times["unisolate"] = t1 - t0
             thaw(region.frozen)
@@ -412,6 +420,18 @@ class Scheduler:
             self.active[region.gpu] = None
             region.done.set()
             self._kick(region.gpu)
+
+    def _linger_over(self, name: str) -> None:
+        """A lingering shield's time is up: give its cores back, unless a region adopted it."""
+        linger = self.steps.lingering.take(name)
+        if linger is not None:
+            self._ending_linger = self._spawn(self._end_linger(linger))
+
+    async def _end_linger(self, linger: Linger) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._threads, end_linger, self.steps, linger)
+        except Exception:  # the journal keeps it: the next arbiter or the guardian undoes it
+            log.exception("ending the lingering shield %s failed", linger.name)
 
     async def _unlock(self, region: Region) -> None:
         errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
@@ -440,3 +460,6 @@ class Scheduler:
             active = self.active[gpu]
             if active is not None:
                 await self.release(active, "arbiter shutting down")
+        linger = self.steps.lingering.take()
+        if linger is not None:
+            await self._end_linger(linger)

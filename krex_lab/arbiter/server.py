@@ -134,6 +134,13 @@ class Arbiter(LoggingConfigurable):
         "'auto' (cpuset where the arbiter may make partitions, else affinity), 'sessions' (KREX "
         "sessions' threads only).",
     ).tag(config=True)
+    shield_linger = Float(
+        0.05,
+        help="Seconds an affinity shield stays up after its region ends (only the holder gets its "
+        "cores back), for a region that starts meanwhile to adopt instead of walking the node again: "
+        "the next region of a timing loop or a queue. Everyone else's affinities come back when it "
+        "is over (journaled like a region's). 0: restore at once.",
+    ).tag(config=True)
     core_lock = Unicode(
         "",
         help="The node-wide lock under which regions reserve cores (default: /run/krex-cores.lock for "
@@ -290,6 +297,7 @@ class Arbiter(LoggingConfigurable):
             freezer=self.freezer,
             cores=CoreBook(node_lock=self.node_lock),
             shield=self.shielding,
+            linger=self.shield_linger if self.shielding.mode != "sessions" else 0.0,
             journal=self.journal,
             gpu_processes=self.backend.processes,
             backend_name=self.backend.name,
@@ -461,6 +469,7 @@ class Arbiter(LoggingConfigurable):
             "events": self.events,
             "started": self.started,
             "shield": self.shielding.describe(),
+            "shield_linger_s": self.scheduler.steps.linger,
             #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
             "cgroups": self.placer.reason,
             **self.backend_info,

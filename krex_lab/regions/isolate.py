@@ -224,15 +224,50 @@ class CoreBook:
         if held is None:
             return 0
         try:
-            return self._restore(held)
+            return self._restore(held.touched)
         finally:
             if not self._held:
                 self.node_lock.release()
 
-    def _restore(self, held: _Held) -> int:
+    def linger(self, region: str, name: str) -> list[list[Any]]:
+        """End ``region`` but keep its cores reserved under ``name``: the holder's threads get what
+        is left of their originals (they are others now), everyone else stays off the cores, so
+        that the next region can :meth:`adopt` them without walking the node again. Returns the
+        originals the lingering reservation must restore (for the journal, under ``name``)."""
+        with self._lock:
+            held = self._held.pop(region, None)
+            if held is None:
+                return []
+            self._held[name] = held
+            holder, held.holder_tids = held.holder_tids, set()
+            self._restore(holder & held.touched)
+            return self._originals(held.touched)
+
+    def adopt(self, name: str, region: str, n: int) -> list[int]:
+        """Give the cores kept by :meth:`linger` under ``name`` to ``region`` if it wants as many;
+        [] (and nothing changed) otherwise."""
+        with self._lock:
+            held = self._held.get(name)
+            if held is None or len(held.cores) != n:
+                return []
+            self._held[region] = self._held.pop(name)
+            return sorted(held.cores)
+
+    def originals(self, region: str) -> list[list[Any]]:
+        """(tid, pid, process start, original cpus) of every thread ``region`` keeps narrowed."""
+        with self._lock:
+            held = self._held.get(region)
+            return self._originals(held.touched) if held is not None else []
+
+    def _originals(self, tids: set[int]) -> list[list[Any]]:
+        return [[tid, o.pid, o.start, sorted(o.cpus)] for tid in sorted(tids) if (o := self._original.get(tid))]
+
+    def _restore(self, tids: set[int]) -> int:
+        """Every thread of ``tids`` gets its affinity under the regions still held (its original
+        when none narrows it)."""
         n = 0
         alive = _Alive()
-        for tid in held.touched:
+        for tid in tids:
             recorded = self._original.get(tid)
             if recorded is None or not alive(tid, recorded.pid, recorded.start):
                 self._original.pop(tid, None)

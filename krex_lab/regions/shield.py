@@ -59,6 +59,12 @@ class ShieldResult:
     since: int = 0
     #: the node walk's user processes (pid -> start time): the release walk reads only new ones
     walked: dict[int, int] = field(default_factory=dict)
+    #: when the node walk this shield stands on was made (monotonic; an adopted shield's is older)
+    walked_at: float = 0.0
+    #: the lingering shield this one took over ("" when it walked the node itself)
+    adopted: str = ""
+    #: the name under which this shield stays up after the region, for the next to adopt
+    lingers: str = ""
     #: why something could not be shielded (not a failure of the region: said in the report)
     notes: list[str] = field(default_factory=list)
 
@@ -66,6 +72,8 @@ class ShieldResult:
         return {
             "mode": self.mode,
             "partition": self.partition,
+            "adopted": self.adopted,
+            "lingers": self.lingers,
             "processes": self.processes,
             "kernel_threads_left": self.kernel_threads,
             "irqs_moved": self.irqs_moved,

@@ -3,10 +3,10 @@
 python -m tests.procs.session sibling GPU [--child] [--forker] [--sleep]
     attach to GPU, optionally start a busy child (or keep forking children), then spin
     (or sleep); prints "ready" when registered.
-python -m tests.procs.session holder GPU [--max-hold S] [--hold S] [--linger]
+python -m tests.procs.session holder GPU [--max-hold S] [--hold S] [--regions N] [--linger]
     attach, take a region, print "granted <json report>", hold for S seconds (forever if
-    not given), release, print "released <json report>" (then, with --linger, stay alive
-    to be looked at).
+    not given), release, print "released <json report>"; N regions back to back (then, with
+    --linger, stay alive to be looked at).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--max-hold", type=float, default=None)
     p.add_argument("--hold", type=float, default=None)
     p.add_argument("--no-freeze", action="store_true")
+    p.add_argument("--regions", type=int, default=1)
     p.add_argument("--linger", action="store_true")
     args = p.parse_args()
     if args.no_control:
@@ -55,19 +56,20 @@ def main() -> None:
             while True:
                 time.sleep(3600)
         spin()
-    region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze)
-    try:
-        with region:
-            print("granted", json.dumps({**region.report, "t": time.time()}), flush=True)
-            if args.hold is None:
-                while True:
-                    time.sleep(3600)
-            time.sleep(args.hold)
-            t_end = time.time()
-    except krex_lab.LeaseExpired as exc:
-        print("expired", json.dumps({**region.report, "error": str(exc)}), flush=True)
-        return
-    print("released", json.dumps({**region.report, "t_end": t_end}), flush=True)
+    for _ in range(args.regions):
+        region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze)
+        try:
+            with region:
+                print("granted", json.dumps({**region.report, "t": time.time()}), flush=True)
+                if args.hold is None:
+                    while True:
+                        time.sleep(3600)
+                time.sleep(args.hold)
+                t_end = time.time()
+        except krex_lab.LeaseExpired as exc:
+            print("expired", json.dumps({**region.report, "error": str(exc)}), flush=True)
+            return
+        print("released", json.dumps({**region.report, "t_end": t_end}), flush=True)
     while args.linger:
         time.sleep(3600)
 

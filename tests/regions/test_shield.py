@@ -103,10 +103,11 @@ def test_busy_processes_that_are_no_sessions_leave_the_reserved_core_and_come_ba
     assert {busy[0].pid, busy[1].pid} <= set(released["moved"])
     assert released["shield"]["kernel_threads_left"] >= 0
     holder.wait()
-    assert [_affinities(p.pid) for p in busy] == before, "every thread got its exact affinity back"
+    # (after the shield's linger: see test_back_to_back_regions_adopt_the_lingering_shield)
+    wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=5.0)
     # ... and gets what its parent got back, though no region ever recorded it
     try:
-        assert os.sched_getaffinity(newborn.pid) == os.sched_getaffinity(0) == set(CPUS)
+        wait_for(lambda: os.sched_getaffinity(newborn.pid) == os.sched_getaffinity(0) == set(CPUS), timeout=5.0)
     finally:
         newborn.kill()
         newborn.wait()
@@ -124,6 +125,67 @@ def test_after_sigkill_of_the_arbiter_the_guardian_restores_every_affinity(
     took = wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=2.0)
     print(f"guardian restored both busy processes {took * 1e3:.0f} ms after SIGKILL")
     affinity_arbiter.proc.wait()
+
+
+def _lingering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[ArbiterProc]:
+    return running_arbiter(
+        tmp_path, monkeypatch, extra=("--Arbiter.shield=affinity", f"--Arbiter.shield_linger={seconds}")
+    )
+
+
+@needs_two_cores
+def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_everyone(
+    busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = _lingering(tmp_path, monkeypatch, 1.5)
+    procs = Procs(next(gen).env())
+    try:
+        before = [_affinities(p.pid) for p in busy]
+        holder = procs.start("holder", "0", "--hold", "0.2", "--regions", "2", "--linger", wait_line="granted")
+        first = Procs.report(Procs.readline(holder))
+        assert first["shield"]["adopted"] == "" and first["shield"]["lingers"], first["shield"]
+        second = Procs.report(Procs.readline(holder))
+        assert second["shield"]["adopted"] == first["shield"]["lingers"], "the second region took over the shield"
+        reserved = set(second["cores"])
+        assert os.sched_getaffinity(holder.pid) == reserved
+        _assert_shielded(busy, reserved)
+        last = Procs.report(Procs.readline(holder))
+        assert last["shield"]["lingers"] and not last["degraded"]
+        # Lingering: everyone, the last holder too, stays off the core for a while ...
+        _assert_shielded(busy, reserved)
+        assert not os.sched_getaffinity(holder.pid) & reserved
+        # ... then gets their exact affinity back.
+        took = wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=10.0)
+        assert took > 0.5, f"restored after {took:.3f} s: the shield did not linger"
+        assert os.sched_getaffinity(holder.pid) == set(CPUS)
+    finally:
+        procs.cleanup()
+        for _ in gen:
+            pass
+
+
+@needs_two_cores
+def test_sigkill_of_the_arbiter_while_a_shield_lingers_restores_every_affinity(
+    busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = _lingering(tmp_path, monkeypatch, 60.0)
+    arbiter = next(gen)
+    procs = Procs(arbiter.env())
+    try:
+        before = [_affinities(p.pid) for p in busy]
+        holder = procs.start("holder", "0", "--hold", "0.1", "--linger", wait_line="granted")
+        released = Procs.report(Procs.readline(holder))
+        assert released["shield"]["lingers"]
+        _assert_shielded(busy, set(released["cores"]))
+        assert arbiter.proc is not None and arbiter.guardian_pid() is not None
+        arbiter.proc.kill()
+        wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=3.0)
+        wait_for(lambda: os.sched_getaffinity(holder.pid) == set(CPUS), timeout=3.0)
+        arbiter.proc.wait()
+    finally:
+        procs.cleanup()
+        for _ in gen:
+            pass
 
 
 def test_sessions_mode_leaves_processes_that_are_no_sessions_alone(
