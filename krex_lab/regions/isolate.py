@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..procutil import parent_pid, same_process, start_time, threads
+from ..procutil import parent_pid, same_process, start_time, threads, tree
 from .corelock import NodeCoreLock
 
 JournalFn = Callable[[list[list[Any]]], None]
@@ -66,6 +66,8 @@ class _Held:
     cores: set[int]
     holder_tids: set[int]
     touched: set[int]
+    #: the holder's process (its tree is looked at again at release: see CoreBook._born_pinned)
+    holder: int = 0
 
 
 class CoreBook:
@@ -173,7 +175,12 @@ class CoreBook:
             fresh.append([tid, pid, start, sorted(original)])
         if fresh:
             journal(fresh)
-        held = _Held(cores=cores, holder_tids=set(holder_tids), touched=reserved.touched if reserved else set())
+        held = _Held(
+            cores=cores,
+            holder_tids=set(holder_tids),
+            touched=reserved.touched if reserved else set(),
+            holder=holder_pids[0] if holder_pids else 0,
+        )
         self._held[region] = held
         moved: set[int] = set()
         for tid in holder_tids:
@@ -224,7 +231,7 @@ class CoreBook:
         if held is None:
             return 0
         try:
-            return self._restore(held.touched)
+            return self._restore(held.touched | self._born_pinned(held))
         finally:
             if not self._held:
                 self.node_lock.release()
@@ -240,7 +247,7 @@ class CoreBook:
                 return []
             self._held[name] = held
             holder, held.holder_tids = held.holder_tids, set()
-            self._restore(holder & held.touched)
+            self._restore((holder & held.touched) | self._born_pinned(held))
             return self._originals(held.touched)
 
     def adopt(self, name: str, region: str, n: int) -> list[int]:
@@ -261,6 +268,30 @@ class CoreBook:
 
     def _originals(self, tids: set[int]) -> list[list[Any]]:
         return [[tid, o.pid, o.start, sorted(o.cpus)] for tid in sorted(tids) if (o := self._original.get(tid))]
+
+    def _born_pinned(self, held: _Held) -> set[int]:
+        """Threads and processes the holder started during the region inherited its pinned mask
+        (a thread pool made by the first operation timed, say), which the book never recorded.
+        Records each with the holder's original, as if it had been there all along (touched by
+        ``held``), for :meth:`_restore` to give it what it should have now."""
+        main = self._original.get(held.holder)
+        if main is None:
+            return set()
+        born: set[int] = set()
+        for pid in tree(held.holder):
+            start = main.start if pid == held.holder else start_time(pid)
+            for tid in threads([pid]):
+                if tid in self._original or start is None:
+                    continue
+                try:
+                    if os.sched_getaffinity(tid) != held.cores:
+                        continue
+                except OSError:
+                    continue
+                self._original[tid] = _Original(pid, start, main.cpus)
+                held.touched.add(tid)
+                born.add(tid)
+        return born
 
     def _restore(self, tids: set[int]) -> int:
         """Every thread of ``tids`` gets its affinity under the regions still held (its original

@@ -7,6 +7,7 @@ test on a stand-in ``/proc/irq`` tree (containers mount the real one read-only).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -125,6 +126,51 @@ def test_after_sigkill_of_the_arbiter_the_guardian_restores_every_affinity(
     took = wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=2.0)
     print(f"guardian restored both busy processes {took * 1e3:.0f} ms after SIGKILL")
     affinity_arbiter.proc.wait()
+
+
+SPAWNER = """
+import os, subprocess, sys, threading, time, krex_lab
+krex_lab.attach(gpu=0)
+stop = threading.Event()
+with krex_lab.exclusive(gpu=0) as region:
+    pool = threading.Thread(target=stop.wait)
+    pool.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(pool.native_id, child.pid, sorted(region.report["cores"]), flush=True)
+print("released", flush=True)
+sys.stdin.readline()
+stop.set()
+child.kill()
+"""
+
+
+@needs_two_cores
+@pytest.mark.parametrize("linger", ["0", "0.05"])
+def test_threads_and_processes_the_holder_starts_in_a_region_are_not_left_pinned(
+    linger: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread pool made by the first operation timed would otherwise run on one core for good."""
+    gen = running_arbiter(
+        tmp_path, monkeypatch, extra=("--Arbiter.shield=affinity", f"--Arbiter.shield_linger={linger}")
+    )
+    arbiter = next(gen)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER], env=arbiter.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        tid, child, cores = holder.stdout.readline().split(" ", 2)
+        assert os.sched_getaffinity(int(tid)) == os.sched_getaffinity(int(child)) == set(json.loads(cores))
+        assert holder.stdout.readline().startswith("released")
+        wait_for(lambda: os.sched_getaffinity(int(tid)) == os.sched_getaffinity(holder.pid) == set(CPUS), timeout=5.0)
+        assert os.sched_getaffinity(int(child)) == set(CPUS)
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(10)
+    finally:
+        holder.kill()
+        for _ in gen:
+            pass
 
 
 def _lingering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[ArbiterProc]:
