@@ -13,7 +13,8 @@ journaled under a name of its own (``<region>-shield``). A region that starts me
 as many cores :func:`adopts <isolate>` them: it pins its holder and moves only processes the
 lingering shield has not moved (born since its walk, or frozen while it was made). When the time
 is up, :func:`end_linger` restores everyone, as a region's end did before. A chain of adoptions
-walks the node afresh after ``FRESH_WALK`` seconds (pids are reused, slowly).
+ends after ``FRESH_WALK`` seconds (pids are reused, slowly) or ``LINGER_JOURNAL_MAX`` bytes of
+journal (it starts afresh only when nothing is outstanding), and the next region walks anew.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from .region import Region
 
 #: how long a chain of adopted shields trusts its first node walk (see the module docstring)
 FRESH_WALK = 1.0
+#: a chain also ends once the journal holds this much: the journal starts afresh only when
+#: nothing is outstanding, and a chain (with a region or its linger always open) never lets it
+LINGER_JOURNAL_MAX = 4 << 20
 
 
 @dataclass
@@ -186,7 +190,7 @@ def unisolate(steps: Enforcement, region: Region) -> Linger | None:
         steps.cores.release(region.id)
         return None
     walked_at = shielded.walked_at or region.granted_at or time.monotonic()
-    if steps.linger > 0 and time.monotonic() - walked_at < FRESH_WALK:
+    if steps.linger > 0 and time.monotonic() - walked_at < FRESH_WALK and steps.journal.written < LINGER_JOURNAL_MAX:
         name = f"{region.id}-shield"
         kept = steps.cores.linger(region.id, name)
         steps.journal.record("threads", name, threads=kept)  # before the region's own entries end

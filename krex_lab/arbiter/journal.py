@@ -107,6 +107,8 @@ class Journal:
         self.path = path
         self._fd: int | None = None
         self._open: set[str] = set()
+        #: bytes written since the file was last started afresh
+        self.written = 0
         if open:
             self.open()
 
@@ -122,6 +124,7 @@ class Journal:
     def record(self, kind: str, region: str, **data: Any) -> None:
         line = msgspec.json.encode({"t": kind, "region": region, **data}) + b"\n"
         os.write(self.fd, line)
+        self.written += len(line)
         self._open.add(region)
 
     def end(self, region: str) -> None:
@@ -131,6 +134,7 @@ class Journal:
         if not self._open:
             # Nothing outstanding: start the file afresh so it never grows without bound.
             os.ftruncate(self.fd, 0)
+            self.written = 0
 
     def close(self) -> None:
         if self._fd is not None:

@@ -187,7 +187,8 @@ def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_ev
     procs = Procs(next(gen).env())
     try:
         before = [_affinities(p.pid) for p in busy]
-        holder = procs.start("holder", "0", "--hold", "0.2", "--regions", "2", "--linger", wait_line="granted")
+        # 7 regions of 0.2 s back to back: a chain of adopted shields walks afresh after FRESH_WALK
+        holder = procs.start("holder", "0", "--hold", "0.2", "--regions", "7", "--linger", wait_line="granted")
         first = Procs.report(Procs.readline(holder))
         assert first["shield"]["adopted"] == "" and first["shield"]["lingers"], first["shield"]
         second = Procs.report(Procs.readline(holder))
@@ -195,7 +196,14 @@ def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_ev
         reserved = set(second["cores"])
         assert os.sched_getaffinity(holder.pid) == reserved
         _assert_shielded(busy, reserved)
+        granted = [second]
         last = Procs.report(Procs.readline(holder))
+        for _ in range(5):
+            granted.append(Procs.report(Procs.readline(holder)))
+            _assert_shielded(busy, set(granted[-1]["cores"]))
+            last = Procs.report(Procs.readline(holder))
+        assert any(not g["shield"]["adopted"] for g in granted[1:]), "no fresh walk after FRESH_WALK seconds"
+        assert sum(bool(g["shield"]["adopted"]) for g in granted) >= 3
         assert last["shield"]["lingers"] and not last["degraded"]
         # Lingering: everyone, the last holder too, stays off the core for a while ...
         _assert_shielded(busy, reserved)
