@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on the device, from the repo root, with .whl carried:
 #   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency before proccost lockcost warm quickstart lag modes study studylong study0 multigpu bench (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm quickstart lag modes study studylong study0 multigpu bench (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -32,6 +32,10 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 \
         --modes ${LATENCY_MODES:-idle,busy} --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1 | tail -20 \
         | tee "$OUT/latency.log" ;;
+    latencygap)  # the same, each round after the shield's linger is over: a region on its own (~20 s)
+      timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --gap 0.1 \
+        --modes ${LATENCY_MODES:-idle,busy} --rounds ${LATENCY_ROUNDS:-100} ${LATENCY_ARGS:-} 2>&1 | tail -20 \
+        | tee "$OUT/latencygap.log" ;;
     before)
       rev=$(cat .before/REV); mkdir -p /tmp/before-out
       (cd .before && OUT=/tmp/before-out timeout 240 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda \

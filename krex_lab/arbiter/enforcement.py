@@ -83,11 +83,6 @@ class LingerSlot:
             self._linger = None
             return linger
 
-    @property
-    def name(self) -> str:
-        linger = self._linger
-        return linger.name if linger is not None else ""
-
 
 @dataclass(frozen=True)
 class Enforcement:

@@ -139,7 +139,7 @@ class Arbiter(LoggingConfigurable):
         help="Seconds an affinity shield stays up after its region ends (only the holder gets its "
         "cores back), for a region that starts meanwhile to adopt instead of walking the node again: "
         "the next region of a timing loop or a queue. Everyone else's affinities come back when it "
-        "is over (journaled like a region's). 0: restore at once.",
+        "is over (journaled like a region's). 0: restore at once. Off with shield_irqs.",
     ).tag(config=True)
     core_lock = Unicode(
         "",
@@ -297,7 +297,8 @@ class Arbiter(LoggingConfigurable):
             freezer=self.freezer,
             cores=CoreBook(node_lock=self.node_lock),
             shield=self.shielding,
-            linger=self.shield_linger if self.shielding.mode != "sessions" else 0.0,
+            # An adopted shield narrows no IRQs (what the region before narrowed was given back).
+            linger=self.shield_linger if self.shielding.mode != "sessions" and not self.shield_irqs else 0.0,
             journal=self.journal,
             gpu_processes=self.backend.processes,
             backend_name=self.backend.name,
