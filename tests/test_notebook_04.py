@@ -78,7 +78,9 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     runs = sorted(RESULTS.glob("agent_study-*.json"), key=stamp)
     on_gpu = [r for r in reversed(runs) if not r.name.startswith("agent_study-fake-")]
     ratios = {r: json.loads(r.read_text()).get("ratios_region_over_command") or [] for r in on_gpu}
-    gpu = next(r for r in on_gpu if ratios[r] and all(x.get("freeze", True) and x["think_mean_s"] for x in ratios[r]))
+    asked = [r for r in on_gpu if ratios[r] and all(x.get("freeze", True) and x["think_mean_s"] for x in ratios[r])]
+    gpu = next(r for r in asked if any(x["launch"] == "warm" and x["agents"] >= 16 for x in ratios[r]))
+    few = next(r for r in asked if all(x["agents"] < 16 for x in ratios[r]))
     no_freeze = next(r for r in on_gpu if ratios[r] and not any(x.get("freeze", True) for x in ratios[r]))
     no_think = next(r for r in on_gpu if ratios[r] and not any(x["think_mean_s"] for x in ratios[r]))
     one_mode = next(r for r in on_gpu if not ratios[r])
@@ -97,6 +99,8 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     # study's headline
     (results / re.sub(STAMP, "2021-01-01T0000", no_freeze.name)).symlink_to(no_freeze)
     (results / re.sub(STAMP, "2021-02-01T0000", no_think.name)).symlink_to(no_think)
+    # ... nor is a newer one of 4 agents (warm against cold, 2026-12-02 T2111)
+    (results / re.sub(STAMP, "2021-03-01T0000", few.name)).symlink_to(few)
     # a newer GPU run of one mode (the 32-agent region point, 2026-12-02 T1514) has no ratio to show
     (results / re.sub(STAMP, "2025-01-01T0000", one_mode.name)).symlink_to(one_mode)
     text = run(monkeypatch, None, tmp_path)
@@ -105,6 +109,8 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     unsteady = sorted({c for p in json.loads(gpu.read_text())["points"] for c in p.get("unsteady_alone", [])})
     assert f"not steady alone: {unsteady or 'none'}" in text
     older.unlink()
+    check_points(run(monkeypatch, None, tmp_path), results / re.sub(STAMP, "2021-03-01T0000", few.name))
+    (results / re.sub(STAMP, "2021-03-01T0000", few.name)).unlink()
     check_points(run(monkeypatch, None, tmp_path), results / re.sub(STAMP, "2021-02-01T0000", no_think.name))
     (results / re.sub(STAMP, "2021-02-01T0000", no_think.name)).unlink()
     (results / re.sub(STAMP, "2021-01-01T0000", no_freeze.name)).unlink()
