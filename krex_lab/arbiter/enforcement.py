@@ -165,6 +165,7 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
         lambda threads: steps.journal.record("threads", region.id, threads=threads),
         deadline,
         starts=region.shielded.walked,
+        born_since=linger.since if linger is not None and region.shielded.adopted else None,
     )
     if linger is not None and region.shielded.adopted:
         result.seen |= linger.seen
@@ -181,7 +182,8 @@ def unisolate(steps: Enforcement, region: Region) -> Linger | None:
     caller ends it with :func:`end_linger` unless the next region adopted it first."""
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     shielded = region.shielded
-    if not (shielded.mode == "affinity" and region.isolated.cores):
+    cores = steps.cores.cores_of(region.id)  # (an adopted shield's, also if its isolate failed)
+    if not (shielded.mode == "affinity" and cores):
         steps.cores.release(region.id)
         return None
     walked_at = shielded.walked_at or region.granted_at or time.monotonic()
@@ -189,23 +191,17 @@ def unisolate(steps: Enforcement, region: Region) -> Linger | None:
         name = f"{region.id}-shield"
         kept = steps.cores.linger(region.id, name)
         steps.journal.record("threads", name, threads=kept)  # before the region's own entries end
-        linger = Linger(
-            name, set(region.isolated.cores), shielded.since, shielded.walked, region.isolated.seen, walked_at
-        )
+        linger = Linger(name, cores, shielded.since, shielded.walked, region.isolated.seen, walked_at)
         if steps.lingering.put(linger):
             shielded.lingers = name
             return linger
         end_linger(steps, linger)  # another region's shield lingers (regions on two GPUs)
         return None
     steps.cores.release(region.id)
-    _widen_born(
-        steps,
-        shielded.walked,
-        set(region.isolated.cores),
-        shielded.since,
-        region.isolated.seen,
-        dict(region.frozen.procs),
-    )
+    # A process this region kept stopped made nothing during it, but may have during the chain
+    # of shields it adopted: look at every process then.
+    stopped = {} if shielded.adopted else dict(region.frozen.procs)
+    _widen_born(steps, shielded.walked, cores, shielded.since, region.isolated.seen, stopped)
     return None
 
 
@@ -214,6 +210,15 @@ def end_linger(steps: Enforcement, linger: Linger) -> None:
     steps.cores.release(linger.name)
     _widen_born(steps, linger.walked, linger.cores, linger.since, linger.seen, {})
     steps.journal.end(linger.name)
+
+
+def end_linger_named(steps: Enforcement, name: str | None) -> None:
+    """The timer's end of a linger (in the isolation thread, after any grant queued before it,
+    which may have adopted it): :func:`end_linger`, unless it is no longer ``name``'s (None:
+    whichever lingers, at shutdown)."""
+    linger = steps.lingering.take(name)
+    if linger is not None:
+        end_linger(steps, linger)
 
 
 def _widen_born(

@@ -32,6 +32,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,6 +108,9 @@ class Journal:
         self.path = path
         self._fd: int | None = None
         self._open: set[str] = set()
+        # The loop and the isolation thread both write: an end that truncates must never fall
+        # between another region's write and its being counted open.
+        self._lock = threading.Lock()
         #: bytes written since the file was last started afresh
         self.written = 0
         if open:
@@ -123,18 +127,22 @@ class Journal:
 
     def record(self, kind: str, region: str, **data: Any) -> None:
         line = msgspec.json.encode({"t": kind, "region": region, **data}) + b"\n"
-        os.write(self.fd, line)
-        self.written += len(line)
-        self._open.add(region)
+        with self._lock:
+            self._open.add(region)
+            os.write(self.fd, line)
+            self.written += len(line)
 
     def end(self, region: str) -> None:
-        if region in self._open:
-            self.record("end", region)
-            self._open.discard(region)
-        if not self._open:
-            # Nothing outstanding: start the file afresh so it never grows without bound.
-            os.ftruncate(self.fd, 0)
-            self.written = 0
+        with self._lock:
+            if region in self._open:
+                line = msgspec.json.encode({"t": "end", "region": region}) + b"\n"
+                os.write(self.fd, line)
+                self.written += len(line)
+                self._open.discard(region)
+            if not self._open:
+                # Nothing outstanding: start the file afresh so it never grows without bound.
+                os.ftruncate(self.fd, 0)
+                self.written = 0
 
     def close(self) -> None:
         if self._fd is not None:

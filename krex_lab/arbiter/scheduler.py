@@ -25,7 +25,7 @@ from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted
 from ..regions.freeze import thaw
 from .draining import Draining
-from .enforcement import Enforcement, Linger, end_linger, isolate, unisolate
+from .enforcement import Enforcement, end_linger_named, isolate, unisolate
 from .region import Region, RegionState, Reply
 from .scheduler_config import Notifier, SchedulerConfig
 from .sessions import Session, SessionTable
@@ -422,16 +422,16 @@ class Scheduler:
             self._kick(region.gpu)
 
     def _linger_over(self, name: str) -> None:
-        """A lingering shield's time is up: give its cores back, unless a region adopted it."""
-        linger = self.steps.lingering.take(name)
-        if linger is not None:
-            self._ending_linger = self._spawn(self._end_linger(linger))
+        """A lingering shield's time is up: give its cores back, unless a region adopted it. Taken
+        in the isolation thread, after any grant's isolation queued there before (which may adopt
+        it); a grant that isolates on the loop waits for this first (see _grant)."""
+        self._ending_linger = self._spawn(self._end_linger(name))
 
-    async def _end_linger(self, linger: Linger) -> None:
+    async def _end_linger(self, name: str | None) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(self._threads, end_linger, self.steps, linger)
+            await asyncio.get_running_loop().run_in_executor(self._threads, end_linger_named, self.steps, name)
         except Exception:  # the journal keeps it: the next arbiter or the guardian undoes it
-            log.exception("ending the lingering shield %s failed", linger.name)
+            log.exception("ending the lingering shield %s failed", name)
 
     async def _unlock(self, region: Region) -> None:
         errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
@@ -460,6 +460,6 @@ class Scheduler:
             active = self.active[gpu]
             if active is not None:
                 await self.release(active, "arbiter shutting down")
-        linger = self.steps.lingering.take()
-        if linger is not None:
-            await self._end_linger(linger)
+        if self._ending_linger is not None:
+            await self._ending_linger
+        await self._end_linger(None)  # whichever lingers still

@@ -68,6 +68,8 @@ class _Held:
     touched: set[int]
     #: the holder's process (its tree is looked at again at release: see CoreBook._born_pinned)
     holder: int = 0
+    #: how many cores the region asked for (pick may give fewer): what an adopter must ask
+    asked: int = 0
 
 
 class CoreBook:
@@ -96,7 +98,7 @@ class CoreBook:
         with self._lock:
             cores, _ = self._claim(n)
             if cores:
-                self._held[region] = _Held(cores=set(cores), holder_tids=set(), touched=set())
+                self._held[region] = _Held(cores=set(cores), holder_tids=set(), touched=set(), asked=n)
             return cores
 
     def _claim(self, n: int) -> tuple[list[int], str]:
@@ -116,15 +118,19 @@ class CoreBook:
         journal: JournalFn,
         deadline: float | None = None,
         starts: Mapping[int, int] | None = None,
+        born_since: int | None = None,
     ) -> IsolateResult:
         """Pin the holder's threads to ``n`` reserved cores and move the others' threads off them.
 
         Work on other threads stops at ``deadline`` (monotonic): those not reached keep their
         affinity and ``failed`` says how many, so the region reports itself degraded. ``starts``
         gives processes' start times already read (the shield's node walk reads them).
+        ``born_since`` (boot ticks; a region that adopted a lingering shield): a thread first seen
+        here that started since then inherited a mask the shield narrowed, so its original is
+        its process's (or, for a new process, its parent's) original, not its mask.
         """
         with self._lock:
-            return self._isolate(region, holder_pids, other_pids, n, journal, deadline, dict(starts or {}))
+            return self._isolate(region, holder_pids, other_pids, n, journal, deadline, dict(starts or {}), born_since)
 
     def _isolate(
         self,
@@ -135,6 +141,7 @@ class CoreBook:
         journal: JournalFn,
         deadline: float | None,
         starts: dict[int, int | None],
+        born_since: int | None = None,
     ) -> IsolateResult:
         late = (lambda: False) if deadline is None else (lambda: time.monotonic() > deadline)
         reserved = self._held.get(region)
@@ -171,6 +178,8 @@ class CoreBook:
             start = starts[pid]
             if start is None:  # the process is gone
                 continue
+            if born_since is not None and (start_time(tid) or 0) >= born_since:
+                original = self._creator_original(pid) or original
             self._original[tid] = _Original(pid, start, original)
             fresh.append([tid, pid, start, sorted(original)])
         if fresh:
@@ -180,6 +189,7 @@ class CoreBook:
             holder_tids=set(holder_tids),
             touched=reserved.touched if reserved else set(),
             holder=holder_pids[0] if holder_pids else 0,
+            asked=reserved.asked if reserved else n,
         )
         self._held[region] = held
         moved: set[int] = set()
@@ -255,10 +265,24 @@ class CoreBook:
         [] (and nothing changed) otherwise."""
         with self._lock:
             held = self._held.get(name)
-            if held is None or len(held.cores) != n:
+            if held is None or held.asked != n:
                 return []
             self._held[region] = self._held.pop(name)
             return sorted(held.cores)
+
+    def cores_of(self, region: str) -> set[int]:
+        """The cores ``region`` holds (set() when it holds none)."""
+        with self._lock:
+            held = self._held.get(region)
+            return set(held.cores) if held is not None else set()
+
+    def _creator_original(self, pid: int) -> set[int] | None:
+        """The original affinity of ``pid``'s main thread, else of its parent's (a new process)."""
+        main = self._original.get(pid)
+        if main is None:
+            parent = parent_pid(pid)
+            main = self._original.get(parent) if parent else None
+        return set(main.cpus) if main is not None else None
 
     def originals(self, region: str) -> list[list[Any]]:
         """(tid, pid, process start, original cpus) of every thread ``region`` keeps narrowed."""

@@ -14,6 +14,7 @@ import pytest
 from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
 from krex_lab.procutil import proc_state, start_time, tree
 from krex_lab.pytest_plugin import cpu_gain, wait_for
+from krex_lab.regions.corelock import NodeCoreLock
 from krex_lab.regions.freeze import Freezer
 from krex_lab.regions.isolate import CoreBook
 
@@ -172,3 +173,28 @@ def test_replay_restores_a_process_threads_and_nothing_it_cannot_name(
     assert all(os.sched_getaffinity(tid) == set(cpus) for tid in tids[1:])
     assert os.sched_getaffinity(stranger) == {cpus[0]}, "another process's thread was touched"
     assert os.sched_getaffinity(tids[0]) == {cpus[0]}, "a thread of a process with another start time was touched"
+
+
+def test_core_book_lingers_and_the_next_region_asking_as_many_cores_adopts(
+    spinner: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("a core to reserve and one to keep")
+    book = CoreBook(cpus, node_lock=NodeCoreLock(tmp_path / "cores.lock"))
+    original = os.sched_getaffinity(spinner.pid)
+    # Asked for more cores than can be given (one is always kept): what counts is what was asked.
+    cores = book.reserve("rA", len(cpus))
+    a = book.isolate("rA", [os.getpid()], [spinner.pid], len(cpus), lambda threads: None)
+    assert set(a.cores) == set(cores) and len(cores) < len(cpus)
+    kept = book.linger("rA", "rA-shield")
+    assert spinner.pid in {t[0] for t in kept}, "what the linger must restore is returned for its journal"
+    assert not os.sched_getaffinity(spinner.pid) & set(cores), "the others stay off the cores"
+    assert not os.sched_getaffinity(os.getpid()) & set(cores), "the holder is one of the others now"
+    assert book.adopt("rA-shield", "rB", 1) == [], "a region asking another number walks afresh"
+    assert book.adopt("rA-shield", "rB", len(cpus)) == cores
+    book.isolate("rB", [os.getpid()], [], len(cpus), lambda threads: None)
+    assert os.sched_getaffinity(os.getpid()) == set(cores)
+    book.release("rB")
+    assert os.sched_getaffinity(spinner.pid) == original
+    assert os.sched_getaffinity(os.getpid()) == set(cpus)
