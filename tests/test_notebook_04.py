@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -17,6 +18,9 @@ from nbclient import NotebookClient
 from tests.support import ROOT
 
 from .test_notebooks import outputs_text
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import agent_bounds
 
 pytestmark = pytest.mark.timeout(180)
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,6 +49,8 @@ def run(monkeypatch: pytest.MonkeyPatch, study: Path | None, root: Path = ROOT) 
 def check_points(text: str, study: Path) -> None:
     data = json.loads(study.read_text())
     assert study.name in text
+    for p in data["points"]:  # what bounds each point, as benchmarks/agent_bounds.py says it
+        assert agent_bounds.bounds_line(agent_bounds.bounds(p)) in text, p["mode"]
     for p in data["points"]:
         freeze = "on" if p.get("freeze", True) else "off"
         assert f"{p['mode']:8} {freeze:>6} {p['agents']:6d}" in text, p["mode"]
