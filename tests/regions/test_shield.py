@@ -7,6 +7,7 @@ test on a stand-in ``/proc/irq`` tree (containers mount the real one read-only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -128,6 +129,20 @@ def test_after_sigkill_of_the_arbiter_the_guardian_restores_every_affinity(
     affinity_arbiter.proc.wait()
 
 
+@contextlib.contextmanager
+def _arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Iterator[tuple[ArbiterProc, Procs]]:
+    """An arbiter of its own (``extra``: its options) and session processes on it; both ended after."""
+    gen = running_arbiter(tmp_path, monkeypatch, extra=extra)
+    arbiter = next(gen)
+    procs = Procs(arbiter.env())
+    try:
+        yield arbiter, procs
+    finally:
+        procs.cleanup()
+        for _ in gen:
+            pass
+
+
 SPAWNER = """
 import os, subprocess, sys, threading, time, krex_lab
 krex_lab.attach(gpu=0)
@@ -151,14 +166,8 @@ def test_threads_and_processes_the_holder_starts_in_a_region_are_not_left_pinned
     linger: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A thread pool made by the first operation timed would otherwise run on one core for good."""
-    gen = running_arbiter(
-        tmp_path, monkeypatch, extra=("--Arbiter.shield=affinity", f"--Arbiter.shield_linger={linger}")
-    )
-    arbiter = next(gen)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", SPAWNER], env=arbiter.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
+    with _lingering(tmp_path, monkeypatch, float(linger)) as (_, procs):
+        holder = _script(procs, SPAWNER)
         assert holder.stdout is not None and holder.stdin is not None
         tid, child, cores = holder.stdout.readline().split(" ", 2)
         assert os.sched_getaffinity(int(tid)) == os.sched_getaffinity(int(child)) == set(json.loads(cores))
@@ -169,25 +178,29 @@ def test_threads_and_processes_the_holder_starts_in_a_region_are_not_left_pinned
         holder.stdin.write("\n")
         holder.stdin.flush()
         holder.wait(10)
-    finally:
-        holder.kill()
-        for _ in gen:
-            pass
 
 
-def _lingering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[ArbiterProc]:
-    return running_arbiter(
-        tmp_path, monkeypatch, extra=("--Arbiter.shield=affinity", f"--Arbiter.shield_linger={seconds}")
+def _script(procs: Procs, source: str) -> subprocess.Popen[str]:
+    """``python -c source`` on ``procs``'s arbiter, talked to over stdin and stdout; killed with them."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", source], env=procs.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    procs.procs.append(proc)
+    assert proc.stdout is not None and proc.stdin is not None
+    return proc
+
+
+def _lingering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float
+) -> contextlib.AbstractContextManager[tuple[ArbiterProc, Procs]]:
+    return _arbiter(tmp_path, monkeypatch, "--Arbiter.shield=affinity", f"--Arbiter.shield_linger={seconds}")
 
 
 @needs_two_cores
 def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_everyone(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = _lingering(tmp_path, monkeypatch, 1.5)
-    procs = Procs(next(gen).env())
-    try:
+    with _lingering(tmp_path, monkeypatch, 1.5) as (_, procs):
         before = [_affinities(p.pid) for p in busy]
         holder = procs.start("holder", "0", "--hold", "0.1", "--regions", "3", "--linger", wait_line="granted")
         first = Procs.report(Procs.readline(holder))
@@ -205,10 +218,6 @@ def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_ev
         took = wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=10.0)
         assert took > 0.5, f"restored after {took:.3f} s: the shield did not linger"
         assert os.sched_getaffinity(holder.pid) == set(CPUS)
-    finally:
-        procs.cleanup()
-        for _ in gen:
-            pass
 
 
 @needs_two_cores
@@ -216,9 +225,7 @@ def test_a_chain_of_adopted_shields_walks_the_node_afresh_after_a_second(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pids are reused: a chain trusts its first node walk for FRESH_WALK (1 s) only."""
-    gen = _lingering(tmp_path, monkeypatch, 1.0)
-    procs = Procs(next(gen).env())
-    try:
+    with _lingering(tmp_path, monkeypatch, 1.0) as (_, procs):
         holder = procs.start("holder", "0", "--hold", "0.25", "--regions", "7", wait_line="granted")
         granted = []
         for _ in range(6):
@@ -228,10 +235,6 @@ def test_a_chain_of_adopted_shields_walks_the_node_afresh_after_a_second(
         adopted = [bool(g["shield"]["adopted"]) for g in granted]
         assert any(adopted), "no region adopted the shield of the one before"
         assert not all(adopted), "seven regions of 0.25 s and not one walked the node afresh"
-    finally:
-        procs.cleanup()
-        for _ in gen:
-            pass
 
 
 CHAIN = """
@@ -256,12 +259,8 @@ stop.set()
 def test_a_thread_started_between_adopted_regions_gets_all_its_cores_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = _lingering(tmp_path, monkeypatch, 0.3)
-    arbiter = next(gen)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", CHAIN], env=arbiter.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
+    with _lingering(tmp_path, monkeypatch, 0.3) as (_, procs):
+        holder = _script(procs, CHAIN)
         assert holder.stdout is not None and holder.stdin is not None
         shields = [json.loads(holder.stdout.readline()) for _ in range(3)]
         assert shields[1]["adopted"], shields  # the thread was first seen by an adopting region
@@ -270,20 +269,13 @@ def test_a_thread_started_between_adopted_regions_gets_all_its_cores_back(
         holder.stdin.write("\n")
         holder.stdin.flush()
         holder.wait(10)
-    finally:
-        holder.kill()
-        for _ in gen:
-            pass
 
 
 @needs_two_cores
 def test_sigkill_of_the_arbiter_while_a_shield_lingers_restores_every_affinity(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = _lingering(tmp_path, monkeypatch, 60.0)
-    arbiter = next(gen)
-    procs = Procs(arbiter.env())
-    try:
+    with _lingering(tmp_path, monkeypatch, 60.0) as (arbiter, procs):
         before = [_affinities(p.pid) for p in busy]
         holder = procs.start("holder", "0", "--hold", "0.1", "--linger", wait_line="granted")
         released = Procs.report(Procs.readline(holder))
@@ -294,27 +286,16 @@ def test_sigkill_of_the_arbiter_while_a_shield_lingers_restores_every_affinity(
         wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=3.0)
         wait_for(lambda: os.sched_getaffinity(holder.pid) == set(CPUS), timeout=3.0)
         arbiter.proc.wait()
-    finally:
-        procs.cleanup()
-        for _ in gen:
-            pass
 
 
 def test_sessions_mode_leaves_processes_that_are_no_sessions_alone(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gen = running_arbiter(tmp_path, monkeypatch, extra=("--Arbiter.shield=sessions",))
-    arb = next(gen)
-    procs = Procs(arb.env())
-    try:
+    with _arbiter(tmp_path, monkeypatch, "--Arbiter.shield=sessions") as (_, procs):
         before = [_affinities(p.pid) for p in busy]
         holder = procs.start("holder", "0", "--hold", "0.5", wait_line="granted")
         assert [_affinities(p.pid) for p in busy] == before
         assert Procs.report(Procs.readline(holder))["shield"]["mode"] == "sessions"
-    finally:
-        procs.cleanup()
-        for _ in gen:
-            pass
 
 
 def test_node_pids_lists_user_processes_and_counts_kernel_threads(busy: list[subprocess.Popen[bytes]]) -> None:
