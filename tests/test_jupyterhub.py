@@ -215,7 +215,10 @@ def node() -> Iterator[Node]:
             model = hub.user_api(u.name, n.tokens[u.name], "POST", "/kernels", {"name": "krex"})
             n.kernel_ids[u.name] = model["id"]
         for u in (alice, bob):
-            k = KernelWS(hub.ws_url(u.name, n.kernel_ids[u.name]), n.tokens[u.name], timeout=90)
+            try:
+                k = KernelWS(hub.ws_url(u.name, n.kernel_ids[u.name]), n.tokens[u.name], timeout=90)
+            except Exception as exc:  # the hub's log holds the user servers' (a kernel restart, say)
+                raise AssertionError(f"{u.name}'s kernel did not answer: {exc!r}\n{hub.log_tail(80)}") from exc
             stack.callback(k.close)
             n.kernels[u.name] = k
         try:
