@@ -259,7 +259,7 @@ stop.set()
 def test_a_thread_started_between_adopted_regions_gets_all_its_cores_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with _lingering(tmp_path, monkeypatch, 0.3) as (_, procs):
+    with _lingering(tmp_path, monkeypatch, 1.0) as (_, procs):
         holder = _script(procs, CHAIN)
         assert holder.stdout is not None and holder.stdin is not None
         shields = [json.loads(holder.stdout.readline()) for _ in range(3)]
