@@ -210,3 +210,5 @@ def test_krex_exclusive_cli_propagates_exit_code(arbiter: ArbiterProc) -> None:
     table = json.loads(status.stdout)
     assert table["arbiter"]["simulated"] is True and len(table["gpus"]) == 2
     assert table["arbiter"]["cgroups"] == "disabled (--cgroups off)"  # how sessions are frozen: SIGSTOP
+    # the fixtures shield KREX sessions only: no node-wide shield, so none lingers after a region
+    assert table["arbiter"]["shield"] == "sessions" and table["arbiter"]["shield_linger_s"] == 0.0

@@ -200,7 +200,8 @@ def _lingering(
 def test_back_to_back_regions_adopt_the_lingering_shield_and_its_end_restores_everyone(
     busy: list[subprocess.Popen[bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with _lingering(tmp_path, monkeypatch, 1.5) as (_, procs):
+    with _lingering(tmp_path, monkeypatch, 1.5) as (arbiter, procs):
+        assert arbiter.status()["arbiter"]["shield_linger_s"] == 1.5
         before = [_affinities(p.pid) for p in busy]
         holder = procs.start("holder", "0", "--hold", "0.1", "--regions", "3", "--linger", wait_line="granted")
         first = Procs.report(Procs.readline(holder))
