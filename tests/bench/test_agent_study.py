@@ -281,3 +281,41 @@ def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[st
         assert after["error_abs_pct_as_run"] == before["error_abs_pct"]
         assert f"agents {before['agents']:2d}: |error| median {before['error_abs_pct']['median']} %" in r.stdout
     assert again["ratios_region_over_command"] == study["ratios_region_over_command"]
+
+
+@pytest.fixture(scope="module")
+def two_gpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The study spread over two fake GPUs (``--gpus 2``: agent i on GPU i mod 2)."""
+    tmp = tmp_path_factory.mktemp("agents2")
+    mp = pytest.MonkeyPatch()
+    arbiters = running_arbiter(tmp, mp, gpus=2)
+    arb: ArbiterProc = next(arbiters)
+    try:
+        out = tmp / "study.json"
+        cmd = [sys.executable, str(STUDY), "--use-arbiter", "--gpus", "2", "--agents", "4", "--think-mean", "0"]
+        cmd += ["--seconds", "6", "--warmup", "2", "--launch", "warm", "--modes", "region", "--kernels", "vector_add"]
+        cmd += ["--reference-repeats", "1", "--no-reference-after", "--no-plots", "--out", str(out)]
+        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        data: dict[str, Any] = json.loads(out.read_text())
+        return data
+    finally:
+        next(arbiters, None)
+        mp.undo()
+
+
+@pytest.mark.timeout(220)
+def test_two_gpus_each_agent_on_its_own_and_regions_one_at_a_time_on_each(two_gpus: dict[str, Any]) -> None:
+    (point,) = two_gpus["points"]
+    timed = [r for r in point["records"] if r.get("region")]
+    assert {r["gpu"] for r in point["records"]} == {0, 1}
+    for r in point["records"]:
+        assert r["gpu"] == r["agent"] % 2, r
+    for r in timed:
+        assert r["region"]["gpu"] == r["gpu"], "a region is taken on the agent's own GPU"
+    for gpu in (0, 1):
+        spans = sorted((r["region"]["granted"], r["region"]["released"]) for r in timed if r["gpu"] == gpu)
+        assert spans, f"no region on GPU {gpu}"
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end
+    assert two_gpus["arbiter_history"]["overlapping_pairs"] == 0
