@@ -28,19 +28,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from agent_plots import load_runs
+from agent_plots import compared_at, load_runs
+from agent_reference import in_window
 
 PHASES = ("compile_s", "check_s", "time_s")
-
-
-def returned(point: dict[str, Any]) -> list[dict[str, Any]]:
-    """The evaluations that returned inside the point's measured window (all, for a point written
-    before windows were recorded)."""
-    lo, hi = point.get("measure_from"), point.get("until")
-    done = [r for r in point["records"] if r.get("done") is not None]
-    if lo is None or hi is None:
-        return done
-    return [r for r in done if lo <= r["done"] <= hi]
 
 
 def gpu_held_share(point: dict[str, Any]) -> float | None:
@@ -63,7 +54,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def bounds(point: dict[str, Any]) -> dict[str, Any]:
     """A point's throughput against what bounds it (see the module docstring)."""
-    recs = returned(point)
+    recs = in_window(point)
     think = _mean([r["think_s"] for r in recs if isinstance(r.get("think_s"), (int, float))])
     latency = _mean([r["latency_s"] for r in recs if isinstance(r.get("latency_s"), (int, float))])
     cycle = (think or 0.0) + latency if latency is not None else None
@@ -134,11 +125,7 @@ def pooled(runs: dict[str, dict[str, Any]], agents: int, think: float) -> dict[s
         (name, r)
         for name, data in runs.items()
         for r in data.get("ratios_region_over_command") or []
-        if r["launch"] == "warm"
-        and r.get("freeze", True)
-        and r["agents"] == agents
-        and r["think_mean_s"] == think
-        and r.get("counts")
+        if compared_at(r, think) and r["agents"] == agents and r.get("counts")
     ]
     if not used:
         return None

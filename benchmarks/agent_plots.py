@@ -185,18 +185,20 @@ RESULTS = Path(__file__).resolve().parent / "results"
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{4}")
 
 
+def compared_at(x: dict[str, Any], think: float) -> bool:
+    """Whether a point or a ratio is one the sweep compares: warm workers, regions that freeze,
+    think mean ``think``."""
+    return bool(x["launch"] == "warm" and x.get("freeze", True) and x["think_mean_s"] == think)
+
+
 def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, Any]]:
     """The warm, freezing points of every run at think mean ``think``, one row each, by agents:
     what :func:`sweep` draws (run names are their files' stamps)."""
-
-    def drawn(x: dict[str, Any]) -> bool:  # a point or a ratio
-        return x["launch"] == "warm" and x.get("freeze", True) and x["think_mean_s"] == think
-
     rows = [
         {"run": name, "mode": p["mode"], "agents": p["agents"], "evals_per_min": p["evals_per_min"]}
         for name, data in runs.items()
         for p in data["points"]
-        if drawn(p)
+        if compared_at(p, think)
     ]
     ratios = [
         {
@@ -208,7 +210,7 @@ def sweep_rows(runs: dict[str, dict[str, Any]], think: float) -> list[dict[str, 
         }
         for name, data in runs.items()
         for r in data.get("ratios_region_over_command") or []
-        if drawn(r)
+        if compared_at(r, think)
     ]
     return sorted(rows + ratios, key=lambda r: (r["agents"], r["mode"], r["run"]))
 

@@ -216,6 +216,14 @@ def interval_text(lo_hi: list[float] | None) -> str:
     )
 
 
+def in_window(point: dict[str, Any]) -> list[dict[str, Any]]:
+    """The evaluations that returned inside the point's measured window (every one that returned,
+    for a point written before windows were recorded)."""
+    lo, hi = point.get("measure_from"), point.get("until")
+    done = [r for r in point["records"] if r.get("done") is not None]
+    return done if lo is None or hi is None else [r for r in done if lo <= r["done"] <= hi]
+
+
 def log_rate_se(point: dict[str, Any]) -> float | None:
     """Standard error of the log of a point's evaluation rate, from the gaps between the
     evaluations that returned in its window: their coefficient of variation over the root of
@@ -225,7 +233,7 @@ def log_rate_se(point: dict[str, Any]) -> float | None:
     for a run written before windows were recorded (no ``measure_from``)."""
     if "measure_from" not in point:
         return None
-    done = sorted(r["done"] for r in point["records"] if point["measure_from"] <= r["done"] <= point["until"])
+    done = sorted(r["done"] for r in in_window(point))
     gaps = [b - a for a, b in itertools.pairwise(done)]
     if len(done) < MIN_RETURNS or statistics.fmean(gaps) <= 0:
         return None

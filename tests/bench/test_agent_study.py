@@ -20,18 +20,32 @@ REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "benchmarks" / "agent_study.py"
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _run_study(tmp_path_factory: pytest.TempPathFactory, gpus: int, args: list[str]) -> dict[str, Any]:
+    """``agent_study.py --use-arbiter ARGS`` on an arbiter of ``gpus`` fake GPUs; its JSON, and its
+    stdout as ``stdout``."""
     tmp = tmp_path_factory.mktemp("agents")
     mp = pytest.MonkeyPatch()
-    arbiters = running_arbiter(tmp, mp, gpus=1)
+    arbiters = running_arbiter(tmp, mp, gpus=gpus)
     arb: ArbiterProc = next(arbiters)
     try:
         out = tmp / "study.json"
-        cmd = [
-            sys.executable,
-            str(STUDY),
-            "--use-arbiter",
+        cmd = [sys.executable, str(STUDY), "--use-arbiter", *args, "--out", str(out)]
+        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        data: dict[str, Any] = json.loads(out.read_text())
+        data["stdout"] = r.stdout
+        return data
+    finally:
+        next(arbiters, None)
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run_study(
+        tmp_path_factory,
+        1,
+        [
             "--agents",
             "4",
             "--think-mean",
@@ -48,17 +62,8 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "0.3",
             "--freeze",
             "on,off",
-            "--out",
-            str(out),
-        ]
-        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        data: dict[str, Any] = json.loads(out.read_text())
-        data["stdout"] = r.stdout
-        return data
-    finally:
-        next(arbiters, None)
-        mp.undo()
+        ],
+    )
 
 
 @pytest.mark.timeout(220)
@@ -286,22 +291,9 @@ def test_rescoring_a_study_under_the_same_rules_changes_no_figure(study: dict[st
 @pytest.fixture(scope="module")
 def two_gpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The study spread over two fake GPUs (``--gpus 2``: agent i on GPU i mod 2)."""
-    tmp = tmp_path_factory.mktemp("agents2")
-    mp = pytest.MonkeyPatch()
-    arbiters = running_arbiter(tmp, mp, gpus=2)
-    arb: ArbiterProc = next(arbiters)
-    try:
-        out = tmp / "study.json"
-        cmd = [sys.executable, str(STUDY), "--use-arbiter", "--gpus", "2", "--agents", "4", "--think-mean", "0"]
-        cmd += ["--seconds", "6", "--warmup", "2", "--launch", "warm", "--modes", "region", "--kernels", "vector_add"]
-        cmd += ["--reference-repeats", "1", "--no-reference-after", "--no-plots", "--out", str(out)]
-        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        data: dict[str, Any] = json.loads(out.read_text())
-        return data
-    finally:
-        next(arbiters, None)
-        mp.undo()
+    args = ["--gpus", "2", "--agents", "4", "--think-mean", "0", "--seconds", "6", "--warmup", "2"]
+    args += ["--launch", "warm", "--modes", "region", "--kernels", "vector_add"]
+    return _run_study(tmp_path_factory, 2, [*args, "--reference-repeats", "1", "--no-reference-after", "--no-plots"])
 
 
 @pytest.mark.timeout(220)
