@@ -24,7 +24,8 @@ from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
 from ..errors import KrexError
-from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
+from ..gpu import FAKE_GPUS, GpuBackend, make_backend
+from ..gpu.traits import BackendName
 from ..procfiles import KEPT
 from ..regions.cgroups import CgroupPlacer
 from ..regions.corelock import NodeCoreLock
@@ -97,9 +98,8 @@ class Arbiter(LoggingConfigurable):
         help="Directory for the socket, journal and lock (default: $KREX_RUNTIME_DIR; else /run/krex for root, "
         "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID for other users).",
     ).tag(config=True)
-    backend_name = Enum(
-        list(BACKENDS),
-        default_value="auto",
+    backend_name = BackendName(
+        "auto",
         help="GPU backend: auto picks nvidia, then amd, then the simulated fake backend.",
     ).tag(config=True)
     fake_gpus = Int(

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..gpu.vendors import vendor
+
 #: the Ray namespace of the node actors
 NAMESPACE = "krex"
 #: the custom resource a node declares for each simulated (fake backend) GPU; on real GPUs Ray's own "GPU"
@@ -143,7 +145,7 @@ class NodeService:
         if self._arbiter_answers():
             return
         cmd = [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.config.backend]
-        if self.config.backend == "fake":
+        if self.config.backend != "auto" and vendor(self.config.backend).simulated:
             cmd += ["--fake-gpus", str(self.gpus)]
         self._spawn("arbiter", [*cmd, *self.config.arbiter_args])
         self._wait("arbiter", self._arbiter_answers)
