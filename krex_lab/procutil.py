@@ -132,11 +132,6 @@ async def settle_exits(pids: Iterable[int], grace: float, step: float = 0.005) -
         await asyncio.sleep(step)
 
 
-def proc_is_stopped(pid: int) -> bool:
-    """True if the process is stopped by a signal (T) or a tracer (t)."""
-    return proc_state(pid) in STOPPED
-
-
 def start_time(pid: int) -> int | None:
     """Start time in clock ticks since boot: with the pid, a name that pid reuse cannot fake."""
     fields = _stat_fields(pid)

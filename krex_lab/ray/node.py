@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..gpu.vendors import vendor
@@ -222,9 +221,3 @@ class NodeService:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-
-
-def runtime_dir_of(node: dict[str, Any]) -> Path | None:
-    """The runtime dir a node's service reported (None before it answered)."""
-    rd = node.get("runtime_dir")
-    return Path(rd) if rd else None
