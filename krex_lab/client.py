@@ -24,8 +24,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import devsync, paths, protocol
-from .arbiter.identity import fetch_ticket
-from .connection import REQUEST_TIMEOUT, Connection, hello, status
+from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
 from .region_report import RegionReport
 from .wait_notice import WaitNotice
