@@ -120,7 +120,7 @@ class Arbiter(LoggingConfigurable):
         help="Threads that make a drain's driver locks at once (1: one after another). Fewer threads "
         "lock idle siblings faster (15 of them: 3.3 ms in 4 threads, 5.5 ms in 16 on the H200), but "
         "a sibling not yet locked keeps queueing GPU work: with 15 busy siblings the drain took 542 ms "
-        "in 4 threads against 348 ms in 16 (benchmarks/lock_cost.py, arbiter_latency.py, 2026-12-01).",
+        "in 4 threads against 348 ms in 16 (benchmarks/probes/lock_cost.py, arbiter_latency.py, 2026-12-01).",
     ).tag(config=True)
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True
