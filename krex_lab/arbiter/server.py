@@ -314,6 +314,7 @@ class Arbiter(LoggingConfigurable):
             isolate_deadline=self.isolate_deadline,
         )
         self.quotas = Quotas(parent=self)
+        self.quotas_note = ""
         fd_limit = raise_fd_limit()
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
@@ -433,6 +434,7 @@ class Arbiter(LoggingConfigurable):
             return
         try:
             self.region_history.open()
+            self.scheduler.number_after(self.region_history.highest_region_number())
         except (OSError, sqlite3.Error, KrexError) as exc:
             self.history_off = f"the region history {self.region_history.path} could not be opened: {exc}"
             log.error("%s; regions are not recorded", self.history_off)
@@ -462,6 +464,22 @@ class Arbiter(LoggingConfigurable):
                 log.exception("metrics snapshot failed")
             await asyncio.sleep(self.telemetry_interval if self.telemetry_interval > 0 else 1.0)
 
+    def reload_quotas(self, config: Any, source: str) -> str:
+        """Apply the quotas of ``config`` (``source`` read again, on SIGHUP) to the running arbiter:
+        every later register and acquire uses them, nothing held or queued changes. Returns the line
+        logged and shown by ``krex status``."""
+        at = time.strftime("%H:%M:%S")
+        try:
+            changed = self.quotas.reload(config)
+        except Exception as exc:  # a bad value must not take the arbiter down: the old quotas stay
+            self.quotas_note = f"reload from {source} failed at {at} ({exc}): the earlier quotas stay"
+            log.error("quotas: %s", self.quotas_note)
+            return self.quotas_note
+        what = ", ".join(changed) if changed else "nothing changed"
+        self.quotas_note = f"reloaded from {source} at {at} ({what})"
+        log.warning("quotas %s", self.quotas_note)
+        return self.quotas_note
+
     def status(self) -> dict[str, Any]:
         """The node table (``krex status``)."""
         me = {
@@ -473,6 +491,8 @@ class Arbiter(LoggingConfigurable):
             "shield_linger_s": self.scheduler.steps.linger,
             #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
             "cgroups": self.placer.reason,
+            #: the last SIGHUP's quota reload (empty: the quotas it started with)
+            "quotas": self.quotas_note,
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
