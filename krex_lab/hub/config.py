@@ -48,6 +48,8 @@ class HubConfig:
     queued_per_user: int = 8
     max_hold: float = 0.0
     privacy: str = "private"
+    #: Arbiter.shield: what keeps everyone but a holder off its reserved cores
+    shield: str = "affinity"
     arbiter_service: bool = True
     backend: str = "auto"
     default_url: str = "/lab"
@@ -80,7 +82,8 @@ def _allow_section(cfg: HubConfig) -> str:
     lines = [
         "# -- who may log in -------------------------------------------------------------------------------",
         "# JupyterHub 5 admits only admins unless an allow rule says otherwise. Chosen by `krex hub-config`",
-        "# (--allow-group / --allow-user / --allow-all-users); KREX_ADMINS may always log in.",
+        "# (--allow-group / --allow-user / --allow-all-users). Admins too need a rule: KREX_ADMINS are",
+        "# allowed by name below.",
     ]
     if cfg.allow_all:
         lines.append("c.Authenticator.allow_all = True  # every user the authenticator accepts (PAM: every account)")
@@ -88,8 +91,7 @@ def _allow_section(cfg: HubConfig) -> str:
         lines.append(
             f"c.LocalAuthenticator.allowed_groups = set({_py(cfg.allow_groups)})  # Unix groups (PAM, the default)"
         )
-    if cfg.allow_users:
-        lines.append(f"c.Authenticator.allowed_users = set({_py(cfg.allow_users)})")
+    lines.append(f"c.Authenticator.allowed_users = set(KREX_ADMINS) | set({_py(cfg.allow_users)})")
     return "\n".join(lines)
 
 
@@ -155,6 +157,9 @@ c.Quotas.users = {{}}  # e.g. {{"alice": {{"queued_per_user": 32, "max_hold": 36
 c.Quotas.groups = {{}}  # e.g. {{"students": {{"queued_per_user": 2, "max_hold": 120}}}} (Unix groups)
 c.Quotas.admin_group = KREX_ADMIN_GROUP
 c.Arbiter.privacy = {_py(cfg.privacy)}  # users see others' sessions as names and counts; "open" shows all
+# Who leaves a region holder's reserved cores: "affinity" moves every process of the node (and gives
+# the cores back after), "sessions" only KREX sessions (other work of the node keeps running there).
+c.Arbiter.shield = {_py(cfg.shield)}
 
 # -- every user's server: the KREX extension on the node arbiter, never an embedded one ------------
 # The `krex` kernelspec (Python 3 (KREX)) ships with krex-lab; its provisioner asks the node arbiter
@@ -226,6 +231,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queued-per-user", type=int, default=d.queued_per_user, help="Quotas.queued_per_user")
     parser.add_argument("--max-hold", type=float, default=d.max_hold, help="Quotas.max_hold (s; 0: no user limit)")
     parser.add_argument("--privacy", choices=["private", "open"], default=d.privacy, help="Arbiter.privacy")
+    parser.add_argument(
+        "--shield",
+        choices=["affinity", "cpuset", "auto", "sessions"],
+        default=d.shield,
+        help="Arbiter.shield: who leaves a holder's reserved cores (default: every process, affinity)",
+    )
     parser.add_argument("--backend", default=d.backend, help="the arbiter's GPU backend (auto, nvidia, amd, fake)")
     parser.add_argument(
         "--fake-gpus", type=int, default=d.fake_gpus, help="GPUs the fake backend simulates (--backend fake)"
@@ -270,6 +281,7 @@ def config_from(args: argparse.Namespace) -> HubConfig:
         queued_per_user=args.queued_per_user,
         max_hold=args.max_hold,
         privacy=args.privacy,
+        shield=args.shield,
         arbiter_service=args.arbiter_service,
         backend=args.backend,
         fake_gpus=args.fake_gpus,
