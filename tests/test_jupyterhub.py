@@ -413,7 +413,10 @@ def test_an_edited_quota_applies_on_sighup_without_a_restart(node: Node) -> None
     raised = f"c.Quotas.users = {{{node.bob.name!r}: {{'max_hold': 50}}}}"
     config.write_text(text.replace("c.Quotas.users = {}", raised))
     try:
-        os.kill(before["pid"], signal.SIGHUP)
+        # as the docs say: the arbiter's pid is the first line of its lock file
+        pid = int((node.arbiter.runtime / "arbiter.lock").read_text().split()[0])
+        assert pid == before["pid"]
+        os.kill(pid, signal.SIGHUP)
         wait_for(lambda: "reloaded" in node.arbiter.status()["arbiter"].get("quotas", ""), 15, 0.1)
         after = node.arbiter.status()["arbiter"]
         assert after["pid"] == before["pid"] and after["started"] == before["started"], "the same arbiter"

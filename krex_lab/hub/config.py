@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     out.write_text(text)
     out.chmod(0o644)
     hub = Path(args.python).with_name("jupyterhub")
-    print(f"krex hub-config: wrote {out}; start the hub as root with `{hub} -f {out}`", file=sys.stderr)
+    print(f"krex hub-config: wrote {out}; start the hub as root with `{hub} -f {out.resolve()}`", file=sys.stderr)
     return 0
 
 
