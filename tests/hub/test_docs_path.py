@@ -60,3 +60,12 @@ def test_the_example_config_is_what_the_command_generates(tmp_path: Path) -> Non
     )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == (example / "jupyterhub_config.py").read_text(), "regenerate the example"
+
+
+def test_the_docs_say_what_a_region_stops() -> None:
+    """Only the sessions on the region's GPU, the holder's own other kernels there included (shown
+    by tests/arbiter/test_multi_gpu_fake.py, whose siblings are the holder's user's own)."""
+    text = " ".join(DOC.read_text().split())
+    assert "A region freezes the KREX sessions **on its GPU** only" in text
+    assert "the holder's own other kernels on that GPU included" in text
+    assert "Sessions on the node's other GPUs keep running" in text
