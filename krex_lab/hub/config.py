@@ -23,6 +23,7 @@ the KREX one staying the default).
 from __future__ import annotations
 
 import argparse
+import grp
 import json
 import sys
 from dataclasses import dataclass, field
@@ -302,6 +303,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(text)
         return 0
+    for group in args.allow_group:  # a typo lets nobody in: say so (the file may be meant for another node)
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            print(f"krex hub-config: warning: no Unix group {group!r} on this machine", file=sys.stderr)
     out = Path(args.output)
     if out.exists() and not args.force:
         print(f"krex hub-config: {out} exists (--force overwrites it)", file=sys.stderr)

@@ -154,3 +154,8 @@ def test_jupyterhub_accepts_it(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert r.returncode == 0 and r.stdout.split() == ["2", "ok"], r.stderr
+
+
+def test_an_unknown_group_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    generate(tmp_path, "--allow-group", "no-such-group-krex")
+    assert "no Unix group 'no-such-group-krex' on this machine" in capsys.readouterr().err
