@@ -93,7 +93,7 @@ class ArbiterApp(KrexApplication):
             arbiter.quotas_note = f"reload from {source} failed ({exc}): the earlier quotas stay"
             log.error("quotas: %s", arbiter.quotas_note)
             return
-        arbiter.reload_quotas(probe.config, source)
+        arbiter.quotas_note = arbiter.quotas.reload_from(probe.config, source)
 
 
 def serving_line(arbiter: Arbiter) -> str:

@@ -17,6 +17,7 @@ user. With one user it is the plain FIFO the single-user arbiter always had.
 from __future__ import annotations
 
 import grp
+import logging
 import math
 import pwd
 import resource
@@ -31,6 +32,8 @@ from traitlets.config import LoggingConfigurable
 from ..errors import QuotaExceeded
 from ..procfiles import KeptFiles
 from .region import Region
+
+log = logging.getLogger("krex.arbiter")
 
 #: file descriptors kept free for sockets, the journal, NVML and the like
 FD_RESERVE = 256
@@ -183,6 +186,20 @@ class Quotas(LoggingConfigurable):
                 changed.append(name)
         _groups_seen.clear()
         return changed
+
+    def reload_from(self, config: Any, source: str) -> str:
+        """:meth:`reload` from ``source``'s ``config`` (read again on SIGHUP), logged; returns the
+        line ``krex status`` shows. A value traitlets refuses changes nothing: the old quotas stay."""
+        at = time.strftime("%H:%M:%S")
+        try:
+            changed = self.reload(config)
+        except Exception as exc:
+            note = f"reload from {source} failed at {at} ({exc}): the earlier quotas stay"
+            log.error("quotas: %s", note)
+            return note
+        note = f"reloaded from {source} at {at} ({', '.join(changed) if changed else 'nothing changed'})"
+        log.warning("quotas %s", note)
+        return note
 
 
 def _count(n: int, noun: str) -> str:

@@ -314,6 +314,7 @@ class Arbiter(LoggingConfigurable):
             isolate_deadline=self.isolate_deadline,
         )
         self.quotas = Quotas(parent=self)
+        #: the last SIGHUP's quota reload, as `krex status` shows it (ArbiterApp.reload_quotas)
         self.quotas_note = ""
         fd_limit = raise_fd_limit()
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
@@ -463,22 +464,6 @@ class Arbiter(LoggingConfigurable):
             except Exception:
                 log.exception("metrics snapshot failed")
             await asyncio.sleep(self.telemetry_interval if self.telemetry_interval > 0 else 1.0)
-
-    def reload_quotas(self, config: Any, source: str) -> str:
-        """Apply the quotas of ``config`` (``source`` read again, on SIGHUP) to the running arbiter:
-        every later register and acquire uses them, nothing held or queued changes. Returns the line
-        logged and shown by ``krex status``."""
-        at = time.strftime("%H:%M:%S")
-        try:
-            changed = self.quotas.reload(config)
-        except Exception as exc:  # a bad value must not take the arbiter down: the old quotas stay
-            self.quotas_note = f"reload from {source} failed at {at} ({exc}): the earlier quotas stay"
-            log.error("quotas: %s", self.quotas_note)
-            return self.quotas_note
-        what = ", ".join(changed) if changed else "nothing changed"
-        self.quotas_note = f"reloaded from {source} at {at} ({what})"
-        log.warning("quotas %s", self.quotas_note)
-        return self.quotas_note
 
     def status(self) -> dict[str, Any]:
         """The node table (``krex status``)."""
