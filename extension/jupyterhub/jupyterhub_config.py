@@ -3,7 +3,8 @@
 # c.Quotas and c.Arbiter sections): the hub starts the arbiter as the managed service
 # "krex-arbiter" with `--config` pointing here. Start the hub as root by the venv's absolute
 # path (`/opt/krex/bin/jupyterhub -f THIS_FILE`): nothing here needs the venv on root's PATH.
-# Quota edits apply without a restart: `sudo kill -HUP <arbiter pid>` (the pid `krex status` shows).
+# Quota edits apply without a restart: SIGHUP to the arbiter, whose pid is the first line of
+# KREX_RUNTIME_DIR/arbiter.lock. Other edits: restart the hub.
 import os
 
 c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
@@ -25,8 +26,8 @@ KREX_KERNELS = ["krex"]
 # JupyterHub 5 admits only admins unless an allow rule says otherwise. Chosen by `krex hub-config`
 # (--allow-group / --allow-user / --allow-all-users). Admins too need a rule: KREX_ADMINS are
 # allowed by name below.
-c.LocalAuthenticator.allowed_groups = set(["students"])  # Unix groups (PAM, the default)
-c.Authenticator.allowed_users = set(KREX_ADMINS) | set([])
+c.LocalAuthenticator.allowed_groups = {"students"}  # Unix groups (PAM, the default)
+c.Authenticator.allowed_users = set(KREX_ADMINS)
 
 # -- the node arbiter: quotas (per user, per group) and privacy ------------------------------------
 # `krex arbiter --help-all` lists every option. Root and the Unix group KREX_ADMIN_GROUP are exempt

@@ -78,6 +78,11 @@ def _py(value: object) -> str:
     return json.dumps(value) if not isinstance(value, bool) else repr(value)
 
 
+def _set(names: list[str]) -> str:
+    """A set literal of ``names`` (in their order, without repeats)."""
+    return "{" + ", ".join(_py(n) for n in dict.fromkeys(names)) + "}"
+
+
 def _allow_section(cfg: HubConfig) -> str:
     """The allow rule chosen at generation, as config lines."""
     lines = [
@@ -90,9 +95,10 @@ def _allow_section(cfg: HubConfig) -> str:
         lines.append("c.Authenticator.allow_all = True  # every user the authenticator accepts (PAM: every account)")
     if cfg.allow_groups:
         lines.append(
-            f"c.LocalAuthenticator.allowed_groups = set({_py(cfg.allow_groups)})  # Unix groups (PAM, the default)"
+            f"c.LocalAuthenticator.allowed_groups = {_set(cfg.allow_groups)}  # Unix groups (PAM, the default)"
         )
-    lines.append(f"c.Authenticator.allowed_users = set(KREX_ADMINS) | set({_py(cfg.allow_users)})")
+    users = f" | {_set(cfg.allow_users)}" if cfg.allow_users else ""
+    lines.append(f"c.Authenticator.allowed_users = set(KREX_ADMINS){users}")
     return "\n".join(lines)
 
 
@@ -128,7 +134,8 @@ def render(cfg: HubConfig) -> str:
 # c.Quotas and c.Arbiter sections): the hub starts the arbiter as the managed service
 # "{ARBITER_SERVICE}" with `--config` pointing here. Start the hub as root by the venv's absolute
 # path (`/opt/krex/bin/jupyterhub -f THIS_FILE`): nothing here needs the venv on root's PATH.
-# Quota edits apply without a restart: `sudo kill -HUP <arbiter pid>` (the pid `krex status` shows).
+# Quota edits apply without a restart: SIGHUP to the arbiter, whose pid is the first line of
+# KREX_RUNTIME_DIR/arbiter.lock. Other edits: restart the hub.
 import os
 
 c = get_config()  # noqa: F821 - provided by traitlets when the file is loaded
