@@ -30,6 +30,11 @@ class RegionReport(dict[str, Any]):
         ]
         if "hold_s" in self:
             parts.append(f"; held {self['hold_s']:.3f} s")
+        if self.get("max_hold_asked_s"):
+            parts.append(
+                f"; lease capped at {self.get('max_hold_s', 0):g} s by this user's max_hold quota"
+                f" (asked {self['max_hold_asked_s']:g} s)"
+            )
         if self.get("not_drained"):
             parts.append(f"; NOT drained: {', '.join(self['not_drained'])}")
         if self.get("degraded"):

@@ -399,3 +399,9 @@ class RegionHistory:
 
     def count(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM regions", {})[0][0])
+
+    def highest_region_number(self) -> int:
+        """The largest N of the region ids ``rN`` recorded (0 for none): a new arbiter numbers its
+        regions after it, so that ids stay unique across restarts."""
+        rows = self._read("SELECT MAX(CAST(SUBSTR(region, 2) AS INTEGER)) FROM regions WHERE region GLOB 'r[0-9]*'", {})
+        return int(rows[0][0] or 0)

@@ -79,6 +79,8 @@ class Region:
     release_wanted: str = ""
     locking: bool = False
     asked_exempt: list[int] = field(default_factory=list)
+    #: the lease asked for, where the user's max_hold quota capped it (max_hold is the cap)
+    capped_from: float | None = None
     watch_errors: list[str] = field(default_factory=list)
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)
     gone: list[int] = field(default_factory=list)
@@ -123,6 +125,7 @@ class Region:
             "state": self.state.value,
             "exempted": self.asked_exempt,
             "max_hold_s": self.max_hold,
+            "max_hold_asked_s": self.capped_from,
             **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
             "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
             "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],

@@ -180,8 +180,10 @@ class SessionRequests:
                 raise InvalidRequest(f"exempt process {pid} does not exist")
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
-        self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
-        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
+        lease = self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
+        region = self.scheduler.request(session, gpu, lease, req.freeze, req.isolate, cores, peer.reply)
+        if lease < max_hold:
+            region.capped_from = max_hold
         region.asked_exempt = list(req.exempt)
         return DEFERRED
 

@@ -94,6 +94,8 @@ class Scheduler:
         self.active: dict[int, Region | None] = dict.fromkeys(range(gpus))
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history)
         self._ids = itertools.count(1)
+        #: the region ids of this arbiter start after this number (:meth:`number_after`)
+        self.first_id = 1
         self._tasks: set[asyncio.Future[Any]] = set()
         self._intruders: dict[str, tuple[Region, asyncio.TimerHandle]] = {}
         #: sessions stopped as intruders before they queued: when, and by which region
@@ -113,6 +115,12 @@ class Scheduler:
         return task
 
     # -- requests -------------------------------------------------------------------------
+    def number_after(self, last: int) -> None:
+        """Number this arbiter's regions after ``last`` (the history's highest id): ids a user
+        types (``krex history``, the admin page) never repeat across restarts."""
+        self.first_id = last + 1
+        self._ids = itertools.count(self.first_id)
+
     def request(
         self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool, cores: int, reply: Reply
     ) -> Region:

@@ -314,6 +314,8 @@ class Arbiter(LoggingConfigurable):
             isolate_deadline=self.isolate_deadline,
         )
         self.quotas = Quotas(parent=self)
+        #: the last SIGHUP's quota reload, as `krex status` shows it (ArbiterApp.reload_quotas)
+        self.quotas_note = ""
         fd_limit = raise_fd_limit()
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
@@ -433,6 +435,7 @@ class Arbiter(LoggingConfigurable):
             return
         try:
             self.region_history.open()
+            self.scheduler.number_after(self.region_history.highest_region_number())
         except (OSError, sqlite3.Error, KrexError) as exc:
             self.history_off = f"the region history {self.region_history.path} could not be opened: {exc}"
             log.error("%s; regions are not recorded", self.history_off)
@@ -473,6 +476,8 @@ class Arbiter(LoggingConfigurable):
             "shield_linger_s": self.scheduler.steps.linger,
             #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
             "cgroups": self.placer.reason,
+            #: the last SIGHUP's quota reload (empty: the quotas it started with)
+            "quotas": self.quotas_note,
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)

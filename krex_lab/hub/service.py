@@ -38,6 +38,7 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
 from .. import protocol
+from ..arbiter.status import holder_row, queue_row
 from ..errors import KrexError
 from .charts import Bar, Sample, gantt_svg, utilisation_svg
 from .config import ADMIN_SCOPE
@@ -90,9 +91,11 @@ class Arbiter:
             return None
         conn = self._connection()
         try:
-            ticket = conn.ticket()
-            recent = conn.call(request_type(limit=limit, ticket=ticket), timeout=5.0)
-            usage = conn.call(request_type(usage=True, since=time.time() - 7 * 86400, ticket=ticket), timeout=5.0)
+            # An identity ticket is good for one request: each call gets its own.
+            recent = conn.call(request_type(limit=limit, ticket=conn.ticket()), timeout=5.0)
+            usage = conn.call(
+                request_type(usage=True, since=time.time() - 7 * 86400, ticket=conn.ticket()), timeout=5.0
+            )
             return {"recent": list(recent.get("rows", [])), "usage": usage}
         except KrexError as exc:  # an older arbiter: "unknown op"
             log.info("no region history from the arbiter: %s", exc)
@@ -197,7 +200,11 @@ def quota_use(table: dict[str, Any], quotas: Any | None) -> list[dict[str, Any]]
         if quotas is not None and isinstance(u["uid"], int):
             try:
                 lim = quotas.limits_for(u["uid"])
-                u["limits"] = {"sessions_per_user": lim.sessions_per_user, "queued_per_user": lim.queued_per_user}
+                u["limits"] = {
+                    "sessions_per_user": lim.sessions_per_user,
+                    "queued_per_user": lim.queued_per_user,
+                    "max_hold": lim.max_hold,
+                }
                 u["exempt"] = quotas.is_admin(u["uid"])
             except (KeyError, OSError, ValueError):
                 pass
@@ -292,6 +299,8 @@ class PageHandler(AdminHandler):
             message=self.get_argument("message", ""),
             base=self.settings["krex_prefix"],
             esc=html.escape,
+            holder_row=holder_row,
+            queue_row=queue_row,
         )
 
     def _charts(self, gpus: list[int]) -> dict[str, str]:
