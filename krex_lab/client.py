@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
+
 from . import devsync, paths, protocol
 from .arbiter.identity import fetch_ticket
 from .connection import REQUEST_TIMEOUT, Connection, hello, status
@@ -241,7 +243,7 @@ class Exclusive:
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
-        self.report = RegionReport()
+        self.report: RegionReport = RegionReport()
         self._cancel = threading.Event()
         #: inside a region this session already holds on the same GPU: granted at once, ended
         #: with the outer one
@@ -249,7 +251,7 @@ class Exclusive:
 
     @property
     def expired(self) -> bool:
-        return bool(self.report.get("expired"))
+        return self.report.expired
 
     def acquire(self) -> Exclusive:
         called = time.monotonic()
@@ -266,7 +268,7 @@ class Exclusive:
         if outer is not None:  # `with exclusive(): with exclusive():` in one process
             self.id, self.gpu, self.nested = outer.id, gpu, True
             wait = round(time.monotonic() - called, 6)
-            self.report = RegionReport({**outer.report, "nested": True, "caller_wait_s": wait})
+            self.report = msgspec.structs.replace(outer.report, nested=True, caller_wait_s=wait)
             return self
         devsync.synchronize_frameworks()
         conn = session.connection()
@@ -295,7 +297,7 @@ class Exclusive:
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).
-        self.report = RegionReport({**granted.report, "caller_wait_s": round(time.monotonic() - called, 6)})
+        self.report = msgspec.structs.replace(granted.report, caller_wait_s=round(time.monotonic() - called, 6))
         with session._held_lock:
             session._held[granted.gpu] = self
         return self
@@ -322,10 +324,8 @@ class Exclusive:
             with session._held_lock:
                 if self.gpu is not None and session._held.get(self.gpu) is self:
                     del session._held[self.gpu]
-        final = RegionReport(result or self.report)
-        if "caller_wait_s" in self.report:
-            final["caller_wait_s"] = self.report["caller_wait_s"]
-        self.report = final
+        final: RegionReport = result if result.region else self.report
+        self.report = msgspec.structs.replace(final, caller_wait_s=self.report.caller_wait_s)
         return self.report
 
     def __enter__(self) -> Exclusive:
@@ -333,16 +333,9 @@ class Exclusive:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         report = self.release()
-        if report.get("expired") and et is None:
-            raise LeaseExpired(
-                f"region {self.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
-                "arbiter before the block ended: timings taken after that are not protected"
-            )
-        if report.get("revoked") and et is None:
-            raise RegionRevoked(
-                f"region {self.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
-                "the block ended: timings taken after that are not protected"
-            )
+        why = report.cut_short("block")
+        if why and et is None:
+            raise (LeaseExpired if report.expired else RegionRevoked)(why)
 
     async def __aenter__(self) -> Exclusive:
         try:

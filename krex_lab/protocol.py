@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 import msgspec
 
 from .errors import KrexError, ProtocolError, RemoteError
+from .region_report import RegionReport
 
 VERSION = 2
 MAX_MESSAGE = 64 * 1024
@@ -104,7 +105,7 @@ class Placement(msgspec.Struct):
 class Granted(msgspec.Struct, kw_only=True):
     region: str
     gpu: int
-    report: dict[str, Any]
+    report: RegionReport
 
 
 class Ended(msgspec.Struct):
@@ -173,6 +174,8 @@ class Acquire(SessionRequest, tag="acquire"):
 class Release(SessionRequest, tag="release"):
     """Release a held region, or withdraw a queued request for it; answers the final report.
     ``force``: end another session's region or request (root and the admin group only)."""
+
+    reply = RegionReport
 
     region: str
     force: bool = False

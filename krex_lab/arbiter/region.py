@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import KrexError
 from ..procutil import ancestors
+from ..region_report import REVOKED, RegionReport
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult
 from ..regions.isolate import IsolateResult
@@ -28,9 +29,6 @@ from ..regions.shield import ShieldResult
 from .sessions import Session
 
 Reply = Callable[[Any, "KrexError | None"], None]
-
-#: how ``released_by`` begins when an admin ended the region (``Release(force=True)``)
-REVOKED = "ended by admin"
 
 
 class RegionState(enum.Enum):
@@ -110,38 +108,40 @@ class Region:
         below = chain[: chain.index(self.session.pid)]
         return not any(p in sessions for p in below)
 
-    def report(self, backend: dict[str, Any]) -> dict[str, Any]:
+    def report(self, backend: dict[str, Any]) -> RegionReport:
         degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
-        return {
-            "region": self.id,
-            "gpu": self.gpu,
-            "session": self.session.id,
-            "holder_pid": self.session.pid,
-            "uid": self.session.uid,
-            "user": self.session.user,
-            "name": self.session.name,
-            "state": self.state.value,
-            "exempted": self.asked_exempt,
-            "max_hold_s": self.max_hold,
-            **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
-            "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
-            "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],
-            "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
-            "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
-            "gone": self.gone,
-            "intruders": self.drain.intruders,
-            "frozen": self.frozen.all_pids(),
-            "frozen_cgroups": self.frozen.cgroups,
-            "skipped_stopped": self.frozen.skipped,
-            "moved": self.isolated.moved_pids,
-            "cores": self.isolated.cores,
-            "shield": self.shielded.report(),
-            "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
-            "degraded": degraded,
-            "expired": self.released_by == "lease expired",
-            "revoked": self.released_by.startswith(REVOKED),
-            "released_by": self.released_by,
-            "backend": backend["backend"],
-            "simulated": backend["simulated"],
-            "lock_capable": backend["capabilities"]["lock"],
-        }
+        # Each step's time as its field (a step with no field is a TypeError here, not a lost time).
+        times: dict[str, Any] = {f"{k}_s": round(v, 6) for k, v in self.times.items()}
+        return RegionReport(
+            region=self.id,
+            gpu=self.gpu,
+            session=self.session.id,
+            holder_pid=self.session.pid,
+            uid=self.session.uid,
+            user=self.session.user,
+            name=self.session.name,
+            state=self.state.value,
+            exempted=list(self.asked_exempt),
+            max_hold_s=self.max_hold,
+            **times,
+            drained=sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
+            locked=self.drain.locked_pids + [p for p, _ in self.drain.late],
+            no_lock_needed={str(k): v for k, v in self.drain.unlocked_ok.items()},
+            not_drained={str(k): v for k, v in self.drain.not_drained.items()},
+            gone=list(self.gone),
+            intruders=list(self.drain.intruders),
+            frozen=self.frozen.all_pids(),
+            frozen_cgroups=list(self.frozen.cgroups),
+            skipped_stopped=list(self.frozen.skipped),
+            moved=list(self.isolated.moved_pids),
+            cores=list(self.isolated.cores),
+            shield=self.shielded.report(),
+            failures=self.frozen.failed + self.isolated.failed + self.watch_errors,
+            degraded=degraded,
+            expired=self.released_by == "lease expired",
+            revoked=self.released_by.startswith(REVOKED),
+            released_by=self.released_by,
+            backend=backend["backend"],
+            simulated=backend["simulated"],
+            lock_capable=backend["capabilities"]["lock"],
+        )

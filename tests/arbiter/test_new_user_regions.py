@@ -79,7 +79,7 @@ region = krex_lab.exclusive(gpu=0)
 t0 = time.monotonic()
 region.acquire()
 took = time.monotonic() - t0
-out = {"report": dict(region.report), "took": took, "summary": region.report.summary()}
+out = {"report": region.report.to_dict(), "took": took, "summary": region.report.summary()}
 print("granted", json.dumps(out), flush=True)
 region.release()
 """
