@@ -232,14 +232,10 @@ class Exclusive:
         session: Session | None = None,
         exempt: Sequence[int] = (),
     ) -> None:
-        self.options: dict[str, Any] = {
-            "gpu": gpu,
-            "max_hold": max_hold,
-            "freeze": freeze,
-            "isolate": isolate,
-            "cores": cores,
-            "exempt": list(exempt),
-        }
+        #: what the region is asked to be (carried as it is to the arbiter's Region)
+        self.spec = protocol.RegionSpec(
+            gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores, exempt=list(exempt)
+        )
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
@@ -248,6 +244,11 @@ class Exclusive:
         #: inside a region this session already holds on the same GPU: granted at once, ended
         #: with the outer one
         self.nested = False
+
+    @classmethod
+    def of(cls, spec: protocol.RegionSpec, session: Session | None = None) -> Exclusive:
+        """A region as ``spec`` says (each call of a decorated function gets its own)."""
+        return cls(**msgspec.structs.asdict(spec), session=session)
 
     @property
     def expired(self) -> bool:
@@ -261,9 +262,9 @@ class Exclusive:
             # A session holding a region keeps it (attach() to another GPU would end it): the
             # request names its GPU.
             current = current_session()
-            session = current if current is not None and current.holds_any() else attach(self.options["gpu"])
+            session = current if current is not None and current.holds_any() else attach(self.spec.gpu)
         self._session = session
-        gpu = session.gpu if self.options["gpu"] is None else self.options["gpu"]
+        gpu = session.gpu if self.spec.gpu is None else self.spec.gpu
         outer = session.holding(gpu)
         if outer is not None:  # `with exclusive(): with exclusive():` in one process
             self.id, self.gpu, self.nested = outer.id, gpu, True
@@ -272,7 +273,7 @@ class Exclusive:
             return self
         devsync.synchronize_frameworks()
         conn = session.connection()
-        request = protocol.Acquire(session=session.id, token=session.token, **self.options)
+        request = protocol.Acquire.asking(self.spec, session=session.id, token=session.token)
         # A wait of more than a second says who holds the GPU and where the caller stands. Known
         # to the session before the request goes: a drain (this process about to be stopped as
         # an intruder in the region it waits behind) can arrive before the reply is read.
@@ -354,14 +355,14 @@ class Exclusive:
 
             @functools.wraps(fn)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                async with Exclusive(**self.options, session=self._session):
+                async with Exclusive.of(self.spec, self._session):
                     return await fn(*args, **kwargs)
 
             return awrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with Exclusive(**self.options, session=self._session):
+            with Exclusive.of(self.spec, self._session):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import KrexError
 from ..procutil import ancestors
+from ..protocol import RegionSpec
 from ..region_report import REVOKED, RegionReport
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult
@@ -53,10 +54,8 @@ class Region:
     id: str
     gpu: int
     session: Session
-    max_hold: float
-    freeze: bool
-    isolate: bool
-    cores: int
+    #: what was asked, with the arbiter's defaults filled in (``max_hold``, ``cores``)
+    spec: RegionSpec
     reply: Reply
     requested: float = field(default_factory=time.monotonic)
     state: RegionState = RegionState.QUEUED
@@ -76,11 +75,26 @@ class Region:
     acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     release_wanted: str = ""
     locking: bool = False
-    asked_exempt: list[int] = field(default_factory=list)
     watch_errors: list[str] = field(default_factory=list)
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)
     gone: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def max_hold(self) -> float:
+        return self.spec.max_hold or 0.0
+
+    @property
+    def freeze(self) -> bool:
+        return self.spec.freeze
+
+    @property
+    def isolate(self) -> bool:
+        return self.spec.isolate
+
+    @property
+    def cores(self) -> int:
+        return self.spec.cores or 0
 
     async def timed(self, step: str, job: Awaitable[object]) -> None:
         """Await ``job`` and keep how long it took in :attr:`times` (the report's ``<step>_s``)."""
@@ -121,7 +135,7 @@ class Region:
             user=self.session.user,
             name=self.session.name,
             state=self.state.value,
-            exempted=list(self.asked_exempt),
+            exempted=list(self.spec.exempt),
             max_hold_s=self.max_hold,
             **times,
             drained=sorted(set(self.drain.acked) | set(self.drain.locked_pids)),

@@ -11,6 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from .. import protocol
 from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
@@ -182,8 +184,8 @@ class SessionRequests:
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
         self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
-        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
-        region.asked_exempt = list(req.exempt)
+        spec = msgspec.structs.replace(req.spec, gpu=gpu, max_hold=max_hold, cores=cores)
+        self.scheduler.request(session, spec, peer.reply)
         return DEFERRED
 
     def release(self, req: protocol.Release, peer: Peer) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from ..errors import KrexError, RegionCancelled
 from ..procfiles import KEPT
 from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
-from ..protocol import Granted
+from ..protocol import Granted, RegionSpec
 from ..region_report import RegionReport
 from ..regions.freeze import thaw
 from .draining import Draining
@@ -114,19 +114,10 @@ class Scheduler:
         return task
 
     # -- requests -------------------------------------------------------------------------
-    def request(
-        self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool, cores: int, reply: Reply
-    ) -> Region:
-        region = Region(
-            id=f"r{next(self._ids)}",
-            gpu=gpu,
-            session=session,
-            max_hold=max_hold,
-            freeze=freeze,
-            isolate=isolate,
-            cores=cores,
-            reply=reply,
-        )
+    def request(self, session: Session, spec: RegionSpec, reply: Reply) -> Region:
+        """Queue a region as ``spec`` says (its GPU, lease and cores filled in by the caller)."""
+        gpu = session.gpu if spec.gpu is None else spec.gpu
+        region = Region(id=f"r{next(self._ids)}", gpu=gpu, session=session, spec=spec, reply=reply)
         self.queues[gpu].append(region)
         self.notify.publish(
             "region",
@@ -226,7 +217,7 @@ class Scheduler:
         region.drain_exempt = own
         # Never stopped: the holder, its ancestors, and the clients it named (each process
         # itself, not its other descendants: a client's other children are drained and frozen).
-        region.exempt = own | set(ancestors(holder.pid)) | set(region.asked_exempt)
+        region.exempt = own | set(ancestors(holder.pid)) | set(region.spec.exempt)
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in self.sessions.on_gpu(region.gpu) if s.id != holder.id and s.pid not in region.exempt]
