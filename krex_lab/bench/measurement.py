@@ -277,7 +277,7 @@ class Comparison:
             )
         if any(r["simulated"] for r in self.rows()):
             lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
-        degraded = [r["name"] for r in self.rows() if r["degraded"]]
+        degraded = [name for name, m in self.measurements.items() if m.degraded]
         if degraded:
             lines.append(f"(DEGRADED region for {', '.join(degraded)}: these times may be disturbed)")
         host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
