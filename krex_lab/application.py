@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from traitlets import Container, Enum, HasTraits, TraitError, TraitType, Unicode
+from traitlets import Container, HasTraits, TraitError, TraitType, Unicode
 from traitlets.config import Application
 
 #: a traitlets option passed through to the application as it is: ``--Class.trait=value``
@@ -51,7 +51,9 @@ def _checker(trait: TraitType[Any, Any], name: str, minimum: float | None = None
             if validate is not None:
                 validate(None, value)
         except (TraitError, ValueError, SyntaxError) as exc:
-            raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r}") from exc
+            values = getattr(trait, "values", None)
+            choices = f" (choose from {', '.join(map(str, values))})" if values else ""
+            raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r}{choices}") from exc
         if minimum is not None and value is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"invalid {name} value: {text!r} (at least {minimum:g})")
         return text
@@ -120,8 +122,9 @@ class KrexApplication(Application):
                 kwargs["help"] += f" ({target})"
             else:
                 kwargs["type"] = _checker(trait, type(trait).__name__.lower(), cls.minimums.get(_names(key)[0]))
-                if isinstance(trait, Enum):
-                    kwargs["metavar"] = "{" + ",".join(str(v) for v in trait.values or ()) + "}"
+                values = getattr(trait, "values", None)  # Enum's, or a trait's own (BackendName)
+                if values:
+                    kwargs["metavar"] = "{" + ",".join(str(v) for v in values) + "}"
                 else:
                     kwargs["metavar"] = _METAVARS.get(type(trait).__name__, "VALUE")
             parser.add_argument(*_option_strings(key), **kwargs)

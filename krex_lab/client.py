@@ -26,8 +26,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from . import devsync, paths, protocol
-from .arbiter.identity import fetch_ticket
-from .connection import REQUEST_TIMEOUT, Connection, hello, status
+from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
 from .region_report import RegionReport
 from .wait_notice import WaitNotice

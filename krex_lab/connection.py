@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -15,9 +16,8 @@ import msgspec
 import zmq
 
 from . import paths, protocol
-from .arbiter.identity import fetch_ticket
 from .errors import ArbiterUnavailable, PermissionDenied, ProtocolError, RegionCancelled, error_from_wire
-from .peercred import listener_credentials
+from .peercred import listener_credentials, peer_credentials
 
 #: how long a plain request (not an acquire) waits for its reply
 REQUEST_TIMEOUT = 10.0
@@ -146,3 +146,32 @@ def status(endpoint: str | None = None, timeout: float = REQUEST_TIMEOUT) -> dic
         return result
     finally:
         conn.close()
+
+
+def fetch_ticket(path: str, timeout: float = 5.0) -> str:
+    """A ticket for this process from the arbiter's identity socket (``krex_lab.arbiter.identity``
+    serves it), which ``register`` then redeems."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            _, uid, _ = peer_credentials(sock)
+            if uid not in (0, os.geteuid()):
+                # Someone else's "arbiter": a ticket from it would be worthless, and it would learn
+                # who we are. Root's (a node arbiter) or our own (an embedded one) only.
+                raise PermissionDenied(
+                    f"the identity socket {path} is served by uid {uid}, neither root nor "
+                    "you: not an arbiter of this node"
+                )
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            raise ArbiterUnavailable(f"the arbiter's identity socket {path} does not answer: {exc}") from None
+    kind, _, value = data.decode(errors="replace").strip().partition(" ")
+    if kind == "ticket" and value:
+        return value
+    raise PermissionDenied(value or "the arbiter's identity socket closed without a ticket")

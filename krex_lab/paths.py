@@ -166,35 +166,6 @@ def events_endpoint(endpoint: str) -> str:
     raise ValueError(f"unsupported endpoint {endpoint!r}: use ipc://PATH or tcp://HOST:PORT")
 
 
-def krex_cgroup_fd(path: str) -> int:
-    """A directory fd on ``path`` if it is a cgroup KREX manages:
-    ``<cgroup v2 root>/krex/<name>``, opened component by component without following links.
-    Raises :class:`UnsafePath` for any other path (a crafted journal could name any file)."""
-    from .regions.cgroups import v2_root
-
-    root = v2_root()
-    if root is None:
-        raise UnsafePath(f"{path}: no cgroup v2 hierarchy is mounted")
-    p = Path(path)
-    try:
-        rel = p.relative_to(root)
-    except ValueError:
-        raise UnsafePath(f"{path} is not under the cgroup v2 hierarchy {root}") from None
-    parts = rel.parts
-    if len(parts) != 2 or parts[0] != "krex" or parts[1] in ("", ".", "..") or os.path.normpath(path) != path:
-        raise UnsafePath(f"{path} is not a cgroup KREX manages ({root}/krex/<session>)")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 # -- helpers -------------------------------------------------------------------------------
 def _lstat(path: Path) -> os.stat_result | None:
     try:

@@ -7,6 +7,7 @@ trees (compiler children included) and every thread.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Iterable
@@ -103,9 +104,32 @@ STOPPED = ("T", "t")
 GONE = ("Z", "X")
 
 
-def proc_is_stopped(pid: int) -> bool:
-    """True if the process is stopped by a signal (T) or a tracer (t)."""
-    return proc_state(pid) in STOPPED
+#: task flag of a process inside exit() (include/linux/sched.h): it still has a /proc entry and may
+#: still be listed on a GPU while the driver tears its context down, but runs no more user code
+PF_EXITING = 0x4
+
+
+def exited_or_exiting(pid: int) -> bool:
+    """Gone, a zombie, or inside exit(): nothing of it will submit GPU work again."""
+    fields = _stat_fields(pid)
+    if not fields or len(fields) <= 6 or fields[0] in GONE:
+        return True
+    return fields[6].isdigit() and bool(int(fields[6]) & PF_EXITING)
+
+
+async def settle_exits(pids: Iterable[int], grace: float, step: float = 0.005) -> set[int]:
+    """Those of ``pids`` that have exited or are exiting, each given up to ``grace`` seconds to
+    get there (a process that ends while a region is acquired is gone, not a failure of it)."""
+    left = set(pids)
+    gone: set[int] = set()
+    deadline = time.monotonic() + grace
+    while True:
+        now_gone = {p for p in left if exited_or_exiting(p)}
+        gone |= now_gone
+        left -= now_gone
+        if not left or time.monotonic() >= deadline:
+            return gone
+        await asyncio.sleep(step)
 
 
 def start_time(pid: int) -> int | None:

@@ -131,13 +131,10 @@ def place_kernel(kernel_id: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def _device_env(conn: Any, backend: str, gpu: int) -> dict[str, str]:
-    if backend == "amd":
-        return {"HIP_VISIBLE_DEVICES": str(gpu), "ROCR_VISIBLE_DEVICES": str(gpu)}
+    from .gpu.vendors import place
+
     uuid_ = next((g.get("uuid", "") for g in conn.call(protocol.Status())["gpus"] if g["index"] == gpu), "")
-    if str(uuid_).startswith("GPU-"):
-        return {"CUDA_VISIBLE_DEVICES": str(uuid_)}
-    # NVML numbers GPUs in PCI bus order; make CUDA agree.
-    return {"CUDA_VISIBLE_DEVICES": str(gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return place(backend, gpu, str(uuid_ or ""))
 
 
 class KrexProvisioner(LocalProvisioner):

@@ -24,3 +24,19 @@ def test_every_field_is_described() -> None:
         assert not missing, f"{cls.__name__}: fields without a description: {missing}"
         for name in cls.__struct_fields__:
             assert f"| `{name}` |" in reference()
+
+
+def test_the_docs_show_summary_lines_as_they_are_printed() -> None:
+    """Every example of a summary line in the docs has the printed form: no space before a
+    semicolon, no double space, "moved N" saying what was moved, DEGRADED with a colon."""
+    root = Path(__file__).parents[1]
+    lines = [
+        (path.name, line.strip())
+        for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("KREX region r")
+    ]
+    assert lines, "the docs show no summary line"
+    for name, line in lines:
+        assert " ;" not in line and "  " not in line and "DEGRADED (" not in line, (name, line)
+        assert "moved" not in line or "off the reserved cores" in line, (name, line)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..procutil import state_and_start, tree
+from ..procutil import exited_or_exiting, settle_exits, state_and_start, tree
+from ..regions.drain import EXIT_GRACE
 from .enforcement import Enforcement
 from .region import Region, RegionState
 from .scheduler_config import Notifier, SchedulerConfig
@@ -93,11 +93,15 @@ class Draining:
         # What was measured: the wait ends early when every ack arrived or a session left.
         waited = time.monotonic() - asked
         live = {s.id for s in self.sessions}
+        unanswered = [s for s in cooperative if not (s.id in acks and acks[s.id].done() and not acks[s.id].cancelled())]
+        # A session that ends its process while being drained has nothing left to drain: give it
+        # a moment to show it (an exit takes a while to reach /proc) before calling it silent.
+        ending = await settle_exits([s.pid for s in unanswered], EXIT_GRACE) if unanswered else set()
         for s in cooperative:
             fut = acks.get(s.id)
             if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:
                 region.drain.acked.append(s.pid)
-            elif s.id not in live or not _running(s):
+            elif s.id not in live or not _running(s) or s.pid in ending:
                 # It exited, or ended its session, while being drained: nothing left to drain.
                 region.gone.append(s.pid)
             else:
@@ -105,16 +109,21 @@ class Draining:
             if fut is not None and not fut.done():
                 fut.cancel()
         # Whatever is on the GPU and neither locked, synchronised nor known to need no lock
-        # shares the region: name it (the report is then degraded).
+        # shares the region: name it, saying why it was not drained (the report is then degraded).
         done = set(region.drain.acked) | set(region.drain.locked_pids) | set(region.drain.unlocked_ok)
         for pid in sorted(listed - done - set(region.drain.not_drained) - set(region.gone)):
-            if not os.path.exists(f"/proc/{pid}"):
-                continue
-            region.drain.not_drained[pid] = (
-                "on the GPU and not locked: not a KREX session's process (lock_foreign is off)"
-                if self.steps.locker.can_lock
-                else f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
-            )
+            if exited_or_exiting(pid):  # ended since the GPU was listed (a zombie is listed too)
+                region.gone.append(pid)
+            elif not self.steps.locker.can_lock:
+                region.drain.not_drained[pid] = (
+                    f"on the GPU and not drained: the {self.steps.backend_name} backend cannot lock it"
+                )
+            elif pid not in targets:
+                region.drain.not_drained[pid] = (
+                    "on the GPU and not locked: not a KREX session's process (lock_foreign is off)"
+                )
+            else:
+                region.drain.not_drained[pid] = "on the GPU and not locked: the lock was not attempted"
 
     def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
         if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:

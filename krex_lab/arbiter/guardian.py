@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..errors import KrexError
 from ..gpu import GpuBackend, make_backend
+from ..gpu.vendors import vendors
 from ..paths import check_private_dir
 from ..procutil import same_process
 from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
@@ -52,7 +53,8 @@ class _Unlocker:
         self.name = backend
         self.backend: GpuBackend | None = None
         self.error = ""
-        if backend == "fake":
+        known = vendors().get(backend)
+        if known is not None and known.simulated:
             return
         try:
             self.backend = make_backend(backend)

@@ -9,7 +9,7 @@ ticket; the arbiter redeems it (once) and so knows the registering user from the
 a user could plant or name is ever trusted.
 
 Called by: ``Arbiter.serve`` (:meth:`IdentityServer.start` / :meth:`IdentityServer.close`) and the
-``register`` handler (:meth:`Tickets.redeem`); clients use :func:`fetch_ticket`.
+``register`` handler (:meth:`Tickets.redeem`); clients ask with :func:`krex_lab.connection.fetch_ticket`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import time
 from dataclasses import dataclass
 
-from ..errors import ArbiterUnavailable, PermissionDenied
+from ..errors import PermissionDenied
 from ..peercred import peer_credentials
 from ..procutil import real_and_effective_uid, start_time
 
@@ -133,31 +132,3 @@ class IdentityServer:
             self._server = None
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
-
-def fetch_ticket(path: str, timeout: float = 5.0) -> str:
-    """Client side: a ticket for this process from the arbiter's identity socket."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-            _, uid, _ = peer_credentials(sock)
-            if uid not in (0, os.geteuid()):
-                # Someone else's "arbiter": a ticket from it would be worthless, and it would learn
-                # who we are. Root's (a node arbiter) or our own (an embedded one) only.
-                raise PermissionDenied(
-                    f"the identity socket {path} is served by uid {uid}, neither root nor "
-                    "you: not an arbiter of this node"
-                )
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 4096:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError as exc:
-            raise ArbiterUnavailable(f"the arbiter's identity socket {path} does not answer: {exc}") from None
-    kind, _, value = data.decode(errors="replace").strip().partition(" ")
-    if kind == "ticket" and value:
-        return value
-    raise PermissionDenied(value or "the arbiter's identity socket closed without a ticket")

@@ -23,7 +23,7 @@ The journal is opened without following links (:func:`krex_lab.paths.open_privat
 0600) and every line is validated against the schema below: a malformed line (torn, not an
 object, an unknown kind, a missing or wrongly typed field) is skipped with a warning, and
 undo never raises on bad data. A ``cgfreeze`` path is written only if it is a cgroup KREX
-manages (:func:`krex_lab.paths.krex_cgroup_fd`).
+manages (:func:`krex_lab.regions.cgroups.krex_cgroup_fd`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
 from ..errors import KrexError
-from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
+from ..gpu import FAKE_GPUS, GpuBackend, make_backend
+from ..gpu.traits import BackendName
 from ..procfiles import KEPT
 from ..region_report import RegionReport
 from ..regions.cgroups import CgroupPlacer
@@ -98,9 +99,8 @@ class Arbiter(LoggingConfigurable):
         help="Directory for the socket, journal and lock (default: $KREX_RUNTIME_DIR; else /run/krex for root, "
         "$XDG_RUNTIME_DIR/krex or /tmp/krex-UID for other users).",
     ).tag(config=True)
-    backend_name = Enum(
-        list(BACKENDS),
-        default_value="auto",
+    backend_name = BackendName(
+        "auto",
         help="GPU backend: auto picks nvidia, then amd, then the simulated fake backend.",
     ).tag(config=True)
     fake_gpus = Int(
@@ -121,7 +121,7 @@ class Arbiter(LoggingConfigurable):
         help="Threads that make a drain's driver locks at once (1: one after another). Fewer threads "
         "lock idle siblings faster (15 of them: 3.3 ms in 4 threads, 5.5 ms in 16 on the H200), but "
         "a sibling not yet locked keeps queueing GPU work: with 15 busy siblings the drain took 542 ms "
-        "in 4 threads against 348 ms in 16 (benchmarks/lock_cost.py, arbiter_latency.py, 2026-12-01).",
+        "in 4 threads against 348 ms in 16 (benchmarks/probes/lock_cost.py, arbiter_latency.py, 2026-12-01).",
     ).tag(config=True)
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True

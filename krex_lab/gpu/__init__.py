@@ -1,4 +1,5 @@
-"""GPU backends: ``nvidia`` (NVML + the driver's checkpoint lock), ``amd`` (amdsmi), ``fake``.
+"""GPU backends: ``nvidia`` (NVML + the driver's checkpoint lock), ``amd`` (amdsmi), ``fake``, and
+any a package registers (:mod:`.vendors`, which also knows how each vendor places a process).
 
 :func:`make_backend` is the one place that chooses; ``auto`` tries NVML, then amdsmi, then
 falls back to the fake backend and says so in the log. Vendor libraries are imported lazily.
@@ -10,9 +11,8 @@ import logging
 
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 
-__all__ = ["BACKENDS", "FAKE_GPUS", "Capabilities", "GpuBackend", "GpuInfo", "GpuProcess", "make_backend"]
+__all__ = ["FAKE_GPUS", "Capabilities", "GpuBackend", "GpuInfo", "GpuProcess", "make_backend"]
 
-BACKENDS = ("auto", "nvidia", "amd", "fake")
 #: simulated GPUs of the fake backend unless ``--fake-gpus`` says otherwise: the one default of
 #: ``krex arbiter``, ``krex lab`` and the extension's embedded arbiter (two, so that a notebook
 #: can show work on another GPU than its kernel's)
@@ -21,30 +21,21 @@ log = logging.getLogger("krex.gpu")
 
 
 def make_backend(kind: str = "auto", fake_gpus: int = FAKE_GPUS, quiet: bool = False) -> GpuBackend:
-    """The backend ``kind`` names; ``auto``: NVIDIA, else AMD, else the fake one, with a warning unless
-    ``quiet`` (a caller whose own start-up line says which backend it got and why)."""
-    if kind not in BACKENDS:
-        raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")
-    if kind in ("nvidia", "auto"):
+    """The backend ``kind`` names (:mod:`.vendors` knows them); ``auto``: each real one in turn, else
+    the fake one, with a warning unless ``quiet`` (a caller whose own start-up line says which
+    backend it got and why)."""
+    from .vendors import FAKE, vendor, vendors
+
+    if kind != "auto":
+        chosen = vendor(kind)  # ValueError naming the known backends
+        return chosen.load(gpus=fake_gpus) if chosen.simulated else chosen.load()
+    for candidate in vendors().values():
+        if not candidate.auto:
+            continue
         try:
-            from .nvidia import NvidiaBackend
-
-            return NvidiaBackend()
+            return candidate.load()
         except Exception as exc:
-            if kind == "nvidia":
-                raise
-            log.debug("no NVIDIA GPU: %s", exc)
-    if kind in ("amd", "auto"):
-        try:
-            from .amd import AmdBackend
-
-            return AmdBackend()
-        except Exception as exc:
-            if kind == "amd":
-                raise
-            log.debug("no AMD GPU: %s", exc)
-    from .fake import FakeBackend
-
-    if kind == "auto" and not quiet:
+            log.debug("no %s GPU: %s", candidate.name, exc)
+    if not quiet:
         log.warning("no GPU library answered: using the FAKE backend with %d simulated GPU(s)", fake_gpus)
-    return FakeBackend(fake_gpus)
+    return FAKE.load(gpus=fake_gpus)

@@ -22,8 +22,9 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from ..gpu.vendors import vendor
 
 #: the Ray namespace of the node actors
 NAMESPACE = "krex"
@@ -143,7 +144,7 @@ class NodeService:
         if self._arbiter_answers():
             return
         cmd = [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", self.config.backend]
-        if self.config.backend == "fake":
+        if self.config.backend != "auto" and vendor(self.config.backend).simulated:
             cmd += ["--fake-gpus", str(self.gpus)]
         self._spawn("arbiter", [*cmd, *self.config.arbiter_args])
         self._wait("arbiter", self._arbiter_answers)
@@ -220,9 +221,3 @@ class NodeService:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-
-
-def runtime_dir_of(node: dict[str, Any]) -> Path | None:
-    """The runtime dir a node's service reported (None before it answered)."""
-    rd = node.get("runtime_dir")
-    return Path(rd) if rd else None

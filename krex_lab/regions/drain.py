@@ -34,9 +34,13 @@ from dataclasses import dataclass, field
 
 from ..errors import BackendError
 from ..gpu.base import GpuBackend
-from ..procutil import STOPPED, proc_state, state_and_start
+from ..procutil import GONE, STOPPED, proc_state, settle_exits, state_and_start
 
 log = logging.getLogger("krex.drain")
+
+#: how long a process whose lock failed, or that stopped answering a drain, is given to show that
+#: it is exiting before the region counts it as not drained
+EXIT_GRACE = 0.05
 
 JournalFn = Callable[[list[tuple[int, int]]], None]
 
@@ -79,14 +83,16 @@ class Locker:
         def checked() -> Iterator[int]:
             for pid in pids:
                 state, start = state_and_start(pid, kept=True)  # one read a sibling, every region
-                if start is None:
+                if start is None or state in GONE:
+                    result.unlocked_ok[pid] = "gone"  # exited since the GPU was listed: nothing to drain
                     continue
                 if state in STOPPED:
                     result.not_drained[pid] = "stopped before the region (a stopped process cannot be locked)"
                     continue
                 try:
                     if not self.backend.lock_check(pid, state, "lock", cgroups):
-                        continue  # gone
+                        result.unlocked_ok[pid] = "gone"
+                        continue
                 except BackendError as exc:  # in a frozen cgroup
                     result.not_drained[pid] = str(exc)
                     continue
@@ -109,12 +115,19 @@ class Locker:
                 late = functools.partial(self._late, result=result, target=target)
                 fut.add_done_callback(functools.partial(loop.call_soon_threadsafe, late))
             elif fut.exception() is not None:
-                result.not_drained[pid] = str(fut.exception())
+                result.not_drained[pid] = f"lock failed: {fut.exception()}"
             elif fut.result() == "locked":
                 result.locked.append(target)
                 result.not_drained.pop(pid, None)
             else:
                 result.unlocked_ok[pid] = str(fut.result())
+        # A lock the driver refused because the process was ending (its context torn down under
+        # the call) is no failure of the region: a process that exits or is exiting within
+        # EXIT_GRACE is reported gone.
+        refused = [t[0] for t, f in zip(targets, futures) if f.done() and f.exception() is not None]
+        for pid in await settle_exits(refused, EXIT_GRACE) if refused else ():
+            result.not_drained.pop(pid, None)
+            result.unlocked_ok[pid] = "gone"
         if failure:  # the locks made so far are in the result: the region's undo unlocks them
             raise failure[0]
 

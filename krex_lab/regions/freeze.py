@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..paths import UnsafePath, krex_cgroup_fd
+from ..paths import UnsafePath
 from ..procutil import (
     STOPPED,
     open_stat,
@@ -38,7 +38,7 @@ from ..procutil import (
     state_and_start,
     state_and_threads,
 )
-from .cgroups import cgroup_of
+from .cgroups import cgroup_of, krex_cgroup_fd
 
 log = logging.getLogger("krex.freeze")
 
@@ -103,7 +103,7 @@ class FreezeResult:
 class FreezeFiles:
     """Kept descriptors of the ``cgroup.freeze``, ``cgroup.events`` and ``cgroup.procs`` files of
     the cgroups KREX manages: a region writes and reads them for every sibling session, and a
-    path opened component by component (:func:`krex_lab.paths.krex_cgroup_fd`) costs eight
+    path opened component by component (:func:`krex_lab.regions.cgroups.krex_cgroup_fd`) costs eight
     syscalls. Each is opened that safe way once and kept until its session ends
     (:meth:`forget`). Any other path is refused as it is by that function."""
 

@@ -30,9 +30,6 @@ class Gate:
     def is_open(self, gpu: int) -> bool:
         return gpu not in self._closed
 
-    def holder_region(self, gpu: int) -> str | None:
-        return self._closed.get(gpu)
-
     def close(self, gpu: int, region: str, holder_pid: int) -> None:
         self._closed[gpu] = region
         self._notify(gpu, True, region, holder_pid)

@@ -27,10 +27,11 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Enum, Float, Int, List, Unicode, default
+from traitlets import Bool, Float, Int, List, Unicode, default
 
 from .. import __version__
-from ..gpu import BACKENDS, FAKE_GPUS
+from ..gpu import FAKE_GPUS
+from ..gpu.traits import BackendName
 from . import arbiter_kind, handlers
 from .metrics import RegionStats
 from .services import Options, Services
@@ -65,9 +66,8 @@ class KrexExtensionApp(ExtensionApp):
         help="Start an embedded arbiter (ended with the server) when none "
         "answers at the endpoint: the single-user default.",
     )
-    backend = Enum(
-        list(BACKENDS),
-        default_value="auto",
+    backend = BackendName(
+        "auto",
         config=True,
         help="GPU backend of the embedded "
         "arbiter: auto tries nvidia, then amd, then the simulated fake backend (announced).",

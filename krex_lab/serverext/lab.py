@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import paths
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
+from ..gpu.vendors import backend_names
 
 REPO_EXTENSION = Path(__file__).resolve().parent.parent.parent / "extension"
 
@@ -67,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="auto",
-        choices=["auto", "nvidia", "amd", "fake"],
+        choices=backend_names(),
         help="GPU backend of the embedded arbiter (default: auto)",
     )
     parser.add_argument(

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import krex_lab.client
 from krex_lab import protocol
-from krex_lab.arbiter.identity import fetch_ticket
+from krex_lab.connection import fetch_ticket
 from krex_lab.errors import InvalidRequest, NotHolder, ProtocolError, UnknownSession
 from krex_lab.pytest_plugin import ArbiterProc
 from tests.support.procs import Procs

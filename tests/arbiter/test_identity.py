@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.arbiter.identity import Identity, IdentityServer, Tickets, fetch_ticket
+from krex_lab.arbiter.identity import Identity, IdentityServer, Tickets
+from krex_lab.connection import fetch_ticket
 from krex_lab.errors import PermissionDenied
 from krex_lab.procutil import start_time
 

@@ -10,7 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from krex_lab.arbiter.scheduler import Enforcement, Scheduler, SchedulerConfig
 from krex_lab.arbiter.sessions import Session, SessionTable
 from krex_lab.errors import KrexError, RegionCancelled
 from krex_lab.gpu import make_backend
-from krex_lab.gpu.base import GpuProcess
+from krex_lab.gpu.base import GpuBackend, GpuProcess
 from krex_lab.procutil import proc_state
 from krex_lab.protocol import RegionSpec
 from krex_lab.regions.drain import Locker
@@ -81,15 +81,6 @@ class FailingCores(CoreBook):
         return super().isolate(*args, **kwargs)
 
 
-@pytest.fixture
-def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 @dataclass
 class World:
     scheduler: Scheduler
@@ -116,9 +107,12 @@ async def running_world(
     cores: CoreBook,
     drain_timeout: float = 0.2,
     gpu_processes: Callable[[int], list[GpuProcess]] | None = None,
+    backend: GpuBackend | None = None,
+    lock_foreign: bool = True,
 ) -> AsyncIterator[World]:
-    """A scheduler on real enforcement steps (fake backend); shut down, its sessions closed, after."""
-    backend = make_backend("fake", 2)
+    """A scheduler on real enforcement steps (the fake backend unless ``backend``); shut down, its
+    sessions closed, after."""
+    backend = backend or make_backend("fake", 2)
     notes = Recorder()
     journal_path = tmp_path / "journal.jsonl"
     journal = Journal(journal_path)
@@ -134,7 +128,7 @@ async def running_world(
         backend_name="fake",
         own_pids=lambda: {os.getpid()},
     )
-    config = SchedulerConfig(drain_timeout=drain_timeout, backend_info=backend.describe())
+    config = SchedulerConfig(drain_timeout=drain_timeout, backend_info=backend.describe(), lock_foreign=lock_foreign)
     holder["s"] = Scheduler(2, sessions, steps, notes, config)
     try:
         yield World(holder["s"], sessions, notes, journal_path, sleepers)

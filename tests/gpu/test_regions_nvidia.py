@@ -747,3 +747,45 @@ def test_cuda_child_started_by_the_holder_inside_its_region_runs(nv: Findings, p
         f.check(child_pid not in released[key], f"the holder's child is in the report's {key}: {released[key]}")
     f.check(released["degraded"] is False, f"region degraded: {released['not_drained']} {released['failures']}")
     f.done()
+
+
+# -- processes that end while a region is acquired are gone, not a degraded region ------------
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("attach", [False, True], ids=["foreign", "sessions"])
+def test_processes_killed_as_a_region_is_asked_leave_it_undegraded(attach: bool, nv: Findings, probe: Probe) -> None:
+    """Agents' processes end all the time. Several CUDA processes are SIGKILLed at the moment the
+    holder asks for its region, three rounds: while the driver tears their contexts down they are
+    still listed on the GPU, and a lock of them may be refused. Each must be reported gone (or
+    locked, or needing no lock), never as not drained, and no region may read degraded."""
+    f = nv
+    kids = f.kids
+    for round_ in range(3):
+        holder = start_holder(kids, "--max-hold", "60")  # a holder takes one region, then exits
+        extra = ["--attach", str(GPU)] if attach else ["--autostart"]
+        victims = [kids.start(f"victim{round_}.{i}", "victim", *extra) for i in range(4)]
+        for v in victims:
+            v.expect("ready" if attach else "ctx", READY_S)
+        until(lambda vs=victims: all(probe.on_gpu(v.pid) for v in vs), 10.0)  # type: ignore[misc]
+        for v in victims:
+            os.kill(v.pid, signal.SIGKILL)
+        granted = grant(f, holder)
+        pids = {str(v.pid) for v in victims}
+        f.check(
+            granted["degraded"] is False,
+            f"round {round_}: degraded: not drained {granted['not_drained']}, failures {granted['failures']}",
+        )
+        f.check(
+            not pids & set(granted["not_drained"]),
+            f"round {round_}: a killed process reported not drained: {granted['not_drained']}",
+        )
+        f.notes.append(
+            f"round {round_}: gone {granted['gone']}, no lock needed {granted['no_lock_needed']}, "
+            f"locked {granted['locked']}"
+        )
+        released = release(f, holder)
+        f.check(released["degraded"] is False, f"round {round_}: released report degraded: {released['failures']}")
+        for v in victims:
+            v.proc.wait(timeout=30)
+    f.done()

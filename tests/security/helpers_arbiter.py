@@ -44,7 +44,7 @@ import krex_lab, krex_lab.paths, krex_lab.errors, krex_lab.procutil, krex_lab.de
 import krex_lab.protocol, krex_lab.client, krex_lab.arbiter.identity
 from krex_lab import protocol
 from krex_lab.client import Connection, Exclusive, Session
-from krex_lab.arbiter.identity import fetch_ticket
+from krex_lab.connection import fetch_ticket
 from krex_lab.errors import KrexError
 {preimport}
 _uid, _gid = int(sys.argv[1]), int(sys.argv[2])

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.arbiter.identity import fetch_ticket
 from krex_lab.client import Connection
+from krex_lab.connection import fetch_ticket
 from krex_lab.errors import PermissionDenied
 
 from .users import User

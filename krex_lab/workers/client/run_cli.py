@@ -15,11 +15,11 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from ...gpu.vendors import placement_variables
+from ...paths import GPU_ENV
+
 if TYPE_CHECKING:
     from ..results import JobResult
-
-#: placement decided by the pool, never forwarded from the caller's environment
-_NOT_FORWARDED = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "KREX_GPU")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     except InvalidRequest as exc:
         print(f"krex run: {exc}", file=sys.stderr)
         return 2
-    env = {k: v for k, v in os.environ.items() if k not in _NOT_FORWARDED}
+    # The placement is the pool's to decide: the caller's own is never forwarded.
+    not_forwarded = {*placement_variables(), GPU_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in not_forwarded}
     client = PoolClient.connect(start=True)
     try:
         result = client.run_script(

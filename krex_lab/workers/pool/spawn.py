@@ -9,14 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import paths
+from ...gpu.vendors import place, placement_variables
 from ..wire import Init
 
 #: environment variables that place a worker; a job's environment never overrides them
 PLACEMENT = (
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "HIP_VISIBLE_DEVICES",
-    "ROCR_VISIBLE_DEVICES",
+    *placement_variables(),
     paths.GPU_ENV,
     paths.ENDPOINT_ENV,
     "KREX_WORKER",
@@ -61,12 +59,9 @@ def worker_launch(
             "KREX_WORKER_REAL": "1" if real else "0",
         }
     )
-    if real and backend.get("backend") == "amd":
-        env["HIP_VISIBLE_DEVICES"] = str(gpu)
-    elif real:
-        uuid = gpu_uuids.get(gpu, "")
-        env["CUDA_VISIBLE_DEVICES"] = uuid if uuid.startswith(("GPU-", "MIG-")) else str(gpu)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    for var in placement_variables():  # the pool's own placement must not narrow the worker's
+        env.pop(var, None)
+    env.update(place(str(backend.get("backend", "")), gpu, gpu_uuids.get(gpu, ""), simulated=not real))
     init = Init(
         gpu=gpu,
         parent=os.getpid(),
