@@ -208,6 +208,12 @@ class RegionReport(msgspec.Struct, kw_only=True):
     def keys(self) -> list[str]:
         return [k for k in self.__struct_fields__ if getattr(self, k) is not None]
 
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, self[k]) for k in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [self[k] for k in self.keys()]
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
