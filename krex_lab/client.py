@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
+
 from . import devsync, paths, protocol
 from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
@@ -229,26 +231,27 @@ class Exclusive:
         session: Session | None = None,
         exempt: Sequence[int] = (),
     ) -> None:
-        self.options: dict[str, Any] = {
-            "gpu": gpu,
-            "max_hold": max_hold,
-            "freeze": freeze,
-            "isolate": isolate,
-            "cores": cores,
-            "exempt": list(exempt),
-        }
+        #: what the region is asked to be (carried as it is to the arbiter's Region)
+        self.spec = protocol.RegionSpec(
+            gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores, exempt=list(exempt)
+        )
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
-        self.report = RegionReport()
+        self.report: RegionReport = RegionReport()
         self._cancel = threading.Event()
         #: inside a region this session already holds on the same GPU: granted at once, ended
         #: with the outer one
         self.nested = False
 
+    @classmethod
+    def of(cls, spec: protocol.RegionSpec, session: Session | None = None) -> Exclusive:
+        """A region as ``spec`` says (each call of a decorated function gets its own)."""
+        return cls(**msgspec.structs.asdict(spec), session=session)
+
     @property
     def expired(self) -> bool:
-        return bool(self.report.get("expired"))
+        return self.report.expired
 
     def acquire(self) -> Exclusive:
         called = time.monotonic()
@@ -258,18 +261,18 @@ class Exclusive:
             # A session holding a region keeps it (attach() to another GPU would end it): the
             # request names its GPU.
             current = current_session()
-            session = current if current is not None and current.holds_any() else attach(self.options["gpu"])
+            session = current if current is not None and current.holds_any() else attach(self.spec.gpu)
         self._session = session
-        gpu = session.gpu if self.options["gpu"] is None else self.options["gpu"]
+        gpu = session.gpu if self.spec.gpu is None else self.spec.gpu
         outer = session.holding(gpu)
         if outer is not None:  # `with exclusive(): with exclusive():` in one process
             self.id, self.gpu, self.nested = outer.id, gpu, True
             wait = round(time.monotonic() - called, 6)
-            self.report = RegionReport({**outer.report, "nested": True, "caller_wait_s": wait})
+            self.report = msgspec.structs.replace(outer.report, nested=True, caller_wait_s=wait)
             return self
         devsync.synchronize_frameworks()
         conn = session.connection()
-        request = protocol.Acquire(session=session.id, token=session.token, **self.options)
+        request = protocol.Acquire.asking(self.spec, session=session.id, token=session.token)
         # A wait of more than a second says who holds the GPU and where the caller stands. Known
         # to the session before the request goes: a drain (this process about to be stopped as
         # an intruder in the region it waits behind) can arrive before the reply is read.
@@ -294,7 +297,7 @@ class Exclusive:
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).
-        self.report = RegionReport({**granted.report, "caller_wait_s": round(time.monotonic() - called, 6)})
+        self.report = msgspec.structs.replace(granted.report, caller_wait_s=round(time.monotonic() - called, 6))
         with session._held_lock:
             session._held[granted.gpu] = self
         return self
@@ -321,10 +324,8 @@ class Exclusive:
             with session._held_lock:
                 if self.gpu is not None and session._held.get(self.gpu) is self:
                     del session._held[self.gpu]
-        final = RegionReport(result or self.report)
-        if "caller_wait_s" in self.report:
-            final["caller_wait_s"] = self.report["caller_wait_s"]
-        self.report = final
+        final: RegionReport = result if result.region else self.report
+        self.report = msgspec.structs.replace(final, caller_wait_s=self.report.caller_wait_s)
         return self.report
 
     def __enter__(self) -> Exclusive:
@@ -332,16 +333,9 @@ class Exclusive:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         report = self.release()
-        if report.get("expired") and et is None:
-            raise LeaseExpired(
-                f"region {self.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
-                "arbiter before the block ended: timings taken after that are not protected"
-            )
-        if report.get("revoked") and et is None:
-            raise RegionRevoked(
-                f"region {self.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
-                "the block ended: timings taken after that are not protected"
-            )
+        why = report.cut_short("block")
+        if why and et is None:
+            raise (LeaseExpired if report.expired else RegionRevoked)(why)
 
     async def __aenter__(self) -> Exclusive:
         try:
@@ -360,14 +354,14 @@ class Exclusive:
 
             @functools.wraps(fn)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                async with Exclusive(**self.options, session=self._session):
+                async with Exclusive.of(self.spec, self._session):
                     return await fn(*args, **kwargs)
 
             return awrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with Exclusive(**self.options, session=self._session):
+            with Exclusive.of(self.spec, self._session):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

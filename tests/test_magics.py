@@ -65,6 +65,17 @@ def test_exclusive_cell_runs_as_a_region(ip: Any, arbiter: ArbiterProc, detached
     assert arbiter.status()["gpus"][0]["holder"] is None
 
 
+def test_the_report_starts_on_a_line_of_its_own(ip: Any, arbiter: ArbiterProc) -> None:
+    """A cell whose output ends inside a line (``print(i, end=" ")``) does not get the report
+    glued onto it; one whose output ends its line gets no blank line."""
+    with capture_output() as cap:
+        ip.run_cell_magic("krex_exclusive", "--gpu 0 --no-freeze --no-isolate", "for i in range(3): print(i, end=' ')")
+    assert cap.stdout.startswith("0 1 2 \nKREX region"), cap.stdout
+    with capture_output() as cap:
+        ip.run_cell_magic("krex_exclusive", "--gpu 0 --no-freeze --no-isolate", "print('done')")
+    assert cap.stdout.startswith("done\nKREX region"), cap.stdout
+
+
 def test_exclusive_options(ip: Any, arbiter: ArbiterProc, detached: Any) -> None:
     sib = detached(1)
     code = f"from krex_lab.procutil import proc_state\nstate = proc_state({sib})"

@@ -11,16 +11,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from .. import protocol
 from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
 from ..procutil import ancestors, proc_uid
+from ..region_report import REVOKED
 from ..regions.cgroups import CgroupPlacer
 from ..regions.freeze import FREEZE_FILES
 from ..service import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas
-from .region import REVOKED, RegionState
+from .region import RegionState
 from .scheduler import Scheduler
 from .sessions import Session, SessionTable
 
@@ -162,9 +165,9 @@ class SessionRequests:
         if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
-            return protocol.Granted(
-                region=parent.id, gpu=gpu, report={**parent.report(self.backend_info), "nested": True}
-            )
+            report = parent.report(self.backend_info)
+            report.nested = True
+            return protocol.Granted(region=parent.id, gpu=gpu, report=report)
         mine = [
             r
             for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
@@ -181,10 +184,10 @@ class SessionRequests:
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
         lease = self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
-        region = self.scheduler.request(session, gpu, lease, req.freeze, req.isolate, cores, peer.reply)
+        spec = msgspec.structs.replace(req.spec, gpu=gpu, max_hold=lease, cores=cores)
+        region = self.scheduler.request(session, spec, peer.reply)
         if lease < max_hold:
             region.capped_from = max_hold
-        region.asked_exempt = list(req.exempt)
         return DEFERRED
 
     def release(self, req: protocol.Release, peer: Peer) -> Any:
@@ -192,11 +195,13 @@ class SessionRequests:
         region = self.scheduler.find(req.region)
         if region is None:
             past = self.scheduler.past(req.region)
-            if past is not None and past["session"] == session.id:
+            if past is not None and past.session == session.id:
                 return past  # already released (lease expiry): the report says why
             raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
         if session.within == region.id and region.session.id != session.id:
-            return {**region.report(self.backend_info), "nested": True}  # the holder releases it
+            report = region.report(self.backend_info)
+            report.nested = True  # the holder releases it
+            return report
         if region.session.id != session.id and req.force:
             if not self.quotas.is_admin(session.uid):
                 raise PermissionDenied(

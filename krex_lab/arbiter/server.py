@@ -27,6 +27,7 @@ from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
 from ..procfiles import KEPT
+from ..region_report import RegionReport
 from ..regions.cgroups import CgroupPlacer
 from ..regions.corelock import NodeCoreLock
 from ..regions.drain import Locker
@@ -443,8 +444,17 @@ class Arbiter(LoggingConfigurable):
             if self.metrics is not None:
                 self.metrics.history = None
 
-    def _region_finished(self, report: dict[str, Any]) -> None:
+    def _region_finished(self, report: RegionReport) -> None:
         """Each finished region's report (on the loop: both only enqueue or count)."""
+        if report.degraded:
+            # Said where operators look: a degraded region's timings may be disturbed.
+            log.warning(
+                "region %s of %s on GPU %d was DEGRADED: %s",
+                report.region,
+                report.user,
+                report.gpu,
+                "; ".join(report.why_degraded()) or "no reason recorded",
+            )
         if self.region_history is not None:
             self.region_history.add(report)
         if self.metrics is not None:

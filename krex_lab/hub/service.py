@@ -40,6 +40,7 @@ from tornado.ioloop import PeriodicCallback
 from .. import protocol
 from ..arbiter.status import holder_row, queue_row
 from ..errors import KrexError
+from ..region_report import RegionReport
 from .charts import Bar, Sample, gantt_svg, utilisation_svg
 from .config import ADMIN_SCOPE
 
@@ -110,12 +111,12 @@ class Arbiter:
             self._session = Session(role="client", name="krex-admin service", control=False, endpoint=self.endpoint)
         return self._session
 
-    def end_region(self, region: str) -> dict[str, Any]:
+    def end_region(self, region: str) -> RegionReport:
         """End (or withdraw) ``region`` whoever holds it: ``Release(force=True)``."""
         with self._lock:
             for attempt in (0, 1):
                 try:
-                    result: dict[str, Any] = self._admin_session().call(
+                    result: RegionReport = self._admin_session().call(
                         protocol.Release(region=region, force=True), timeout=15.0
                     )
                     return result
@@ -165,20 +166,14 @@ class Telemetry:
 
     def add_regions(self, reports: list[dict[str, Any]]) -> None:
         """Finished regions with wall-clock times (history rows, or ``Regions`` reports that carry them)."""
-        for r in reports:
-            end = r.get("released_at")
-            if not end or r.get("gpu") is None:
+        for r in map(RegionReport.from_dict, reports):
+            end = r.released_at
+            if not end or r.gpu < 0:
                 continue
-            start = r.get("granted_at") or float(end) - float(r.get("hold_s") or 0.0)
-            if r.get("acquire_s") is None and not r.get("granted_at") and not r.get("hold_s"):
+            if not r.granted and not r.granted_at and not r.hold_s:
                 continue  # withdrawn: never held
-            self.bars[str(r["region"])] = (
-                int(r["gpu"]),
-                str(r.get("user")),
-                float(start),
-                float(end),
-                str(r["region"]),
-            )
+            start = r.granted_at or end - (r.hold_s or 0.0)
+            self.bars[r.region] = (r.gpu, r.user, start, end, r.region)
 
 
 def quota_use(table: dict[str, Any], quotas: Any | None) -> list[dict[str, Any]]:
@@ -333,7 +328,7 @@ class EndRegionHandler(AdminHandler):
         try:
             report = await self.blocking(self.arbiter.end_region, region)
             log.warning("KREX admin %s ended region %s", user.get("name"), region)
-            message = f"ended region {region} ({report.get('released_by', '')})"
+            message = f"ended region {region} ({report.released_by})"
         except KrexError as exc:
             message = f"could not end {region}: {exc}"
         self._done(message)

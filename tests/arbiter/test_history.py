@@ -19,31 +19,34 @@ import psutil
 import pytest
 
 from krex_lab import protocol
-from krex_lab.arbiter.history import RegionHistory, outcome
+from krex_lab.arbiter.history import RegionHistory
 from krex_lab.arbiter.history_cli import parse_time, week_start
 from krex_lab.client import Connection, hello
 from krex_lab.paths import UnsafePath
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from krex_lab.region_report import RegionReport
 
 
-def _report(user: str, gpu: int, released: float, hold: float, **extra: Any) -> dict[str, Any]:
-    return {
-        "region": f"r{int(released)}",
-        "uid": 1000 if user == "alice" else 1001,
-        "user": user,
-        "gpu": gpu,
-        "wait_s": 0.01,
-        "acquire_s": 0.001,
-        "hold_s": hold,
-        "released_at": released,
-        "released_by": "released by holder",
-        "frozen": [11, 12],
-        "not_drained": {"13": "did not answer drain"},
-        "degraded": True,
-        "backend": "fake",
-        "simulated": True,
-        **extra,
-    }
+def _report(user: str, gpu: int, released: float, hold: float, **extra: Any) -> RegionReport:
+    return RegionReport(
+        **{
+            "region": f"r{int(released)}",
+            "uid": 1000 if user == "alice" else 1001,
+            "user": user,
+            "gpu": gpu,
+            "wait_s": 0.01,
+            "acquire_s": 0.001,
+            "hold_s": hold,
+            "released_at": released,
+            "released_by": "released by holder",
+            "frozen": [11, 12],
+            "not_drained": {"13": "did not answer drain"},
+            "degraded": True,
+            "backend": "fake",
+            "simulated": True,
+            **extra,
+        }
+    )
 
 
 @pytest.fixture
@@ -59,8 +62,8 @@ def test_rows_keep_the_report(db: RegionHistory) -> None:
     assert db.flush()
     (row,) = db.recent()
     assert (row["user"], row["uid"], row["gpu"], row["hold_s"], row["outcome"]) == ("alice", 1000, 1, 5.0, "completed")
-    assert row["frozen"] == [11, 12] and row["frozen_n"] == 2
-    assert row["not_drained"] == {"13": "did not answer drain"} and row["not_drained_n"] == 1
+    assert row["frozen"] == [11, 12]
+    assert row["not_drained"] == {"13": "did not answer drain"}
     assert row["degraded"] is True and row["simulated"] is True and row["expired"] is False
     assert row["granted_at"] == pytest.approx(now - 15)
     assert stat.S_IMODE(os.stat(db.path).st_mode) == 0o600
@@ -83,7 +86,7 @@ def test_usage_sums_hold_per_user_and_gpu_within_the_window(db: RegionHistory) -
     db.add(_report("bob", 1, since + 4 * 3600, 900.0))
     db.add(_report("bob", 0, since + 600, 1200.0))  # began 600 s before the window: half counts
     db.add(_report("carol", 0, since - 60, 50.0))  # entirely before the window
-    db.add({**_report("carol", 0, since + 60, 0.0), "acquire_s": None})  # withdrawn: held nothing
+    db.add(_report("carol", 0, since + 60, 0.0, acquire_s=None))  # withdrawn: held nothing
     assert db.flush()
     users = {u["user"]: u for u in db.usage(since)}
     assert set(users) == {"alice", "bob"}
@@ -129,11 +132,11 @@ def test_a_planted_symlink_is_refused(tmp_path: Path) -> None:
 
 
 def test_outcome() -> None:
-    assert outcome({"acquire_s": 0.1, "released_by": "released by holder"}) == "completed"
-    assert outcome({"acquire_s": 0.1, "expired": True}) == "expired"
-    assert outcome({"acquire_s": 0.1, "released_by": "ended by admin uid 0"}) == "revoked"
-    assert outcome({"released_by": "enforcement failed: boom"}) == "failed"
-    assert outcome({"released_by": "session ended"}) == "withdrawn"
+    assert RegionReport(acquire_s=0.1, released_by="released by holder").outcome == "completed"
+    assert RegionReport(acquire_s=0.1, expired=True).outcome == "expired"
+    assert RegionReport(acquire_s=0.1, released_by="ended by admin uid 0").outcome == "revoked"
+    assert RegionReport(released_by="enforcement failed: boom").outcome == "failed"
+    assert RegionReport(released_by="session ended").outcome == "withdrawn"
 
 
 def test_parse_time() -> None:

@@ -124,3 +124,32 @@ def test_without_prometheus_client_it_refuses_to_start(runtime: Path, tmp_path: 
     env = {**ArbiterProc(runtime).env(), "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])}
     out = _start_fails(runtime, env, "--Arbiter.metrics_port=1")
     assert "prometheus_client cannot be imported" in out
+
+
+def test_degraded_regions_are_counted_by_user_and_gpu() -> None:
+    """The arbiter's counter and the server extension's both count a degraded region once."""
+    from prometheus_client import generate_latest
+
+    from krex_lab.arbiter.metrics import ArbiterMetrics
+    from krex_lab.region_report import RegionReport
+    from krex_lab.serverext.metrics import RegionStats
+
+    def report(region: str, degraded: bool) -> RegionReport:
+        return RegionReport(
+            region=region, user="alice", gpu=1, acquire_s=0.001, wait_s=0.0, hold_s=0.5, degraded=degraded
+        )
+
+    metrics = ArbiterMetrics()
+    for r in (report("r1", True), report("r2", False), report("r3", True)):
+        metrics.region_finished(r)
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in family.samples
+    }
+    assert _get(samples, "krex_degraded_regions_total", user="alice", gpu="1") == 2.0
+    stats = RegionStats()
+    reports = [report("r1", True).to_dict(), report("r2", False).to_dict()]
+    assert stats.observe({"pid": 1, "started": 0.0}, reports) == 2
+    assert stats.observe({"pid": 1, "started": 0.0}, reports) == 0, "a report seen before is not counted again"
+    assert stats.degraded.labels("1")._value.get() == 1.0

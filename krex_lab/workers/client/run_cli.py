@@ -99,9 +99,7 @@ def report(result: JobResult, quiet: bool = False) -> int:
     if result.notice and not never_ran:  # "ran without GPU exclusivity": it did not run at all
         print(f"krex run: {result.notice}", file=sys.stderr)
     if result.region and not quiet:
-        from ...client import RegionReport
-
-        print(RegionReport(result.region).summary(), file=sys.stderr)
+        print(result.region.summary(), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     if result.exit_code is not None:
