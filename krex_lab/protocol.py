@@ -210,6 +210,17 @@ class Release(SessionRequest, tag="release"):
     force: bool = False
 
 
+class EndRegion(Request, tag="end_region"):
+    """End or withdraw any region (root and the admin group only), the caller named by an identity
+    ``ticket`` rather than a session: an admin's tool needs no session on a GPU. Answers the final
+    report, as :class:`Release` does."""
+
+    reply = RegionReport
+
+    region: str
+    ticket: str
+
+
 class DrainAck(SessionRequest, tag="drain_ack"):
     """A session's answer to a ``drain`` control message: its GPU work is synchronised."""
 
@@ -241,7 +252,9 @@ class History(Request, tag="history"):
     ticket: str = ""
 
 
-ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions, History]
+ArbiterRequest = Union[
+    Hello, Status, Place, Register, Unregister, Acquire, Release, EndRegion, DrainAck, Regions, History
+]
 
 
 class Control(msgspec.Struct, kw_only=True):

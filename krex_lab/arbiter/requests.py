@@ -203,21 +203,27 @@ class SessionRequests:
             report.nested = True  # the holder releases it
             return report
         if region.session.id != session.id and req.force:
-            if not self.quotas.is_admin(session.uid):
-                raise PermissionDenied(
-                    f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
-                )
-            log.warning(
-                "region %s of %s ended by admin uid %d (session %s)",
-                region.id,
-                region.session.user,
-                session.uid,
-                session.id,
-            )
-            return self.scheduler.release(region, f"{REVOKED} uid {session.uid}")
+            return self._revoke(region, session.uid, f"session {session.id}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         return self.scheduler.release(region, "released by holder")
+
+    def end_region(self, req: protocol.EndRegion, peer: Peer) -> Any:
+        """An admin ends (or withdraws) any region, named by an identity ticket: no session of its
+        own, so the admin page is never a sibling that regions drain or freeze."""
+        uid = self.tickets.redeem(req.ticket).uid
+        region = self.scheduler.find(req.region)
+        if region is None:
+            raise NotHolder(f"region {req.region!r} is not held or requested")
+        return self._revoke(region, uid, "an identity ticket")
+
+    def _revoke(self, region: Any, uid: int, by: str) -> Any:
+        if not self.quotas.is_admin(uid):
+            raise PermissionDenied(
+                f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
+            )
+        log.warning("region %s of %s ended by admin uid %d (%s)", region.id, region.session.user, uid, by)
+        return self.scheduler.release(region, f"{REVOKED} uid {uid}")
 
     def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)

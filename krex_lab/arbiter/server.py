@@ -263,6 +263,7 @@ class Arbiter(LoggingConfigurable):
                 protocol.Unregister: lambda req, peer: self.requests.unregister(req, peer),
                 protocol.Acquire: lambda req, peer: self.requests.acquire(req, peer),
                 protocol.Release: lambda req, peer: self.requests.release(req, peer),
+                protocol.EndRegion: lambda req, peer: self.requests.end_region(req, peer),
                 protocol.DrainAck: lambda req, peer: self.requests.drain_ack(req, peer),
                 protocol.History: lambda req, peer: self.queries.history(req, peer),
             },

@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,8 +62,6 @@ class Arbiter:
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint or os.environ.get("KREX_ENDPOINT") or ""
-        self._session: Any = None
-        self._lock = threading.Lock()
 
     def _connection(self) -> Any:
         from ..client import Connection
@@ -104,27 +101,15 @@ class Arbiter:
         finally:
             conn.close()
 
-    def _admin_session(self) -> Any:
-        from ..client import Session
-
-        if self._session is None:
-            self._session = Session(role="client", name="krex-admin service", control=False, endpoint=self.endpoint)
-        return self._session
-
     def end_region(self, region: str) -> RegionReport:
-        """End (or withdraw) ``region`` whoever holds it: ``Release(force=True)``."""
-        with self._lock:
-            for attempt in (0, 1):
-                try:
-                    result: RegionReport = self._admin_session().call(
-                        protocol.Release(region=region, force=True), timeout=15.0
-                    )
-                    return result
-                except KrexError as exc:
-                    if attempt or "session" not in str(exc).lower():
-                        raise
-                    self._session = None  # the arbiter restarted: register again
-        raise AssertionError("unreachable")
+        """End (or withdraw) ``region`` whoever holds it, as root: ``EndRegion`` with this process's
+        identity ticket (no session of the page's own, which regions would drain and freeze)."""
+        conn = self._connection()
+        try:
+            result: RegionReport = conn.call(protocol.EndRegion(region=region, ticket=conn.ticket()), timeout=15.0)
+            return result
+        finally:
+            conn.close()
 
     def end_queue(self, session: str) -> list[str]:
         """Withdraw every queued request of ``session``; returns the regions withdrawn."""
@@ -133,11 +118,6 @@ class Arbiter:
         for region in ids:
             self.end_region(region)
         return ids
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
 
 
 class Telemetry:
@@ -421,7 +401,6 @@ async def _serve(app: web.Application, host: str, port: int, poll: float) -> Non
         await stop.wait()
     finally:
         server.stop()
-        arbiter.close()
 
 
 if __name__ == "__main__":

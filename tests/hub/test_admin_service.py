@@ -194,6 +194,11 @@ def test_admin_ends_another_sessions_region(hub: Hub, arbiter: ArbiterProc) -> N
         # the waiter is granted next; then its own queue entry is gone
         result = conn.wait(pending, timeout=10)
         assert result["region"] == queued_region
+        # The page ended it without a session of its own: none to drain or freeze in the next
+        # region (a session without a control channel made every region on its GPU degraded).
+        names = [s["name"] for g in arbiter.status()["gpus"] for s in g.get("sessions", [])]
+        assert "krex-admin service" not in names, names
+        assert result["report"]["degraded"] is False, result["report"]["not_drained"]
 
         page = hub.get(token=ADMIN_TOKEN).text
         assert 'id="gantt"' in page and granted.region in page  # in the region history table
