@@ -296,7 +296,11 @@ def pool_already_serving(arbiter: ArbiterProc, tmp_path: Path, monkeypatch: pyte
 @pytest.mark.skipif(not pool_available(), reason="needs the pool service")
 @pytest.mark.parametrize("krex_config", [{"start_pool": True, "pool_args": ["--no-preload"], "watch_interval": 0}])
 def test_a_pool_already_serving_is_used_not_restarted(
-    pool_already_serving: Any, krex_config: dict[str, Any], jp_serverapp: Any, caplog: pytest.LogCaptureFixture
+    capfd: pytest.CaptureFixture[str],
+    pool_already_serving: Any,
+    krex_config: dict[str, Any],
+    jp_serverapp: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = jp_serverapp.extension_manager.extension_points["krex_lab"].app
     ours = app.services.pool
@@ -306,3 +310,7 @@ def test_a_pool_already_serving_is_used_not_restarted(
         app.services.check()  # what the periodic watch does
     assert not [r for r in caplog.records if "starting it again" in r.getMessage()], "no restart loop"
     assert app.services.pool is None and not app.services.problems
+    # One line says which pool serves (none started, then found to be someone else's).
+    said = capfd.readouterr().err.splitlines()  # the server's log, from its start
+    assert not [m for m in said if "started pool service" in m], said
+    assert len([m for m in said if "using the pool already serving" in m]) == 1, said
