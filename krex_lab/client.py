@@ -309,17 +309,19 @@ class Exclusive:
         except BaseException:
             session.waiting.discard(notice)
             raise
+        got = False
         try:
             granted: protocol.Granted = protocol.result_as(
                 request, conn.wait(rid, timeout=None, cancelled=self._cancel, slow=(notice.delay, notice.start))
             )
+            got = True
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
             raise
         finally:
             session.waiting.discard(notice)
-            notice.stop()
+            notice.stop(granted=got)
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).

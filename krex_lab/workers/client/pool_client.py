@@ -260,6 +260,8 @@ class PoolClient:
     def _say_started(self, log: Path) -> None:
         """One line on stderr: a pool now runs in the background, how long it stays, how to stop it."""
         assert self.info is not None
+        if paths.quiet():
+            return
         try:
             idle = float(self.status()["pool"]["idle_exit_s"])
         except (KrexError, KeyError, TypeError, ValueError):
