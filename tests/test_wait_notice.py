@@ -136,12 +136,13 @@ def test_on_a_terminal_the_wait_is_one_line_rewritten_in_place(arbiter: ArbiterP
     assert re.fullmatch(r"krex: GPU 0 granted after \d+\.\d s\r?\n", rewrites[-1]), repr(text)
 
 
-def test_krex_quiet_silences_the_wait(arbiter: ArbiterProc) -> None:
+@pytest.mark.parametrize("off", [{"KREX_QUIET": "1"}, {"KREX_WAIT_NOTICE": "0"}])
+def test_it_can_be_turned_off(arbiter: ArbiterProc, off: dict[str, str]) -> None:
     holder = _holding(arbiter, 2.5)
     try:
         quiet = subprocess.Popen(
             [sys.executable, "-c", WAITER, "quiet", "0"],
-            env={**arbiter.env(), "KREX_QUIET": "1"},
+            env={**arbiter.env(), **off},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -153,25 +154,6 @@ def test_krex_quiet_silences_the_wait(arbiter: ArbiterProc) -> None:
             holder.kill()
             holder.wait()
     assert "krex:" not in err, err  # it waited about 2 s, twice the notice's delay
-
-
-def test_krex_wait_notice_0_turns_it_off(arbiter: ArbiterProc) -> None:
-    holder = _holding(arbiter, 2.5)
-    try:
-        quiet = subprocess.Popen(
-            [sys.executable, "-c", WAITER, "quiet", "0"],
-            env={**arbiter.env(), "KREX_WAIT_NOTICE": "0"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        _, err = quiet.communicate(timeout=60)
-        assert quiet.returncode == 0 and holder.wait(30) == 0
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
-    assert "krex: waiting" not in err, err  # it waited about 2 s, twice the notice's delay
 
 
 def test_a_quick_grant_says_nothing(arbiter: ArbiterProc) -> None:
