@@ -39,8 +39,10 @@ __all__ = [
     "Session",
     "attach",
     "current_session",
+    "detach",
     "exclusive",
     "hello",
+    "sessions",
     "status",
 ]
 
@@ -61,6 +63,7 @@ class Session:
         via_ticket: str = "",
     ) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
+        self.name, self.role = name, role
         self.pid = pid or os.getpid()
         self.owner_pid = os.getpid()
         control_conn = Connection(self.endpoint)
@@ -134,11 +137,6 @@ class Session:
             gpus = sorted(self._held) if gpu is None else [gpu]
         return next((held.id for g in gpus if (held := self.holding(g)) is not None), None)
 
-    def holds_any(self) -> bool:
-        with self._held_lock:
-            gpus = list(self._held)
-        return any(self.holding(g) is not None for g in gpus)
-
     def close(self) -> None:
         if self._closed.is_set():
             return
@@ -191,7 +189,13 @@ class Session:
 
 
 _default: Session | None = None
+#: sessions this process registered for other GPUs than its first one's (``attach(gpu=...)``)
+_others: dict[int, Session] = {}
 _default_lock = threading.Lock()
+
+
+def _live(s: Session | None) -> Session | None:
+    return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
 
 
 def attach(
@@ -199,23 +203,48 @@ def attach(
 ) -> Session:
     """Register this process as a session (once; later calls return the same session).
 
-    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it). ``via_ticket``:
-    see :class:`krex_lab.protocol.Register` (a pool worker joining a client's region).
+    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it). A later call
+    for another GPU registers a second session for that GPU (kept for later calls) and never
+    moves the first: the process stays listed under its GPU, whose regions still drain and
+    freeze it. ``via_ticket``: see :class:`krex_lab.protocol.Register` (a pool worker joining a
+    client's region).
     """
     global _default
     with _default_lock:
-        if _default is not None and _default.owner_pid == os.getpid() and not _default._closed.is_set():
-            if gpu is not None and gpu != _default.gpu:
-                _default.close()
-            else:
-                return _default
-        _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
-        return _default
+        first = _live(_default)
+        if first is None:
+            _others.clear()  # a closed first session, or a forked child's inherited ones
+            _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
+            return _default
+        if gpu is None or gpu == first.gpu:
+            return first
+        other = _live(_others.get(gpu))
+        if other is None:
+            other = _others[gpu] = Session(
+                gpu=gpu, name=name or first.name, role=first.role, endpoint=endpoint or first.endpoint
+            )
+        return other
 
 
 def current_session() -> Session | None:
-    s = _default
-    return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
+    """This process's first session (the one :func:`attach` placed), if it is open."""
+    return _live(_default)
+
+
+def sessions() -> list[Session]:
+    """Every open session of this process: the first, then those for other GPUs."""
+    first = current_session()
+    return [first, *filter(None, map(_live, _others.values()))] if first is not None else []
+
+
+def detach() -> None:
+    """Close this process's sessions (the arbiter forgets them; the next :func:`attach` registers anew)."""
+    global _default
+    with _default_lock:
+        for s in [*_others.values(), *([_default] if _default is not None else [])]:
+            s.close()
+        _others.clear()
+        _default = None
 
 
 class Exclusive:
@@ -258,10 +287,9 @@ class Exclusive:
         self.nested = False
         session = self._session
         if session is None:
-            # A session holding a region keeps it (attach() to another GPU would end it): the
-            # request names its GPU.
-            current = current_session()
-            session = current if current is not None and current.holds_any() else attach(self.spec.gpu)
+            # This process's session, wherever it is: the request names the GPU, and a region on
+            # another GPU never moves the session (it stays under its own GPU's regions).
+            session = current_session() or attach(self.spec.gpu)
         self._session = session
         gpu = session.gpu if self.spec.gpu is None else self.spec.gpu
         outer = session.holding(gpu)
@@ -283,17 +311,19 @@ class Exclusive:
         except BaseException:
             session.waiting.discard(notice)
             raise
+        got = False
         try:
             granted: protocol.Granted = protocol.result_as(
                 request, conn.wait(rid, timeout=None, cancelled=self._cancel, slow=(notice.delay, notice.start))
             )
+            got = True
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
             raise
         finally:
             session.waiting.discard(notice)
-            notice.stop()
+            notice.stop(granted=got)
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).

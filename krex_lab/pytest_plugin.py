@@ -158,9 +158,7 @@ def running_arbiter(
     yield arb
     from krex_lab import client
 
-    if client._default is not None:
-        client._default.close()
-        client._default = None
+    client.detach()
     arb.stop()
 
 

@@ -274,3 +274,32 @@ def test_the_summary_reads_cleanly() -> None:
     assert "DEGRADED: no core to reserve among 1 (others hold the rest)" in text and "((" not in text, text
     quiet = RegionReport(region="r4", gpu=0, acquire_s=0.001, hold_s=0.5).summary()
     assert "moved" not in quiet and "cores []; held 0.500 s" in quiet, quiet
+
+
+def test_a_region_on_another_gpu_never_moves_the_session(arbiter: ArbiterProc, procs: Procs) -> None:
+    """A kernel placed on GPU 1 that holds GPU 0 for a block stays GPU 1's: listed under it and
+    frozen by its regions after the block; attach(gpu=0) registers a second session, not a move."""
+    code = (
+        "import json, krex_lab\n"
+        "first = krex_lab.attach(gpu=1, name='kernel-on-1')\n"
+        "with krex_lab.exclusive(gpu=0) as r:\n"
+        "    pass\n"
+        "second = krex_lab.attach(gpu=0)\n"
+        "seen = {'region_gpu': r.gpu, 'first': [first.id, first.gpu], 'again': krex_lab.attach().id}\n"
+        "seen.update(second=[second.id, second.gpu], second_again=krex_lab.attach(gpu=0).id)\n"
+        "print(json.dumps(seen), flush=True)\n"
+        "while True: pass\n"
+    )
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code], env=arbiter.env(), cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    procs.procs.append(kernel)
+    seen = json.loads(procs.readline(kernel))
+    assert seen["region_gpu"] == 0 and seen["first"][1] == 1 and seen["again"] == seen["first"][0]
+    assert seen["second"][1] == 0 and seen["second_again"] == seen["second"][0] != seen["first"][0]
+    gpus = arbiter.status()["gpus"]
+    assert [s["id"] for s in gpus[1]["sessions"] if s["pid"] == kernel.pid] == [seen["first"][0]]
+    assert [s["id"] for s in gpus[0]["sessions"] if s["pid"] == kernel.pid] == [seen["second"][0]]
+    holder = procs.start("holder", "1", "--hold", "0.3", wait_line=None)
+    granted = procs.readline(holder)
+    assert granted.startswith("granted") and kernel.pid in Procs.report(granted)["frozen"], granted

@@ -16,6 +16,7 @@ from krex_lab import protocol
 from krex_lab.magics import KrexCellError, RemoteCellError
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from tests.support import ROOT
 
 from . import test_kernels
 
@@ -199,3 +200,14 @@ def test_krex_without_pool_is_a_short_message(
         result = ip.run_cell("%%krex\nprint(1)")
     assert isinstance(result.error_in_exec, KrexCellError)
     assert "KREX: PoolUnavailable: no KREX pool answers" in cap.stdout and "Traceback" not in cap.stdout
+
+
+def test_the_readme_first_snippet_runs_as_written(ip: Any, arbiter: ArbiterProc) -> None:
+    readme = (ROOT / "README.md").read_text()
+    first = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert first.startswith("%%krex_exclusive"), first
+    with capture_output() as cap:
+        result = ip.run_cell(first)
+    assert result.error_in_exec is None and result.error_before_exec is None, cap.stdout + cap.stderr
+    lines = cap.stdout.strip().splitlines()
+    assert lines[0].endswith(" ms") and lines[-1].startswith("KREX region"), cap.stdout
