@@ -135,7 +135,7 @@ class GpuMode:
     def _check(self, data: Any, output: Any) -> tuple[bool, str]:
         return _verdict(self.checker(data, output))
 
-    def _trial(self, data: Any) -> Trial:
+    def _trial(self, data: Any, previous: Any = None) -> Trial:
         return run_trial(
             data,
             self.custom_kernel,
@@ -144,6 +144,7 @@ class GpuMode:
             rtol=self.job.options.rtol,
             reference_files=self.ref_files,
             checker=self._check,
+            previous=previous,
         )
 
     def check(self) -> dict[str, Any]:
@@ -157,9 +158,11 @@ class GpuMode:
         out: dict[str, Any] = {"correct": True}
         data: Any = None
         last: dict[str, Any] | None = None
+        earlier: list[Any] = []  # every earlier output, alive: see run_trial's ``previous``
         for kind, case in cases:
             data = self.generate(**case)
-            trial = self._trial(data)
+            trial = self._trial(data, earlier)
+            earlier.append(trial.output)
             results.append(
                 {"spec": format_case(case), "kind": kind, "passed": trial.ok, "message": trial.issue or None}
             )
@@ -167,19 +170,20 @@ class GpuMode:
                 out["rejected"] = trial.rejected
             if not trial.ok:
                 out["correct"] = False
-                out["metadata"] = {"correctness_issue": f"{kind} case {format_case(case)}: {trial.issue}"}
+                if trial.issue:
+                    out["metadata"] = {"correctness_issue": f"{kind} case {format_case(case)}: {trial.issue}"}
                 break
             last = case
         if out["correct"] and last is not None and "seed" in last:
             refill(data, self.generate(**{**last, "seed": int(last["seed"]) + 1000}))
-            again = self._trial(data)
+            again = self._trial(data, earlier)
             if not again.ok:
                 out["correct"] = False
                 out["rejected"] = again.rejected or {
                     "cached_results": "the candidate returned a stale result when its input buffers were "
                     "refilled with new values (it caches results across calls)"
                 }
-                out["metadata"] = {"correctness_issue": again.issue}
+                out["metadata"] = {"correctness_issue": again.issue} if again.issue else {}
         if data is not None:
             poison_all(data)
         passed = sum(1 for r in results if r["passed"])

@@ -89,11 +89,17 @@ class _Watch:
         self.stray: list[str] = []
         self.size = 0
         self.seen: list[str] = []
+        self.partial = ""
+        self.killed = False
 
     def output(self, stream: str, text: str) -> None:
-        for line in text.splitlines():
-            if line.startswith(self.marker):
-                _, phase, pid = line.split()
+        if stream == "stdout":  # a marker line may come in two pieces
+            text, self.partial = self.partial + text, ""
+            if not text.endswith("\n"):
+                text, _, self.partial = text.rpartition("\n")
+        for line in text.split("\n"):  # not splitlines(): it splits on control characters too
+            if line.startswith(self.marker) and stream == "stdout":
+                _, phase, pid = line.split(" ")
                 self._tick()
                 self.phase, self.pid, self.used = phase, int(pid), 0.0
                 self.seen.append(phase)
@@ -123,7 +129,8 @@ class _Watch:
             self.expired, self.interrupted_at = self.phase, time.monotonic()
             return 1
         if self.expired is not None:
-            return 2 if time.monotonic() - self.interrupted_at > self.GRACE else 1
+            self.killed = self.killed or time.monotonic() - self.interrupted_at > self.GRACE
+            return 2 if self.killed else 1
         return 0
 
 
@@ -230,7 +237,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
             phase = watch.expired
             ev.verdict = "timeout"
             ev.metadata["timeout"] = f"the {phase} phase ran past its limit of {opts.limit(phase):g} s" + (
-                " (the worker did not stop when interrupted and was killed)" if result.status == "died" else ""
+                " (it did not stop when interrupted: its worker was killed)" if watch.killed else ""
             )
             ev.compiled = phase != "load"
         elif not result.ok:
