@@ -118,7 +118,8 @@ def test_gpumode_phases_run_without_torch_installed(tmp_path: Path) -> None:
                         atol=None, rtol=None, seed=42, retime_reference=False, time_reference=True, timeouts=None,
                         memory_limit_mb=None, output_limit_mb=None, exclusive=False)
         out = phases.run(job, None)
-        print(out["check"]["verdict"], out["time"]["parts"][0]["method"], "torch" in sys.modules and sys.modules["torch"])
+        torch = "torch" in sys.modules and sys.modules["torch"]
+        print(out["check"]["verdict"], out["time"]["parts"][0]["method"], torch)
         """
     )
     env = {"KREX_EVAL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -139,7 +140,7 @@ def test_reference_time_is_cached_per_problem_and_retimed_on_request(run: Run) -
     assert again.ref_runtime == first.ref_runtime  # the cached figure, not a new measurement
     assert "ref_runtime_cached" in again.metadata
     fresh = run("kb_matmul", "correct.py", retime_reference=True)
-    assert not [p for p in fresh.regions if p.program == "reference"][0].cached
+    assert not next(p for p in fresh.regions if p.program == "reference").cached
 
 
 def test_bench_method_on_request_says_so(run: Run) -> None:
@@ -188,6 +189,8 @@ def test_format_is_told_by_the_names_defined() -> None:
 
 
 def test_importing_krex_lab_stays_cheap() -> None:
-    code = "import sys, krex_lab; krex_lab.Evaluation; print(sorted(m for m in ('torch', 'zmq', 'numpy') if m in sys.modules))"
+    code = (
+        "import sys, krex_lab; krex_lab.Evaluation; print([m for m in ('torch', 'zmq', 'numpy') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
