@@ -83,12 +83,10 @@ def run_trial(
     wrote = sorted(_changed(pristine, data) - written_by_ref)
     if wrote:
         rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
-    read_only = [x for k, x in enumerate(arrays(data)) if k not in written_by_ref]
-    expected_ranges = memory_ranges(expected)
-    ref_returns_input = any(
-        s < e2 and s2 < e for s, e in memory_ranges([a for a in arrays(ref_data)]) for s2, e2 in expected_ranges
-    )
-    if not ref_returns_input and _shares(out, read_only):
+    # arrays the reference only reads, and does not return either, are the candidate's to read
+    returned_by_ref = {k for k, a in enumerate(arrays(ref_data)) if _shares(expected, [a])}
+    read_only = [x for k, x in enumerate(arrays(data)) if k not in written_by_ref | returned_by_ref]
+    if _shares(out, read_only):
         rejected["aliased_output"] = "the candidate returned one of its inputs (or a view of one) as its output"
     trial = Trial(ok=not rejected, rejected=rejected, output=out)
     if checker is not None:
