@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import cache
-from .options import Job, Options, ProgramSource
+from .options import MARKER, Job, Options, ProgramSource, run_on_worker
 from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingStats
 from .source import Source, detect_format, read_source
 
@@ -35,7 +35,7 @@ def _program(src: Source) -> ProgramSource:
 def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
     """Read both programs, tell their format, check every option: a bad call raises here,
     before any worker is asked anything."""
-    from .gpumode import MODES, load_cases
+    from .cases import MODES, load_cases
 
     ref, cand = read_source(reference, "reference"), read_source(candidate, "candidate")
     fmt = detect_format(ref, cand, kw.pop("format", "auto"))
@@ -76,8 +76,6 @@ class _Watch:
     GRACE = 2.0  # seconds after the interrupt before the worker is killed
 
     def __init__(self, options: Options) -> None:
-        from .phases import MARKER
-
         self.marker = MARKER
         self.options = options
         self.phase: str | None = None
@@ -198,7 +196,6 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
     import cloudpickle
 
     from ..workers.wire import JobSpec
-    from . import phases
 
     t0 = time.perf_counter()
     if pool is None:
@@ -222,7 +219,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
     backstop = sum(opts.limit(p) for p in ("load", "check", "time")) + 60.0  # the pool's own limit, should ours fail
     spec = JobSpec(
         kind="call",
-        payload=cloudpickle.dumps((phases.run, (job, str(cache.cache_dir())), {})),
+        payload=cloudpickle.dumps((run_on_worker, (job, str(cache.cache_dir())), {})),
         gpu=gpu,
         timeout=backstop,
     )

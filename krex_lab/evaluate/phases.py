@@ -35,13 +35,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .guards import CapturedOutput, memory_limit
-from .options import Job, ProgramSource
+from .options import MARKER, Job, ProgramSource
 from .timers import TimingError, agree, cuda_device, stats, time_calls
 
-__all__ = ["MARKER", "mark", "run"]
-
-#: the start of a phase marker line: ``<MARKER> <phase> <worker pid>``
-MARKER = "@krex-evaluate-phase@"
+__all__ = ["mark", "run"]
 #: reference modules by source hash: compiled once per problem on this worker
 _REFERENCES: dict[str, types.ModuleType] = {}
 

@@ -15,7 +15,7 @@ import pytest
 
 import krex_lab
 from krex_lab.evaluate import Evaluation, evaluate
-from krex_lab.evaluate.gpumode import parse_cases
+from krex_lab.evaluate.cases import parse_cases
 from krex_lab.evaluate.source import detect_format, read_source
 from tests.support.pool import PoolProc
 
