@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["DEFAULT_LIMITS", "MARKER", "Job", "Options", "ProgramSource", "run_on_worker"]
+__all__ = ["DEFAULT_LIMITS", "MARKER", "Job", "Options", "ProgramSource"]
 
 #: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <worker pid>``
 MARKER = "@krex-evaluate-phase@"
@@ -85,11 +85,3 @@ class Job(msgspec.Struct, kw_only=True):
     #: GPU MODE cases: lists of argument dicts, each with its line as ``spec``
     tests: list[dict[str, Any]] = []
     benchmarks: list[dict[str, Any]] = []
-
-
-def run_on_worker(job: Job, reference_cache: str | None) -> dict[str, Any]:
-    """The job an evaluation sends its worker (pickled by name: the client never imports the
-    worker side, whose imports are a tenth of a second): :func:`krex_lab.evaluate.phases.run`."""
-    from .phases import run
-
-    return run(job, reference_cache)

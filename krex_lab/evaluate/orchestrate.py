@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import cache
-from .options import MARKER, Job, Options, ProgramSource, run_on_worker
+from .entry import run_on_worker
+from .options import MARKER, Job, Options, ProgramSource
 from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingStats
 from .source import Source, detect_format, read_source
 
