@@ -194,3 +194,38 @@ def test_importing_krex_lab_stays_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_krex_modules_a_job_imports_stay_imported_after_the_reset(eval_pool: PoolProc) -> None:
+    """The worker's reset forgets modules from outside the installed packages (an edited
+    candidate is imported afresh), but never KREX's own, wherever the package lies: an editable
+    install re-imported krex_lab.evaluate's worker side after every evaluation (0.1-0.3 s each)."""
+    client = eval_pool.client
+    first = client.run_code("import sys, krex_lab.evaluate.cases\n'krex_lab.evaluate.cases' in sys.modules", gpu=0)
+    assert first.ok and first.value == "True"
+    same = []
+    for _ in range(12):  # later jobs on the same worker (after its reset) still have it
+        r = client.run_code("import sys\n'krex_lab.evaluate.cases' in sys.modules", gpu=0)
+        if r.worker_pid == first.worker_pid:
+            same.append(r.value)
+    assert same and set(same) == {"True"}
+
+
+def test_cpu_timing_fits_torch_threads_to_the_cores_a_region_leaves() -> None:
+    """More torch threads than the cores a region pins the holder to spin-wait on each other (a
+    50 us reduction read 50 ms): inside a region on the CPU the threads fit the cores."""
+    import os
+
+    import torch
+
+    from krex_lab.evaluate.phases import _fit_threads
+
+    saved_mask, saved_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        os.sched_setaffinity(0, {min(saved_mask)})
+        assert _fit_threads() == 4 and torch.get_num_threads() == 1
+        assert _fit_threads() is None  # already fitting: nothing to restore
+    finally:
+        os.sched_setaffinity(0, saved_mask)
+        torch.set_num_threads(saved_threads)
