@@ -14,17 +14,9 @@ import os
 import sys
 from typing import Any
 
+from ..workers.client.run_cli import _positive  # seconds > 0, as krex run --timeout takes them
+
 __all__ = ["add_arguments", "run"]
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be seconds > 0, not {text!r}")
-    return value
 
 
 def _count(text: str) -> int:
@@ -68,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for phase, default in (("load", 600), ("check", 300), ("time", 300)):
         p.add_argument(
             f"--{phase}-timeout",
-            type=_seconds,
+            type=_positive,
             default=None,
             metavar="S",
             help=f"time limit of the {phase} phase (default {default} s)",

@@ -4,17 +4,12 @@ kernel that never ends, work on a side stream the event pair misses, device memo
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from krex_lab.evaluate import Evaluation, evaluate
-from krex_lab.pytest_plugin import wait_for
+from tests.gpu.conftest import nvidia_pool
 from tests.support import ROOT
 from tests.support.pool import PoolProc
 
@@ -61,44 +56,9 @@ def cuda_candidate(name: str, body: str) -> str:
 
 @pytest.fixture(scope="module")
 def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
-    runtime = tmp_path_factory.mktemp("rt")
-    os.chmod(runtime, 0o700)
-    endpoint = f"ipc://{runtime / 'arbiter.sock'}"
-    env = {
-        **os.environ,
-        "KREX_RUNTIME_DIR": str(runtime),
-        "KREX_ENDPOINT": endpoint,
-        "KREX_EVAL_CACHE": str(runtime / "cache"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-    }
-    with open(runtime / "arbiter.log", "wb") as log:
-        arbiter = subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "nvidia"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    wait_for(lambda: Path(runtime / "arbiter.sock").exists(), timeout=30)
-    pool = PoolProc(
-        env,
-        f"ipc://{runtime / 'pool.sock'}",
-        "--Pool.preload=torch",
-        "--workers-per-gpu=2",
-        "--spares=1",
-        "--Pool.gpus=0",
-        "--Pool.interrupt_grace=2.0",
-        log=runtime / "pool.log",
+    yield from nvidia_pool(
+        tmp_path_factory, "--Pool.preload=torch", "--workers-per-gpu=2", "--spares=1", "--Pool.interrupt_grace=2.0"
     )
-    with pytest.MonkeyPatch.context() as mp:
-        for key in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_EVAL_CACHE"):
-            mp.setenv(key, env[key])
-        try:
-            pool.start(timeout=180)
-            yield pool
-        finally:
-            pool.stop()
-            arbiter.send_signal(signal.SIGTERM)
-            arbiter.wait(20)
 
 
 def run(pool: PoolProc, candidate: str, **options: object) -> Evaluation:
