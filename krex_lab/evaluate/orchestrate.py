@@ -248,6 +248,9 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
         if ev.gpu is not None:
             ev.metadata.setdefault("device", str(ev.gpu))
         ev.output = _candidate_output(job, ev)
+        if watch.stray and "".join(watch.stray).strip():
+            # printed outside the candidate's calls (the reference, a framework's warning)
+            ev.metadata["worker_output"] = "\n".join(watch.stray)[-4096:]
         ev.wall_s = round(time.perf_counter() - t0, 6)
         ev.phases["total"] = round(sum(ev.phases.get(k, 0.0) for k in ("load", "check", "time")), 6)
         ev.summary = _summary(ev)

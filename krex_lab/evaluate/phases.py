@@ -42,6 +42,10 @@ __all__ = ["mark", "run"]
 #: reference modules by source hash: compiled once per problem on this worker
 _REFERENCES: dict[str, types.ModuleType] = {}
 
+#: the output limit of the load phase at least: RLIMIT_FSIZE bounds every file a process writes,
+#: and nvcc's objects of a large extension exceed the 16 MiB a candidate may print
+LOAD_FILE_LIMIT = 1 << 30
+
 _OOM = ("out of memory", "can't allocate memory", "cannot allocate memory", "outofmemory")
 
 
@@ -127,7 +131,10 @@ def _sticky(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def _guarded(state: Loaded, phase: str, result: dict[str, Any]) -> Iterator[CapturedOutput]:
     """The candidate's output captured and its memory limited; its failure a verdict in ``result``."""
-    capture = CapturedOutput(state.output_path, state.job.options.output_limit_mb << 20)
+    limit = state.job.options.output_limit_mb << 20
+    if phase == "load":  # the limit is the kernel's per-file one, which the compilers it runs inherit
+        limit = max(limit, LOAD_FILE_LIMIT)
+    capture = CapturedOutput(state.output_path, limit)
     t0 = time.perf_counter()
     try:
         with capture, memory_limit(state.job.options.memory_limit_mb), _no_grad():
