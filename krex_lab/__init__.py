@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArbiterUnavailable",
     "BackendError",
+    "Evaluation",
     "InvalidRequest",
     "JobTimeout",
     "KrexError",
@@ -61,6 +62,7 @@ __all__ = [
     "bench",
     "check",
     "dashboard",
+    "evaluate",
     "exclusive",
     "submit",
 ]
@@ -69,6 +71,8 @@ if TYPE_CHECKING:
     from .bench import Measurement, bench, check
     from .client import attach, exclusive
     from .dashboard import dashboard
+    from .evaluate import Evaluation
+    from .evaluate.api import evaluate
     from .protocol import RegionSpec
     from .region_report import RegionReport
     from .workers.client import submit
@@ -97,6 +101,11 @@ def __getattr__(name: str) -> Any:
         from .protocol import RegionSpec
 
         return RegionSpec
+    if name in ("evaluate", "Evaluation"):  # evaluate is the (callable) package: krex_lab.evaluate(ref, cand)
+        import importlib
+
+        package = importlib.import_module(".evaluate", __name__)
+        return package if name == "evaluate" else getattr(package, name)
     if name == "submit":
         from .workers.client import submit
 

@@ -3,18 +3,13 @@ recycle after a sticky CUDA error, and a region held by a worker that drains its
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from krex_lab.pytest_plugin import wait_for
-from tests.support import ROOT
+from tests.gpu.conftest import nvidia_pool
 from tests.support.pool import PoolProc, alive
 
 pytestmark = pytest.mark.gpu
@@ -22,43 +17,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
-    runtime = tmp_path_factory.mktemp("rt")
-    os.chmod(runtime, 0o700)
-    endpoint = f"ipc://{runtime / 'arbiter.sock'}"
-    env = {
-        **os.environ,
-        "KREX_RUNTIME_DIR": str(runtime),
-        "KREX_ENDPOINT": endpoint,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
-    }
-    with open(runtime / "arbiter.log", "wb") as log:
-        arbiter = subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "nvidia"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    wait_for(lambda: Path(runtime / "arbiter.sock").exists(), timeout=30)
-    pool = PoolProc(
-        env,
-        f"ipc://{runtime / 'pool.sock'}",
-        "--Pool.preload=torch",
-        "--Pool.preload=numba.cuda",
-        "--workers-per-gpu=2",
-        "--spares=1",
-        "--Pool.gpus=0",
-        log=runtime / "pool.log",
+    yield from nvidia_pool(
+        tmp_path_factory, "--Pool.preload=torch", "--Pool.preload=numba.cuda", "--workers-per-gpu=2", "--spares=1"
     )
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KREX_RUNTIME_DIR", str(runtime))
-        mp.setenv("KREX_ENDPOINT", endpoint)
-        try:
-            pool.start(timeout=180)
-            yield pool
-        finally:
-            pool.stop()
-            arbiter.send_signal(signal.SIGTERM)
-            arbiter.wait(20)
 
 
 def test_workers_are_warm_on_their_gpu(gpu_pool: PoolProc) -> None:
