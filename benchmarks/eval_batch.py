@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -122,6 +123,22 @@ def cuda_arch() -> str:
         return ""
 
 
+def cuda_home() -> str:
+    """The CUDA toolkit's root for load_inline where CUDA_HOME is not set: torch guesses it as the
+    folder above the ``nvcc`` on PATH, which is wrong when that ``nvcc`` is a wrapper script
+    (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``); "" when no toolkit is found."""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        return ""
+    candidates = [Path(os.path.realpath(nvcc)).parent.parent]
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        head = Path(nvcc).read_bytes()[:4096]
+        if not head.startswith(b"\x7fELF"):
+            candidates += [Path(m).parent.parent for m in re.findall(r"(/\S+/bin/nvcc)\b", head.decode())]
+    candidates.append(Path("/usr/local/cuda"))
+    return next((str(c) for c in candidates if (c / "include" / "cuda_runtime.h").is_file()), "")
+
+
 def base_env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HERE), os.environ.get("PYTHONPATH")]))
@@ -132,8 +149,11 @@ def base_env(args: argparse.Namespace) -> dict[str, str]:
         env.pop(eval_set.SIZE_ENV, None)
     if args.backend == "fake":
         env["OMP_NUM_THREADS"] = "1"  # CPU torch in many processes at once: no thread oversubscription
-    elif arch := cuda_arch():
-        env.setdefault("TORCH_CUDA_ARCH_LIST", arch)
+    else:
+        if arch := cuda_arch():
+            env.setdefault("TORCH_CUDA_ARCH_LIST", arch)
+        if "CUDA_HOME" not in env and (home := cuda_home()):
+            env["CUDA_HOME"] = home
     return env
 
 
@@ -399,6 +419,7 @@ def main(argv: list[str] | None = None) -> Path:
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "parameters": {k: v for k, v in vars(args).items() if k != "out"},
         "torch_cuda_arch_list": env.get("TORCH_CUDA_ARCH_LIST", ""),
+        "cuda_home": env.get("CUDA_HOME", ""),
         "pairs": [p.id for p in pairs],
     }
 
