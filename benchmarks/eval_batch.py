@@ -81,7 +81,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
     args = p.parse_args(argv)
     fake = args.backend == "fake"
-    args.kinds = tuple(k for k in (args.kinds or ("torch" if fake else ",".join(eval_set.KINDS))).split(",") if k)
+    args.kinds = tuple(k for k in (args.kinds or ("torch" if fake else ",".join(eval_set.BATCH_KINDS))).split(",") if k)
     args.size = args.size or ("small" if fake else "full")
     args.problems = [x for x in args.problems.split(",") if x]
     return args

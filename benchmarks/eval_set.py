@@ -2,10 +2,12 @@
 
 Each problem is a folder ``NN_name/`` with ``reference.py`` (``Model``, ``get_inputs``,
 ``get_init_inputs``) and one or more candidates ``new_<kind>.py`` (``ModelNew``), the kind being
-``cuda`` (CUDA C++ through ``torch.utils.cpp_extension.load_inline``), ``triton`` (``@triton.jit``)
-or ``torch`` (a plain torch rewrite). ``EVAL_PROBLEM_SIZE=small`` in the environment of the process
-that runs a reference gives CPU-sized inputs (the tests); the full sizes are for an H200 (some
-problems over 1 ms there, the elementwise ones about 0.1 ms).
+``cuda`` (CUDA C++ through ``torch.utils.cpp_extension.load_inline``), ``triton`` (``@triton.jit``),
+``torch`` (a plain torch rewrite) or ``numba`` (a ``numba.cuda`` kernel on torch's tensors; two
+problems have one, for the agent study: numba's CUDA simulator runs them without a GPU).
+``EVAL_PROBLEM_SIZE=small`` in the environment of the process that runs a reference gives
+CPU-sized inputs (the tests); the full sizes are for an H200 (some problems over 1 ms there, the
+elementwise ones about 0.1 ms).
 
     python benchmarks/eval_set.py            # rewrite benchmarks/eval_problems/manifest.jsonl
 """
@@ -20,7 +22,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROBLEMS = HERE / "eval_problems"
 MANIFEST = PROBLEMS / "manifest.jsonl"
-KINDS = ("cuda", "triton", "torch")
+KINDS = ("cuda", "triton", "torch", "numba")
+#: what eval_batch.py compares by default (the kinds of the KernelBench comparison)
+BATCH_KINDS = ("cuda", "triton", "torch")
 #: the size knob the references read
 SIZE_ENV = "EVAL_PROBLEM_SIZE"
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,8 +38,9 @@ def test_the_set_has_twenty_problems_of_every_kind_and_a_current_manifest() -> N
     pairs = eval_set.pairs()
     assert len(problems) >= 20
     assert {p.problem for p in pairs} == set(problems)  # every problem has a candidate
-    for kind in eval_set.KINDS:
+    for kind in eval_set.BATCH_KINDS:
         assert sum(1 for p in pairs if p.kind == kind) >= 8, kind
+    assert any(p.kind == "numba" for p in pairs)
     lines = eval_set.manifest_lines(pairs, eval_set.PROBLEMS)
     assert eval_set.MANIFEST.read_text().splitlines() == lines, "run python benchmarks/eval_set.py"
     for line in lines:
@@ -114,3 +117,16 @@ def test_triton_candidates_agree_in_tritons_interpreter(pair: eval_set.Pair, mon
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated: set before the import
     rec = eval_kb.evaluate(str(pair.reference), str(pair.candidate), "cpu", trials=2, perf_trials=0, tol=1e-4)
     assert rec["compiled"] and rec["correctness"], rec["metadata"]
+
+
+@pytest.mark.parametrize("pair", small_pairs("numba"), ids=lambda p: p.id)
+def test_numba_candidates_agree_in_numbas_simulator(pair: eval_set.Pair) -> None:
+    """Through eval_kb.py's command line, in a process of its own (the simulator is chosen when
+    numba.cuda is first imported)."""
+    pytest.importorskip("torch")
+    env = {**os.environ, eval_set.SIZE_ENV: "small", "NUMBA_ENABLE_CUDASIM": "1"}
+    cmd = [sys.executable, str(BENCH / "eval_kb.py"), "eval", str(pair.reference), str(pair.candidate)]
+    r = subprocess.run([*cmd, "--device", "cpu", "--perf-trials", "2"], env=env, capture_output=True, text=True)
+    recs = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("EVALKB ")]
+    assert r.returncode == 0 and len(recs) == 1, r.stderr[-2000:]
+    assert recs[0]["correctness"] and recs[0]["runtime_stats"]["num_trials"] == 2, recs[0]
