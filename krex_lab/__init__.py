@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArbiterUnavailable",
     "BackendError",
+    "Evaluation",
     "InvalidRequest",
     "JobTimeout",
     "KrexError",
@@ -59,6 +60,7 @@ __all__ = [
     "bench",
     "check",
     "dashboard",
+    "evaluate",
     "exclusive",
     "submit",
 ]
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from .bench import Measurement, bench, check
     from .client import attach, exclusive
     from .dashboard import dashboard
+    from .evaluate import Evaluation
+    from .evaluate.api import evaluate
     from .workers.client import submit
 
 
@@ -85,6 +89,11 @@ def __getattr__(name: str) -> Any:
 
         harness = importlib.import_module(".bench", __name__)
         return harness if name == "bench" else getattr(harness, name)
+    if name in ("evaluate", "Evaluation"):  # evaluate is the (callable) package: krex_lab.evaluate(ref, cand)
+        import importlib
+
+        package = importlib.import_module(".evaluate", __name__)
+        return package if name == "evaluate" else getattr(package, name)
     if name == "submit":
         from .workers.client import submit
 

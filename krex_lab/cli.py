@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{arbiter,supervise,pool,status,history,exclusive,run,lab,hub-config}",
+        metavar="{arbiter,supervise,pool,status,history,exclusive,run,eval,mcp,lab,hub-config}",
         parser_class=CommandParser,
     )
     p = sub.add_parser(
@@ -331,6 +331,25 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
         description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
+        populate=populate,
+    )
+    p.set_defaults(func=func)
+    populate, func = _delegate(".evaluate.cli")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a candidate kernel against its reference (KernelBench or GPU MODE): a verdict",
+        description="Compile, check and time CANDIDATE against REFERENCE (KernelBench or GPU MODE format) on "
+        "a warm context worker, timed inside a region. Exit 0 when the candidate is correct, 1 otherwise; "
+        "--batch MANIFEST writes one JSON line per pair.",
+        populate=populate,
+    )
+    p.set_defaults(func=func)
+    populate, func = _delegate(".evaluate.mcp_server")
+    p = sub.add_parser(
+        "mcp",
+        help="an MCP server on stdio (evaluate_kernel, gpu_status, region_history) for LLM agents",
+        description="A Model Context Protocol server on stdin/stdout with the tools evaluate_kernel, "
+        "gpu_status and region_history (needs the mcp package: pip install 'krex-lab[eval]').",
         populate=populate,
     )
     p.set_defaults(func=func)

@@ -266,8 +266,11 @@ class PoolClient:
             with contextlib.suppress(Exception):
                 sock.close(linger=0)
 
-    def _run(self, job: JobSpec, on_output: OutputFn | None) -> JobResult:
-        """Submit one job, stream its output, return its one result (the submit's reply)."""
+    def _run(self, job: JobSpec, on_output: OutputFn | None, watch: Callable[[], int] | None = None) -> JobResult:
+        """Submit one job, stream its output, return its one result (the submit's reply).
+
+        ``watch``: asked every 50 ms while the job runs; 1 interrupts the job (KeyboardInterrupt
+        in it), 2 kills its worker, as a first and a second Ctrl-C would (each sent once)."""
         out = on_output or print_output
         sock = self._socket()
         region, ticket = region_claim(job.gpu)
@@ -275,13 +278,19 @@ class PoolClient:
         sock.send(protocol.encode(submit))
         job_id: str | None = None
         interrupts = 0
+        watched = 0
 
         def interrupt(force: bool) -> None:
             sock.send(protocol.encode(Interrupt(id=_rid(), job=job_id, target=submit.id, force=force)))
 
         while True:
             try:
-                if sock.poll(200):
+                if watch is not None:
+                    action = watch()
+                    if action > watched:
+                        watched = action
+                        interrupt(action >= 2)
+                if sock.poll(50 if watch is not None else 200):
                     msg = decode_incoming(sock.recv())
                     if msg.id != submit.id:
                         continue  # a late message of an abandoned job, or an interrupt's reply

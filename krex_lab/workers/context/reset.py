@@ -231,6 +231,9 @@ def _installed_roots() -> tuple[str, ...]:
         roots.add(site.getusersitepackages())
     except Exception:
         pass
+    # KREX's own package, wherever it is (an editable install is outside site-packages): a job
+    # that imports krex_lab.evaluate or krex_lab.bench must not pay their import again next time.
+    roots.add(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
     return tuple(os.path.join(os.path.realpath(r), "") for r in roots if r)
 
 

@@ -1,0 +1,37 @@
+"""Evaluate what agents write: KernelBench and GPU MODE problems, end to end.
+
+    import krex_lab
+    ev = krex_lab.evaluate("reference.py", "candidate.py")   # paths or source text
+    ev.verdict, ev.correctness, ev.runtime, ev.ref_runtime, ev.speedup, ev.metadata
+    print(ev.to_json())
+
+Client side: :mod:`.api` (``evaluate``), :mod:`.orchestrate` (the phases on one leased worker),
+:mod:`.source` (reading programs, telling their format), :mod:`.cache` (builds, reference times),
+:mod:`.batch` and :mod:`.cli` (``krex eval``), :mod:`.mcp_server` (``krex mcp``). Worker side:
+:mod:`.phases` (load, check, timing), the formats :mod:`.kernelbench` and :mod:`.gpumode`,
+:mod:`.checking` (one trial), :mod:`.tensors`, :mod:`.guards`, :mod:`.timers`. Both:
+:mod:`.result` (``Evaluation``) and :mod:`.options`. Importing this package imports no torch.
+See ``docs/evaluate.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from .api import evaluate
+from .result import FORMATS, METHODS, VERDICTS, CaseResult, Evaluation, TimedPart, TimingStats
+
+__all__ = ["FORMATS", "METHODS", "VERDICTS", "CaseResult", "Evaluation", "TimedPart", "TimingStats", "evaluate"]
+
+
+class _CallableModule(types.ModuleType):
+    """``krex_lab.evaluate(reference, candidate)`` calls :func:`~.api.evaluate`, whether
+    ``krex_lab.evaluate`` is this package (once imported) or not yet (as ``krex_lab.bench``)."""
+
+    def __call__(self, reference: Any, candidate: Any, **options: Any) -> Evaluation:
+        return evaluate(reference, candidate, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

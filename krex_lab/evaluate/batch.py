@@ -1,0 +1,162 @@
+"""Many evaluations at once: a manifest of (reference, candidate) pairs in, JSON lines out.
+
+Manifest, one pair a line (``#`` comments and blank lines skipped), either form on any line:
+
+* ``REFERENCE CANDIDATE [ID]`` (whitespace-separated paths; no spaces in them);
+* a JSON object: ``{"reference": ..., "candidate": ..., "id": ..., "format": ..., "gpu": ...,
+  "timing": ..., "mode": ..., "tests": ..., "benchmarks": ...}`` (only the first two required).
+
+Relative paths are relative to the manifest's directory. Output: exactly one JSON line per pair,
+as each finishes: the :class:`~krex_lab.evaluate.result.Evaluation` plus ``index`` (the pair's
+place in the manifest, from 0) and ``id`` (as given, else the candidate's path). A line that
+cannot be read, a missing file or any failure of the evaluation itself is that pair's result,
+with verdict ``error`` and the reason in ``metadata``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .result import Evaluation
+
+__all__ = ["Pair", "parse_manifest", "run_batch"]
+
+#: what a JSON manifest line may set for its pair
+PAIR_OPTIONS = ("format", "gpu", "timing", "mode", "tests", "benchmarks", "trials", "perf_trials", "measure")
+
+
+@dataclass
+class Pair:
+    index: int
+    line: int
+    reference: str = ""
+    candidate: str = ""
+    id: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    #: why the line could not be read (the pair's result is an error)
+    problem: str | None = None
+
+
+def _resolve(path: str, base: Path) -> str:
+    p = Path(os.path.expanduser(path))
+    return str(p if p.is_absolute() else base / p)
+
+
+def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
+    """Every pair of a manifest (see the module doc); unreadable lines are pairs with a ``problem``."""
+    root = Path(base)
+    pairs: list[Pair] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pair = Pair(index=len(pairs), line=n)
+        pairs.append(pair)
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+                pair.reference, pair.candidate = str(item["reference"]), str(item["candidate"])
+            except (ValueError, KeyError, TypeError) as exc:
+                pair.problem = f"manifest line {n}: not a JSON object with reference and candidate ({exc})"
+                continue
+            unknown = sorted(set(item) - {"reference", "candidate", "id", *PAIR_OPTIONS})
+            if unknown:
+                pair.problem = f"manifest line {n}: unknown key(s) {', '.join(unknown)}"
+                continue
+            pair.id = None if item.get("id") is None else str(item["id"])
+            pair.options = {k: item[k] for k in PAIR_OPTIONS if k in item}
+        else:
+            fields = line.split()
+            if len(fields) not in (2, 3):
+                pair.problem = f"manifest line {n}: expected 'REFERENCE CANDIDATE [ID]', got {len(fields)} field(s)"
+                continue
+            pair.reference, pair.candidate = fields[0], fields[1]
+            pair.id = fields[2] if len(fields) == 3 else None
+        pair.reference, pair.candidate = _resolve(pair.reference, root), _resolve(pair.candidate, root)
+    return pairs
+
+
+def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
+    return Evaluation(
+        format=str(pair.options.get("format", "unknown")),
+        verdict="error",
+        summary=f"error: {message.splitlines()[0] if message else ''}",
+        reference=pair.reference,
+        candidate=pair.candidate,
+        metadata={key: message},
+    )
+
+
+def evaluate_pair(pair: Pair, defaults: dict[str, Any], pool: Any) -> Evaluation:
+    """One pair's result, whatever happens (never raises)."""
+    from .api import evaluate
+
+    if pair.problem is not None:
+        return error_result(pair, pair.problem, "manifest_error")
+    try:
+        return evaluate(pair.reference, pair.candidate, pool=pool, **{**defaults, **pair.options})
+    except Exception as exc:
+        return error_result(pair, f"{type(exc).__name__}: {exc}")
+
+
+class Progress:
+    """One status line on a terminal (``\\r``-rewritten): done/total and the verdicts so far."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total, self.stream = total, stream
+        self.done = 0
+        self.verdicts: Counter[str] = Counter()
+        self.enabled = stream.isatty()
+
+    def update(self, verdict: str) -> None:
+        self.done += 1
+        self.verdicts[verdict] += 1
+        if self.enabled:
+            width = 30
+            filled = int(width * self.done / max(1, self.total))
+            counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {counts}\x1b[K")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_batch(
+    pairs: list[Pair],
+    *,
+    jobs: int,
+    defaults: dict[str, Any],
+    pool: Any,
+    emit: Callable[[dict[str, Any]], None],
+    progress: TextIO | None = None,
+) -> Counter[str]:
+    """Evaluate ``pairs``, ``jobs`` at once; ``emit`` each result (a dict) as it finishes, exactly
+    once per pair. Returns the count of each verdict."""
+    bar = Progress(len(pairs), progress or sys.stderr)
+    lock = threading.Lock()
+
+    def one(pair: Pair) -> None:
+        ev = evaluate_pair(pair, defaults, pool)
+        record = {"index": pair.index, "id": pair.id if pair.id is not None else pair.candidate, **ev.to_dict()}
+        with lock:
+            emit(record)
+            bar.update(ev.verdict)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="krex-eval") as ex:
+        futures = [ex.submit(one, p) for p in pairs]
+        for future in concurrent.futures.as_completed(futures):
+            future.result()
+    bar.close()
+    return bar.verdicts

@@ -1,0 +1,190 @@
+"""``krex eval REFERENCE CANDIDATE`` and ``krex eval --batch MANIFEST --jobs N``.
+
+One pair: a human-readable verdict (``--json``: the :class:`Evaluation` as one JSON object); exit
+0 when the candidate is correct, 1 for any other verdict. A batch: one JSON line per pair on
+stdout (or ``--output FILE``), as each finishes, a progress bar on stderr when it is a terminal,
+exit 0 once every pair has its line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be seconds > 0, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("reference", nargs="?", help="the reference program (KernelBench Model, GPU MODE reference.py)")
+    p.add_argument("candidate", nargs="?", help="the candidate (KernelBench ModelNew, GPU MODE submission)")
+    p.add_argument("--batch", metavar="MANIFEST", help="evaluate every pair of MANIFEST ('-': stdin); JSON lines out")
+    p.add_argument("--jobs", "-j", type=_count, default=1, metavar="N", help="with --batch: N evaluations at once")
+    p.add_argument("--output", "-o", metavar="FILE", help="with --batch: write the JSON lines to FILE")
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "kernelbench", "gpumode"],
+        help="default: told by the names defined",
+    )
+    p.add_argument("--json", action="store_true", help="one pair: the whole result as JSON")
+    p.add_argument("--gpu", type=int, default=None, help="the GPU (default: the pool picks)")
+    p.add_argument(
+        "--timing",
+        default="format",
+        choices=["format", "bench"],
+        help="format: the format's own method (default); bench: krex_lab.bench's",
+    )
+    p.add_argument("--no-timing", dest="measure", action="store_false", help="compile and check only")
+    p.add_argument("--trials", type=_count, default=None, help="correctness trials (KernelBench: 5)")
+    p.add_argument("--perf-trials", type=_count, default=None, help="KernelBench's timed calls (100)")
+    p.add_argument("--mode", default="benchmark", choices=["test", "benchmark", "leaderboard"], help="GPU MODE's mode")
+    p.add_argument("--tests", metavar="FILE", help="GPU MODE test cases ('key: value; ...' lines)")
+    p.add_argument("--benchmarks", metavar="FILE", help="GPU MODE benchmark cases")
+    p.add_argument("--retime-reference", action="store_true", help="time the reference again, cached or not")
+    p.add_argument("--no-reference-timing", dest="time_reference", action="store_false", help="no reference time")
+    for phase, default in (("load", 600), ("check", 300), ("time", 300)):
+        p.add_argument(
+            f"--{phase}-timeout",
+            type=_seconds,
+            default=None,
+            metavar="S",
+            help=f"time limit of the {phase} phase (default {default} s)",
+        )
+    p.add_argument("--no-region", dest="exclusive", action="store_false", help="time without a region (shared GPU)")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    timeouts = {
+        phase: getattr(args, f"{phase}_timeout")
+        for phase in ("load", "check", "time")
+        if getattr(args, f"{phase}_timeout") is not None
+    }
+    options: dict[str, Any] = {
+        "format": args.format,
+        "gpu": args.gpu,
+        "timing": args.timing,
+        "measure": args.measure,
+        "trials": args.trials,
+        "perf_trials": args.perf_trials,
+        "mode": args.mode,
+        "tests": args.tests,
+        "benchmarks": args.benchmarks,
+        "retime_reference": args.retime_reference,
+        "time_reference": args.time_reference,
+        "exclusive": args.exclusive,
+    }
+    if timeouts:
+        options["timeouts"] = timeouts
+    return options
+
+
+def human(ev: Any) -> str:
+    """The verdict as a person reads it: the summary, then what explains it."""
+    lines = [ev.summary]
+    trials = ev.metadata.get("correctness_trials", "")
+    lines.append(f"  format {ev.format}; compiled {ev.compiled}; correctness {ev.correctness}; trials {trials}")
+    if ev.runtime > 0:
+        st = ev.runtime_stats
+        spread = f" (std {st.std:.2f}, min {st.min:.2f}, max {st.max:.2f}, {st.num_trials} trials)" if st else ""
+        lines.append(f"  runtime {ev.runtime:.2f} us{spread}; method {ev.timing_method}")
+    if ev.ref_runtime > 0:
+        lines.append(f"  reference {ev.ref_runtime:.2f} us; speedup {ev.speedup}")
+    for case in [*ev.tests, *ev.benchmarks]:
+        timing = f" mean {case.mean:.2f} us ± {case.err:.2f} over {case.runs} runs" if case.mean is not None else ""
+        lines.append(
+            f"  {case.kind} [{case.spec}]: {'pass' if case.passed else 'FAIL' if case.passed is False else '-'}{timing}"
+        )
+    for key in ("compilation_error", "runtime_error", "correctness_issue", "timeout", "worker_died", "rejected"):
+        if key in ev.metadata:
+            text = ev.metadata[key] if isinstance(ev.metadata[key], str) else json.dumps(ev.metadata[key])
+            lines.append(f"  {key}: " + "\n    ".join(text.splitlines()[:20]))
+    reports = ev.region_reports()
+    if reports:
+        lines.append(f"  region: {reports[0].summary()}")
+    lines += [f"  warning: {w}" for w in ev.warnings]
+    if ev.output:
+        lines.append("  candidate output: " + "\n    ".join(ev.output.splitlines()[:10]))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    if args.batch:
+        if args.reference or args.candidate:
+            print("krex eval: --batch takes no REFERENCE CANDIDATE", file=sys.stderr)
+            return 2
+        return _batch(args, options)
+    if not (args.reference and args.candidate):
+        print("krex eval: REFERENCE and CANDIDATE are required (or --batch MANIFEST)", file=sys.stderr)
+        return 2
+    from .api import evaluate
+
+    try:
+        ev = evaluate(args.reference, args.candidate, **options)
+    except (FileNotFoundError, ValueError, TypeError) as exc:
+        print(f"krex eval: {exc}", file=sys.stderr)
+        return 2
+    print(ev.to_json() if args.json else human(ev))
+    return 0 if ev.verdict == "correct" else 1
+
+
+def _batch(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from dataclasses import replace
+
+    from ..errors import KrexError
+    from ..workers.client import default_client
+    from .batch import parse_manifest, run_batch
+
+    if args.batch == "-":
+        text, base = sys.stdin.read(), os.getcwd()
+    else:
+        try:
+            with open(args.batch) as f:
+                text = f.read()
+        except OSError as exc:
+            print(f"krex eval: cannot read the manifest: {exc}", file=sys.stderr)
+            return 2
+        base = os.path.dirname(os.path.abspath(args.batch))
+    pairs = parse_manifest(text, base)
+    out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
+    try:
+
+        def emit(record: dict[str, Any]) -> None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+        try:
+            pool = default_client()
+        except KrexError as exc:  # every pair still gets its line, saying why
+            pairs = [p if p.problem else replace(p, problem=f"no pool: {exc}") for p in pairs]
+            pool = None
+        verdicts = run_batch(pairs, jobs=args.jobs, defaults=options, pool=pool, emit=emit)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    counts = ", ".join(f"{n} {v}" for v, n in verdicts.most_common())
+    print(f"krex eval: {len(pairs)} pair(s) evaluated: {counts or 'none'}", file=sys.stderr)
+    return 0

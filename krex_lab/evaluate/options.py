@@ -1,0 +1,84 @@
+"""What an evaluation is asked to do, as it travels to the worker: :class:`Options` and :class:`Job`.
+
+Defaults follow the formats: KernelBench checks 5 seeded trials and times 100 trials after 3
+warm-up calls; GPU MODE warms up 0.2 s, then times until the relative standard error of the mean
+is under 1 % (3 to 100 runs, 10 s at most per case). Every phase has its own time limit
+(seconds): ``load`` (compile and import both programs, build the models), ``check`` (the
+correctness trials), ``time`` (warm-up and timing, the reference's included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["DEFAULT_LIMITS", "Job", "Options", "ProgramSource"]
+
+#: seconds per phase: compiling CUDA with load_inline takes a minute or more
+DEFAULT_LIMITS: dict[str, float] = {"load": 600.0, "check": 300.0, "time": 300.0}
+
+
+class Options(msgspec.Struct, kw_only=True, frozen=True):
+    """Every knob of one evaluation (see :func:`krex_lab.evaluate`)."""
+
+    #: ``format`` or ``bench`` (see :data:`krex_lab.evaluate.result.METHODS`)
+    timing: str = "format"
+    #: time at all (False: compile and check only)
+    measure: bool = True
+    #: correctness trials (KernelBench's default 5; GPU MODE checks each test case once)
+    trials: int = 5
+    #: timed calls (KernelBench's 100) and warm-up calls (3) of the KernelBench method
+    perf_trials: int = 100
+    warmup_calls: int = 3
+    #: GPU MODE's method: warm-up seconds, runs, relative standard error, seconds per case
+    warmup_s: float = 0.2
+    min_runs: int = 3
+    max_runs: int = 100
+    max_rel_err: float = 0.01
+    max_case_s: float = 10.0
+    #: GPU MODE's modes: ``test`` (check only), ``benchmark``, ``leaderboard`` (check every timed run)
+    mode: str = "benchmark"
+    #: tolerances; None: by the output's precision (fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7)
+    atol: float | None = None
+    rtol: float | None = None
+    seed: int = 42
+    #: time the reference again even when the cache has its time
+    retime_reference: bool = False
+    #: time the reference at all (False: no speedup)
+    time_reference: bool = True
+    #: seconds per phase (missing phases: :data:`DEFAULT_LIMITS`)
+    limits: dict[str, float] = {}
+    #: host memory the candidate may add while it runs (MiB; 0: no limit)
+    memory_limit_mb: int = 16384
+    #: bytes the candidate may write to stdout and stderr per phase (MiB); more fails the write
+    output_limit_mb: int = 16
+    #: time inside a region (False: share the GPU, and the result says so)
+    exclusive: bool = True
+
+    def limit(self, phase: str) -> float:
+        return float(self.limits.get(phase, DEFAULT_LIMITS[phase]))
+
+
+class ProgramSource(msgspec.Struct, kw_only=True, frozen=True):
+    """A program's source as the worker gets it (it reads no file of the caller's)."""
+
+    text: str
+    path: str | None
+    label: str
+    sha256: str
+
+
+class Job(msgspec.Struct, kw_only=True):
+    """One evaluation as its worker sees it."""
+
+    id: str
+    format: str
+    reference: ProgramSource
+    candidate: ProgramSource
+    options: Options
+    #: where builds go: ``<cache>/builds/<candidate hash>``
+    build_root: str
+    #: GPU MODE cases: lists of argument dicts, each with its line as ``spec``
+    tests: list[dict[str, Any]] = []
+    benchmarks: list[dict[str, Any]] = []

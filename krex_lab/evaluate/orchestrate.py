@@ -1,0 +1,378 @@
+"""Client side: one evaluation, phase after phase, on one leased warm worker.
+
+Each phase is one pool job on the same lease with its own time limit (the pool interrupts a job
+past its limit, then kills its worker: an infinite loop on the CPU or the GPU ends either way),
+so the reference compiled in ``load`` and the models it built are there for ``check`` and
+``timing``. A job that dies (segfault, abort, sticky CUDA error) or runs out of time becomes the
+verdict; the pool has already replaced or recycled its worker. Whatever happens, the lease is
+released, so the worker resets (memory checked) before it serves anyone else.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import cache
+from .options import Job, Options, ProgramSource
+from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingStats
+from .source import Source, detect_format, read_source
+
+__all__ = ["build_job", "run_job"]
+
+#: what a phase's pool output may keep (the candidate's own output is captured on the worker)
+_STRAY_OUTPUT = 16384
+
+
+def _program(src: Source) -> ProgramSource:
+    return ProgramSource(text=src.text, path=src.path, label=src.label, sha256=src.sha256)
+
+
+def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
+    """Read both programs, tell their format, check every option: a bad call raises here,
+    before any worker is asked anything."""
+    from .gpumode import MODES, load_cases
+
+    ref, cand = read_source(reference, "reference"), read_source(candidate, "candidate")
+    fmt = detect_format(ref, cand, kw.pop("format", "auto"))
+    if kw["timing"] not in METHODS:
+        raise ValueError(f"unknown timing {kw['timing']!r}: one of {', '.join(METHODS)}")
+    if kw["mode"] not in MODES:
+        raise ValueError(f"unknown mode {kw['mode']!r}: one of {', '.join(MODES)}")
+    limits = dict(kw.pop("timeouts") or {})
+    for phase, seconds in limits.items():
+        if phase not in ("load", "check", "time"):
+            raise ValueError(f"unknown phase {phase!r} in timeouts: load, check, time")
+        if not (isinstance(seconds, (int, float)) and seconds > 0):
+            raise ValueError(f"timeouts[{phase!r}] must be seconds > 0, not {seconds!r}")
+    tests, benchmarks = kw.pop("tests"), kw.pop("benchmarks")
+    fields = {k: v for k, v in kw.items() if v is not None}
+    for name in ("trials", "perf_trials"):
+        if name in fields and fields[name] < 1:
+            raise ValueError(f"{name} must be at least 1, not {fields[name]}")
+    options = Options(limits=limits, **fields)
+    return Job(
+        id=secrets.token_hex(8),
+        format=fmt,
+        reference=_program(ref),
+        candidate=_program(cand),
+        options=options,
+        build_root=str(cache.builds_dir()),
+        tests=load_cases(tests, ref.directory, "tests") if fmt == "gpumode" else [],
+        benchmarks=load_cases(benchmarks, ref.directory, "benchmarks") if fmt == "gpumode" else [],
+    )
+
+
+class _Watch:
+    """The phases of the running job, from its marker lines, against their time limits.
+
+    Time a phase spends stopped (frozen by another evaluation's region on the same GPU) does not
+    count: its worker's state is read from /proc (the pool is this user's, on this node)."""
+
+    GRACE = 2.0  # seconds after the interrupt before the worker is killed
+
+    def __init__(self, options: Options) -> None:
+        from .phases import MARKER
+
+        self.marker = MARKER
+        self.options = options
+        self.phase: str | None = None
+        self.pid: int | None = None
+        self.used = 0.0
+        self.last = time.monotonic()
+        self.expired: str | None = None
+        self.interrupted_at = 0.0
+        self.stray: list[str] = []
+        self.size = 0
+        self.seen: list[str] = []
+
+    def output(self, stream: str, text: str) -> None:
+        for line in text.splitlines():
+            if line.startswith(self.marker):
+                _, phase, pid = line.split()
+                self._tick()
+                self.phase, self.pid, self.used = phase, int(pid), 0.0
+                self.seen.append(phase)
+            elif self.size < _STRAY_OUTPUT:
+                self.stray.append(line[: _STRAY_OUTPUT - self.size])
+                self.size += len(line)
+
+    def _stopped(self) -> bool:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+        except (OSError, IndexError):
+            return False
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self.pid is not None and not self._stopped():
+            self.used += now - self.last
+        self.last = now
+
+    def __call__(self) -> int:
+        """0: carry on; 1: interrupt; 2: kill (see PoolClient._run)."""
+        self._tick()
+        if self.phase not in ("load", "check", "time"):
+            return 0
+        if self.expired is None and self.used > self.options.limit(self.phase):
+            self.expired, self.interrupted_at = self.phase, time.monotonic()
+            return 1
+        if self.expired is not None:
+            return 2 if time.monotonic() - self.interrupted_at > self.GRACE else 1
+        return 0
+
+
+def _failure(ev: Evaluation, phase: str, limit: float, result: Any) -> None:
+    """A phase job that did not return: the verdict its end stands for."""
+    from ..workers.context.runner import sticky_cuda_error
+
+    error = result.error or "the job failed"
+    tail = (result.traceback or "").strip()[-3000:]
+    if result.status == "timeout":
+        ev.verdict = "timeout"
+        ev.metadata["timeout"] = f"the {phase} phase ran past its limit of {limit:g} s ({error})"
+    elif result.status == "died":
+        ev.verdict = "crashed"
+        ev.metadata["worker_died"] = f"{error} in the {phase} phase" + (f"\n{tail}" if tail else "")
+    elif sticky_cuda_error(Exception(error)) or sticky_cuda_error(Exception(tail)):
+        ev.verdict = "crashed"
+        ev.metadata["cuda_error"] = f"{error} in the {phase} phase (a sticky CUDA error: the worker was recycled)"
+    else:
+        ev.verdict = "error"
+        ev.metadata["evaluation_error"] = f"{phase}: {error}" + (f"\n{tail}" if tail else "")
+
+
+def _summary(ev: Evaluation) -> str:
+    if ev.verdict != "correct":
+        why = next(iter(ev.metadata.get("rejected", {}).values()), None) if ev.verdict == "rejected" else None
+        for key in (
+            "compilation_error",
+            "runtime_error",
+            "correctness_issue",
+            "timeout",
+            "worker_died",
+            "cuda_error",
+            "out_of_memory",
+            "output_limit",
+            "reference_error",
+            "evaluation_error",
+        ):
+            if why is None and key in ev.metadata:
+                why = str(ev.metadata[key])
+        first = (why or "").strip().splitlines()[0][:300] if why else ""
+        return f"{ev.verdict}: {first}" if first else ev.verdict
+    if ev.runtime < 0:
+        return f"correct ({ev.metadata.get('correctness_trials', '')} trials; not timed)"
+    clock = "GPU" if ev.gpu_timed else "host clock, no GPU timed"
+    line = f"correct: {ev.runtime:.2f} us"
+    if ev.ref_runtime > 0 and ev.speedup is not None:
+        line += f" vs reference {ev.ref_runtime:.2f} us ({ev.speedup:.2f}x)"
+    return line + f" [{ev.timing_method}, {clock}, {ev.device}]"
+
+
+def _geomean(values: list[float]) -> float:
+    good = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in good) / len(good)) if good else -1.0
+
+
+def _stats(raw: Mapping[str, Any] | None) -> TimingStats | None:
+    if not raw:
+        return None
+    return TimingStats(**{k: raw[k] for k in ("mean", "std", "min", "max", "num_trials")})
+
+
+def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation:
+    """Run ``job`` on a warm worker of ``pool`` (default: this user's) and judge it."""
+    import cloudpickle
+
+    from ..workers.wire import JobSpec
+    from . import phases
+
+    t0 = time.perf_counter()
+    if pool is None:
+        from ..workers.client import default_client
+
+        pool = default_client()
+    opts = job.options
+    ev = Evaluation(
+        format=job.format,
+        verdict="error",
+        summary="",
+        reference=job.reference.label,
+        candidate=job.candidate.label,
+        timing=opts.timing,
+        reference_hash=job.reference.sha256,
+        candidate_hash=job.candidate.sha256,
+        simulated=bool(getattr(pool.info, "simulated", False)),
+        metadata={},
+    )
+    watch = _Watch(opts)
+    backstop = sum(opts.limit(p) for p in ("load", "check", "time")) + 60.0  # the pool's own limit, should ours fail
+    spec = JobSpec(
+        kind="call",
+        payload=cloudpickle.dumps((phases.run, (job, str(cache.cache_dir())), {})),
+        gpu=gpu,
+        timeout=backstop,
+    )
+    try:
+        result = pool._run(spec, watch.output, watch)
+        ev.gpu, ev.worker_pid = result.gpu, result.worker_pid
+        if result.submitted_at and result.dispatched_at and result.finished_at:
+            # the pool's view: waiting for a worker, and the job on it (the phases and their set-up)
+            ev.phases["queued"] = round(result.dispatched_at - result.submitted_at, 6)
+            ev.phases["job"] = round(result.finished_at - result.dispatched_at, 6)
+        if watch.expired is not None:
+            phase = watch.expired
+            ev.verdict = "timeout"
+            ev.metadata["timeout"] = f"the {phase} phase ran past its limit of {opts.limit(phase):g} s" + (
+                " (the worker did not stop when interrupted and was killed)" if result.status == "died" else ""
+            )
+            ev.compiled = phase != "load"
+        elif not result.ok:
+            _failure(ev, watch.phase or "load", opts.limit(watch.phase or "load"), result)
+            ev.compiled = watch.phase not in (None, "load")
+        else:
+            _judge(ev, job, cloudpickle.loads(result.value))
+    finally:
+        ev.correctness = ev.verdict == "correct"
+        if ev.gpu is not None:
+            ev.metadata.setdefault("device", str(ev.gpu))
+        ev.output = _candidate_output(job, ev)
+        ev.wall_s = round(time.perf_counter() - t0, 6)
+        ev.phases["total"] = round(sum(ev.phases.get(k, 0.0) for k in ("load", "check", "time")), 6)
+        ev.summary = _summary(ev)
+    return ev
+
+
+def _judge(ev: Evaluation, job: Job, out: Mapping[str, Any]) -> None:
+    """The verdict from the phases' dicts (see :func:`krex_lab.evaluate.phases.run`)."""
+    loaded = out["load"]
+    ev.phases["load"] = loaded.get("seconds", 0.0)
+    ev.device, ev.gpu_timed = loaded["device"], loaded["gpu_timed"]
+    ev.metadata["hardware"] = ev.device
+    ev.compiled = bool(loaded.get("compiled"))
+    _absorb(ev, loaded)
+    if loaded["verdict"] is not None:
+        ev.verdict = loaded["verdict"]
+        return
+    checked = out["check"]
+    ev.phases["check"] = checked.get("seconds", 0.0)
+    _absorb(ev, checked)
+    ev.tests = [CaseResult(**c) for c in checked.get("cases", []) if c.get("kind") == "test"]
+    bench_checked = {c["spec"]: c for c in checked.get("cases", []) if c.get("kind") == "benchmark"}
+    if checked["verdict"] is not None:
+        ev.verdict = checked["verdict"]
+        return
+    ev.verdict = "correct"
+    if "time" in out:
+        _time(ev, job, out["time"], bench_checked)
+
+
+def _absorb(ev: Evaluation, phase: Mapping[str, Any]) -> None:
+    for key, value in (phase.get("metadata") or {}).items():
+        ev.metadata[key] = value
+    if phase.get("output_bytes"):
+        ev.metadata["output_bytes"] = ev.metadata.get("output_bytes", 0) + phase["output_bytes"]
+
+
+def _candidate_output(job: Job, ev: Evaluation) -> str | None:
+    """What the candidate printed (head and tail), read where its phases wrote it; then removed."""
+    from .guards import read_output
+
+    path = os.path.join(job.build_root, job.candidate.sha256[:32], f"output-{job.id}.txt")
+    if not os.path.exists(path):
+        return None
+    text = read_output(path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return text or None
+
+
+def _time(ev: Evaluation, job: Job, timed: Mapping[str, Any], bench_checked: dict[str, Any]) -> None:
+    ev.phases["time"] = timed.get("seconds", 0.0)
+    _absorb(ev, timed)
+    if timed["verdict"] is not None:
+        ev.verdict = timed["verdict"]
+        return
+    parts = timed["parts"]
+    cached, timed_at = bool(timed.get("reference_cached")), timed.get("reference_timed_at")
+    disagree: list[str] = []
+    cand_means: list[float] = []
+    ref_means: list[float] = []
+    for p in parts:
+        st = p["stats"]
+        mean = st["mean"]
+        check = p.get("timing_check")
+        if check is not None and not check["agrees"]:
+            disagree.append(
+                f"{p['case'] or 'forward'}: {p['method']} {mean:.2f} us, device-wide {check['mean']:.2f} us"
+            )
+            mean = check["mean"]
+        ev.timing_method = p["method"] if not disagree else f"device-sync (the {p['method']} figure disagreed)"
+        ev.regions.append(
+            TimedPart(
+                program="candidate", case=p["case"], method=p["method"], region=p["region"], notice=p.get("notice")
+            )
+        )
+        ref = p.get("reference")
+        if ref is not None:
+            ev.regions.append(
+                TimedPart(
+                    program="reference",
+                    case=p["case"],
+                    method=ref["method"],
+                    region=ref["region"],
+                    cached=cached,
+                    timed_at=timed_at,
+                )
+            )
+        cand_means.append(mean)
+        ref_means.append(ref["stats"]["mean"] if ref else -1.0)
+        if job.format == "gpumode":
+            checked = bench_checked.get(p["case"], {})
+            ev.benchmarks.append(
+                CaseResult(
+                    spec=p["case"],
+                    kind="benchmark",
+                    passed=checked.get("passed"),
+                    runs=st["num_trials"],
+                    mean=mean,
+                    std=st["std"],
+                    err=st["err"],
+                    best=st["min"],
+                    worst=st["max"],
+                    ref_mean=ref["stats"]["mean"] if ref else None,
+                )
+            )
+        else:
+            ev.runtime_stats = _stats(st)
+            ev.ref_runtime_stats = _stats(ref["stats"]) if ref else None
+    if job.format == "gpumode":
+        ev.runtime = _geomean(cand_means)
+        ev.ref_runtime = _geomean(ref_means) if ref_means and all(m > 0 for m in ref_means) else -1.0
+    elif cand_means:
+        ev.runtime, ev.ref_runtime = cand_means[0], ref_means[0]
+    if ev.runtime > 0 and ev.ref_runtime > 0:
+        ev.speedup = round(ev.ref_runtime / ev.runtime, 4)
+    if cached:
+        ev.metadata["ref_runtime_cached"] = f"measured {timed_at} (retime_reference=True measures it again)"
+    if disagree:
+        ev.metadata["timing_disagreement"] = disagree
+        ev.warnings.append(
+            "the event pair and a device-wide synchronisation disagree (work on another stream or thread?): "
+            "runtime is the device-wide figure; " + "; ".join(disagree)
+        )
+    checks = [p["timing_check"] for p in parts if p.get("timing_check")]
+    ev.timing_check = {"method": "device-sync", "cases": checks} if checks else None
+    if not ev.gpu_timed:
+        ev.warnings.append("no GPU was timed: times are host-clock times around each call (CPU or fake backend)")
+    notices = [p["notice"] for p in parts if p.get("notice")]
+    if notices:
+        ev.warnings.append(notices[0])
