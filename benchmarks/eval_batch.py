@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def pair_env(env: dict[str, str], work: Path, pair: eval_set.Pair) -> dict[str, 
 
 
 def baseline_evals(
-    pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace
+    pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace, label: str = "(b)"
 ) -> dict[str, dict[str, Any]]:
     """One fresh process per pair, one after the other."""
     device = "cuda" if args.backend == "nvidia" else "cpu"
@@ -190,7 +191,7 @@ def baseline_evals(
         rec["process_wall_s"] = time.perf_counter() - t0
         rec["results"] = len(recs)
         out[pair.id] = rec
-        print(f"  (b) {pair.id:28s} {describe(rec)}", flush=True)
+        print(f"  {label} {pair.id:28s} {describe(rec)}", flush=True)
     return out
 
 
@@ -260,11 +261,14 @@ def krex_world(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tup
     return world, ready_s
 
 
-def krex_command(manifest: Path, jobs: int) -> list[str]:
-    return [sys.executable, "-m", "krex_lab.cli", "eval", "--batch", str(manifest), "--jobs", str(jobs)]
+def krex_command(manifest: Path, args: argparse.Namespace) -> list[str]:
+    """``krex eval --batch``, with the baseline's trial counts (its defaults are KernelBench's too)."""
+    cmd = [sys.executable, "-m", "krex_lab.cli", "eval", "--batch", str(manifest), "--jobs", str(args.jobs)]
+    return [*cmd, "--trials", str(args.trials), "--perf-trials", str(args.perf_trials)]
 
 
 def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
     manifest = eval_set.write_manifest(work / "manifest.jsonl", pairs)
     world, ready_s = krex_world(args, work, env)
     print(f"(a) arbiter and {args.jobs} warm workers ready in {ready_s:.1f} s (not counted)", flush=True)
@@ -272,7 +276,7 @@ def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: 
     try:
         t0 = time.perf_counter()
         with open(work / "krex.out", "w") as out, open(work / "krex.err", "w") as err:
-            code = subprocess.run(krex_command(manifest, args.jobs), env=world.env, stdout=out, stderr=err).returncode
+            code = subprocess.run(krex_command(manifest, args), env=world.env, stdout=out, stderr=err).returncode
         wall_s = time.perf_counter() - t0
         recycled = world.recycled()
     finally:
@@ -297,7 +301,7 @@ def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: 
         "wall_s": wall_s,
         "pool_ready_s": ready_s,
         "exit_code": code,
-        "command": " ".join(krex_command(manifest, args.jobs)[1:]),
+        "command": " ".join(krex_command(manifest, args)[1:]),
         "stderr_tail": (work / "krex.err").read_text()[-3000:],
         "stray_lines": strays[:20],
         "workers_recycled": recycled,
@@ -401,7 +405,10 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
-    pairs = eval_set.pairs(args.kinds, args.problems or None)
+    try:
+        pairs = eval_set.pairs(args.kinds, args.problems or None)
+    except ValueError as exc:
+        raise SystemExit(f"eval_batch: {exc}") from None
     if not pairs:
         raise SystemExit("eval_batch: no pair matches --problems/--kinds")
     if args.backend == "fake":
@@ -442,13 +449,15 @@ def main(argv: list[str] | None = None) -> Path:
         elif long_pairs:
             print(f"(b') alone: the {len(long_pairs)} pairs over {args.long_ms} ms again", flush=True)
             t0 = time.perf_counter()
-            evals = baseline_evals(
-                long_pairs, {**env, "TRITON_CACHE_DIR": str(work / "kb" / "triton")}, work / "kb", args
-            )
+            kb_env = {**env, "TRITON_CACHE_DIR": str(work / "kb" / "triton")}  # (b)'s caches, warm
+            evals = baseline_evals(long_pairs, kb_env, work / "kb", args, "(b')")
             result["alone"] = {"wall_s": time.perf_counter() - t0, "evals": evals}
     except KeyboardInterrupt:
         result["interrupted"] = "stopped by a signal; the phases before it are complete"
         print("eval_batch: INTERRUPTED; writing what was measured", flush=True)
+    except Exception:  # on the device: keep what the phases before measured, and say what broke
+        result["failed"] = traceback.format_exc()[-4000:]
+        print(f"eval_batch: FAILED; writing what was measured\n{result['failed']}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["wall_s"] = time.time() - t_start
@@ -464,6 +473,8 @@ def main(argv: list[str] | None = None) -> Path:
     if os.environ.get("OUT"):  # the whole result is written: the partial copy is not needed
         with contextlib.suppress(OSError):
             Path(os.environ["OUT"], f"eval_batch-{args.backend}-partial.json").unlink()
+    if "failed" in result or "interrupted" in result:
+        raise SystemExit(1)
     return path
 
 
