@@ -58,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 import eval_set  # noqa: E402
 from agent_world import World  # noqa: E402
-from common import REPO, machine, percentile, write_result  # noqa: E402
+from common import REPO, machine, nvidia_smi, percentile, write_result  # noqa: E402
 
 EVAL_KB = HERE / "eval_kb.py"
 #: seconds one baseline process may take (KernelBench's own default is 180 s)
@@ -112,16 +112,8 @@ def tree_digest() -> str:
 def cuda_arch() -> str:
     """The GPU's compute capability ("9.0"), so that every build targets it alone (and the same
     flags find the same build again); "" when nvidia-smi cannot say."""
-    try:
-        r = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return r.stdout.split()[0] if r.returncode == 0 and r.stdout.strip() else ""
-    except OSError:
-        return ""
+    caps = nvidia_smi("compute_cap")
+    return caps[0] if caps else ""
 
 
 def cuda_home() -> str:

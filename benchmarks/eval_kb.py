@@ -18,11 +18,9 @@ in this one process (as KernelBench's baseline timing does). Times are microseco
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -38,12 +36,9 @@ def emit(record: dict[str, Any]) -> None:
 
 def load_module(path: str, name: str) -> Any:
     """Import a problem file as a module of its own (Triton needs a real file for its kernels' source)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    from common import load_file
+
+    return load_file(path, name)
 
 
 def module_name(path: str, role: str) -> str:
