@@ -289,6 +289,8 @@ def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: 
     for pid, recs in results.items():
         print(f"  (a) {pid:28s} {describe(recs[0]) if recs else 'NO RESULT'}", flush=True)
     print(f"(a) krex eval --batch --jobs {args.jobs}: {wall_s:.1f} s, exit {code}", flush=True)
+    for why, n in recycled.items():  # a worker recycled is one restarted: (a)'s wall time pays for it
+        print(f"    workers recycled {n}x: {why}" if why != "left_mib" else f"    MiB left: {n}", flush=True)
     return {
         "wall_s": wall_s,
         "pool_ready_s": ready_s,
