@@ -21,7 +21,10 @@ once and does the same work:
     time is that command's.
 
 Then (b') **alone**: (b)'s evaluation phase again for the pairs whose (b) runtime is over
-``--long-ms``: the method's own run-to-run noise, against which (a)'s deviation is read.
+``--long-ms``: the method's own run-to-run noise, against which (a)'s deviation is read. The order
+is (a), (b), (b'): the arbiter and pool are stopped before (b) starts; (b') is skipped when the
+run is past ``--budget-s``; a run stopped by a signal writes what it measured (the pairs of (b)
+done so far among it).
 
 Printed: both wall times and their ratio, per-pair runtime deviation of (a) from (b) for pairs
 over ``--long-ms`` (median, p95 and max of |a/b - 1|) and the same for (b') against (b), verdicts
@@ -49,6 +52,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -169,11 +173,17 @@ def pair_env(env: dict[str, str], work: Path, pair: eval_set.Pair) -> dict[str, 
 
 
 def baseline_evals(
-    pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace, label: str = "(b)"
+    pairs: list[eval_set.Pair],
+    env: dict[str, str],
+    work: Path,
+    args: argparse.Namespace,
+    out: dict[str, dict[str, Any]],
+    label: str = "(b)",
+    progress: Callable[[], None] = lambda: None,
 ) -> dict[str, dict[str, Any]]:
-    """One fresh process per pair, one after the other."""
+    """One fresh process per pair, one after the other; each result goes into ``out`` as it comes
+    (``progress`` is called after each: a run cut short keeps the pairs it finished)."""
     device = "cuda" if args.backend == "nvidia" else "cpu"
-    out = {}
     for pair in pairs:
         cmd = [sys.executable, str(EVAL_KB), "eval", str(pair.reference), str(pair.candidate), "--device", device]
         cmd += ["--trials", str(args.trials), "--perf-trials", str(args.perf_trials)]
@@ -184,12 +194,19 @@ def baseline_evals(
         rec["results"] = len(recs)
         out[pair.id] = rec
         print(f"  {label} {pair.id:28s} {describe(rec)}", flush=True)
+        progress()
     return out
 
 
 def run_baseline(
-    pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace
+    pairs: list[eval_set.Pair],
+    env: dict[str, str],
+    work: Path,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    progress: Callable[[], None],
 ) -> dict[str, Any]:
+    """(b) into ``out``, phase by phase; ``wall_s`` is set last (a run cut short has none)."""
     env = {**env, "TRITON_CACHE_DIR": str(work / "triton")}
     device = "cuda" if args.backend == "nvidia" else "cpu"
     workers = args.compile_workers or os.cpu_count() or 1
@@ -201,30 +218,24 @@ def run_baseline(
         )
         return recs[0] if recs else {"compiled": False, "error": err}
 
+    out["compile_workers"] = workers
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        compiled = dict(zip([p.id for p in pairs], ex.map(build, pairs)))
-    compile_s = time.perf_counter() - t_start
-    print(f"(b) compile: {len(pairs)} candidates, {workers} at once, {compile_s:.1f} s", flush=True)
+        out["compile"] = dict(zip([p.id for p in pairs], ex.map(build, pairs)))
+    out["compile_s"] = time.perf_counter() - t_start
+    print(f"(b) compile: {len(pairs)} candidates, {workers} at once, {out['compile_s']:.1f} s", flush=True)
+    progress()
     t0 = time.perf_counter()
-    evals = baseline_evals(pairs, env, work, args)
-    evals_s = time.perf_counter() - t0
+    baseline_evals(pairs, env, work, args, out.setdefault("evals", {}), progress=progress)
+    out["evals_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     refs = sorted({str(p.reference) for p in pairs})
     cmd = [sys.executable, str(EVAL_KB), "time-refs", *refs, "--device", device, "--perf-trials", str(args.perf_trials)]
     recs, err = kb_run(cmd, env, KB_TIMEOUT * 2)
-    ref_times = {Path(r["reference"]).parent.name: r for r in recs}
-    refs_s = time.perf_counter() - t0
-    print(f"(b) evaluations {evals_s:.1f} s, references {refs_s:.1f} s{': ' + err if err else ''}", flush=True)
-    return {
-        "wall_s": time.perf_counter() - t_start,
-        "compile_s": compile_s,
-        "evals_s": evals_s,
-        "refs_s": refs_s,
-        "compile_workers": workers,
-        "compile": compiled,
-        "evals": evals,
-        "ref_times": ref_times,
-    }
+    out["ref_times"] = {Path(r["reference"]).parent.name: r for r in recs}
+    out["refs_s"] = time.perf_counter() - t0
+    print(f"(b) evaluations {out['evals_s']:.1f} s, references {out['refs_s']:.1f} s{': ' + err if err else ''}")
+    out["wall_s"] = time.perf_counter() - t_start
+    return out
 
 
 def describe(rec: dict[str, Any]) -> str:
@@ -430,10 +441,11 @@ def main(argv: list[str] | None = None) -> Path:
 
     signal.signal(signal.SIGTERM, _interrupt)  # `timeout` on the device: keep what was measured
     try:
-        print(f"(b) KernelBench's way: {len(pairs)} pairs", flush=True)
-        result["baseline"] = run_baseline(pairs, env, work / "kb", args)
-        partial()
+        # (a) first: the shorter and the newer path; a run cut short during (b) keeps (b)'s pairs so far
         result["krex"] = run_krex(pairs, env, work / "krex", args)
+        partial()
+        print(f"(b) KernelBench's way: {len(pairs)} pairs", flush=True)
+        run_baseline(pairs, env, work / "kb", args, result.setdefault("baseline", {}), partial)
         partial()
         long_pairs = [p for p in pairs if (runtime_of(result["baseline"]["evals"][p.id]) or 0) > args.long_ms * 1000]
         if not args.alone:
@@ -444,8 +456,9 @@ def main(argv: list[str] | None = None) -> Path:
             print(f"(b') alone: the {len(long_pairs)} pairs over {args.long_ms} ms again", flush=True)
             t0 = time.perf_counter()
             kb_env = {**env, "TRITON_CACHE_DIR": str(work / "kb" / "triton")}  # (b)'s caches, warm
-            evals = baseline_evals(long_pairs, kb_env, work / "kb", args, "(b')")
-            result["alone"] = {"wall_s": time.perf_counter() - t0, "evals": evals}
+            result["alone"] = {"evals": {}}
+            baseline_evals(long_pairs, kb_env, work / "kb", args, result["alone"]["evals"], "(b')", partial)
+            result["alone"]["wall_s"] = time.perf_counter() - t0
     except KeyboardInterrupt:
         result["interrupted"] = "stopped by a signal; the phases before it are complete"
         print("eval_batch: INTERRUPTED; writing what was measured", flush=True)
@@ -455,7 +468,7 @@ def main(argv: list[str] | None = None) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["wall_s"] = time.time() - t_start
-    if "baseline" in result and "krex" in result:
+    if "wall_s" in result.get("baseline", {}) and "krex" in result:
         result["summary"] = summarise(result, args)
         report(result["summary"])
     if args.out:

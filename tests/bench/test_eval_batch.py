@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,26 @@ def test_bad_selections_are_refused_before_anything_starts() -> None:
         [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "99"], capture_output=True, text=True
     )
     assert r.returncode != 0 and "no such problems: 99" in r.stderr
+
+
+@pytest.mark.timeout(400)
+def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> None:
+    """As ``timeout`` stops it on the device: SIGTERM to the whole process group during (b)."""
+    out = tmp_path / "eval_batch.json"
+    cmd = [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "04,21", "--jobs", "2"]
+    cmd += ["--perf-trials", "5", "--compile-workers", "2", "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "OUT"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("(b) compile:"):  # (a) is done, (b) is under way
+            os.killpg(proc.pid, signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, "".join(seen) + rest
+    data = json.loads(out.read_text())
+    assert "interrupted" in data and "summary" not in data
+    assert {pid: len(recs) for pid, recs in data["krex"]["results"].items()} == dict.fromkeys(PAIRS, 1)
+    assert "compile" in data["baseline"] and "wall_s" not in data["baseline"]
