@@ -65,6 +65,9 @@ from agent_world import World  # noqa: E402
 from common import REPO, machine, nvidia_smi, percentile, write_result  # noqa: E402
 
 EVAL_KB = HERE / "eval_kb.py"
+#: what the pool's workers must see of this run's environment: the size knob, one thread each on the
+#: fake backend, the build target and the CUDA toolkit of load_inline (as the baseline's processes do)
+WORKER_ENV = (eval_set.SIZE_ENV, "OMP_NUM_THREADS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME")
 #: seconds one baseline process may take (KernelBench's own default is 180 s)
 KB_TIMEOUT = 300.0
 
@@ -253,9 +256,7 @@ def krex_world(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tup
     runtime = work / "runtime"
     runtime.mkdir(mode=0o700)
     world = World(world_args, runtime)
-    world.env.update(
-        {k: v for k, v in env.items() if k in (eval_set.SIZE_ENV, "OMP_NUM_THREADS", "TORCH_CUDA_ARCH_LIST")}
-    )
+    world.env.update({k: v for k, v in env.items() if k in WORKER_ENV})
     world.env["KREX_EVAL_CACHE"] = str(work / "cache")
     world.env["TRITON_CACHE_DIR"] = str(work / "triton")
     world.start_arbiter()

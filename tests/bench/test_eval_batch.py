@@ -101,3 +101,27 @@ def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> Non
     assert "interrupted" in data and "summary" not in data
     assert {pid: len(recs) for pid, recs in data["krex"]["results"].items()} == dict.fromkeys(PAIRS, 1)
     assert "compile" in data["baseline"] and "wall_s" not in data["baseline"]
+
+
+def test_the_cuda_toolkit_behind_an_nvcc_wrapper_reaches_both_ways(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch takes the folder above the nvcc on PATH for CUDA_HOME: wrong for a wrapper script."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import eval_batch
+
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "include").mkdir()
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    (toolkit / "bin" / "nvcc").write_text("")
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    assert eval_batch.cuda_home() == str(toolkit)
+    env = eval_batch.base_env(eval_batch.parse(["--backend", "nvidia"]))
+    assert env["CUDA_HOME"] == str(toolkit)  # the baseline's processes
+    assert "CUDA_HOME" in eval_batch.WORKER_ENV  # the pool's workers
