@@ -34,6 +34,9 @@ class Trial:
     rejected: dict[str, str] = field(default_factory=dict)
     max_difference: list[float] = field(default_factory=list)
     avg_difference: list[float] = field(default_factory=list)
+    #: the candidate's output (poisoned): kept alive through the next trial, so that memory of
+    #: it coming back can only mean the candidate kept it
+    output: Any = None
 
 
 def _changed(before: Any, after: Any) -> set[int]:
@@ -49,8 +52,11 @@ def run_trial(
     rtol: float | None,
     reference_files: set[str],
     checker: Callable[[Any, Any], tuple[bool, str]] | None = None,
+    previous: Any = None,
 ) -> Trial:
-    """Run ``candidate(data)`` and ``reference(copy)``, compare (or ``checker(copy, output)``)."""
+    """Run ``candidate(data)`` and ``reference(copy)``, compare (or ``checker(copy, output)``).
+    ``previous``: the outputs of the trials before, still alive, so no fresh allocation can reuse
+    their memory: an output in it is one the candidate kept (it caches results across calls)."""
     from .tensors import tolerances
 
     pristine = clone(data)
@@ -63,6 +69,10 @@ def run_trial(
     synchronize()
     written_by_ref = _changed(pristine, ref_data)
     rejected: dict[str, str] = {}
+    # the trial's own buffers (a GPU MODE output buffer, refilled) are not an earlier result
+    kept = [p for p in arrays(previous) if not _shares(p, list(arrays(data)))] if previous is not None else []
+    if kept and _shares(out, kept):
+        rejected["cached_results"] = "the candidate returned an earlier call's result (it caches results across calls)"
     if trap.calls:
         rejected["calls_reference"] = f"the candidate called the reference's {', '.join(trap.calls)}"
     if threads.left:
@@ -73,14 +83,12 @@ def run_trial(
     wrote = sorted(_changed(pristine, data) - written_by_ref)
     if wrote:
         rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
-    read_only = [x for k, x in enumerate(arrays(data)) if k not in written_by_ref]
-    expected_ranges = memory_ranges(expected)
-    ref_returns_input = any(
-        s < e2 and s2 < e for s, e in memory_ranges([a for a in arrays(ref_data)]) for s2, e2 in expected_ranges
-    )
-    if not ref_returns_input and _shares(out, read_only):
+    # arrays the reference only reads, and does not return either, are the candidate's to read
+    returned_by_ref = {k for k, a in enumerate(arrays(ref_data)) if _shares(expected, [a])}
+    read_only = [x for k, x in enumerate(arrays(data)) if k not in written_by_ref | returned_by_ref]
+    if _shares(out, read_only):
         rejected["aliased_output"] = "the candidate returned one of its inputs (or a view of one) as its output"
-    trial = Trial(ok=not rejected, rejected=rejected)
+    trial = Trial(ok=not rejected, rejected=rejected, output=out)
     if checker is not None:
         good, message = checker(clone(pristine), out)
         if not good:

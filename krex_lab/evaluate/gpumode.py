@@ -1,4 +1,4 @@
-"""The GPU MODE format: cases (client side) and the problem (worker side).
+"""The GPU MODE format (worker side; its cases are read by :mod:`.cases`).
 
 A reference defines ``generate_input(**args)`` (the args of one case, its ``seed`` included),
 ``ref_kernel(data)`` and ``check_implementation(data, output)``; a submission defines
@@ -10,87 +10,17 @@ Nothing here imports torch: a problem that does not use it runs without it.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .cases import format_case
 from .checking import Target, Trial, run_trial
 from .options import Job
 from .tensors import clone, poison_all, refill
 
-__all__ = ["MODES", "GpuMode", "format_case", "load_cases", "parse_cases"]
-
-MODES = ("test", "benchmark", "leaderboard")
-
-
-def _value(text: str) -> Any:
-    text = text.strip()
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return text
-
-
-def parse_cases(text: str) -> list[dict[str, Any]]:
-    """``size: 1024; seed: 42`` lines -> ``[{"size": 1024, "seed": 42}]`` (``#`` comments and
-    blank lines skipped). A part without a colon is a ValueError naming its line."""
-    cases: list[dict[str, Any]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        case: dict[str, Any] = {}
-        for part in filter(None, (p.strip() for p in line.split(";"))):
-            if ":" not in part:
-                raise ValueError(f"case line {n}: {part!r} is not 'key: value'")
-            key, value = part.split(":", 1)
-            case[key.strip()] = _value(value)
-        cases.append(case)
-    return cases
-
-
-def format_case(case: Mapping[str, Any]) -> str:
-    return "; ".join(f"{k}: {v}" for k, v in case.items())
-
-
-def load_cases(value: Any, beside: str | None, name: str) -> list[dict[str, Any]]:
-    """Cases from a file, its text, a list of dicts or lines; None: ``<name>.txt`` beside the
-    reference, else its ``task.yml``'s list (where PyYAML is installed), else none (the worker
-    then reads the reference's ``TESTS`` / ``BENCHMARKS``)."""
-    if value is None:
-        if beside is None:
-            return []
-        txt = Path(beside) / f"{name}.txt"
-        if txt.is_file():
-            return parse_cases(txt.read_text())
-        yml = Path(beside) / "task.yml"
-        if yml.is_file():
-            try:
-                import yaml
-
-                listed = (yaml.safe_load(yml.read_text()) or {}).get(name) or []
-                return [dict(c) for c in listed if isinstance(c, Mapping)]
-            except ImportError:
-                return []
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        text = str(value)
-        if isinstance(value, os.PathLike) or ("\n" not in text and ":" not in text):
-            return parse_cases(Path(value).read_text())
-        return parse_cases(text)
-    if isinstance(value, Sequence):
-        out: list[dict[str, Any]] = []
-        for item in value:
-            out += parse_cases(item) if isinstance(item, str) else [dict(item)]
-        return out
-    raise TypeError(f"{name}: a file, its text, or a list of dicts or lines, not {type(value).__name__}")
+__all__ = ["GpuMode"]
 
 
 def _verdict(result: Any) -> tuple[bool, str]:
@@ -135,7 +65,7 @@ class GpuMode:
     def _check(self, data: Any, output: Any) -> tuple[bool, str]:
         return _verdict(self.checker(data, output))
 
-    def _trial(self, data: Any) -> Trial:
+    def _trial(self, data: Any, previous: Any = None) -> Trial:
         return run_trial(
             data,
             self.custom_kernel,
@@ -144,6 +74,7 @@ class GpuMode:
             rtol=self.job.options.rtol,
             reference_files=self.ref_files,
             checker=self._check,
+            previous=previous,
         )
 
     def check(self) -> dict[str, Any]:
@@ -157,9 +88,11 @@ class GpuMode:
         out: dict[str, Any] = {"correct": True}
         data: Any = None
         last: dict[str, Any] | None = None
+        earlier: list[Any] = []  # every earlier output, alive: see run_trial's ``previous``
         for kind, case in cases:
             data = self.generate(**case)
-            trial = self._trial(data)
+            trial = self._trial(data, earlier)
+            earlier.append(trial.output)
             results.append(
                 {"spec": format_case(case), "kind": kind, "passed": trial.ok, "message": trial.issue or None}
             )
@@ -167,19 +100,20 @@ class GpuMode:
                 out["rejected"] = trial.rejected
             if not trial.ok:
                 out["correct"] = False
-                out["metadata"] = {"correctness_issue": f"{kind} case {format_case(case)}: {trial.issue}"}
+                if trial.issue:
+                    out["metadata"] = {"correctness_issue": f"{kind} case {format_case(case)}: {trial.issue}"}
                 break
             last = case
         if out["correct"] and last is not None and "seed" in last:
             refill(data, self.generate(**{**last, "seed": int(last["seed"]) + 1000}))
-            again = self._trial(data)
+            again = self._trial(data, earlier)
             if not again.ok:
                 out["correct"] = False
                 out["rejected"] = again.rejected or {
                     "cached_results": "the candidate returned a stale result when its input buffers were "
                     "refilled with new values (it caches results across calls)"
                 }
-                out["metadata"] = {"correctness_issue": again.issue}
+                out["metadata"] = {"correctness_issue": again.issue} if again.issue else {}
         if data is not None:
             poison_all(data)
         passed = sum(1 for r in results if r["passed"])

@@ -73,10 +73,12 @@ class KernelBench:
         passed = 0
         trial: Trial | None = None
         data: list[Any] = []
+        earlier: list[Any] = []  # every earlier output, alive: see run_trial's ``previous``
         with torch.no_grad():
             for k in range(n):
                 data = self.inputs(opts.seed + k)
-                trial = self._trial(data)
+                trial = self._trial(data, earlier)
+                earlier.append(trial.output)
                 if not trial.ok:
                     break
                 passed += 1
@@ -85,7 +87,7 @@ class KernelBench:
                 # A candidate that keys a cache on its inputs' addresses passes fresh trials and
                 # times its cache: the same buffers with new values must give the new answer.
                 refill(data, self.inputs(opts.seed + 1000))
-                again = self._trial(data)
+                again = self._trial(data, earlier)
                 if not again.ok:
                     out = self._outcome(again, passed, n)
                     out["rejected"] = out.get("rejected") or {
@@ -95,7 +97,7 @@ class KernelBench:
             poison_all(data)
         return out
 
-    def _trial(self, data: list[Any]) -> Trial:
+    def _trial(self, data: list[Any], previous: Any) -> Trial:
         return run_trial(
             data,
             lambda d: self.model_new(*d),
@@ -103,6 +105,7 @@ class KernelBench:
             atol=self.job.options.atol,
             rtol=self.job.options.rtol,
             reference_files=self.ref_files,
+            previous=previous,
         )
 
     @staticmethod

@@ -13,7 +13,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["DEFAULT_LIMITS", "Job", "Options", "ProgramSource"]
+__all__ = ["DEFAULT_LIMITS", "MARKER", "Job", "Options", "ProgramSource", "run_on_worker"]
+
+#: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <worker pid>``
+MARKER = "@krex-evaluate-phase@"
 
 #: seconds per phase: compiling CUDA with load_inline takes a minute or more
 DEFAULT_LIMITS: dict[str, float] = {"load": 600.0, "check": 300.0, "time": 300.0}
@@ -82,3 +85,11 @@ class Job(msgspec.Struct, kw_only=True):
     #: GPU MODE cases: lists of argument dicts, each with its line as ``spec``
     tests: list[dict[str, Any]] = []
     benchmarks: list[dict[str, Any]] = []
+
+
+def run_on_worker(job: Job, reference_cache: str | None) -> dict[str, Any]:
+    """The job an evaluation sends its worker (pickled by name: the client never imports the
+    worker side, whose imports are a tenth of a second): :func:`krex_lab.evaluate.phases.run`."""
+    from .phases import run
+
+    return run(job, reference_cache)

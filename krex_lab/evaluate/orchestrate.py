@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import cache
-from .options import Job, Options, ProgramSource
+from .options import MARKER, Job, Options, ProgramSource, run_on_worker
 from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingStats
 from .source import Source, detect_format, read_source
 
@@ -35,7 +35,7 @@ def _program(src: Source) -> ProgramSource:
 def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
     """Read both programs, tell their format, check every option: a bad call raises here,
     before any worker is asked anything."""
-    from .gpumode import MODES, load_cases
+    from .cases import MODES, load_cases
 
     ref, cand = read_source(reference, "reference"), read_source(candidate, "candidate")
     fmt = detect_format(ref, cand, kw.pop("format", "auto"))
@@ -76,8 +76,6 @@ class _Watch:
     GRACE = 2.0  # seconds after the interrupt before the worker is killed
 
     def __init__(self, options: Options) -> None:
-        from .phases import MARKER
-
         self.marker = MARKER
         self.options = options
         self.phase: str | None = None
@@ -89,11 +87,17 @@ class _Watch:
         self.stray: list[str] = []
         self.size = 0
         self.seen: list[str] = []
+        self.partial = ""
+        self.killed = False
 
     def output(self, stream: str, text: str) -> None:
-        for line in text.splitlines():
-            if line.startswith(self.marker):
-                _, phase, pid = line.split()
+        if stream == "stdout":  # a marker line may come in two pieces
+            text, self.partial = self.partial + text, ""
+            if not text.endswith("\n"):
+                text, _, self.partial = text.rpartition("\n")
+        for line in text.split("\n"):  # not splitlines(): it splits on control characters too
+            if line.startswith(self.marker) and stream == "stdout":
+                _, phase, pid = line.split(" ")
                 self._tick()
                 self.phase, self.pid, self.used = phase, int(pid), 0.0
                 self.seen.append(phase)
@@ -123,7 +127,8 @@ class _Watch:
             self.expired, self.interrupted_at = self.phase, time.monotonic()
             return 1
         if self.expired is not None:
-            return 2 if time.monotonic() - self.interrupted_at > self.GRACE else 1
+            self.killed = self.killed or time.monotonic() - self.interrupted_at > self.GRACE
+            return 2 if self.killed else 1
         return 0
 
 
@@ -191,7 +196,6 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
     import cloudpickle
 
     from ..workers.wire import JobSpec
-    from . import phases
 
     t0 = time.perf_counter()
     if pool is None:
@@ -215,7 +219,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
     backstop = sum(opts.limit(p) for p in ("load", "check", "time")) + 60.0  # the pool's own limit, should ours fail
     spec = JobSpec(
         kind="call",
-        payload=cloudpickle.dumps((phases.run, (job, str(cache.cache_dir())), {})),
+        payload=cloudpickle.dumps((run_on_worker, (job, str(cache.cache_dir())), {})),
         gpu=gpu,
         timeout=backstop,
     )
@@ -230,7 +234,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
             phase = watch.expired
             ev.verdict = "timeout"
             ev.metadata["timeout"] = f"the {phase} phase ran past its limit of {opts.limit(phase):g} s" + (
-                " (the worker did not stop when interrupted and was killed)" if result.status == "died" else ""
+                " (it did not stop when interrupted: its worker was killed)" if watch.killed else ""
             )
             ev.compiled = phase != "load"
         elif not result.ok:

@@ -1,0 +1,83 @@
+"""GPU MODE's cases, on the client side: ``key: value; key: value`` lines, one case a line.
+
+Tests are checked; benchmarks are checked once, then timed. The worker side of the format is
+:mod:`.gpumode`; this module imports nothing of it (nor numpy, nor torch).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MODES", "format_case", "load_cases", "parse_cases"]
+
+MODES = ("test", "benchmark", "leaderboard")
+
+
+def _value(text: str) -> Any:
+    text = text.strip()
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def parse_cases(text: str) -> list[dict[str, Any]]:
+    """``size: 1024; seed: 42`` lines -> ``[{"size": 1024, "seed": 42}]`` (``#`` comments and
+    blank lines skipped). A part without a colon is a ValueError naming its line."""
+    cases: list[dict[str, Any]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        case: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in line.split(";"))):
+            if ":" not in part:
+                raise ValueError(f"case line {n}: {part!r} is not 'key: value'")
+            key, value = part.split(":", 1)
+            case[key.strip()] = _value(value)
+        cases.append(case)
+    return cases
+
+
+def format_case(case: Mapping[str, Any]) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in case.items())
+
+
+def load_cases(value: Any, beside: str | None, name: str) -> list[dict[str, Any]]:
+    """Cases from a file, its text, a list of dicts or lines; None: ``<name>.txt`` beside the
+    reference, else its ``task.yml``'s list (where PyYAML is installed), else none (the worker
+    then reads the reference's ``TESTS`` / ``BENCHMARKS``)."""
+    if value is None:
+        if beside is None:
+            return []
+        txt = Path(beside) / f"{name}.txt"
+        if txt.is_file():
+            return parse_cases(txt.read_text())
+        yml = Path(beside) / "task.yml"
+        if yml.is_file():
+            try:
+                import yaml
+
+                listed = (yaml.safe_load(yml.read_text()) or {}).get(name) or []
+                return [dict(c) for c in listed if isinstance(c, Mapping)]
+            except ImportError:
+                return []
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        text = str(value)
+        if isinstance(value, os.PathLike) or ("\n" not in text and ":" not in text):
+            return parse_cases(Path(value).read_text())
+        return parse_cases(text)
+    if isinstance(value, Sequence):
+        out: list[dict[str, Any]] = []
+        for item in value:
+            out += parse_cases(item) if isinstance(item, str) else [dict(item)]
+        return out
+    raise TypeError(f"{name}: a file, its text, or a list of dicts or lines, not {type(value).__name__}")

@@ -1,0 +1,17 @@
+"""KernelBench-format problem: softmax over the last dimension."""
+
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(64, 512)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,117 @@
+"""``krex eval``: one pair (human or JSON, exit codes) and ``--batch`` (exactly one JSON line per
+pair, N at once, progress on a terminal), as real subprocesses against the tests' pool."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from krex_lab.evaluate.batch import Pair, parse_manifest, run_batch
+from krex_lab.pytest_plugin import ArbiterProc
+from tests.support.pool import PoolProc
+
+from .conftest import PROBLEMS, problem
+
+FAST = ["--load-timeout", "120", "--check-timeout", "20", "--time-timeout", "30"]
+
+
+def krex_eval(
+    arb: ArbiterProc, pool: PoolProc, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **pool.env}
+    return subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "eval", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_one_pair_prints_a_verdict_and_exits_by_it(eval_arbiter: ArbiterProc, eval_pool: PoolProc) -> None:
+    ok = krex_eval(eval_arbiter, eval_pool, str(problem("kb_softmax")), str(problem("kb_softmax", "correct.py")), *FAST)
+    assert ok.returncode == 0, ok.stderr
+    first = ok.stdout.splitlines()[0]
+    assert first.startswith("correct: ") and "host clock, no GPU timed" in first
+    assert "region: KREX region" in ok.stdout and "speedup" in ok.stdout
+    bad = krex_eval(eval_arbiter, eval_pool, str(problem("kb_softmax")), str(problem("kb_softmax", "wrong_dim.py")))
+    assert bad.returncode == 1 and bad.stdout.startswith("incorrect: ")
+    as_json = krex_eval(
+        eval_arbiter, eval_pool, str(problem("gm_row_max")), str(problem("gm_row_max", "correct.py")), "--json"
+    )
+    data = json.loads(as_json.stdout)
+    assert as_json.returncode == 0 and data["verdict"] == "correct" and data["format"] == "gpumode"
+    assert data["benchmarks"][0]["runs"] >= 3
+    missing = krex_eval(eval_arbiter, eval_pool, "nope.py", str(problem("kb_softmax", "correct.py")))
+    assert missing.returncode == 2 and "not a file" in missing.stderr
+
+
+def test_batch_gives_exactly_one_line_per_pair(eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path) -> None:
+    manifest = tmp_path / "manifest.txt"
+    p = PROBLEMS
+    manifest.write_text(
+        "\n".join(
+            [
+                "# a comment, then a blank line",
+                "",
+                f"{p / 'kb_softmax/reference.py'} {p / 'kb_softmax/correct.py'} soft-ok",
+                f"{p / 'kb_softmax/reference.py'} {p / 'kb_softmax/wrong_dim.py'}",
+                json.dumps(
+                    {
+                        "reference": str(p / "gm_row_max/reference.py"),
+                        "candidate": str(p / "gm_row_max/correct.py"),
+                        "id": "rowmax",
+                        "mode": "test",
+                    }
+                ),
+                f"{p / 'kb_row_sum/reference.py'} {p / 'kb_row_sum/segfault.py'} crash",
+                f"{p / 'kb_row_sum/reference.py'} {tmp_path / 'missing.py'} missing",
+                "only-one-field",
+                '{"reference": "x.py", "candidate": "y.py", "colour": "blue"}',
+            ]
+        )
+    )
+    out = tmp_path / "out.jsonl"
+    res = krex_eval(eval_arbiter, eval_pool, "--batch", str(manifest), "--jobs", "3", "-o", str(out), *FAST)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["index"] for r in records) == list(range(7))
+    by = {r["index"]: r for r in records}
+    assert (by[0]["id"], by[0]["verdict"]) == ("soft-ok", "correct")
+    assert by[1]["verdict"] == "incorrect" and by[1]["id"].endswith("wrong_dim.py")
+    assert (by[2]["id"], by[2]["verdict"], by[2]["format"]) == ("rowmax", "correct", "gpumode")
+    assert by[3]["verdict"] == "crashed"
+    assert by[4]["verdict"] == "error" and "not a file" in by[4]["metadata"]["evaluation_error"]
+    assert by[5]["verdict"] == "error" and "line 8" in by[5]["metadata"]["manifest_error"]
+    assert by[6]["verdict"] == "error" and "colour" in by[6]["metadata"]["manifest_error"]
+    assert "7 pair(s) evaluated" in res.stderr
+    assert "\r[" not in res.stderr  # no progress bar without a terminal
+
+
+def test_manifest_paths_are_relative_to_it_and_stdin_works(eval_arbiter: ArbiterProc, eval_pool: PoolProc) -> None:
+    pairs = parse_manifest("kb_softmax/reference.py kb_softmax/correct.py\n", PROBLEMS)
+    assert pairs[0].reference == str(PROBLEMS / "kb_softmax/reference.py") and pairs[0].problem is None
+    text = f"{problem('kb_clamp')} {problem('kb_clamp', 'correct.py')}\n"
+    res = krex_eval(eval_arbiter, eval_pool, "--batch", "-", "--no-timing", stdin=text)
+    (record,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert record["verdict"] == "correct" and record["runtime"] == -1.0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_batch_draws_a_progress_bar_on_a_terminal() -> None:
+    pairs = [Pair(index=i, line=i + 1, problem="a bad line") for i in range(3)]
+    seen: list[dict[str, Any]] = []
+    term = _Terminal()
+    verdicts = run_batch(pairs, jobs=2, defaults={}, pool=None, emit=seen.append, progress=term)
+    assert verdicts == {"error": 3} and sorted(r["index"] for r in seen) == [0, 1, 2]
+    assert "\r[" in term.getvalue() and "3/3 error 3" in term.getvalue()

@@ -1,0 +1,171 @@
+"""krex_lab.evaluate on a real NVIDIA GPU: a CUDA candidate built with load_inline and timed with
+KernelBench's event pairs, and the hostile cases only a GPU has (a sticky illegal address, a
+kernel that never ends, work on a side stream the event pair misses, device memory exhausted)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_lab.evaluate import Evaluation, evaluate
+from krex_lab.pytest_plugin import wait_for
+from tests.support import ROOT
+from tests.support.pool import PoolProc
+
+pytestmark = pytest.mark.gpu
+
+REFERENCE = ROOT / "tests" / "evaluate" / "problems" / "kb_scaled_add" / "reference.py"
+LIMITS = {"load": 600.0, "check": 30.0, "time": 60.0}
+
+CUDA_TEMPLATE = '''
+import torch
+from torch import nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = r"""
+__global__ void scaled_add_kernel(const float* a, const float* b, float* out, float alpha, int n) {{
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  {body}
+}}
+torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha) {{
+  auto out = torch::empty_like(a);
+  int n = a.numel();
+  scaled_add_kernel<<<(n + 255) / 256, 256>>>(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(),
+                                             (float)alpha, n);
+  return out;
+}}
+"""
+CPP = "torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha);"
+ext = load_inline("{name}", cpp_sources=CPP, cuda_sources=CUDA, functions=["scaled_add"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        return ext.scaled_add(a, b, self.alpha)
+'''
+
+
+def cuda_candidate(name: str, body: str) -> str:
+    return CUDA_TEMPLATE.format(name=name, body=body)
+
+
+@pytest.fixture(scope="module")
+def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
+    runtime = tmp_path_factory.mktemp("rt")
+    os.chmod(runtime, 0o700)
+    endpoint = f"ipc://{runtime / 'arbiter.sock'}"
+    env = {
+        **os.environ,
+        "KREX_RUNTIME_DIR": str(runtime),
+        "KREX_ENDPOINT": endpoint,
+        "KREX_EVAL_CACHE": str(runtime / "cache"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+    }
+    with open(runtime / "arbiter.log", "wb") as log:
+        arbiter = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "nvidia"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for(lambda: Path(runtime / "arbiter.sock").exists(), timeout=30)
+    pool = PoolProc(
+        env,
+        f"ipc://{runtime / 'pool.sock'}",
+        "--Pool.preload=torch",
+        "--workers-per-gpu=2",
+        "--spares=1",
+        "--Pool.gpus=0",
+        "--Pool.interrupt_grace=2.0",
+        log=runtime / "pool.log",
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("KREX_RUNTIME_DIR", "KREX_ENDPOINT", "KREX_EVAL_CACHE"):
+            mp.setenv(key, env[key])
+        try:
+            pool.start(timeout=180)
+            yield pool
+        finally:
+            pool.stop()
+            arbiter.send_signal(signal.SIGTERM)
+            arbiter.wait(20)
+
+
+def run(pool: PoolProc, candidate: str, **options: object) -> Evaluation:
+    options.setdefault("timeouts", LIMITS)
+    return evaluate(REFERENCE, candidate, pool=pool.client, gpu=0, **options)  # type: ignore[arg-type]
+
+
+def test_a_cuda_load_inline_candidate_is_timed_with_event_pairs(gpu_pool: PoolProc) -> None:
+    ev = run(gpu_pool, cuda_candidate("krex_gpu_scaled_add", "if (i < n) out[i] = alpha * a[i] + b[i];"))
+    assert ev.verdict == "correct", ev.summary + str(ev.metadata)
+    assert ev.gpu_timed and ev.timing_method == "kernelbench-events" and "NVIDIA" in (ev.device or "")
+    assert ev.runtime_stats is not None and ev.runtime_stats.num_trials == 100
+    assert ev.timing_check is not None and all(c["agrees"] for c in ev.timing_check["cases"])
+    assert ev.regions[0].region is not None and not ev.regions[0].region.get("simulated")
+
+
+def test_an_illegal_address_recycles_the_worker(gpu_pool: PoolProc) -> None:
+    ev = run(gpu_pool, cuda_candidate("krex_gpu_illegal", "((float*)0x10)[i] = a[i];"))
+    assert ev.verdict == "crashed", ev.summary
+    assert "illegal" in (ev.metadata.get("cuda_error", "") + ev.metadata.get("worker_died", "")).lower()
+    gpu_pool.wait_ready(120)
+    assert ev.worker_pid not in gpu_pool.worker_pids()
+    again = run(gpu_pool, cuda_candidate("krex_gpu_scaled_add", "if (i < n) out[i] = alpha * a[i] + b[i];"))
+    assert again.verdict == "correct"
+
+
+def test_a_kernel_that_never_ends_is_a_timeout(gpu_pool: PoolProc) -> None:
+    ev = run(
+        gpu_pool,
+        cuda_candidate("krex_gpu_forever", "volatile int spin = 1; while (spin) {} if (i < n) out[i] = a[i];"),
+        timeouts={"load": 600.0, "check": 10.0, "time": 30.0},
+    )
+    assert ev.verdict == "timeout" and "check phase" in ev.metadata["timeout"]
+    gpu_pool.wait_ready(120)
+
+
+SIDE_STREAM = """
+import torch
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+        self.side = torch.cuda.Stream()
+        self.big = torch.randn(4096, 4096, device="cuda")
+
+    def forward(self, a, b):
+        out = torch.add(b, a, alpha=self.alpha)
+        with torch.cuda.stream(self.side):  # never joined: the event pair on the current stream misses it
+            for _ in range(4):
+                self.big @ self.big
+        return out
+"""
+
+
+def test_work_on_a_side_stream_shows_as_a_disagreement(gpu_pool: PoolProc) -> None:
+    ev = run(gpu_pool, SIDE_STREAM)
+    assert ev.verdict == "correct"
+    assert "timing_disagreement" in ev.metadata and ev.timing_method.startswith("device-sync")
+    assert any("disagree" in w for w in ev.warnings)
+
+
+def test_device_memory_exhaustion_is_a_verdict(gpu_pool: PoolProc) -> None:
+    hog = SIDE_STREAM.replace(
+        "out = torch.add(b, a, alpha=self.alpha)", "torch.empty(1 << 42, device='cuda')\n        out = a"
+    )
+    ev = run(gpu_pool, hog)
+    assert ev.verdict == "out_of_memory", ev.summary
