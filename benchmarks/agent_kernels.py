@@ -251,13 +251,9 @@ def _report_fields(rep: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load(path: str) -> Any:
-    name = "agent_candidate_" + re.sub(r"\W", "_", Path(path).stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    from common import load_file
+
+    return load_file(path, "agent_candidate_" + re.sub(r"\W", "_", Path(path).stem))
 
 
 def evaluate(job: dict[str, Any]) -> dict[str, Any]:

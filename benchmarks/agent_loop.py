@@ -1,6 +1,7 @@
 """One agent of ``agent_study.py``: a real process, registered with the arbiter, that loops
 think -> write a candidate -> evaluate it (cold: a new ``python agent_kernels.py eval`` process;
-warm: ``krex_lab.submit`` to a context worker) until the window closes.
+warm: ``krex_lab.submit`` to a context worker; KernelBench mode: ``krex_lab.evaluate``, see
+``agent_kb.py``) until the window closes.
 
     python agent_loop.py CONFIG.json      (written by agent_study.py)
 
@@ -25,6 +26,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import agent_kb  # noqa: E402
 import agent_kernels as ak  # noqa: E402
 
 
@@ -65,6 +67,7 @@ def main() -> None:
     rng = random.Random(cfg["seed"])
     krex_lab.attach(gpu=gpu, name=f"agent{cfg['agent']}")
     cands = [ak.Candidate(**c) for c in cfg["candidates"]]
+    kb = agent_kb if cfg.get("kernelbench") else None
     right = [c for c in cands if not c.wrong]
     wrong = [c for c in cands if c.wrong]
     work = Path(cfg["workdir"])
@@ -82,7 +85,7 @@ def main() -> None:
             break
         time.sleep(think)  # the model's latency: a remote call, it elapses even while frozen
         c = rng.choice(wrong) if wrong and rng.random() < cfg["p_wrong"] else rng.choice(right)
-        path = ak.write_source(c, work, f"agent{cfg['agent']}_{seq:04d}")
+        path = (kb or ak).write_source(c, work, f"agent{cfg['agent']}_{seq:04d}")
         job = {
             "candidate": ak.candidate_dict(c),
             "path": str(path),
@@ -96,10 +99,14 @@ def main() -> None:
             "outer": mode == "command" and launch == "cold",
             "freeze": cfg.get("freeze", True),
         }
+        if kb:
+            job.update(reference=str(kb.pair_of(c).reference), trials=cfg["trials"], perf_trials=cfg["perf_trials"])
         sent = time.time()
         log.write(json.dumps({"event": "start", "seq": seq, "sent": sent}) + "\n")
         try:
-            if launch == "warm":
+            if kb:
+                rec = kb.evaluate(job)
+            elif launch == "warm":
                 rec = krex_lab.submit(ak.evaluate, job, gpu=gpu).result()
             else:
                 rec = cold(job, gpu, cfg["max_hold"])

@@ -76,6 +76,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import agent_kb  # noqa: E402
 import agent_kernels as ak  # noqa: E402
 import agent_plots  # noqa: E402 - matplotlib only when a figure is drawn
 import agent_reference  # noqa: E402
@@ -122,6 +123,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--cold-modes", default="command,region")
     p.add_argument("--kernels", default="", help="kernels of kernels/ the agents work on (default: all)")
+    p.add_argument(
+        "--kernelbench",
+        action="store_true",
+        help="agents submit KernelBench-format candidates of benchmarks/eval_problems through krex_lab.evaluate "
+        "(agent_kb.py; modes region and none, warm; --kernels names problems)",
+    )
     p.add_argument(
         "--compilers",
         default="numba,triton",
@@ -233,6 +240,8 @@ def run_point(
             "bench": bench_options(args),
             "max_hold": args.max_hold,
             "freeze": point["freeze"],
+            "kernelbench": args.kernelbench,
+            **agent_kb.trials(args.backend),
         }
         path = logs / f"agent{i}.json"
         path.write_text(json.dumps(cfg))
@@ -322,7 +331,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     modes = [m for m in args.modes.split(",") if m]
     freezes = [{"on": True, "off": False}[x] for x in args.freeze.split(",") if x]
     launches = [x for x in args.launch.split(",") if x]
-    kernels = [k for k in args.kernels.split(",") if k] or sorted({c.kernel for c in ak.SPACE})
+    everything = agent_kb.eval_set.problems() if args.kernelbench else sorted({c.kernel for c in ak.SPACE})
+    kernels = [k for k in args.kernels.split(",") if k] or everything
     points: list[dict[str, Any]] = []
     if "warm" in launches:
         for think in args.think_mean:
@@ -368,16 +378,21 @@ def main(argv: list[str] | None = None) -> Path:
     points = plan(args)
     kernels = points[0]["kernels"] if points else []
     compilers = tuple(x for x in args.compilers.split(",") if x)
-    if "triton" in compilers and (simulated or ak.triton_usable()):
+    if args.kernelbench:
+        cands, compilers = agent_kb.setup(args, kernels)
+    elif "triton" in compilers and (simulated or ak.triton_usable()):
         why = "the fake backend has no GPU" if simulated else ak.triton_usable()
         print(f"agent_study: no Triton candidates ({why})", flush=True)
         compilers = tuple(x for x in compilers if x != "triton")
-    cands = ak.space(kernels, compilers)
+    if not args.kernelbench:
+        cands = ak.space(kernels, compilers)
     runtime = Path(tempfile.mkdtemp(prefix="krex-agents-"))
     runtime.chmod(0o700)
     workdir = runtime / "work"
     workdir.mkdir()
     world = World(args, runtime)
+    if args.kernelbench:
+        world.env.update(agent_kb.world_env(args.backend))
     t_start = time.time()
     result: dict[str, Any] = {
         "benchmark": "agent_study",
@@ -398,12 +413,17 @@ def main(argv: list[str] | None = None) -> Path:
         per_gpu = max([-(-p["agents"] // args.gpus) for p in warm] or [1])
         workers = args.workers or min(16, per_gpu)
         preload = ["numba.cuda"] + (["torch", "triton"] if "triton" in compilers else [])
+        if args.kernelbench:
+            preload = ["torch", *preload]
         result["pool"] = {"workers_per_gpu": workers, "ready_s": round(world.start_pool(workers, preload), 1)}
         print(f"pool: {workers} warm workers per GPU ready in {result['pool']['ready_s']} s", flush=True)
         t0 = time.monotonic()
-        result["reference"] = agent_reference.reference_pass(
-            world, cands, workdir, bench_options(args), repeats=args.reference_repeats
-        )
+        if args.kernelbench:  # each evaluation carries its reference's time (agent_kb.py): no alone pass
+            result["reference"], args.reference_after = {}, False
+        else:
+            result["reference"] = agent_reference.reference_pass(
+                world, cands, workdir, bench_options(args), repeats=args.reference_repeats
+            )
         result["reference_s"] = round(time.monotonic() - t0, 1)
         result["reference_recycled"] = world.recycled()
         print(

@@ -29,18 +29,34 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    try:
-        gpus = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if gpus.returncode == 0:
-            info["gpus"] = [line.strip() for line in gpus.stdout.splitlines() if line.strip()]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    gpus = nvidia_smi("name,driver_version")
+    if gpus:
+        info["gpus"] = gpus
     return info
+
+
+def nvidia_smi(query: str) -> list[str]:
+    """``nvidia-smi --query-gpu=QUERY``'s lines, one a GPU ([] where it does not answer)."""
+    try:
+        r = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in r.stdout.splitlines() if line.strip()] if r.returncode == 0 else []
+
+
+def load_file(path: str, name: str) -> Any:
+    """Import the file at ``path`` as the module ``name``, registered in ``sys.modules`` (numba and
+    Triton find a kernel's source through its module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:

@@ -311,3 +311,51 @@ def test_two_gpus_each_agent_on_its_own_and_regions_one_at_a_time_on_each(two_gp
         for (_, end), (start, _) in itertools.pairwise(spans):
             assert start >= end
     assert two_gpus["arbiter_history"]["overlapping_pairs"] == 0
+
+
+@pytest.fixture(scope="module")
+def kernelbench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Agents that write KernelBench-format candidates (torch and numba: the fake backend's kinds)
+    and submit them through krex_lab.evaluate."""
+    args = ["--kernelbench", "--agents", "2", "--think-mean", "0.3", "--seconds", "8", "--warmup", "2"]
+    args += ["--launch", "warm", "--modes", "region,none", "--kernels", "04_sigmoid,06_vector_add"]
+    return _run_study(tmp_path_factory, 1, [*args, "--p-wrong", "0.4", "--no-plots"])
+
+
+@pytest.mark.timeout(220)
+def test_kernelbench_agents_get_a_verdict_for_every_candidate_they_submit(kernelbench: dict[str, Any]) -> None:
+    assert kernelbench["parameters"]["kernelbench"] is True and kernelbench["reference"] == {}
+    assert {c["variant"] for c in kernelbench["candidates"]} == {"kb-torch", "kb-numba"}
+    assert "no cuda and triton: the fake backend has no GPU" in kernelbench["stdout"]
+    verdicts: dict[str, set[str]] = {}
+    for p in kernelbench["points"]:
+        assert p["agent_exit_codes"] == [0, 0] and p["returned_exactly_once"] and p["evaluations_returned"] > 0
+        for r in p["records"]:
+            verdicts.setdefault(r["candidate"].split("/", 2)[-1] if r["wrong_on_purpose"] else "right", set()).add(
+                r["verdict"]
+            )
+            assert r["simulated"] is True  # host-clock times: no GPU was timed
+        assert p["wrong_on_purpose_passed"] == 0 and p["correct_failed"] == 0, p["statuses"]
+    assert verdicts["right"] == {"correct"}
+    assert verdicts.get("off", {"incorrect"}) == {"incorrect"}
+    assert verdicts.get("typo", {"compile_error"}) == {"compile_error"}
+    assert {"off", "typo"} & set(verdicts), "no wrong candidate was drawn"
+
+
+def test_kernelbench_region_mode_times_in_regions_and_none_mode_does_not(kernelbench: dict[str, Any]) -> None:
+    by_mode = {p["mode"]: p for p in kernelbench["points"]}
+    timed = [r for r in by_mode["region"]["records"] if r.get("median_ms")]
+    assert timed and all(r["region"] and r["region"]["hold_s"] > 0 for r in timed)
+    spans = sorted((r["region"]["granted"], r["region"]["released"]) for r in timed)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end
+    assert all(r["region"] is None for r in by_mode["none"]["records"])
+    assert any(r.get("median_ms") for r in by_mode["none"]["records"])
+    assert kernelbench["arbiter_history"]["overlapping_pairs"] == 0
+
+
+def test_kernelbench_mode_refuses_command_mode_before_starting_anything(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(STUDY), "--kernelbench", "--modes", "command", "--out", str(tmp_path / "x.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--modes region,none and --launch warm only" in r.stderr
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,22 @@
+"""Maximum over the first dimension: (rows, cols) -> (cols,)."""
+
+import os
+
+import torch
+import torch.nn as nn
+
+SMALL = os.environ.get("EVAL_PROBLEM_SIZE") == "small"  # CPU-sized inputs for tests
+ROWS, COLS = (33, 70) if SMALL else (4096, 16384)
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.amax(x, dim=0)
+
+
+def get_inputs():
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,22 @@
+"""Log-softmax over each row."""
+
+import os
+
+import torch
+import torch.nn as nn
+
+SMALL = os.environ.get("EVAL_PROBLEM_SIZE") == "small"  # CPU-sized inputs for tests
+ROWS, COLS = (33, 70) if SMALL else (8192, 4096)
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, dim=1)
+
+
+def get_inputs():
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,26 @@
+"""Batched matrix product (over 1 ms on an H200 at the full size).
+
+The first operand is scaled by 1/sqrt(K): outputs of order 1, so float32 results summed in
+another order stay within a 1e-4 tolerance.
+"""
+
+import os
+
+import torch
+import torch.nn as nn
+
+SMALL = os.environ.get("EVAL_PROBLEM_SIZE") == "small"  # CPU-sized inputs for tests
+B, N = (3, 40) if SMALL else (32, 1024)
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b)
+
+
+def get_inputs():
+    return [torch.randn(B, N, N) / N**0.5, torch.randn(B, N, N)]
+
+
+def get_init_inputs():
+    return []
