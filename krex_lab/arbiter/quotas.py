@@ -85,6 +85,17 @@ class Quotas(LoggingConfigurable):
     max_hold = Float(
         0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies."
     ).tag(config=True)
+    connections_per_user = Int(
+        256,
+        help="Connections one user may keep open to each of the arbiter's sockets (requests, events); "
+        "beyond it a new one is closed at once and the user logged once per burst. Each session "
+        "holds one; 0: no per-user cap (the node-wide caps from the descriptor limit still apply).",
+    ).tag(config=True)
+    connections = Int(
+        0,
+        help="Connections everyone together may keep open to each of the arbiter's sockets; 0: half "
+        "of what the descriptor limit leaves after the headroom the arbiter keeps free.",
+    ).tag(config=True)
     users = Dict(
         help="Per-user overrides, by user name: {'alice': {'queued_per_user': 32, 'max_hold': 3600}}. "
         "Keys are the option names of this class."

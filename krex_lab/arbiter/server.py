@@ -23,6 +23,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
+from ..connguard import ConnectionLimits
 from ..errors import KrexError
 from ..gpu import BACKENDS, FAKE_GPUS, GpuBackend, make_backend
 from ..procfiles import KEPT
@@ -250,6 +251,7 @@ class Arbiter(LoggingConfigurable):
         self.backend_info = self.backend.describe()
         self.bound = endpoint
         self.events = paths.events_endpoint(endpoint)
+        self.quotas = Quotas(parent=self)
         self.service = Service(
             "arbiter",
             endpoint,
@@ -269,6 +271,9 @@ class Arbiter(LoggingConfigurable):
             events=self.events,
             lock=self.root / "arbiter.lock",
             socket_mode=0o666 if self.multi_user else 0o600,
+            connections=ConnectionLimits(
+                self.quotas.connections_per_user, self.quotas.connections, self.quotas.is_admin
+            ),
         )
         self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
@@ -313,7 +318,6 @@ class Arbiter(LoggingConfigurable):
             intruder_grace=self.intruder_grace,
             isolate_deadline=self.isolate_deadline,
         )
-        self.quotas = Quotas(parent=self)
         fd_limit = raise_fd_limit()
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
