@@ -6,15 +6,12 @@ arbiter's handlers, each refusal a :class:`~krex_lab.errors.QuotaExceeded` namin
 may this process register another session, may this user queue another request, how long may
 this user hold a GPU. Members of the admin group (and root) are exempt and may end any region.
 
-:class:`FairShare` is the scheduler's queue policy: the next region on a GPU goes to the user
-who has held GPUs least recently (hold seconds, decaying with a half-life), first-come within a
-user. With one user it is the plain FIFO the single-user arbiter always had.
+:class:`~.fairshare.FairShare` (its own module) is the scheduler's queue policy.
 """
 
 from __future__ import annotations
 
 import grp
-import math
 import pwd
 import resource
 import time
@@ -108,6 +105,12 @@ class Quotas(LoggingConfigurable):
         "krex-admin",
         help="Members of this Unix group (and root) are exempt from every quota and "
         "may end any region or withdraw any request.",
+    ).tag(config=True)
+    region_overhead = Float(
+        0.02,
+        help="Seconds fair share charges each region at least for what it costs the others beyond its "
+        "hold (its grant drains and freezes them, its release gives it back); the measured acquire "
+        "and release are charged when they are more.",
     ).tag(config=True)
     half_life = Float(
         600.0,
@@ -210,30 +213,3 @@ def _lookup_user_and_groups(uid: int) -> tuple[str, set[str]]:
     except KeyError:
         pass
     return entry.pw_name, groups
-
-
-class FairShare:
-    """Queue policy: the user with the least decayed hold time goes first; FIFO within a user."""
-
-    def __init__(self, half_life: float = 600.0) -> None:
-        self.half_life = half_life
-        self._usage: dict[int, tuple[float, float]] = {}  # uid -> (seconds, when)
-
-    def usage(self, uid: int, now: float | None = None) -> float:
-        seconds, when = self._usage.get(uid, (0.0, 0.0))
-        now = time.monotonic() if now is None else now
-        if self.half_life <= 0:
-            return seconds
-        return seconds * math.pow(0.5, (now - when) / self.half_life)
-
-    def charge(self, uid: int, seconds: float) -> None:
-        now = time.monotonic()
-        self._usage[uid] = (self.usage(uid, now) + max(0.0, seconds), now)
-
-    def pick(self, queue: Sequence[Region]) -> Region:
-        now = time.monotonic()
-        # The earliest request of each user competes; ties go to the earlier request.
-        first: dict[int, Region] = {}
-        for region in queue:
-            first.setdefault(region.session.uid, region)
-        return min(first.values(), key=lambda r: (self.usage(r.session.uid, now), r.requested))

@@ -78,6 +78,8 @@ class Region:
     acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     release_wanted: str = ""
     locking: bool = False
+    #: grants to other users made while this region waited (fair share's turns)
+    passed: int = 0
     asked_exempt: list[int] = field(default_factory=list)
     watch_errors: list[str] = field(default_factory=list)
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)

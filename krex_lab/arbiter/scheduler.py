@@ -49,7 +49,7 @@ class QueuePolicy(Protocol):
 
     def pick(self, queue: collections.deque[Region]) -> Region: ...
 
-    def charge(self, uid: int, seconds: float) -> None: ...
+    def charge(self, uid: int, seconds: float, cost: float = 0.0, user: str = "") -> None: ...
 
 
 class Fifo:
@@ -58,7 +58,7 @@ class Fifo:
     def pick(self, queue: collections.deque[Region]) -> Region:
         return queue[0]
 
-    def charge(self, uid: int, seconds: float) -> None:
+    def charge(self, uid: int, seconds: float, cost: float = 0.0, user: str = "") -> None:
         pass
 
 
@@ -414,7 +414,9 @@ class Scheduler:
             region.move(RegionState.RELEASED)
             if region.granted_at:
                 region.times["hold"] = time.monotonic() - region.granted_at
-            self.policy.charge(region.session.uid, region.times.get("hold", 0.0))
+            # What the region cost the others beyond its hold: its grant's steps and its release.
+            cost = region.times.get("acquire", 0.0) + region.times["undo"]
+            self.policy.charge(region.session.uid, region.times.get("hold", 0.0), cost, region.session.user)
             report = self._finish_report(region)
             self.notify.publish("region", {"event": "released", **report})
             self.active[region.gpu] = None

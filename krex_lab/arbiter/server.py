@@ -37,13 +37,14 @@ from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
 from ..service import Peer, Service, lock_holder
 from .enforcement import Enforcement
+from .fairshare import FairShare
 from .guardian_link import GuardianLink
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event
 from .queries import NodeQueries
-from .quotas import FairShare, Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
+from .quotas import Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
 from .region import Region
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
@@ -343,7 +344,7 @@ class Arbiter(LoggingConfigurable):
             steps,
             self.notify,
             config,
-            FairShare(self.quotas.half_life),
+            FairShare(self.quotas.half_life, self.quotas.region_overhead),
             on_finish=self._region_finished,
         )
         #: the handlers of the session and region requests, on the parts built above
