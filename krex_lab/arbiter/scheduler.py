@@ -23,7 +23,7 @@ from ..errors import KrexError, RegionCancelled
 from ..procfiles import KEPT
 from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted
-from ..regions.freeze import thaw
+from ..regions.freeze import continue_kin, thaw
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
 from .region import Region, RegionState, Reply
@@ -38,6 +38,9 @@ INLINE_THREADS = 256
 #: how long the grant looks again at once (yielding to the loop, no timed pause) for stops
 #: that have not landed yet, before it pauses between looks
 SPIN_LANDING = 0.01
+
+#: seconds after a thaw at which the frozen processes' ancestors are looked at again
+KIN_LOOKS = (0.05, 0.5)
 
 #: a request that arrives within this many seconds of the end of its session's stop as an
 #: intruder was on its way when it was stopped: its report says how long that stop was
@@ -399,6 +402,9 @@ class Scheduler:
             t1 = time.monotonic()
             times["unisolate"] = t1 - t0
             thaw(region.frozen)
+            if region.frozen.kin:  # a parent whose own stop landed after the thaw: look again
+                for later in KIN_LOOKS:
+                    asyncio.get_running_loop().call_later(later, continue_kin, region.frozen.kin)
             t2 = time.monotonic()
             times["thaw"] = t2 - t1
             region.drain.closed = True

@@ -171,11 +171,15 @@ class Arbiter(LoggingConfigurable):
     ).tag(config=True)
     cgroups = Enum(
         ["off", "auto"],
-        default_value="off",
+        default_value=None,
+        allow_none=True,
         help="Place each session in a cgroup v2 of its own "
-        "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
-        "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
-        "between cgroups can fight a host's own cgroup management.",
+        "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork and "
+        "sends no stop signal (a parent that waits for its child, runuser, su, sudo or a job-control "
+        "shell, notices nothing); 'auto' uses it where the machine allows, else SIGSTOP. Default: "
+        "'auto' for a root --multi-user arbiter, 'off' otherwise (moving an ordinary user's processes "
+        "between cgroups can fight a desktop's own cgroup management). `krex status` says which "
+        "freezer is in use.",
     ).tag(config=True)
     guardian = Bool(
         True, help="Start a guardian process that undoes every lock, freeze and re-pin if the arbiter dies."
@@ -280,7 +284,8 @@ class Arbiter(LoggingConfigurable):
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
         self.locker = Locker(self.backend, self.lock_timeout, threads=self.lock_threads)
-        self.placer = CgroupPlacer(self.cgroups == "auto")
+        cgroups = self.cgroups or ("auto" if self.multi_user and os.geteuid() == 0 else "off")
+        self.placer = CgroupPlacer(cgroups == "auto")
         self.gate = Gate(self.notify.publish)
         self.sessions = SessionTable(lambda session: self.requests.session_died(session))
         self.tickets = Tickets()

@@ -73,6 +73,10 @@ def format_table(status: dict[str, Any]) -> str:
         f"  drain by driver lock: {'yes' if a['capabilities']['lock'] else 'no'}"
         + (f" ({a['capabilities']['reason']})" if a["capabilities"].get("reason") else ""),
     ]
+    if a.get("cgroups"):
+        cgroup = str(a["cgroups"])
+        placed = cgroup.startswith("sessions placed")
+        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({cgroup})")
     shares = status.get("fair_share") or []
     if shares:
         lines.append(
