@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from traitlets import Dict, Float, Int, Unicode
+from traitlets import Dict, Float, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..errors import QuotaExceeded
@@ -32,6 +32,10 @@ FD_RESERVE = 256
 #: the freeze, events and procs files the region sequence keeps of it: regions/freeze.FreezeFiles)
 FDS_PER_SESSION = 2
 FDS_PER_PLACED_SESSION = FDS_PER_SESSION + 3
+
+
+#: the default longest lease per user on a multi-user arbiter (Quotas.max_hold)
+MULTI_USER_MAX_HOLD = 600.0
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,15 @@ class Quotas(LoggingConfigurable):
     ).tag(config=True)
     queued_per_user = Int(8, help="Requests one user may have waiting in the GPUs' queues at once.").tag(config=True)
     max_hold = Float(
-        0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies."
+        help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies. "
+        "Default: 600 (10 minutes) on a multi-user arbiter, where one region stops everyone else on its "
+        "GPU; 0 otherwise."
     ).tag(config=True)
+
+    @default("max_hold")
+    def _max_hold_default(self) -> float:
+        return MULTI_USER_MAX_HOLD if getattr(self.parent, "multi_user", False) else 0.0
+
     connections_per_user = Int(
         256,
         help="Connections one user may keep open to each of the arbiter's sockets (requests, events); "

@@ -214,6 +214,7 @@ class SessionRequests:
 
     def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)
+        session.silent = False  # it answers again: regions wait for it again
         region = self.scheduler.find(req.region)
         fut = region.acks.get(session.id) if region is not None else None
         if fut is not None and not fut.done():

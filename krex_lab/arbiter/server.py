@@ -220,6 +220,12 @@ class Arbiter(LoggingConfigurable):
         "it at persistent storage, e.g. /var/lib/krex/history.sqlite. Its directory is created "
         "(0700) or must be the arbiter user's and writable by no one else. '' disables the history.",
     ).tag(config=True)
+    history_per_user = Int(
+        10_000,
+        help="Finished regions history_db keeps per user: the oldest beyond it are deleted as regions "
+        "are added (a user's loop of short regions adds thousands a minute; the default database sits "
+        "in the runtime dir, a tmpfs for a system arbiter). 0: no cap.",
+    ).tag(config=True)
     history_retention_days = Float(
         90.0, help="Days a finished region stays in history_db; older rows are deleted (0: keep forever)."
     ).tag(config=True)
@@ -329,7 +335,14 @@ class Arbiter(LoggingConfigurable):
         KEPT.limit = kept_files_limit(fd_limit)
         db = self.root / "history.sqlite" if self.history_db is None else self.history_db
         self.region_history: RegionHistory | None = (
-            RegionHistory(db, self.history_retention_days, arbiter=f"{os.getpid()}@{self.started:.3f}") if db else None
+            RegionHistory(
+                db,
+                self.history_retention_days,
+                arbiter=f"{os.getpid()}@{self.started:.3f}",
+                per_user=self.history_per_user,
+            )
+            if db
+            else None
         )
         #: why there is no history (History requests say it)
         self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
