@@ -232,7 +232,8 @@ class Arbiter(LoggingConfigurable):
     metrics_port = Int(
         0,
         help="Serve Prometheus metrics (regions, hold seconds, waits, sessions, queues, labelled by user "
-        "and GPU) at http://<metrics_addr>:<port>/metrics; 0: off. Needs prometheus_client.",
+        "and GPU) at http://<metrics_addr>:<port>/metrics; 0: off. Needs prometheus_client. No token: "
+        "every local user may read them (user names and totals, as krex status shows them).",
     ).tag(config=True)
     metrics_addr = Unicode(
         "127.0.0.1", help="Address the metrics endpoint binds (metrics_port); 0.0.0.0 exposes it to the network."

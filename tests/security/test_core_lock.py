@@ -1,0 +1,89 @@
+"""The node's core lock and the shield against a hostile neighbour (hostile neighbours, round two).
+
+A root arbiter reserves a region's cores under one ``flock`` on the node (``regions/corelock.py``);
+whoever holds it keeps every region of the node from reserving cores (each gets none, degraded).
+The lock file is root's, 0600: ``mallory`` cannot open it. A lock file that others may open (an
+admin's ``touch`` under umask 022, an older install) was used as it was: mallory opened it and
+held it, and alice's regions got no cores. The arbiter now replaces such a file with a fresh one
+that only it can open, so a descriptor opened before is of no use.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter, read_line, spawn_as
+from .users import User, make_user
+
+
+@pytest.fixture
+def alice() -> Iterator[User]:
+    with make_user("krexalice") as user:
+        yield user
+
+
+@pytest.fixture
+def mallory() -> Iterator[User]:
+    with make_user("krexmal") as user:
+        yield user
+
+
+HOLD_LOCK = r"""
+import fcntl
+fd = int(ARGS[0]) if ARGS[0].isdigit() else None
+try:
+    if fd is None:
+        fd = os.open(ARGS[0], os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    out(held=True)
+except OSError as exc:
+    out(held=False, error=str(exc))
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a region reserves no core on a one-core machine")
+def test_a_user_cannot_hold_the_node_core_lock(mallory: User, alice: User) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="krex-sec-cores-"))
+    os.chmod(tmp, 0o755)
+    lock = tmp / "cores.lock"
+    lock.touch(mode=0o644)  # an admin's touch, an older install: others may open it
+    # mallory opens it before any arbiter runs, and will hold it as soon as she can
+    early = os.open(lock, os.O_RDONLY)
+    holder = None
+    try:
+        with multi_user_arbiter(f"--Arbiter.core_lock={lock}") as arb, agents() as made:
+            assert lock.stat().st_mode & 0o077 == 0, "the arbiter narrows the lock file to itself"
+            # mallory: through the descriptor she opened before, else by name (refused now)
+            holder = spawn_as(mallory, arb, HOLD_LOCK, str(lock))
+            by_name = read_line(holder)
+            assert not by_name["held"] and "Permission denied" in by_name["error"], by_name
+            kill_tree(holder.pid)
+            holder.wait(5)
+            import fcntl
+
+            fcntl.flock(early, fcntl.LOCK_SH | fcntl.LOCK_NB)  # the early descriptor, held (root's here)
+            a = Agent(alice, arb)
+            made.append(a)
+            assert a.call("register", tag="a", gpu=0)["ok"]
+            a.call("acquire", tag="r", session="a", opts={"gpu": 0, "max_hold": 30, "freeze": False})
+            granted = a.event("granted|acquire_failed", "r")
+            assert granted["event"] == "granted", granted
+            report = granted["report"]
+            assert report["cores"], f"alice's region got no cores: {report['failures']}"
+            assert a.call("release", tag="r")["ok"]
+            time.sleep(0.2)
+            assert_healthy(arb, {mallory.uid, alice.uid})
+    finally:
+        os.close(early)
+        if holder is not None and holder.poll() is None:
+            kill_tree(holder.pid)
+        for p in tmp.iterdir():
+            p.unlink()
+        tmp.rmdir()
