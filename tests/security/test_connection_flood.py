@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -27,24 +26,12 @@ from .helpers_arbiter import (
     read_line,
     spawn_as,
 )
-from .users import User, make_user
+from .users import User
 
 #: the arbiter's descriptor limit in these tests: far below the flood (4 x 5,000 connections)
 FD_LIMIT = 4096
 FLOODERS = 4
 PER_FLOODER = 5000
-
-
-@pytest.fixture
-def alice() -> Iterator[User]:
-    with make_user("krexalice") as user:
-        yield user
-
-
-@pytest.fixture
-def mallory() -> Iterator[User]:
-    with make_user("krexmal") as user:
-        yield user
 
 
 # One process of mallory's: n DEALER (or SUB) sockets connected to the endpoint, never a request.

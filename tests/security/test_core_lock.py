@@ -13,26 +13,12 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter, read_line, spawn_as
-from .users import User, make_user
-
-
-@pytest.fixture
-def alice() -> Iterator[User]:
-    with make_user("krexalice") as user:
-        yield user
-
-
-@pytest.fixture
-def mallory() -> Iterator[User]:
-    with make_user("krexmal") as user:
-        yield user
-
+from .users import User
 
 HOLD_LOCK = r"""
 import fcntl

@@ -14,25 +14,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter, read_line, spawn_as
-from .users import User, make_user
-
-
-@pytest.fixture
-def alice() -> Iterator[User]:
-    with make_user("krexalice") as user:
-        yield user
-
-
-@pytest.fixture
-def mallory() -> Iterator[User]:
-    with make_user("krexmal") as user:
-        yield user
-
+from .users import User
 
 # One of mallory's processes: back-to-back regions of 2 ms on GPU 0 until its stdin closes.
 SHORT_REGIONS = r"""

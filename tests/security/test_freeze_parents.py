@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -27,19 +26,7 @@ from krex_lab.pytest_plugin import wait_for
 from krex_lab.regions.cgroups import CgroupPlacer
 
 from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter
-from .users import User, make_user
-
-
-@pytest.fixture
-def alice() -> Iterator[User]:
-    with make_user("krexalice") as user:
-        yield user
-
-
-@pytest.fixture
-def mallory() -> Iterator[User]:
-    with make_user("krexmal") as user:
-        yield user
+from .users import User
 
 
 def _start_under(parent: str, alice: User) -> tuple[subprocess.Popen[bytes], int | None]:

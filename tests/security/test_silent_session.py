@@ -7,19 +7,9 @@ frozen with the others): the drain timeout is spent once per silent session, not
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter, read_line, spawn_as
-from .users import User, make_user
-
-
-@pytest.fixture
-def alice() -> Iterator[User]:
-    with make_user("krexalice") as user:
-        yield user
-
+from .users import User
 
 # bob's session: registered with a control channel, which it never reads (so never answers a drain)
 SILENT = r"""

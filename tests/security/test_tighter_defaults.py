@@ -7,19 +7,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter, run_as
-from .users import User, make_user
-
-
-@pytest.fixture
-def mallory() -> Iterator[User]:
-    with make_user("krexmal") as user:
-        yield user
-
+from .users import User
 
 MANY_REGIONS = r"""
 s = Session(gpu=1, endpoint=ENDPOINT, name="many")
