@@ -12,6 +12,7 @@ this user hold a GPU. Members of the admin group (and root) are exempt and may e
 from __future__ import annotations
 
 import grp
+import os
 import pwd
 import resource
 import time
@@ -44,6 +45,7 @@ class Limits:
     sessions_per_process: int
     queued_per_user: int
     max_hold: float
+    max_cores: int = 0
 
 
 def raise_fd_limit() -> int:
@@ -74,7 +76,7 @@ def node_session_capacity(fd_limit: int, placed: bool = False) -> int:
     return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // per_session)
 
 
-_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold")
+_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold", "max_cores")
 
 
 class Quotas(LoggingConfigurable):
@@ -92,6 +94,16 @@ class Quotas(LoggingConfigurable):
     @default("max_hold")
     def _max_hold_default(self) -> float:
         return MULTI_USER_MAX_HOLD if getattr(self.parent, "multi_user", False) else 0.0
+
+    max_cores = Int(
+        help="Most cores one region of this user may reserve (the `cores` of a request; everyone else "
+        "is kept off them for the region's hold); 0: no per-user cap. Default: an eighth of the node "
+        "(at least 1) on a multi-user arbiter, 0 otherwise."
+    ).tag(config=True)
+
+    @default("max_cores")
+    def _max_cores_default(self) -> int:
+        return max(1, (os.cpu_count() or 1) // 8) if getattr(self.parent, "multi_user", False) else 0
 
     connections_per_user = Int(
         256,
@@ -174,6 +186,14 @@ class Quotas(LoggingConfigurable):
                 f"{limits.sessions_per_process}"
             )
 
+    def check_cores(self, uid: int, cores: int) -> None:
+        """A region may not keep everyone else off more than this user's share of the node's cores."""
+        if self.is_admin(uid):
+            return
+        limit = self.limits_for(uid).max_cores
+        if limit > 0 and cores > limit:
+            raise QuotaExceeded(f"cores {cores} is over this user's limit max_cores={limit}")
+
     def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> None:
         if self.is_admin(uid):
             return
@@ -189,7 +209,7 @@ class Quotas(LoggingConfigurable):
 
 
 def _more_generous(key: str, a: Any, b: Any) -> Any:
-    if key == "max_hold" and (a == 0 or b == 0):
+    if key in ("max_hold", "max_cores") and (a == 0 or b == 0):
         return 0  # 0 means "no per-user cap"
     return max(a, b)
 

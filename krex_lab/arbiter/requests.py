@@ -181,6 +181,8 @@ class SessionRequests:
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
         self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
+        if req.isolate and req.cores is not None:  # the operator's isolate_cores is not the user's ask
+            self.quotas.check_cores(session.uid, cores)
         region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
         region.asked_exempt = list(req.exempt)
         return DEFERRED

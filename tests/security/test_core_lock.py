@@ -1,5 +1,10 @@
 """The node's core lock and the shield against a hostile neighbour (hostile neighbours, round two).
 
+A region keeps everyone else on the node off its reserved cores (in ``affinity`` shield mode,
+every process of every user). Any user could ask for ``cores=1024``: all but one core of the node
+for the whole hold. A multi-user arbiter now caps it per user (``Quotas.max_cores``, an eighth
+of the node by default).
+
 A root arbiter reserves a region's cores under one ``flock`` on the node (``regions/corelock.py``);
 whoever holds it keeps every region of the node from reserving cores (each gets none, degraded).
 The lock file is root's, 0600: ``mallory`` cannot open it. A lock file that others may open (an
@@ -34,8 +39,9 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a region reserves no core on a one-core machine")
 def test_a_user_cannot_hold_the_node_core_lock(mallory: User, alice: User) -> None:
+    if len(os.sched_getaffinity(0)) < 2:  # a one-core machine, or another arbiter's shield narrowed us
+        pytest.skip("this process may run on one core only: a region would reserve none")
     tmp = Path(tempfile.mkdtemp(prefix="krex-sec-cores-"))
     os.chmod(tmp, 0o755)
     lock = tmp / "cores.lock"
@@ -73,3 +79,19 @@ def test_a_user_cannot_hold_the_node_core_lock(mallory: User, alice: User) -> No
         for p in tmp.iterdir():
             p.unlink()
         tmp.rmdir()
+
+
+def test_a_user_cannot_reserve_the_whole_node(mallory: User) -> None:
+    with multi_user_arbiter() as arb, agents() as made:
+        m = Agent(mallory, arb)
+        made.append(m)
+        assert m.call("register", tag="m", gpu=0)["ok"]
+        m.call("acquire", tag="all", session="m", opts={"gpu": 0, "max_hold": 30, "freeze": False, "cores": 1024})
+        refused = m.event("granted|acquire_failed", "all")
+        assert refused["event"] == "acquire_failed", refused["report"]["cores"] if "report" in refused else refused
+        assert refused["error"]["type"] == "QuotaExceeded" and "max_cores=" in refused["error"]["message"], refused
+        # the default ask (the operator's Arbiter.isolate_cores) is granted
+        m.call("acquire", tag="one", session="m", opts={"gpu": 0, "max_hold": 30, "freeze": False})
+        assert m.event("granted|acquire_failed", "one")["event"] == "granted"
+        assert m.call("release", tag="one")["ok"]
+        assert_healthy(arb, {mallory.uid})
