@@ -74,6 +74,10 @@ class Connection:
             _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        # Retry a refused or queued-out connect soon (a flood of others' connections fills the
+        # arbiter's accept queue), backing off to a second while no arbiter is there.
+        self.socket.setsockopt(zmq.RECONNECT_IVL, 10)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         self.socket.connect(self.endpoint)
         self.arbiter_pid: int | None = None
         self._identity: str | None = None  # the arbiter's identity socket, learnt from one hello

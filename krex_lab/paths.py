@@ -1,9 +1,16 @@
 """Where KREX keeps its sockets, journal and lock files, and how it opens them safely.
 
-One runtime directory per arbiter. Single-user: ``$XDG_RUNTIME_DIR/krex`` (or
-``/tmp/krex-<uid>``), mode 0700, so only its owner can reach the socket. Root (a system,
-multi-user arbiter) defaults to ``/run/krex``, never a predictable ``/tmp`` name that any
-user could create first. ``KREX_RUNTIME_DIR`` points an arbiter elsewhere.
+One runtime directory per arbiter. Single-user: ``$XDG_RUNTIME_DIR/krex``, mode 0700, so only
+its owner can reach the socket. Without ``XDG_RUNTIME_DIR`` (a cron job, ``su``, a container),
+a directory of the user's in ``/tmp`` whose name nobody can take first: ``/tmp/krex-<uid>-<random>``
+made with ``mkdtemp`` (0700), found again by every process of the user by listing ``/tmp`` for
+``krex-<uid>-*`` directories that are really the user's (a real directory, owned by the uid, 0700;
+the first by name wins, so that two processes that made one each at once agree). Another user
+can create such names but not own them: they are passed over, never refused. An older
+``/tmp/krex-<uid>`` of the user's own is still used first. Root (a system, multi-user arbiter)
+defaults to ``/run/krex``. ``KREX_RUNTIME_DIR`` points an arbiter (and its clients) elsewhere;
+what only this user uses (the pool's socket and log) goes in :func:`own_runtime_dir`, never in
+another user's (root's) runtime dir.
 
 Root never trusts a path a user controls: :func:`prepare_runtime_dir` refuses a runtime dir
 that is a symlink, is not a directory, belongs to someone else, is writable by group or
@@ -54,8 +61,7 @@ def runtime_dir(create: bool = True) -> Path:
     elif os.geteuid() == 0:
         path = ROOT_RUNTIME_DIR
     else:
-        xdg = os.environ.get("XDG_RUNTIME_DIR")
-        path = Path(xdg) / "krex" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/krex-{os.getuid()}")
+        path = _own_default(create)
     if not create:
         return path
     if explicit and os.geteuid() != 0:
@@ -63,6 +69,52 @@ def runtime_dir(create: bool = True) -> Path:
         if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022:
             return path  # a system arbiter's directory: its users only reach the socket there
     return prepare_runtime_dir(path, multi_user=False, chmod=False)
+
+
+def own_runtime_dir() -> Path:
+    """This user's own runtime dir (created, 0700), whatever ``KREX_RUNTIME_DIR`` says: for what
+    only this user uses (its pool's socket and log) when that names another user's (a system
+    arbiter's) directory."""
+    path = runtime_dir()
+    st = _lstat(path)
+    if st is not None and st.st_uid == os.geteuid():
+        return path
+    return prepare_runtime_dir(_own_default(True), multi_user=False, chmod=False)
+
+
+def _own_default(create: bool) -> Path:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.access(xdg, os.W_OK):
+        return Path(xdg) / "krex"
+    found = _own_tmp_dirs()
+    if found or not create:
+        return found[0] if found else Path(f"/tmp/krex-{os.geteuid()}")
+    import tempfile  # only here: most users have XDG_RUNTIME_DIR
+
+    tempfile.mkdtemp(prefix=f"krex-{os.geteuid()}-", dir="/tmp")
+    return _own_tmp_dirs()[0]  # ours, or one made at the same moment by another process of ours
+
+
+def _own_tmp_dirs() -> list[Path]:
+    """The user's runtime dirs in /tmp: ``krex-<uid>`` first, then ``krex-<uid>-*`` by name; only
+    real directories owned by the effective uid and closed to everyone else."""
+    uid = os.geteuid()
+    legacy, prefix = f"krex-{uid}", f"krex-{uid}-"
+    found = []
+    try:
+        with os.scandir("/tmp") as entries:
+            for entry in entries:
+                if entry.name != legacy and not entry.name.startswith(prefix):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+                    found.append(entry.name)
+    except OSError:
+        return []
+    return [Path("/tmp", n) for n in sorted(found, key=lambda n: (n != legacy, n))]
 
 
 def prepare_runtime_dir(path: Path, *, multi_user: bool, chmod: bool = True) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 _UCRED = struct.Struct("3i")
 
@@ -22,8 +23,19 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 def listener_credentials(path: str, timeout: float = 2.0) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process listening on the UNIX stream socket ``path``. Connects and
     sends nothing; raises ``OSError`` (``FileNotFoundError``, ``ConnectionRefusedError``) when
-    nobody listens there."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        return peer_credentials(sock)
+    nobody listens there. A listener whose backlog is full (``EAGAIN``: a flood of other
+    connections, which the server refuses) is tried again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(timeout)
+            try:
+                sock.connect(path)
+            except BlockingIOError:
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)  # the listener is behind on its backlog: its next accept frees a place
+                pause = min(pause * 2, 0.05)
+                continue
+            return peer_credentials(sock)

@@ -85,8 +85,10 @@ class Draining:
         # Futures kept here too: a session that ends meanwhile takes its own out of region.acks.
         acks = dict(region.acks)
         asked = time.monotonic()
-        if acks:
-            waits.append(asyncio.wait(list(acks.values()), timeout=self.config.drain_timeout))
+        # A silent session is asked too (its answer clears it) but not waited for.
+        awaited = [acks[s.id] for s in cooperative if s.id in acks and not s.silent]
+        if awaited:
+            waits.append(asyncio.wait(awaited, timeout=self.config.drain_timeout))
         if lock_job is not None:
             waits.append(lock_job)
         await asyncio.gather(*waits)
@@ -104,8 +106,19 @@ class Draining:
             elif s.id not in live or not _running(s) or s.pid in ending:
                 # It exited, or ended its session, while being drained: nothing left to drain.
                 region.gone.append(s.pid)
+            elif s.silent:
+                region.drain.not_drained[s.pid] = (
+                    "silent: missed an earlier drain and has not answered one since (not waited for)"
+                )
             else:
                 region.drain.not_drained[s.pid] = f"did not answer drain within {waited:.2f} s"
+                s.silent = True
+                log.warning(
+                    "session %s (pid %d, %s) did not answer a drain: not waited for until it answers one",
+                    s.id,
+                    s.pid,
+                    s.user,
+                )
             if fut is not None and not fut.done():
                 fut.cancel()
         # Whatever is on the GPU and neither locked, synchronised nor known to need no lock

@@ -200,6 +200,7 @@ class RegionHistory:
         queue_size: int = 10_000,
         prune_interval: float = 3600.0,
         busy_timeout: float = 30.0,
+        per_user: int = 0,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.retention_days = retention_days
@@ -207,6 +208,8 @@ class RegionHistory:
         self.arbiter = arbiter
         self.prune_interval = prune_interval
         self.busy_timeout = busy_timeout
+        #: rows kept per user (the oldest beyond it are deleted as rows are added); 0: no cap
+        self.per_user = per_user
         #: reports dropped because the writer's queue was full
         self.dropped = 0
         #: rows the writer failed to store (a database error after its retries)
@@ -381,6 +384,13 @@ class RegionHistory:
         marks = ", ".join(f":{n}" for n in names)
         with conn:
             conn.executemany(f"INSERT INTO regions ({', '.join(names)}) VALUES ({marks})", rows)
+            if self.per_user > 0:  # one user's flood of regions cannot grow the file without bound
+                for user in {r.get("user") for r in rows}:
+                    conn.execute(
+                        "DELETE FROM regions WHERE user IS :user AND rowid NOT IN (SELECT rowid FROM regions "
+                        "WHERE user IS :user ORDER BY released_at DESC LIMIT :keep)",
+                        {"user": user, "keep": self.per_user},
+                    )
         self.written += len(rows)
 
     def _prune(self, conn: sqlite3.Connection) -> None:

@@ -9,16 +9,14 @@ refused: the region's report says so). :meth:`Quotas.reload` applies an edited c
 without a restart (the arbiter does it on SIGHUP). Members of the admin group (and root) are
 exempt and may end any region.
 
-:class:`FairShare` is the scheduler's queue policy: the next region on a GPU goes to the user
-who has held GPUs least recently (hold seconds, decaying with a half-life), first-come within a
-user. With one user it is the plain FIFO the single-user arbiter always had.
+:class:`~.fairshare.FairShare` (its own module) is the scheduler's queue policy.
 """
 
 from __future__ import annotations
 
 import grp
 import logging
-import math
+import os
 import pwd
 import resource
 import time
@@ -26,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from traitlets import Dict, Float, Int, Unicode
+from traitlets import Dict, Float, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from ..errors import QuotaExceeded
@@ -43,12 +41,17 @@ FDS_PER_SESSION = 2
 FDS_PER_PLACED_SESSION = FDS_PER_SESSION + 3
 
 
+#: the default longest lease per user on a multi-user arbiter (Quotas.max_hold)
+MULTI_USER_MAX_HOLD = 600.0
+
+
 @dataclass(frozen=True)
 class Limits:
     sessions_per_user: int
     sessions_per_process: int
     queued_per_user: int
     max_hold: float
+    max_cores: int = 0
 
 
 def raise_fd_limit() -> int:
@@ -79,7 +82,7 @@ def node_session_capacity(fd_limit: int, placed: bool = False) -> int:
     return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // per_session)
 
 
-_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold")
+_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold", "max_cores")
 
 
 class Quotas(LoggingConfigurable):
@@ -89,7 +92,35 @@ class Quotas(LoggingConfigurable):
     ).tag(config=True)
     queued_per_user = Int(8, help="Requests one user may have waiting in the GPUs' queues at once.").tag(config=True)
     max_hold = Float(
-        0.0, help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies."
+        help="Longest lease (max_hold, seconds) one user may ask for; 0: only Arbiter.max_hold_limit applies. "
+        "Default: 600 (10 minutes) on a multi-user arbiter, where one region stops everyone else on its "
+        "GPU; 0 otherwise."
+    ).tag(config=True)
+
+    @default("max_hold")
+    def _max_hold_default(self) -> float:
+        return MULTI_USER_MAX_HOLD if getattr(self.parent, "multi_user", False) else 0.0
+
+    max_cores = Int(
+        help="Most cores one region of this user may reserve (the `cores` of a request; everyone else "
+        "is kept off them for the region's hold); 0: no per-user cap. Default: an eighth of the node "
+        "(at least 1) on a multi-user arbiter, 0 otherwise."
+    ).tag(config=True)
+
+    @default("max_cores")
+    def _max_cores_default(self) -> int:
+        return max(1, (os.cpu_count() or 1) // 8) if getattr(self.parent, "multi_user", False) else 0
+
+    connections_per_user = Int(
+        256,
+        help="Connections one user may keep open to each of the arbiter's sockets (requests, events); "
+        "beyond it a new one is closed at once and the user logged once per burst. Each session "
+        "holds one; 0: no per-user cap (the node-wide caps from the descriptor limit still apply).",
+    ).tag(config=True)
+    connections = Int(
+        0,
+        help="Connections everyone together may keep open to each of the arbiter's sockets; 0: half "
+        "of what the descriptor limit leaves after the headroom the arbiter keeps free.",
     ).tag(config=True)
     users = Dict(
         help="Per-user overrides, by user name: {'alice': {'queued_per_user': 32, 'max_hold': 3600}}. "
@@ -103,6 +134,12 @@ class Quotas(LoggingConfigurable):
         "krex-admin",
         help="Members of this Unix group (and root) are exempt from every quota and "
         "may end any region or withdraw any request.",
+    ).tag(config=True)
+    region_overhead = Float(
+        0.02,
+        help="Seconds fair share charges each region at least for what it costs the others beyond its "
+        "hold (its grant drains and freezes them, its release gives it back); the measured acquire "
+        "and release are charged when they are more.",
     ).tag(config=True)
     half_life = Float(
         600.0,
@@ -155,6 +192,14 @@ class Quotas(LoggingConfigurable):
                 f"process {pid} has {_count(same_pid, 'session')}: the limit is sessions_per_process="
                 f"{limits.sessions_per_process}"
             )
+
+    def check_cores(self, uid: int, cores: int) -> None:
+        """A region may not keep everyone else off more than this user's share of the node's cores."""
+        if self.is_admin(uid):
+            return
+        limit = self.limits_for(uid).max_cores
+        if limit > 0 and cores > limit:
+            raise QuotaExceeded(f"cores {cores} is over this user's limit max_cores={limit}")
 
     def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> float:
         """The lease this user gets for ``max_hold``: capped at the user's ``max_hold`` limit (a
@@ -212,7 +257,7 @@ def user_name(uid: int) -> str:
 
 
 def _more_generous(key: str, a: Any, b: Any) -> Any:
-    if key == "max_hold" and (a == 0 or b == 0):
+    if key in ("max_hold", "max_cores") and (a == 0 or b == 0):
         return 0  # 0 means "no per-user cap"
     return max(a, b)
 
@@ -247,30 +292,3 @@ def _lookup_user_and_groups(uid: int) -> tuple[str, set[str]]:
     except KeyError:
         pass
     return entry.pw_name, groups
-
-
-class FairShare:
-    """Queue policy: the user with the least decayed hold time goes first; FIFO within a user."""
-
-    def __init__(self, half_life: float = 600.0) -> None:
-        self.half_life = half_life
-        self._usage: dict[int, tuple[float, float]] = {}  # uid -> (seconds, when)
-
-    def usage(self, uid: int, now: float | None = None) -> float:
-        seconds, when = self._usage.get(uid, (0.0, 0.0))
-        now = time.monotonic() if now is None else now
-        if self.half_life <= 0:
-            return seconds
-        return seconds * math.pow(0.5, (now - when) / self.half_life)
-
-    def charge(self, uid: int, seconds: float) -> None:
-        now = time.monotonic()
-        self._usage[uid] = (self.usage(uid, now) + max(0.0, seconds), now)
-
-    def pick(self, queue: Sequence[Region]) -> Region:
-        now = time.monotonic()
-        # The earliest request of each user competes; ties go to the earlier request.
-        first: dict[int, Region] = {}
-        for region in queue:
-            first.setdefault(region.session.uid, region)
-        return min(first.values(), key=lambda r: (self.usage(r.session.uid, now), r.requested))

@@ -77,6 +77,8 @@ class Region:
     locking: bool = False
     #: the lease asked for, where the user's max_hold quota capped it (max_hold is the cap)
     capped_from: float | None = None
+    #: grants to other users made while this region waited (fair share's turns)
+    passed: int = 0
     watch_errors: list[str] = field(default_factory=list)
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)
     gone: list[int] = field(default_factory=list)

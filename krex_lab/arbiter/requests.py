@@ -184,6 +184,8 @@ class SessionRequests:
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
         lease = self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
+        if req.isolate and req.cores is not None:  # the operator's isolate_cores is not the user's ask
+            self.quotas.check_cores(session.uid, cores)
         spec = msgspec.structs.replace(req.spec, gpu=gpu, max_hold=lease, cores=cores)
         region = self.scheduler.request(session, spec, peer.reply)
         if lease < max_hold:
@@ -227,6 +229,7 @@ class SessionRequests:
 
     def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)
+        session.silent = False  # it answers again: regions wait for it again
         region = self.scheduler.find(req.region)
         fut = region.acks.get(session.id) if region is not None else None
         if fut is not None and not fut.done():

@@ -24,7 +24,7 @@ from ..procfiles import KEPT
 from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted, RegionSpec
 from ..region_report import RegionReport
-from ..regions.freeze import thaw
+from ..regions.freeze import continue_kin, thaw
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
 from .region import Region, RegionState, Reply
@@ -40,6 +40,9 @@ INLINE_THREADS = 256
 #: that have not landed yet, before it pauses between looks
 SPIN_LANDING = 0.01
 
+#: seconds after a thaw at which the frozen processes' ancestors are looked at again
+KIN_LOOKS = (0.05, 0.5)
+
 #: a request that arrives within this many seconds of the end of its session's stop as an
 #: intruder was on its way when it was stopped: its report says how long that stop was
 STOPPED_WINDOW = 1.0
@@ -50,7 +53,7 @@ class QueuePolicy(Protocol):
 
     def pick(self, queue: collections.deque[Region]) -> Region: ...
 
-    def charge(self, uid: int, seconds: float) -> None: ...
+    def charge(self, uid: int, seconds: float, cost: float = 0.0, user: str = "") -> None: ...
 
 
 class Fifo:
@@ -59,7 +62,7 @@ class Fifo:
     def pick(self, queue: collections.deque[Region]) -> Region:
         return queue[0]
 
-    def charge(self, uid: int, seconds: float) -> None:
+    def charge(self, uid: int, seconds: float, cost: float = 0.0, user: str = "") -> None:
         pass
 
 
@@ -399,6 +402,9 @@ class Scheduler:
             t1 = time.monotonic()
             times["unisolate"] = t1 - t0
             thaw(region.frozen)
+            if region.frozen.kin:  # a parent whose own stop landed after the thaw: look again
+                for later in KIN_LOOKS:
+                    asyncio.get_running_loop().call_later(later, continue_kin, region.frozen.kin)
             t2 = time.monotonic()
             times["thaw"] = t2 - t1
             region.drain.closed = True
@@ -414,7 +420,9 @@ class Scheduler:
             region.move(RegionState.RELEASED)
             if region.granted_at:
                 region.times["hold"] = time.monotonic() - region.granted_at
-            self.policy.charge(region.session.uid, region.times.get("hold", 0.0))
+            # What the region cost the others beyond its hold: its grant's steps and its release.
+            cost = region.times.get("acquire", 0.0) + region.times["undo"]
+            self.policy.charge(region.session.uid, region.times.get("hold", 0.0), cost, region.session.user)
             report = self._finish_report(region)
             self.notify.publish("region", {"event": "released", **report.to_dict()})
             self.active[region.gpu] = None

@@ -23,6 +23,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
+from ..connguard import ConnectionLimits
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
@@ -38,13 +39,14 @@ from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
 from ..service import Peer, Service, lock_holder
 from .enforcement import Enforcement
+from .fairshare import FairShare
 from .guardian_link import GuardianLink
 from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event
 from .queries import NodeQueries
-from .quotas import FairShare, Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
+from .quotas import Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
 from .region import Region
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
@@ -170,11 +172,15 @@ class Arbiter(LoggingConfigurable):
     ).tag(config=True)
     cgroups = Enum(
         ["off", "auto"],
-        default_value="off",
+        default_value=None,
+        allow_none=True,
         help="Place each session in a cgroup v2 of its own "
-        "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork; "
-        "'auto' uses it where the machine allows, else SIGSTOP. Off by default: moving processes "
-        "between cgroups can fight a host's own cgroup management.",
+        "(<v2 root>/krex/<session>) so that freezing is cgroup.freeze, which catches every fork and "
+        "sends no stop signal (a parent that waits for its child, runuser, su, sudo or a job-control "
+        "shell, notices nothing); 'auto' uses it where the machine allows, else SIGSTOP. Default: "
+        "'auto' for a root --multi-user arbiter, 'off' otherwise (moving an ordinary user's processes "
+        "between cgroups can fight a desktop's own cgroup management). `krex status` says which "
+        "freezer is in use.",
     ).tag(config=True)
     guardian = Bool(
         True, help="Start a guardian process that undoes every lock, freeze and re-pin if the arbiter dies."
@@ -215,13 +221,20 @@ class Arbiter(LoggingConfigurable):
         "it at persistent storage, e.g. /var/lib/krex/history.sqlite. Its directory is created "
         "(0700) or must be the arbiter user's and writable by no one else. '' disables the history.",
     ).tag(config=True)
+    history_per_user = Int(
+        10_000,
+        help="Finished regions history_db keeps per user: the oldest beyond it are deleted as regions "
+        "are added (a user's loop of short regions adds thousands a minute; the default database sits "
+        "in the runtime dir, a tmpfs for a system arbiter). 0: no cap.",
+    ).tag(config=True)
     history_retention_days = Float(
         90.0, help="Days a finished region stays in history_db; older rows are deleted (0: keep forever)."
     ).tag(config=True)
     metrics_port = Int(
         0,
         help="Serve Prometheus metrics (regions, hold seconds, waits, sessions, queues, labelled by user "
-        "and GPU) at http://<metrics_addr>:<port>/metrics; 0: off. Needs prometheus_client.",
+        "and GPU) at http://<metrics_addr>:<port>/metrics; 0: off. Needs prometheus_client. No token: "
+        "every local user may read them (user names and totals, as krex status shows them).",
     ).tag(config=True)
     metrics_addr = Unicode(
         "127.0.0.1", help="Address the metrics endpoint binds (metrics_port); 0.0.0.0 exposes it to the network."
@@ -251,6 +264,7 @@ class Arbiter(LoggingConfigurable):
         self.backend_info = self.backend.describe()
         self.bound = endpoint
         self.events = paths.events_endpoint(endpoint)
+        self.quotas = Quotas(parent=self)
         self.service = Service(
             "arbiter",
             endpoint,
@@ -271,12 +285,16 @@ class Arbiter(LoggingConfigurable):
             events=self.events,
             lock=self.root / "arbiter.lock",
             socket_mode=0o666 if self.multi_user else 0o600,
+            connections=ConnectionLimits(
+                self.quotas.connections_per_user, self.quotas.connections, self.quotas.is_admin
+            ),
         )
         self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
         self.locker = Locker(self.backend, self.lock_timeout, threads=self.lock_threads)
-        self.placer = CgroupPlacer(self.cgroups == "auto")
+        cgroups = self.cgroups or ("auto" if self.multi_user and os.geteuid() == 0 else "off")
+        self.placer = CgroupPlacer(cgroups == "auto")
         self.gate = Gate(self.notify.publish)
         self.sessions = SessionTable(lambda session: self.requests.session_died(session))
         self.tickets = Tickets()
@@ -315,7 +333,6 @@ class Arbiter(LoggingConfigurable):
             intruder_grace=self.intruder_grace,
             isolate_deadline=self.isolate_deadline,
         )
-        self.quotas = Quotas(parent=self)
         #: the last SIGHUP's quota reload, as `krex status` shows it (ArbiterApp.reload_quotas)
         self.quotas_note = ""
         fd_limit = raise_fd_limit()
@@ -323,7 +340,14 @@ class Arbiter(LoggingConfigurable):
         KEPT.limit = kept_files_limit(fd_limit)
         db = self.root / "history.sqlite" if self.history_db is None else self.history_db
         self.region_history: RegionHistory | None = (
-            RegionHistory(db, self.history_retention_days, arbiter=f"{os.getpid()}@{self.started:.3f}") if db else None
+            RegionHistory(
+                db,
+                self.history_retention_days,
+                arbiter=f"{os.getpid()}@{self.started:.3f}",
+                per_user=self.history_per_user,
+            )
+            if db
+            else None
         )
         #: why there is no history (History requests say it)
         self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
@@ -343,7 +367,7 @@ class Arbiter(LoggingConfigurable):
             steps,
             self.notify,
             config,
-            FairShare(self.quotas.half_life),
+            FairShare(self.quotas.half_life, self.quotas.region_overhead),
             on_finish=self._region_finished,
         )
         #: the handlers of the session and region requests, on the parts built above

@@ -38,6 +38,9 @@ class Session:
     control: bytes | None  # ROUTER identity of the socket that registered, for control messages
     within: str = ""  # the region this session is part of (started by its holder: KREX_REGION)
     cgroup: str = ""  # the cgroup v2 the arbiter placed it in (--cgroups auto), else ""
+    #: it missed a drain and has not answered one since: regions do not wait for it (the drain
+    #: timeout is spent once per silent session, not on every region); its next answer clears it
+    silent: bool = False
     created: float = field(default_factory=time.time)
 
     @functools.cached_property

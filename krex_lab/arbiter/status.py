@@ -55,9 +55,12 @@ def node_status(
                 "sessions": [s.public() for s in sessions.on_gpu(g)],
             }
         )
+    table = getattr(scheduler.policy, "table", None)
     return {
         "arbiter": {**arbiter, "sessions": len(sessions)},
         "gpus": gpus,
+        #: what fair share charges each user (hold plus each region's cost to the others), most first
+        "fair_share": table() if table is not None else [],
     }
 
 
@@ -72,6 +75,16 @@ def format_table(status: dict[str, Any]) -> str:
     ]
     if a.get("quotas"):
         lines.append(f"  quotas: {a['quotas']}")
+    if a.get("cgroups"):
+        cgroup = str(a["cgroups"])
+        placed = cgroup.startswith("sessions placed")
+        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({cgroup})")
+    shares = status.get("fair_share") or []
+    if shares:
+        lines.append(
+            "  fair share (hold + each region's cost, decaying; while others wait the last holder goes after them): "
+            + ", ".join(f"{s['user']} {s['charged_s']:.2f} s/{s['regions']} regions" for s in shares)
+        )
     for g in status["gpus"]:
         mem = f"{g['memory_used'] / 2**30:.1f}/{g['memory_total'] / 2**30:.0f} GiB" if g["memory_total"] else "-"
         util = f"{g['utilization_gpu']:.0f}%" if g.get("utilization_gpu") is not None else "-"

@@ -9,8 +9,10 @@ child exits, the supervisor first undoes the journal (``<runtime dir>/journal.js
 exactly as the guardian would (only while no live arbiter holds ``arbiter.lock``), then:
 
 * exit code 0 (a clean stop after SIGTERM/SIGINT): the supervisor exits 0 too;
-* anything else: it restarts the command, after a short backoff, at most ``--max-restarts``
-  times per ``--window`` seconds (then it gives up, exit 1).
+* anything else: it restarts the command, after a backoff that doubles with each quick death
+  (up to 30 s), at most ``--max-restarts`` times per ``--window`` seconds (then it gives up,
+  exit 1). Each restart is logged with why: the exit code or signal, and the child's last line
+  on stderr (which the supervisor relays), e.g. libzmq's ``Too many open files``.
 
 SIGTERM, SIGINT and SIGHUP are forwarded to the child (SIGHUP as SIGTERM); the supervisor then
 waits for it and exits with its status. ``--undo-only`` undoes the journal and exits (systemd's
@@ -31,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,47 @@ DESCRIPTION = "Run a KREX arbiter, undo its journal whenever it exits and restar
 log = logging.getLogger("krex.supervisor")
 
 _QUICK = 10.0  # a child that lived less than this counts towards the backoff
+#: the longest wait before a restart (each quick death doubles it)
+_MAX_DELAY = 30.0
+
+
+def _exit_reason(rc: int) -> str:
+    """How the child ended, in words: an exit code, or the signal that killed it."""
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with {rc}"
+
+
+class _LastWords:
+    """Copies the child's stderr to ours line by line, keeping the last lines: what an arbiter
+    that aborts prints last (libzmq's assertion, a traceback's last line) says why it died."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=3)
+        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream: Any) -> None:
+        out = sys.stderr.buffer
+        for line in iter(stream.readline, b""):
+            try:
+                out.write(line)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+            text = line.decode(errors="replace").strip()
+            if text:
+                self.lines.append(text)
+        stream.close()
+
+    def said(self) -> str:
+        # The pipe ends with the child, unless a process it started keeps it (its guardian): wait
+        # briefly, the undo must not wait for the last words.
+        self._thread.join(0.1)
+        return self.lines[-1] if self.lines else ""
 
 
 class _Unlockers:
@@ -99,6 +143,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.restarts: collections.deque[float] = collections.deque()
+        self.last_words: _LastWords | None = None
 
     def _forward(self, signum: int, _frame: Any) -> None:
         self.stopping = True
@@ -111,7 +156,9 @@ class Supervisor:
         # The arbiter must use the runtime dir whose journal this supervisor undoes (an explicit
         # --runtime-dir in the command still wins over the environment).
         env = {**os.environ, paths.RUNTIME_DIR_ENV: str(self.runtime)}
-        return subprocess.Popen(self.command, cwd="/", stdin=subprocess.DEVNULL, env=env)
+        child = subprocess.Popen(self.command, cwd="/", stdin=subprocess.DEVNULL, env=env, stderr=subprocess.PIPE)
+        self.last_words = _LastWords(child.stderr)
+        return child
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -126,6 +173,7 @@ class Supervisor:
                 log.error("cannot start %s: %s", self.command[0], exc)
                 return 1
             rc = self.child.wait()
+            said = self.last_words.said() if self.last_words is not None else ""
             undo(self.runtime, self.unlock)
             if rc == 0 or self.stopping:
                 log.info("arbiter exited with %d%s", rc, " (stop requested)" if self.stopping else "")
@@ -134,17 +182,18 @@ class Supervisor:
             self.restarts.append(now)
             while self.restarts and now - self.restarts[0] > self.window:
                 self.restarts.popleft()
+            why = f"the arbiter {_exit_reason(rc)} after {now - started:.1f} s" + (
+                f" (it said: {said})" if said else ""
+            )
             if len(self.restarts) > self.max_restarts:
-                log.error(
-                    "arbiter exited with %d; %d restarts within %.0f s: giving up",
-                    rc,
-                    len(self.restarts) - 1,
-                    self.window,
-                )
+                log.error("%s; %d restarts within %.0f s: giving up", why, len(self.restarts) - 1, self.window)
                 return 1
+            # An arbiter that keeps dying (a flood that comes back with each restart, a bad
+            # configuration) is restarted ever more slowly, and each restart says why.
             delay = delay * 2 if now - started < _QUICK else 0.1
-            delay = min(delay, 5.0)
-            log.warning("arbiter exited with %d: restarting in %.1f s", rc, delay)
+            delay = min(delay, _MAX_DELAY)
+            backoff = f"{len(self.restarts)} exits within {self.window:.0f} s, backing off: " if delay > 0.2 else ""
+            log.warning("%s; %srestarting in %.1f s", why, backoff, delay)
             deadline = time.monotonic() + delay
             while not self.stopping and time.monotonic() < deadline:
                 time.sleep(0.02)

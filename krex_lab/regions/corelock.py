@@ -14,7 +14,8 @@ both are gone), so a crash never blocks the node for longer than the undo.
 
 The lock lives where only its user can create it: ``/run`` for root, else ``$XDG_RUNTIME_DIR``
 (or ``/run/user/UID``), else the temporary directory with the uid in its name. A file there that
-is not a regular file of this user is refused, not followed. Arbiters of *different* users use
+is not a regular file of this user is refused, not followed; one that others may open (and so
+hold) is replaced by a fresh one only this user can open. Arbiters of *different* users use
 different locks; a root arbiter in ``affinity`` mode beside a user's arbiter is not coordinated.
 """
 
@@ -78,6 +79,16 @@ class NodeCoreLock:
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             os.close(fd)
             return f"the core lock {self.path} is not this user's file: refused"
+        if st.st_mode & 0o077:
+            # Others may open it (an admin's touch under umask 022): anyone could hold it and keep
+            # every region of the node from its cores, through a descriptor opened before any
+            # chmod. A fresh file that only this user can open; an old descriptor locks nothing.
+            os.close(fd)
+            try:
+                os.unlink(self.path)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                return f"cannot replace the core lock {self.path}, which others may open: {exc.strerror}"
         self.fd = fd
         return ""
 

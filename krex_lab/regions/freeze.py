@@ -14,6 +14,14 @@ Two mechanisms:
   stop to show and walks the trees once more. Processes that were already stopped (a user's
   Ctrl-Z, a debugger) are left alone and, above all, not resumed at thaw.
 
+  A parent that waits with ``WUNTRACED`` stops *itself* when it sees its child stop: ``runuser``,
+  ``su`` and ``sudo`` do (they were left in state T, their command never returning). So the
+  ancestors of every stopped session root that were running when the region froze it are kept
+  (:attr:`FreezeResult.kin`), and the thaw continues those found stopped (:func:`continue_kin`;
+  the scheduler looks again shortly after, for a parent whose own stop lands late). A job-control
+  shell does not stop, but takes its terminal back: the thawed job runs on in the background.
+  The cgroup freezer sends no stop and no parent notices anything: prefer it (``--cgroups auto``).
+
 Every pid is journaled (with its start time) before it is signalled.
 """
 
@@ -29,6 +37,7 @@ from dataclasses import dataclass, field
 from ..paths import UnsafePath
 from ..procutil import (
     STOPPED,
+    ancestors,
     open_stat,
     proc_state,
     read_stat,
@@ -74,6 +83,9 @@ class FreezeResult:
     placed: set[int] = field(default_factory=set)
     #: the members of each frozen cgroup as read when it was frozen (a frozen cgroup gains none)
     members: dict[str, list[int]] = field(default_factory=dict)
+    #: ancestors of the stopped session roots that were not stopped when the region froze them:
+    #: pid -> start time (see :func:`continue_kin`)
+    kin: dict[int, int] = field(default_factory=dict)
 
     def seen_landed(self, procs: int, cgroups: int) -> None:
         """The first ``procs`` stops and ``cgroups`` cgroup freezes were seen to land (counted
@@ -223,6 +235,9 @@ class Freezer:
     ) -> None:
         """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
         self._freeze_cgroups(region, result, roots)
+        for root in roots:
+            if root not in result.roots and root not in result.placed:
+                _note_kin(root, result.kin)
         result.roots.update(roots)
         seen = set(result.pids) | set(result.skipped)
         for _ in range(passes):
@@ -364,6 +379,35 @@ def _stop(pid: int, pidfds: dict[int, int]) -> None:
     pidfds[pid] = fd
 
 
+def _note_kin(root: int, kin: dict[int, int]) -> None:
+    """Keep the running ancestors of ``root`` (up to one already kept, or init)."""
+    for pid in ancestors(root):
+        if pid <= 1 or pid in kin:
+            return
+        state, start = state_and_start(pid)
+        if state is None or start is None:
+            return
+        if state not in STOPPED:
+            kin[pid] = start
+
+
+def continue_kin(kin: dict[int, int]) -> list[int]:
+    """SIGCONT the processes of ``kin`` (pid -> start time, running when the region began) that
+    are stopped now: a parent that stopped itself because the region stopped its child."""
+    continued = []
+    for pid, start in kin.items():
+        state, now = state_and_start(pid)
+        if now == start and state == "T":
+            try:
+                os.kill(pid, signal.SIGCONT)
+                continued.append(pid)
+            except OSError:
+                continue
+    if continued:
+        log.info("continued %s: stopped when the region stopped a child of theirs", continued)
+    return continued
+
+
 def thaw(result: FreezeResult) -> None:
     result.landed()
     for path in result.cgroups:  # through the kept files; the careful way where that fails
@@ -381,3 +425,4 @@ def thaw(result: FreezeResult) -> None:
             os.close(fd)
     result.pidfds.clear()
     thaw_procs(by_pid)
+    continue_kin(result.kin)

@@ -265,7 +265,7 @@ class Services:
                 if _owner(self.runtime) != os.geteuid():
                     # KREX_RUNTIME_DIR names the node arbiter's (root's) dir: the pool, this
                     # user's, keeps its socket and logs in a private dir of its own.
-                    self.runtime = _own_runtime_dir()
+                    self.runtime = paths.own_runtime_dir()
         return self.runtime
 
     def _start_arbiter(self) -> None:
@@ -450,13 +450,6 @@ def _owner(path: Path) -> int | None:
         return path.stat().st_uid
     except OSError:
         return None
-
-
-def _own_runtime_dir() -> Path:
-    """This user's private runtime dir, whatever ``KREX_RUNTIME_DIR`` says (see :mod:`krex_lab.paths`)."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(xdg) / "krex" if xdg and os.access(xdg, os.W_OK) else Path(f"/tmp/krex-{os.getuid()}")
-    return paths.prepare_runtime_dir(path, multi_user=False, chmod=False)
 
 
 def _lock_held(path: Path) -> bool:

@@ -13,8 +13,9 @@ from .. import paths
 
 
 def default_endpoint() -> str:
-    """``KREX_POOL_ENDPOINT`` when set, else ``ipc://<runtime dir>/pool.sock`` (this user's, 0700)."""
-    return os.environ.get(paths.POOL_ENDPOINT_ENV) or f"ipc://{paths.runtime_dir() / 'pool.sock'}"
+    """``KREX_POOL_ENDPOINT`` when set, else ``ipc://<runtime dir>/pool.sock`` in this user's own
+    runtime dir (0700), even when ``KREX_RUNTIME_DIR`` names a system arbiter's (root's)."""
+    return os.environ.get(paths.POOL_ENDPOINT_ENV) or f"ipc://{paths.own_runtime_dir() / 'pool.sock'}"
 
 
 def ipc_path(endpoint: str) -> str | None:

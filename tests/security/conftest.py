@@ -14,3 +14,16 @@ from .users import User, make_user
 def bob() -> Iterator[User]:
     with make_user("krexbob") as user:
         yield user
+
+
+@pytest.fixture
+def alice() -> Iterator[User]:
+    with make_user("krexalice") as user:
+        yield user
+
+
+@pytest.fixture
+def mallory() -> Iterator[User]:
+    """The hostile neighbour of the attack tests."""
+    with make_user("krexmal") as user:
+        yield user

@@ -188,3 +188,44 @@ def test_the_guardian_undoes_when_sigterm_follows_the_crash(
     finally:
         arb.kill()
         arb.wait()
+
+
+def test_an_arbiter_that_keeps_dying_is_restarted_ever_more_slowly_and_the_log_says_why(
+    rt: Path, tmp_path: Path
+) -> None:
+    """An arbiter that aborts at each start (as libzmq aborts it on EMFILE under a connection flood)."""
+    dies = [
+        sys.executable,
+        "-c",
+        "import os, sys; print('Too many open files (src/ipc_listener.cpp:297)', file=sys.stderr); os.abort()",
+    ]
+    log = open(tmp_path / "supervisor.log", "wb")  # noqa: SIM115 - the child keeps it
+    sup = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "krex_lab.arbiter.supervisor",
+            "--runtime-dir",
+            str(rt),
+            "--max-restarts",
+            "3",
+            "--",
+            *dies,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert sup.wait(timeout=60) == 1
+    finally:
+        if sup.poll() is None:
+            _end(sup, tmp_path)
+    text = (tmp_path / "supervisor.log").read_text()
+    restarts = [line for line in text.splitlines() if "restarting in" in line]
+    assert len(restarts) == 3, text
+    assert all("killed by SIGABRT" in line and "Too many open files" in line for line in restarts), text
+    delays = [float(line.rsplit("restarting in ", 1)[1].split()[0]) for line in restarts]
+    assert delays == sorted(delays) and delays[-1] > delays[0], delays
+    assert "backing off" in restarts[-1]
+    assert "giving up" in text and "killed by SIGABRT" in text.splitlines()[-1]

@@ -22,7 +22,7 @@ from krex_lab.arbiter.journal import Journal
 from krex_lab.paths import UnsafePath, prepare_runtime_dir, runtime_dir
 from krex_lab.procutil import proc_state, start_time
 
-from .users import User, needs_root_and_useradd
+from .users import User, make_user, needs_root_and_useradd
 
 pytestmark = pytest.mark.usefixtures("as_root")
 
@@ -224,3 +224,47 @@ def test_the_root_arbiter_refuses_bobs_runtime_dir(bob: User, tmp_name: Path, ro
     )
     _unchanged(root_files)
     assert res.returncode != 0 and f"belongs to uid {bob.uid}" in res.stderr
+
+
+def test_a_tmp_name_another_user_takes_first_is_passed_over(bob: User) -> None:
+    """Without XDG_RUNTIME_DIR: mallory makes /tmp/krex-<bob's uid> (and a name of the new form)
+    first; bob's runtime dir is still one of his own (before: "belongs to uid ...", no krex run)."""
+    with make_user("krexmal") as mallory:
+        squatted = [Path(f"/tmp/krex-{bob.uid}"), Path(f"/tmp/krex-{bob.uid}-0000")]
+        made: set[str] = set()
+        try:
+            for path in squatted:
+                mallory.run("mkdir", "-m", "0777", str(path))
+            code = "from krex_lab import paths; print(paths.runtime_dir()); print(paths.runtime_dir())"
+            res = bob.python(code, check=False)
+            assert res.returncode == 0, res.stderr
+            first, second = res.stdout.split()
+            made.add(first)
+            assert first == second, "every process of bob's finds the same dir"
+            assert Path(first) not in squatted and Path(first).name.startswith(f"krex-{bob.uid}-")
+            st = Path(first).stat()
+            assert st.st_uid == bob.uid and st.st_mode & 0o7777 == 0o700
+        finally:
+            for path in [*squatted, *map(Path, made)]:
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+def test_the_pool_of_a_user_of_any_system_runtime_dir_is_in_the_users_own(bob: User, tmp_name: Path) -> None:
+    """`krex run` with KREX_RUNTIME_DIR naming a root runtime dir other than /run/krex: the pool's
+    socket and log go in bob's own dir (before: PermissionError on <root dir>/pool.log)."""
+    rt = prepare_runtime_dir(tmp_name, multi_user=True)
+    xdg = Path(f"/tmp/krex-sec-xdg-{bob.uid}")
+    xdg.mkdir(mode=0o700)
+    os.chown(xdg, bob.uid, bob.gid)
+    try:
+        res = bob.python(
+            "from krex_lab.workers.endpoint import default_endpoint; print(default_endpoint())",
+            check=False,
+            env_extra={paths.RUNTIME_DIR_ENV: str(rt), "XDG_RUNTIME_DIR": str(xdg)},
+        )
+        assert res.returncode == 0, res.stderr
+        sock = Path(res.stdout.strip().removeprefix("ipc://"))
+        assert sock.parent == xdg / "krex", sock
+        assert sock.parent.stat().st_uid == bob.uid and sock.parent.stat().st_mode & 0o7777 == 0o700
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(xdg)], check=False)

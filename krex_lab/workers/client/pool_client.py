@@ -215,7 +215,7 @@ class PoolClient:
     def _start_pool(self) -> None:
         """Start a detached pool on demand and wait until it answers."""
         sock = ipc_path(self.endpoint)
-        log_dir = Path(sock).parent if sock else paths.runtime_dir()
+        log_dir = Path(sock).parent if sock else paths.own_runtime_dir()
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "krex_lab.workers.pool", "--on-demand", f"--endpoint={self.endpoint}"]
 

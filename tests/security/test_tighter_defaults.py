@@ -1,0 +1,60 @@
+"""Tighter defaults on a shared node (hostile neighbours, round two): a user's flood of short
+regions cannot grow the region history without bound (a per-user cap, the oldest dropped), and
+one region cannot hold a GPU for an hour by default (a multi-user arbiter's max_hold is 10 min).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter, run_as
+from .users import User
+
+MANY_REGIONS = r"""
+s = Session(gpu=1, endpoint=ENDPOINT, name="many")
+for _ in range(int(ARGS[0])):
+    with Exclusive(session=s, gpu=1, max_hold=30, freeze=False, isolate=False):
+        pass
+out(done=True)
+"""
+
+
+def _rows(db: str, user: str) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return [r[0] for r in conn.execute("SELECT region FROM regions WHERE user = ? ORDER BY released_at", (user,))]
+    finally:
+        conn.close()
+
+
+def test_history_keeps_at_most_its_cap_per_user_newest_first(mallory: User, bob: User) -> None:
+    with multi_user_arbiter("--Arbiter.history_per_user=20") as arb:
+        run_as(bob, arb, MANY_REGIONS, "5")
+        run_as(mallory, arb, MANY_REGIONS, "60", timeout=120)
+        db = str(arb.runtime / "history.sqlite")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(_rows(db, mallory.name)) not in (20,):
+            time.sleep(0.2)
+        mine = _rows(db, mallory.name)
+        assert len(mine) == 20, len(mine)
+        # the newest kept: region ids count up, mallory's last 20 of her 60
+        assert sorted(int(r[1:]) for r in mine)[-1] == 65, mine
+        assert min(int(r[1:]) for r in mine) == 46, mine
+        assert len(_rows(db, bob.name)) == 5, "another user's rows are not dropped"
+        assert_healthy(arb, {mallory.uid, bob.uid})
+
+
+def test_a_multi_user_arbiter_caps_a_lease_at_ten_minutes_by_default(mallory: User) -> None:
+    with multi_user_arbiter() as arb, agents() as made:
+        m = Agent(mallory, arb)
+        made.append(m)
+        assert m.call("register", tag="m", gpu=0)["ok"]
+        m.call("acquire", tag="long", session="m", opts={"gpu": 0, "max_hold": 3000, "freeze": False})
+        refused = m.event("granted|acquire_failed", "long")
+        assert refused["event"] == "acquire_failed", refused
+        assert refused["error"]["type"] == "QuotaExceeded" and "max_hold=600" in refused["error"]["message"], refused
+        m.call("acquire", tag="ok", session="m", opts={"gpu": 0, "max_hold": 600, "freeze": False})
+        assert m.event("granted|acquire_failed", "ok")["event"] == "granted"
+        assert m.call("release", tag="ok")["ok"]
+        assert_healthy(arb, {mallory.uid})
