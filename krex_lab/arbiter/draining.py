@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..procutil import exited_or_exiting, settle_exits, state_and_start, tree
-from ..regions.drain import EXIT_GRACE
+from ..procutil import exited_or_exiting, state_and_start, tree
 from .enforcement import Enforcement
 from .region import Region, RegionState
 from .scheduler_config import Notifier, SchedulerConfig
@@ -95,10 +94,10 @@ class Draining:
         # What was measured: the wait ends early when every ack arrived or a session left.
         waited = time.monotonic() - asked
         live = {s.id for s in self.sessions}
-        unanswered = [s for s in cooperative if not (s.id in acks and acks[s.id].done() and not acks[s.id].cancelled())]
-        # A session that ends its process while being drained has nothing left to drain: give it
-        # a moment to show it (an exit takes a while to reach /proc) before calling it silent.
-        ending = await settle_exits([s.pid for s in unanswered], EXIT_GRACE) if unanswered else set()
+        # A session whose process is inside exit() has nothing left to drain (no grace here: a
+        # silent session is already past the drain timeout, and a living one would pay it again).
+        ending = {s.pid for s in cooperative if s.id not in acks or not acks[s.id].done()}
+        ending = {pid for pid in ending if exited_or_exiting(pid)}
         for s in cooperative:
             fut = acks.get(s.id)
             if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None:

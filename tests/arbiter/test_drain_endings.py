@@ -20,6 +20,7 @@ from krex_lab.errors import BackendError
 from krex_lab.gpu.base import Capabilities, GpuProcess
 from krex_lab.gpu.fake import FakeBackend
 from krex_lab.procutil import exited_or_exiting, proc_state
+from krex_lab.protocol import RegionSpec
 from krex_lab.regions.isolate import CoreBook
 
 from .test_scheduler import Replies, running_world
@@ -76,7 +77,7 @@ async def test_a_process_that_exited_but_is_listed_makes_no_region_degraded(
     ) as w:
         holder = w.session()
         replies = Replies()
-        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
+        region = w.scheduler.request(holder, RegionSpec(gpu=0, max_hold=30.0, cores=1), replies)
         granted, error = await replies.one()
         assert error is None
         report = granted.report
@@ -101,7 +102,7 @@ async def test_with_a_driver_lock_an_exited_process_is_gone_whatever_lock_foreig
     ) as w:
         holder = w.session()
         replies = Replies()
-        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
+        region = w.scheduler.request(holder, RegionSpec(gpu=0, max_hold=30.0, cores=1), replies)
         granted, error = await replies.one()
         assert error is None
         report = granted.report
@@ -126,7 +127,7 @@ async def test_a_process_that_exits_during_its_lock_is_gone_not_a_failed_lock(
     ) as w:
         holder = w.session()
         replies = Replies()
-        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
+        region = w.scheduler.request(holder, RegionSpec(gpu=0, max_hold=30.0, cores=1), replies)
         granted, error = await replies.one()
         assert error is None
         report = granted.report
@@ -157,7 +158,7 @@ async def test_a_lock_refused_for_a_living_process_says_why_and_degrades_the_reg
         holder = w.session()
         w.sessions.add(stays.pid, os.getuid(), "client", "stays", 0, None)
         replies = Replies()
-        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
+        region = w.scheduler.request(holder, RegionSpec(gpu=0, max_hold=30.0, cores=1), replies)
         granted, error = await replies.one()
         assert error is None
         report = granted.report
