@@ -197,8 +197,10 @@ class History(Request, tag="history"):
     last: the last ``limit`` of ``user`` (all users: "") released since ``since`` (epoch seconds).
     ``usage``: instead, GPU-hours held per user, per GPU and per user and GPU in
     ``[since, until)`` (``until`` None: now; ``since`` None: the last 7 days). The reply is a map:
-    ``{"rows": [...]}`` or ``{"since", "until", "users", "gpus", "users_gpus"}``. ``ticket``: as
-    for :class:`Status` (other users' rows are reduced on a private multi-user arbiter)."""
+    ``{"rows": [...]}`` or ``{"since", "until", "users", "gpus", "users_gpus"}``, plus ``"by"`` and
+    ``"groups"`` when ``by`` names another grouping ("job": Slurm job with its user and account,
+    "account"). ``slurm_job``: only that Slurm job's regions. ``ticket``: as for :class:`Status`
+    (other users' rows are reduced on a private multi-user arbiter)."""
 
     reply = dict
     limit: int = 50
@@ -207,6 +209,8 @@ class History(Request, tag="history"):
     until: float | None = None
     usage: bool = False
     ticket: str = ""
+    slurm_job: str = ""
+    by: str = ""
 
 
 ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions, History]

@@ -38,6 +38,9 @@ SCHEMA_VERSION = 1
 #: the pid lists of a report kept as JSON (with their lengths as ``<name>_n``)
 LISTS = ("drained", "locked", "frozen", "not_drained", "intruders")
 
+#: the Slurm job of a region's session (Arbiter.slurm); added to older databases by _add_slurm_columns
+SLURM_COLUMNS: tuple[tuple[str, str], ...] = (("slurm_job", "TEXT"), ("slurm_step", "TEXT"), ("account", "TEXT"))
+
 #: a report's scalar fields kept as columns, with their SQLite types
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("region", "TEXT NOT NULL"),
@@ -63,6 +66,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     *((name, "TEXT NOT NULL DEFAULT '[]'") for name in LISTS),
     ("backend", "TEXT"),
     ("simulated", "INTEGER NOT NULL DEFAULT 0"),
+    *SLURM_COLUMNS,
 )
 _NAMES = tuple(name for name, _ in COLUMNS)
 _BOOLS = ("degraded", "expired", "simulated")
@@ -76,8 +80,24 @@ CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at);
 CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at);
 """
 
-#: what ``usage`` can group by
-USAGE_KEYS = {"user": ("user",), "gpu": ("gpu",), "user,gpu": ("user", "gpu")}
+#: what ``usage`` can group by (a job has one user and one account: grouping by all three is by job)
+USAGE_KEYS = {
+    "user": ("user",),
+    "gpu": ("gpu",),
+    "user,gpu": ("user", "gpu"),
+    "job": ("slurm_job", "user", "account"),
+    "account": ("account",),
+}
+
+
+def _add_slurm_columns(conn: sqlite3.Connection) -> None:
+    """Schema change: the Slurm columns (Arbiter.slurm), added to a database made before them.
+    ALTER TABLE ADD COLUMN with no default rewrites nothing: older rows read NULL."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(regions)")}
+    for name, kind in SLURM_COLUMNS:
+        if name not in have:
+            conn.execute(f"ALTER TABLE regions ADD COLUMN {name} {kind}")
+    conn.execute("CREATE INDEX IF NOT EXISTS regions_slurm_job ON regions(slurm_job)")
 
 
 def outcome(report: dict[str, Any]) -> str:
@@ -200,6 +220,7 @@ class RegionHistory:
                         f"{self.path} has schema version {version}, newer than this krex-lab's {SCHEMA_VERSION}"
                     )
                 conn.executescript(_SCHEMA)
+                _add_slurm_columns(conn)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 conn.commit()
             except BaseException:
@@ -361,26 +382,34 @@ class RegionHistory:
             return self._reader.execute(sql, args).fetchall()
 
     def recent(
-        self, limit: int = 50, user: str | None = None, since: float | None = None, uid: int | None = None
+        self,
+        limit: int = 50,
+        user: str | None = None,
+        since: float | None = None,
+        uid: int | None = None,
+        slurm_job: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The last ``limit`` finished regions (of ``user``, of ``uid``, released since ``since``), newest last."""
+        """The last ``limit`` finished regions (of ``user``, of ``uid``, of Slurm job ``slurm_job``,
+        released since ``since``), newest last."""
         where = ["1"]
         if user:
             where.append("user = :user")
+        if slurm_job:
+            where.append("slurm_job = :slurm_job")
         if uid is not None:
             where.append("uid = :uid")
         if since is not None:
             where.append("released_at >= :since")
         rows = self._read(
             f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY released_at DESC, id DESC LIMIT :limit",
-            {"user": user, "since": since, "uid": uid, "limit": max(0, int(limit))},
+            {"user": user, "since": since, "uid": uid, "slurm_job": slurm_job, "limit": max(0, int(limit))},
         )
         return [_view(r) for r in reversed(rows)]
 
     def usage(
         self, since: float, until: float | None = None, by: str = "user", user: str | None = None
     ) -> list[dict[str, Any]]:
-        """GPU-hours held in ``[since, until)`` grouped ``by`` "user", "gpu" or "user,gpu": each
+        """GPU-hours held in ``[since, until)`` grouped ``by`` one of :data:`USAGE_KEYS`: each
         region's hold (``granted_at`` to ``released_at``) counts for the part inside the window.
         Rows: the group's keys, ``gpu_hours``, ``hold_s``, ``regions``, most hours first."""
         keys = USAGE_KEYS.get(by)

@@ -120,6 +120,7 @@ class Region:
             "uid": self.session.uid,
             "user": self.session.user,
             "name": self.session.name,
+            **self.session.job,
             "state": self.state.value,
             "exempted": self.asked_exempt,
             "max_hold_s": self.max_hold,

@@ -23,6 +23,7 @@ from .quotas import Quotas
 from .region import REVOKED, RegionState
 from .scheduler import Scheduler
 from .sessions import Session, SessionTable
+from .slurm_jobs import SlurmJobs
 
 log = logging.getLogger("krex.arbiter")
 
@@ -55,6 +56,7 @@ class SessionRequests:
         placer: CgroupPlacer,
         notify: Publisher,
         limits: RequestLimits,
+        slurm: SlurmJobs | None = None,
     ) -> None:
         self.backend = backend
         self.gpu_count = backend.gpu_count()
@@ -66,6 +68,8 @@ class SessionRequests:
         self.placer = placer
         self.notify = notify
         self.limits = limits
+        #: where the Slurm job of a registering session is looked up (Arbiter.slurm), else None
+        self.slurm = slurm
 
     def check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < self.gpu_count:
@@ -127,6 +131,8 @@ class SessionRequests:
                 within = req.within
         session = self.sessions.add(pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
+        if self.slurm is not None:
+            session.job = self.slurm.job_of(session.pid, session.uid)
         self.notify.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
         return protocol.Registered(session=session.id, token=session.token, gpu=gpu, **self.backend_info)

@@ -38,6 +38,7 @@ class Session:
     control: bytes | None  # ROUTER identity of the socket that registered, for control messages
     within: str = ""  # the region this session is part of (started by its holder: KREX_REGION)
     cgroup: str = ""  # the cgroup v2 the arbiter placed it in (--cgroups auto), else ""
+    job: dict[str, str] = field(default_factory=dict)  # its Slurm job, step and account (Arbiter.slurm)
     created: float = field(default_factory=time.time)
 
     @functools.cached_property
@@ -61,6 +62,7 @@ class Session:
             "within": self.within,
             "cgroup": self.cgroup,
             "since": self.created,
+            **self.job,
         }
 
 

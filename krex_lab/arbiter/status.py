@@ -34,6 +34,7 @@ def node_status(
                 "role": active.session.role,
                 "held_s": round(now - active.granted_at, 3) if active.granted_at else 0.0,
                 "max_hold_s": active.max_hold,
+                **active.session.job,
             }
         gpus.append(
             {
@@ -49,6 +50,7 @@ def node_status(
                         "uid": r.session.uid,
                         "user": r.session.user,
                         "waiting_s": round(now - r.requested, 3),
+                        **r.session.job,
                     }
                     for r in scheduler.queues[g]
                 ],
@@ -78,12 +80,20 @@ def format_table(status: dict[str, Any]) -> str:
         if h:
             lines.append(
                 f"  holder: {h['name']} (pid {h['pid']}, {h['user']}) region {h['region']} "
-                f"{h['state']} {h['held_s']:.1f}/{h['max_hold_s']:.0f} s"
+                f"{h['state']} {h['held_s']:.1f}/{h['max_hold_s']:.0f} s{_job(h)}"
             )
         else:
             lines.append("  holder: -")
         for i, q in enumerate(g["queue"], 1):
-            lines.append(f"  waiting {i}: {q['name']} (pid {q['pid']}, {q['user']}) {q['waiting_s']:.1f} s")
+            lines.append(f"  waiting {i}: {q['name']} (pid {q['pid']}, {q['user']}) {q['waiting_s']:.1f} s{_job(q)}")
         for s in g["sessions"]:
-            lines.append(f"  session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}")
+            lines.append(f"  session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}{_job(s)}")
     return "\n".join(lines)
+
+
+def _job(entry: dict[str, Any]) -> str:
+    """`` slurm job 12.batch (account)`` for a session in a Slurm job (Arbiter.slurm), else ''."""
+    if not entry.get("slurm_job"):
+        return ""
+    account = f" ({entry['account']})" if entry.get("account") else ""
+    return f" slurm job {entry['slurm_job']}.{entry.get('slurm_step', '?')}{account}"
