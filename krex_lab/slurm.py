@@ -91,7 +91,10 @@ def _arbiter_answers(endpoint: str, wait: float) -> str:
 
 
 def _refuse(job: dict[str, str], endpoint: str, why: str, scontrol: str) -> int:
-    reason = f"krex: no KREX arbiter answers at {endpoint} ({why})"[:REASON_MAX]
+    why = why.split(". Start one")[0]  # the client's advice to a notebook user, not to an admin
+    if endpoint not in why:
+        why = f"no KREX arbiter answers at {endpoint} ({why})"
+    reason = f"krex: {why}"[:REASON_MAX]
     _log(f"job {job['job']} refused: {reason}; node {job['node'] or '?'} drained with that reason")
     for argv in (
         [scontrol, "update", f"NodeName={job['node']}", "State=DRAIN", f"Reason={reason}"] if job["node"] else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -256,7 +257,8 @@ class Cluster:
 
     def job(self, job: str) -> dict[str, str]:
         out = self.scontrol("show", "job", job, "-o").stdout
-        return {k: _field(out, k) for k in ("JobState", "Reason", "AdminComment", "ExitCode", "StartTime", "EndTime")}
+        keys = ("JobState", "Reason", "AdminComment", "ExitCode", "StartTime", "EndTime", "EligibleTime")
+        return {k: _field(out, k) for k in keys}
 
     def squeue(self) -> str:
         fmt = "%.6i %.9P %.14j %.10u %.8a %.2t %.8M %.12b %R"
@@ -314,10 +316,9 @@ class Cluster:
 
 
 def _field(text: str, key: str) -> str:
-    for word in text.replace("\n", " ").split(" "):
-        if word.startswith(f"{key}="):
-            return word[len(key) + 1 :]
-    return ""
+    """``key``'s value in scontrol's ``Key=value Key=value`` output (a value may hold spaces)."""
+    m = re.search(rf"(?:^|\s){key}=(.*?)(?=\s+[A-Za-z:/]+=|$)", text.replace("\n", " "))
+    return m.group(1).strip() if m else ""
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> None:
