@@ -189,10 +189,11 @@ def _exclusive(args: argparse.Namespace) -> int:
     try:
         session = attach(gpu=args.gpu, name=f"krex exclusive {os.path.basename(cmd[0])}", role="cli")
         region = exclusive(gpu=args.gpu, max_hold=args.max_hold)
+        # The session ends with its region: a session left registered while this process exits is a
+        # sibling of the next region on the GPU, which froze it on its way out (a Slurm job cancelled
+        # mid-region stayed stopped for the whole of the next job's region).
+        region.leave = True
         try:
-            # The session ends right after its region: a session left registered while this process
-            # exits is a sibling of the next region on the GPU, which froze it on its way out (a
-            # Slurm job cancelled mid-region stayed stopped for the whole of the next job's region).
             with contextlib.closing(session), region:
                 if not args.quiet:
                     print(region.report.summary(), file=sys.stderr)

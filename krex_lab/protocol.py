@@ -172,10 +172,13 @@ class Acquire(SessionRequest, tag="acquire"):
 
 class Release(SessionRequest, tag="release"):
     """Release a held region, or withdraw a queued request for it; answers the final report.
-    ``force``: end another session's region or request (root and the admin group only)."""
+    ``force``: end another session's region or request (root and the admin group only).
+    ``leave``: end the session too, before the next region on the GPU is granted (a process on its
+    way out is then no sibling of that region, to be drained and frozen)."""
 
     region: str
     force: bool = False
+    leave: bool = False
 
 
 class DrainAck(SessionRequest, tag="drain_ack"):

@@ -216,7 +216,17 @@ class SessionRequests:
             return self.scheduler.release(region, f"{REVOKED} uid {session.uid}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
+        if req.leave:
+            return self._release_and_leave(session, region)
         return self.scheduler.release(region, "released by holder")
+
+    async def _release_and_leave(self, session: Session, region: Any) -> dict[str, Any]:
+        # Out of the table before the release grants the next region: not its sibling.
+        self.sessions.remove(session.id)
+        try:
+            return await self.scheduler.release(region, "released by holder")
+        finally:
+            self.session_gone(session, "session ended")
 
     def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)
