@@ -29,9 +29,9 @@ def test_krex_alone_exits_2_with_the_top_usage() -> None:
     out = krex()
     assert out.returncode == 2
     usage = " ".join(out.stderr.split())
-    assert usage.startswith("usage: krex [-h] {arbiter,supervise,pool,status,history,exclusive,run,lab,hub-config}"), (
-        usage
-    )
+    assert usage.startswith(
+        "usage: krex [-h] {arbiter,supervise,pool,status,history,exclusive,run,lab,hub-config,slurm}"
+    ), usage
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,6 @@
 # job's processes that are still KREX sessions, so that the arbiter ends what they held or queued
 # (nothing stays frozen, locked or pinned), and forget the job. Always exits 0 (`krex slurm epilog`):
 # a failing epilog would drain the node for a job that is already over.
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-KREX=krex
-KREX_RUNTIME_DIR=/run/krex
-conf_dir=$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")
-[ -r "$conf_dir/krex.env" ] && . "$conf_dir/krex.env"
-export PATH KREX_RUNTIME_DIR
+. "$(dirname "$0")/krex-slurm-env.sh"
 "$KREX" slurm epilog
 exit 0

@@ -3,10 +3,5 @@
 # If it does not, `krex slurm prolog` drains the node with a reason saying so, writes it in the
 # job's AdminComment and exits 1 (Slurm then requeues and holds the job). If it does, the job is
 # recorded for the arbiter, which then tells the job's sessions and regions by job and account.
-PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-KREX=krex
-KREX_RUNTIME_DIR=/run/krex
-conf_dir=$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")
-[ -r "$conf_dir/krex.env" ] && . "$conf_dir/krex.env"
-export PATH KREX_RUNTIME_DIR
-exec "$KREX" slurm prolog --wait "${KREX_PROLOG_WAIT:-10}"
+. "$(dirname "$0")/krex-slurm-env.sh"
+exec "$KREX" slurm prolog --wait "$KREX_PROLOG_WAIT"

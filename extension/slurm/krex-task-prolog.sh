@@ -2,9 +2,7 @@
 # Slurm TaskProlog (the job's user, before each task): what the task prints as `export NAME=value`
 # lands in its environment. Every task reaches the node's arbiter, and `krex exclusive`, kernels and
 # pools use the GPU Slurm gave the job (its first, as the arbiter numbers GPUs: physical indices).
-KREX_RUNTIME_DIR=/run/krex
-conf_dir=$(dirname "${SLURM_CONF:-/etc/slurm/slurm.conf}")
-[ -r "$conf_dir/krex.env" ] && . "$conf_dir/krex.env"
+. "$(dirname "$0")/krex-slurm-env.sh"
 echo "export KREX_RUNTIME_DIR=$KREX_RUNTIME_DIR"
 gpus=${SLURM_STEP_GPUS:-$SLURM_JOB_GPUS}
 [ -n "$gpus" ] && echo "export KREX_GPU=${gpus%%,*}"
