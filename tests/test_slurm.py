@@ -293,6 +293,35 @@ def test_time_limit_kills_a_job_mid_region(node: Node) -> None:
     assert row["released_by"] == "holder process exited", row
 
 
+def test_the_epilog_ends_what_an_escaped_session_holds(node: Node) -> None:
+    """A region held by a process that left the job's process tree (setsid, reparented: Slurm's
+    process tracking here follows parents) outlives the job: the epilog kills the job's remaining
+    sessions, and the arbiter releases the region and grants the next job's."""
+    c = node.cluster
+    # The batch script ends when the test says (a file <job>.go in its directory), its holder runs on.
+    script = (
+        "setsid krex exclusive --max-hold 300 -- sleep 600 </dev/null >/dev/null 2>&1 &\n"
+        'while [ ! -e "$SLURM_JOB_ID.go" ]; do sleep 0.1; done\n'
+    )
+    job = c.sbatch(node.alice, script, "-A", "physics")
+    held = _wait_held(node, job)
+    nxt = c.sbatch(node.bob, SHORT, "-A", "chem")
+    wait_until(lambda: _queued(node, nxt) is not None, 60, f"job {nxt} queued", interval=0.05)
+    assert _queued(node, nxt) == held["gpu"], "Slurm put the second job on the other GPU"
+    t0 = time.monotonic()
+    (c.root / "jobs" / f"{job}.go").touch()  # the batch script ends; its escaped holder does not
+    seen = _after_kill(node, job, nxt, held["gpu"], t0)
+    FIGURES["epilog"] = {"seconds_after_the_batch_script_ended": seen}
+    print(f"\njob {job}'s escaped holder, ended by the epilog: {seen} s after its batch script ended")
+    assert set(seen) == {"released", "granted_next", "sessions_gone", "nothing_stopped"}, seen
+    assert max(seen.values()) < 10.0, seen  # slurmstepd, then the epilog (a Python start) kills it
+    assert not psutil.pid_exists(held["pid"]) or psutil.Process(held["pid"]).status() == psutil.STATUS_ZOMBIE
+    c.wait_jobs([nxt], 60)
+    assert "rc=0" in c.output(nxt)
+    row = next(r for r in c.history_rows() if r["region"] == held["region"] and r["slurm_job"] == job)
+    assert row["released_by"] == "holder process exited", row
+
+
 def test_slurmd_restarted_while_a_region_is_held(node: Node) -> None:
     c = node.cluster
     job = c.sbatch(node.alice, "krex exclusive --max-hold 60 -- sleep 8\necho rc=$?\n", "-A", "physics")
