@@ -3,8 +3,9 @@
 directory, configured by ``extension/slurm/`` (its ``slurm.conf`` and ``gres.conf`` filled in with
 this node's name, ports and paths; its prolog, epilog and task prolog run from the repository), and
 the node's KREX arbiter (``krex arbiter --multi-user --backend fake --fake-gpus 2 --slurm`` under
-``krex supervise``). The simulated GPUs are character devices made with mknod (Slurm's GRES need a
-device file; nothing opens them)."""
+``krex supervise``; its regions move sessions only, ``--Arbiter.shield=sessions``, as the project's
+test arbiters do, never the other processes of a machine shared with other tests). The simulated
+GPUs are character devices made with mknod (Slurm's GRES need a device file; nothing opens them)."""
 
 from __future__ import annotations
 
@@ -176,8 +177,16 @@ class Cluster:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
 
     def start_slurmd(self) -> None:
+        log = self.root / "log" / "slurmd.log"
+        starts = self._slurmd_starts()
         self._spawn("slurmd", ["slurmd", "-D", "-N", self.node])
+        wait_until(lambda: self._slurmd_starts() > starts, 30, f"slurmd started (its log: {log})")
         wait_until(lambda: self.node_state().split("+")[0] in ("IDLE", "MIXED", "ALLOCATED"), 30, "slurmd registered")
+
+    def _slurmd_starts(self) -> int:
+        """How many times slurmd said it started (its log's 'slurmd started on' lines)."""
+        log = self.root / "log" / "slurmd.log"
+        return log.read_text(errors="replace").count("slurmd started on") if log.exists() else 0
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
         proc = self.procs.pop(name, None)
@@ -210,6 +219,9 @@ class Cluster:
                 str(GPUS),
                 "--runtime-dir",
                 rt,
+                # Regions keep the other sessions off their cores, not the whole machine's processes
+                # (tests of others beside this one): what the project's test arbiters do.
+                "--Arbiter.shield=sessions",
             ],
         )
         wait_until(self.arbiter_answers, 30, "the node arbiter")
@@ -310,9 +322,6 @@ class Cluster:
             return [dict(r) for r in conn.execute("SELECT * FROM regions ORDER BY granted_at")]
         finally:
             conn.close()
-
-    def daemon_pids(self) -> dict[str, int]:
-        return {n: p.pid for n, p in self.procs.items() if n in DAEMONS and p.poll() is None}
 
 
 def _field(text: str, key: str) -> str:
