@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: lab test lint typecheck check clean
+.PHONY: lab test lint typecheck check clean notebook-filter
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,10 +12,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 
-lab: $(STAMP)
+# Notebooks run and saved keep `git status` clean: outputs never reach git (.gitattributes).
+notebook-filter:
+	-@git rev-parse --git-dir >/dev/null 2>&1 && git config filter.krex-notebook.clean "python3 notebooks/strip_outputs.py"
+
+lab: $(STAMP) notebook-filter
 	$(BIN)/krex lab
 
-test: $(STAMP)
+test: $(STAMP) notebook-filter
 	$(BIN)/ruff check krex_lab tests benchmarks kernels
 	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
 	$(BIN)/mypy

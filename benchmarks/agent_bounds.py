@@ -1,4 +1,4 @@
-"""What bounds an agent-study point's throughput, read from its JSON (issue 15: "which phase holds
+"""What bounds an agent-study point's throughput, read from its JSON ("which phase holds
 it back, measured"). Used by notebooks/04_agent_study.ipynb.
 
 For each point, over the evaluations that returned inside its measured window:

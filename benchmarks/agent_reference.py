@@ -15,12 +15,12 @@ The reference median is the median of every alone run of both passes. ``referenc
 is how far the passes lie apart; ``reference_spread_pct`` how far one alone run lies from the
 reference: the floor under any error the study can show.
 
-A point's errors (:func:`point_errors`) count candidates of at least ``MIN_MS`` alone (issue 15's
+A point's errors (:func:`point_errors`) count candidates of at least ``MIN_MS`` alone (the study's
 bar is for candidates of 0.1 ms and more), and are given twice: over all of them, and over the
 *steady* ones, whose alone runs lie within ``STEADY_PCT`` of each other. Some candidates are not
 steady alone: on the H200 the tiled numba matmul read 0.2451-0.2578 ms in four alone runs on warm
 workers, at one SM clock (2026-12-02, T1131); a median of such runs lies between its modes, and
-every evaluation, in any mode, reads 2-4 % off it. ``candidate_modes.py`` looks into why.
+every evaluation, in any mode, reads 2-4 % off it. ``probes/candidate_modes.py`` looks into why.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def beyond_alone_pct(median_ms: float, r: dict[str, Any]) -> float | None:
     slowest positive, below the fastest negative, 0 inside; None without alone runs).
 
     Some candidates read one of two times alone, by where their inputs were allocated (the tiled
-    numba matmul: 0.244 or 0.260 ms, ``candidate_modes.py``, H200 2026-12-02); one timing is one
+    numba matmul: 0.244 or 0.260 ms, ``probes/candidate_modes.py``, H200 2026-12-02); one timing is one
     allocation's. Against the median of a few alone runs such a candidate misses by 4-6% with
     nobody else on the GPU; against their range it misses only by what sharing added. With one
     alone run this is the error itself."""

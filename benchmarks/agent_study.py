@@ -1,4 +1,4 @@
-"""The paper's evaluation, reproduced: LLM-agent kernel optimisation on shared GPUs (issue 15).
+"""The paper's evaluation, reproduced: LLM-agent kernel optimisation on shared GPUs.
 
     python benchmarks/agent_study.py [--backend fake|nvidia] [--gpus 1] [--agents 1,4,8,16,32]
         [--think-mean 0,8] [--think-sigma 0.6] [--modes command,region,none] [--launch warm,cold]

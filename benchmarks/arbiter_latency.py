@@ -69,7 +69,7 @@ for _ in range(rounds):
     t1 = time.perf_counter()
     region.release()
     t2 = time.perf_counter()
-    r = region.report
+    r = region.report.to_dict()
     # The arbiter's own step times (acquire_s, drain_s, drain_list_s, ..., unlock_s, undo_s).
     row = {k[:-2]: v for k, v in r.items() if k.endswith("_s") and isinstance(v, float) and k != "max_hold_s"}
     row.update(client_acquire=t1 - t0, client_release=t2 - t1, round_trip=t2 - t0, frozen=len(r.get("frozen", [])))

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU machine, in one batch (device time is scarce).
-# Usage on the device, from the repo root, with .whl carried:
-#   source .whl/use-wheels.sh && bash benchmarks/device_run.sh [STAGE ...]
+# Usage on a GPU machine, from the repo root, with the package's dependencies importable:
+#   bash benchmarks/device_run.sh [STAGE ...]
 # Stages: info gputests fidelity latency latencygap before proccost lockcost warm quickstart lag modes study studylong study0 multigpu bench (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
-# Logs and JSON are gathered in one archive, $OUT/device-results.tgz (the device returns at
-# most 8 files), and benchmarks/results/ on that machine.
+# Logs and JSON are gathered in one archive, $OUT/device-results.tgz, and benchmarks/results/ on
+# that machine. proccost, lockcost, lag and modes run the probes of benchmarks/probes/ (its README).
 set -uo pipefail
 FINAL=${OUT:-/tmp/krex-final}; mkdir -p "$FINAL"
 export OUT=/tmp/krex-out; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -44,10 +44,10 @@ for stage in "${stages[@]}"; do
       for f in /tmp/before-out/arbiter_latency-*.json; do
         [ -e "$f" ] && cp "$f" "$OUT/$(basename "$f" | sed "s/-cuda-/-cuda-before-$rev-/")"
       done ;;
-    proccost)  # issue 14: /proc reads, signals and affinity calls of 15 torch siblings, each timed alone; ~40 s
-      timeout 120 python3 benchmarks/proc_cost.py ${PROCCOST_ARGS:-} 2>&1 | tail -20 | tee "$OUT/proccost.log" ;;
-    lockcost)  # issue 14: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
-      timeout 120 python3 benchmarks/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
+    proccost)  # probe: /proc reads, signals and affinity calls of 15 torch siblings, each timed alone; ~40 s
+      timeout 120 python3 benchmarks/probes/proc_cost.py ${PROCCOST_ARGS:-} 2>&1 | tail -20 | tee "$OUT/proccost.log" ;;
+    lockcost)  # probe: the checkpoint lock alone, 1/3/15 idle driver-API siblings, 1..16 threads; ~30 s
+      timeout 120 python3 benchmarks/probes/lock_cost.py ${LOCKCOST_ARGS:-} 2>&1 | tail -30 | tee "$OUT/lockcost.log" ;;
     warm)
       # The image sets no bytecode cache for carried wheels (pip --no-compile) and the tree arrives
       # without one: compile once, as an installed package is, or every `krex run` recompiles its
@@ -56,12 +56,12 @@ for stage in "${stages[@]}"; do
       timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
-    lag)  # issue 15: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)
-      timeout 90 python3 benchmarks/nvml_memory_lag.py --rounds 3 2>&1 | grep -v Numba | tail -16 | tee "$OUT/nvml_lag.log" ;;
-    modes)  # issue 15: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled, short or long warm-up (~4 min)
-      timeout 330 python3 benchmarks/candidate_modes.py ${MODES_ARGS:---trials 8 --candidates matmul/optimised,softmax/naive} \
+    lag)  # probe: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)
+      timeout 90 python3 benchmarks/probes/nvml_memory_lag.py --rounds 3 2>&1 | grep -v Numba | tail -16 | tee "$OUT/nvml_lag.log" ;;
+    modes)  # probe: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled, short or long warm-up (~4 min)
+      timeout 330 python3 benchmarks/probes/candidate_modes.py ${MODES_ARGS:---trials 8 --candidates matmul/optimised,softmax/naive} \
         2>&1 | grep -v Numba | tail -12 | tee "$OUT/modes.log" ;;
-    study)  # issue 15, LLM-agent study (benchmarks/agent_study.py): about 8 min
+    study)  # LLM-agent study (benchmarks/agent_study.py): about 8 min
       # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
       # a warm worker, 4 times, each on fresh inputs: ~280 s; a tiled matmul reads one of two times by its allocation),
       # then 16 agents x {command,region}, think mean 8 s, 10 s warm-up + 45 s measured each
@@ -70,7 +70,7 @@ for stage in "${stages[@]}"; do
         --seconds 45 --warmup 10 --launch warm --modes command,region --reference-repeats 4 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study.log"; tail -30 "$OUT/study.log" ;;
-    studylong)  # issue 15, toward deciding the 3.4x bar: 16 agents x {command,region}, think 8 s, 140 s windows (a
+    studylong)  # toward deciding the 3.4x bar: 16 agents x {command,region}, think 8 s, 140 s windows (a
       # ratio's 95 % counting interval about +-14 %, against +-25 % in 45 s; runs on other machines differ by more:
       # repeat it), two alone runs a candidate; about 8.5 min
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
@@ -78,7 +78,7 @@ for stage in "${stages[@]}"; do
         --seconds 140 --warmup 10 --launch warm --modes command,region --reference-repeats 2 --no-reference-after \
         ${STUDYLONG_ARGS:-} 2>&1 | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" \
         -e "warn(errors.NumbaPerformanceWarning" > "$OUT/studylong.log"; tail -12 "$OUT/studylong.log" ;;
-    study0)  # issue 15, think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
+    study0)  # think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
       python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-330} python3 benchmarks/agent_study.py --backend nvidia --agents 16 --think-mean 0 \
         --seconds 24 --warmup 5 --launch warm --reference-repeats 1 --no-reference-after --no-plots 2>&1 \

@@ -1,4 +1,4 @@
-"""Two GPUs of one node (issue 7): kernel placement, per-GPU regions, two regions at once.
+"""Two GPUs of one node: kernel placement, per-GPU regions, two regions at once.
 
 Run from the repository root on a node with two NVIDIA GPUs (torch; the jupyter stack for part A)::
 

@@ -1,6 +1,6 @@
 """Cold ``python script.py`` versus warm ``krex run script.py`` for a one-small-matmul script.
 
-    python benchmarks/warm_vs_cold.py                     # torch on CUDA (the figure of issue 4)
+    python benchmarks/warm_vs_cold.py                     # torch on CUDA (the README's figure)
     python benchmarks/warm_vs_cold.py --framework numpy   # harness check on a machine without GPU
 
 Starts its own arbiter and pool (private runtime dir; the pool preloads torch and creates its

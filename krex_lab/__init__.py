@@ -49,7 +49,9 @@ __all__ = [
     "ProtocolError",
     "QuotaExceeded",
     "RegionCancelled",
+    "RegionReport",
     "RegionRevoked",
+    "RegionSpec",
     "RemoteError",
     "RequestRejected",
     "UnknownSession",
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from .bench import Measurement, bench, check
     from .client import attach, exclusive
     from .dashboard import dashboard
+    from .protocol import RegionSpec
+    from .region_report import RegionReport
     from .workers.client import submit
 
 
@@ -85,6 +89,14 @@ def __getattr__(name: str) -> Any:
 
         harness = importlib.import_module(".bench", __name__)
         return harness if name == "bench" else getattr(harness, name)
+    if name == "RegionReport":  # what region.report is
+        from .region_report import RegionReport
+
+        return RegionReport
+    if name == "RegionSpec":  # what a region is asked to be
+        from .protocol import RegionSpec
+
+        return RegionSpec
     if name == "submit":
         from .workers.client import submit
 

@@ -41,7 +41,34 @@ class AppOptions(Protocol):
 AppLoader = Callable[[], tuple[AppOptions, AppMain]]
 
 
-class CommandParser(argparse.ArgumentParser):
+def _did_you_mean(word: str, known: Sequence[str]) -> str:
+    """``"; did you mean exclusive?"`` for a near miss of one of ``known`` (else "")."""
+    import difflib  # only on an error's way out
+
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """A parser that answers a mistyped choice (``krex exclusiv``) or option (``--josn``) with the
+    nearest one it knows (Python 3.11's argparse does not)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            if not isinstance(value, str) or action.choices is None:
+                raise
+            hint = _did_you_mean(value, [str(c) for c in action.choices])
+            raise argparse.ArgumentError(action, f"{exc.message}{hint}") from None
+
+    def unknown_hint(self, rest: Sequence[str]) -> str:
+        options = [o for a in self._actions for o in a.option_strings]
+        first = next((a.split("=", 1)[0] for a in rest if a.startswith("--")), "")
+        return _did_you_mean(first, options) if first else ""
+
+
+class CommandParser(SuggestingParser):
     """A subcommand's parser: an argument it does not know is its own error (its usage, exit 2).
 
     ``populate`` adds the arguments when the parser is first used (parsing or help), so that
@@ -94,7 +121,7 @@ class CommandParser(argparse.ArgumentParser):
             setattr(result, PASSED_THROUGH, [*getattr(result, PASSED_THROUGH, []), *passed])
         if rest:
             hint = " (options of the application: --Class.trait=value)" if self._app_options else ""
-            self.error(f"unrecognized arguments: {' '.join(rest)}{hint}")
+            self.error(f"unrecognized arguments: {' '.join(rest)}{self.unknown_hint(rest)}{hint}")
         return result, []
 
 
@@ -140,7 +167,15 @@ def _status(args: argparse.Namespace) -> int:
     from .arbiter.status import format_table
     from .client import status
 
-    table = status()
+    try:
+        table = status()
+    except KrexError as exc:
+        if not args.json:
+            raise
+        # Whoever asked for JSON parses stdout: the failure is JSON too (and the exit code says it).
+        print(json.dumps({"error": str(exc), "type": type(exc).__name__}, indent=2))
+        print(f"krex status: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(table, indent=2) if args.json else format_table(table))
     return 0
 
@@ -258,7 +293,7 @@ def _delegate(module: str, run: str = "run") -> tuple[Callable[[argparse.Argumen
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
+    parser = SuggestingParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
     sub = parser.add_subparsers(
         dest="cmd",
         required=True,

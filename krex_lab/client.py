@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
+
 from . import devsync, paths, protocol
 from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
@@ -37,8 +39,10 @@ __all__ = [
     "Session",
     "attach",
     "current_session",
+    "detach",
     "exclusive",
     "hello",
+    "sessions",
     "status",
 ]
 
@@ -59,6 +63,7 @@ class Session:
         via_ticket: str = "",
     ) -> None:
         self.endpoint = endpoint or paths.default_endpoint()
+        self.name, self.role = name, role
         self.pid = pid or os.getpid()
         self.owner_pid = os.getpid()
         control_conn = Connection(self.endpoint)
@@ -132,11 +137,6 @@ class Session:
             gpus = sorted(self._held) if gpu is None else [gpu]
         return next((held.id for g in gpus if (held := self.holding(g)) is not None), None)
 
-    def holds_any(self) -> bool:
-        with self._held_lock:
-            gpus = list(self._held)
-        return any(self.holding(g) is not None for g in gpus)
-
     def close(self) -> None:
         if self._closed.is_set():
             return
@@ -189,7 +189,13 @@ class Session:
 
 
 _default: Session | None = None
+#: sessions this process registered for other GPUs than its first one's (``attach(gpu=...)``)
+_others: dict[int, Session] = {}
 _default_lock = threading.Lock()
+
+
+def _live(s: Session | None) -> Session | None:
+    return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
 
 
 def attach(
@@ -197,23 +203,48 @@ def attach(
 ) -> Session:
     """Register this process as a session (once; later calls return the same session).
 
-    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it). ``via_ticket``:
-    see :class:`krex_lab.protocol.Register` (a pool worker joining a client's region).
+    ``gpu=None`` lets the arbiter place it (``KREX_GPU`` in the environment pins it). A later call
+    for another GPU registers a second session for that GPU (kept for later calls) and never
+    moves the first: the process stays listed under its GPU, whose regions still drain and
+    freeze it. ``via_ticket``: see :class:`krex_lab.protocol.Register` (a pool worker joining a
+    client's region).
     """
     global _default
     with _default_lock:
-        if _default is not None and _default.owner_pid == os.getpid() and not _default._closed.is_set():
-            if gpu is not None and gpu != _default.gpu:
-                _default.close()
-            else:
-                return _default
-        _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
-        return _default
+        first = _live(_default)
+        if first is None:
+            _others.clear()  # a closed first session, or a forked child's inherited ones
+            _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
+            return _default
+        if gpu is None or gpu == first.gpu:
+            return first
+        other = _live(_others.get(gpu))
+        if other is None:
+            other = _others[gpu] = Session(
+                gpu=gpu, name=name or first.name, role=first.role, endpoint=endpoint or first.endpoint
+            )
+        return other
 
 
 def current_session() -> Session | None:
-    s = _default
-    return s if s is not None and s.owner_pid == os.getpid() and not s._closed.is_set() else None
+    """This process's first session (the one :func:`attach` placed), if it is open."""
+    return _live(_default)
+
+
+def sessions() -> list[Session]:
+    """Every open session of this process: the first, then those for other GPUs."""
+    first = current_session()
+    return [first, *filter(None, map(_live, _others.values()))] if first is not None else []
+
+
+def detach() -> None:
+    """Close this process's sessions (the arbiter forgets them; the next :func:`attach` registers anew)."""
+    global _default
+    with _default_lock:
+        for s in [*_others.values(), *([_default] if _default is not None else [])]:
+            s.close()
+        _others.clear()
+        _default = None
 
 
 class Exclusive:
@@ -229,18 +260,14 @@ class Exclusive:
         session: Session | None = None,
         exempt: Sequence[int] = (),
     ) -> None:
-        self.options: dict[str, Any] = {
-            "gpu": gpu,
-            "max_hold": max_hold,
-            "freeze": freeze,
-            "isolate": isolate,
-            "cores": cores,
-            "exempt": list(exempt),
-        }
+        #: what the region is asked to be (carried as it is to the arbiter's Region)
+        self.spec = protocol.RegionSpec(
+            gpu=gpu, max_hold=max_hold, freeze=freeze, isolate=isolate, cores=cores, exempt=list(exempt)
+        )
         self._session = session
         self.id: str | None = None
         self.gpu: int | None = gpu
-        self.report = RegionReport()
+        self.report: RegionReport = RegionReport()
         self._cancel = threading.Event()
         #: inside a region this session already holds on the same GPU: granted at once, ended
         #: with the outer one
@@ -248,30 +275,34 @@ class Exclusive:
         #: end the session with the region (``krex exclusive``: the process exits next)
         self.leave = False
 
+    @classmethod
+    def of(cls, spec: protocol.RegionSpec, session: Session | None = None) -> Exclusive:
+        """A region as ``spec`` says (each call of a decorated function gets its own)."""
+        return cls(**msgspec.structs.asdict(spec), session=session)
+
     @property
     def expired(self) -> bool:
-        return bool(self.report.get("expired"))
+        return self.report.expired
 
     def acquire(self) -> Exclusive:
         called = time.monotonic()
         self.nested = False
         session = self._session
         if session is None:
-            # A session holding a region keeps it (attach() to another GPU would end it): the
-            # request names its GPU.
-            current = current_session()
-            session = current if current is not None and current.holds_any() else attach(self.options["gpu"])
+            # This process's session, wherever it is: the request names the GPU, and a region on
+            # another GPU never moves the session (it stays under its own GPU's regions).
+            session = current_session() or attach(self.spec.gpu)
         self._session = session
-        gpu = session.gpu if self.options["gpu"] is None else self.options["gpu"]
+        gpu = session.gpu if self.spec.gpu is None else self.spec.gpu
         outer = session.holding(gpu)
         if outer is not None:  # `with exclusive(): with exclusive():` in one process
             self.id, self.gpu, self.nested = outer.id, gpu, True
             wait = round(time.monotonic() - called, 6)
-            self.report = RegionReport({**outer.report, "nested": True, "caller_wait_s": wait})
+            self.report = msgspec.structs.replace(outer.report, nested=True, caller_wait_s=wait)
             return self
         devsync.synchronize_frameworks()
         conn = session.connection()
-        request = protocol.Acquire(session=session.id, token=session.token, **self.options)
+        request = protocol.Acquire.asking(self.spec, session=session.id, token=session.token)
         # A wait of more than a second says who holds the GPU and where the caller stands. Known
         # to the session before the request goes: a drain (this process about to be stopped as
         # an intruder in the region it waits behind) can arrive before the reply is read.
@@ -282,21 +313,23 @@ class Exclusive:
         except BaseException:
             session.waiting.discard(notice)
             raise
+        got = False
         try:
             granted: protocol.Granted = protocol.result_as(
                 request, conn.wait(rid, timeout=None, cancelled=self._cancel, slow=(notice.delay, notice.start))
             )
+            got = True
         except BaseException as exc:  # Ctrl-C or cancel while queued: withdraw the request
             if not isinstance(exc, KrexError) or isinstance(exc, RegionCancelled):
                 self._withdraw(session, conn)
             raise
         finally:
             session.waiting.discard(notice)
-            notice.stop()
+            notice.stop(granted=got)
         self.id = granted.region
         self.gpu = granted.gpu
         # What the caller waited, attaching included (the arbiter's wait_s is its queue's).
-        self.report = RegionReport({**granted.report, "caller_wait_s": round(time.monotonic() - called, 6)})
+        self.report = msgspec.structs.replace(granted.report, caller_wait_s=round(time.monotonic() - called, 6))
         with session._held_lock:
             session._held[granted.gpu] = self
         return self
@@ -323,10 +356,8 @@ class Exclusive:
             with session._held_lock:
                 if self.gpu is not None and session._held.get(self.gpu) is self:
                     del session._held[self.gpu]
-        final = RegionReport(result or self.report)
-        if "caller_wait_s" in self.report:
-            final["caller_wait_s"] = self.report["caller_wait_s"]
-        self.report = final
+        final: RegionReport = result if result.region else self.report
+        self.report = msgspec.structs.replace(final, caller_wait_s=self.report.caller_wait_s)
         return self.report
 
     def __enter__(self) -> Exclusive:
@@ -334,16 +365,9 @@ class Exclusive:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         report = self.release()
-        if report.get("expired") and et is None:
-            raise LeaseExpired(
-                f"region {self.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
-                "arbiter before the block ended: timings taken after that are not protected"
-            )
-        if report.get("revoked") and et is None:
-            raise RegionRevoked(
-                f"region {self.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
-                "the block ended: timings taken after that are not protected"
-            )
+        why = report.cut_short("block")
+        if why and et is None:
+            raise (LeaseExpired if report.expired else RegionRevoked)(why)
 
     async def __aenter__(self) -> Exclusive:
         try:
@@ -362,14 +386,14 @@ class Exclusive:
 
             @functools.wraps(fn)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                async with Exclusive(**self.options, session=self._session):
+                async with Exclusive.of(self.spec, self._session):
                     return await fn(*args, **kwargs)
 
             return awrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with Exclusive(**self.options, session=self._session):
+            with Exclusive.of(self.spec, self._session):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

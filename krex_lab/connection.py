@@ -24,11 +24,27 @@ REQUEST_TIMEOUT = 10.0
 _ids = itertools.count(1)
 
 
+def start_hint(endpoint: str) -> str:
+    """What to do about an arbiter that does not answer at ``endpoint``. A node's arbiter (another
+    user's directory, root's /run/krex on a JupyterHub, or the node endpoint the server was given)
+    is not the user's to start: say whom to ask. Otherwise: how to start one's own."""
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
+    node = bool(endpoint) and endpoint == os.environ.get("KREX_NODE_ENDPOINT")
+    if path and not node:
+        try:
+            node = os.stat(os.path.dirname(path) or ".").st_uid != os.geteuid()
+        except OSError:
+            pass
+    if node:
+        return (
+            "It is the node's arbiter, run by the administrator (on a JupyterHub, the hub's "
+            "krex-arbiter service): ask them to start it, then run this again."
+        )
+    return f"Start one with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a running one."
+
+
 def _unavailable(endpoint: str, why: str) -> ArbiterUnavailable:
-    return ArbiterUnavailable(
-        f"no KREX arbiter answers at {endpoint} ({why}). Start one with `krex arbiter` "
-        f"(or `make lab`), or point {paths.ENDPOINT_ENV} at a running one."
-    )
+    return ArbiterUnavailable(f"no KREX arbiter answers at {endpoint} ({why}). {start_hint(endpoint)}")
 
 
 def _check_listener(path: str) -> None:
@@ -40,9 +56,7 @@ def _check_listener(path: str) -> None:
         raise _unavailable(f"ipc://{path}", "its socket file does not exist") from None
     except OSError as exc:
         raise ArbiterUnavailable(
-            f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). Start one "
-            f"with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a "
-            "running one."
+            f"no KREX arbiter listens at ipc://{path} ({exc.strerror or exc}). {start_hint(f'ipc://{path}')}"
         ) from None
     if uid not in (0, os.geteuid()):
         raise PermissionDenied(

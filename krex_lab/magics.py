@@ -135,15 +135,18 @@ class KrexMagics(Magics):
                     raise KrexCellError("the arbiter forgot this kernel's session twice; try again") from None
             except KrexError as exc:
                 raise _explain(exc) from None
+        tail = _Tail.install()
         try:
             value = self.run_here(cell)
         except BaseException:
-            self._release(region, args.quiet, failed=True)
+            tail.remove()
+            self._release(region, args.quiet, failed=True, dangling=tail.dangling)
             raise
-        self._release(region, args.quiet, failed=False)
+        tail.remove()
+        self._release(region, args.quiet, failed=False, dangling=tail.dangling)
         return value
 
-    def _release(self, region: Any, quiet: bool, failed: bool) -> None:
+    def _release(self, region: Any, quiet: bool, failed: bool, dangling: bool = False) -> None:
         __tracebackhide__ = True
         try:
             report = region.release()
@@ -155,17 +158,10 @@ class KrexMagics(Magics):
         if self.shell is not None:  # the last region's report, like ``_`` for values
             self.shell.user_ns["_krex_report"] = report
         if not quiet:
-            print(report.summary(), flush=True)
-        if report.get("expired") and not failed:
-            raise KrexCellError(
-                f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s and was released by the "
-                "arbiter before the cell ended: timings taken after that are not protected"
-            )
-        if report.get("revoked") and not failed:
-            raise KrexCellError(
-                f"region {region.id} was {report.get('released_by')} after {report.get('hold_s', 0):.1f} s, before "
-                "the cell ended: timings taken after that are not protected"
-            )
+            _print_own_line(report.summary(), dangling)
+        why = report.cut_short("cell")
+        if why and not failed:
+            raise KrexCellError(why)
 
     def run_here(self, cell: str) -> Any:
         """Run ``cell`` in the user namespace; returns its last expression's value, like a cell."""
@@ -195,6 +191,7 @@ class KrexMagics(Magics):
         pool = self.pool()
         current = _current_session()
         gpu = current.gpu if current is not None else _env_gpu()
+        _live.dangling = False
         try:
             result = pool.run_code(
                 cell, gpu=gpu, lease=self._lease, exclusive=args.exclusive, timeout=args.timeout, on_output=_write_live
@@ -206,9 +203,7 @@ class KrexMagics(Magics):
         if result.notice:
             print(f"KREX: {result.notice}", file=sys.stderr, flush=True)
         if args.exclusive and result.region and not args.quiet:
-            from .client import RegionReport
-
-            print(RegionReport(result.region).summary(), flush=True)
+            _print_own_line(result.region.summary(), _live.dangling)
         if not result.ok:
             raise _job_error(result)
         return _Repr(result.value) if result.value is not None else None
@@ -273,10 +268,48 @@ def _job_error(result: Any) -> Exception:
     return KrexCellError(f"%%krex: {error}", result.traceback or "")
 
 
+class _Tail:
+    """Stands in for ``sys.stdout`` while a cell runs, remembering whether its output ended
+    inside a line (``print(i, end=" ")``): the report must not be glued onto it."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.dangling = False
+
+    @classmethod
+    def install(cls) -> _Tail:
+        tail = cls(sys.stdout)
+        sys.stdout = tail
+        return tail
+
+    def remove(self) -> None:
+        if sys.stdout is self:  # the cell may have replaced it itself: then leave its choice
+            sys.stdout = self._stream
+
+    def write(self, text: str) -> int:
+        if text:
+            self.dangling = not text.endswith("\n")
+        return int(self._stream.write(text) or 0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+#: the live output of the last ``%%krex`` job on this kernel's stdout
+_live = _Tail(None)
+
+
+def _print_own_line(text: str, dangling: bool) -> None:
+    """``text`` on a line of its own, after output that did not end its line."""
+    print(("\n" if dangling else "") + text, flush=True)
+
+
 def _write_live(stream: str, text: str) -> None:
     out = sys.stderr if stream == "stderr" else sys.stdout
     out.write(text)
     out.flush()
+    if stream != "stderr" and text:
+        _live.dangling = not text.endswith("\n")
 
 
 def _release_and_close(pool: Any, lease: str) -> None:

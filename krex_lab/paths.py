@@ -24,6 +24,13 @@ ENDPOINT_ENV = "KREX_ENDPOINT"
 POOL_ENDPOINT_ENV = "KREX_POOL_ENDPOINT"
 RUNTIME_DIR_ENV = "KREX_RUNTIME_DIR"
 GPU_ENV = "KREX_GPU"
+#: set (not "0"): KREX's informational lines (a region's wait, a pool started) are not printed
+QUIET_ENV = "KREX_QUIET"
+
+
+def quiet() -> bool:
+    return os.environ.get(QUIET_ENV, "") not in ("", "0")
+
 
 ROOT_RUNTIME_DIR = Path("/run/krex")
 

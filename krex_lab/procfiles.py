@@ -4,7 +4,7 @@ A region reads the same files of the same processes each time: every sibling's s
 (the drain's checks before each lock) and each thread's children file (the freeze's tree walks,
 twice). Opening a /proc file costs most of reading it: 270 children files of 15 torch processes
 took 1.2 ms opened and 0.17 ms re-read through kept descriptors on the H200, whose kernel is
-gVisor (benchmarks/proc_cost.py, 2026-12-02). :class:`KeptFiles` keeps them.
+gVisor (benchmarks/probes/proc_cost.py, 2026-12-02). :class:`KeptFiles` keeps them.
 
 What a kept descriptor reads is always the file as it is now, of the task it was opened on;
 once that task is gone it reads as empty or fails, never as another task's. What must be

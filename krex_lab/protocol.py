@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Union
 import msgspec
 
 from .errors import KrexError, ProtocolError, RemoteError
+from .region_report import RegionReport
 
 VERSION = 2
 MAX_MESSAGE = 64 * 1024
@@ -104,7 +105,7 @@ class Placement(msgspec.Struct):
 class Granted(msgspec.Struct, kw_only=True):
     region: str
     gpu: int
-    report: dict[str, Any]
+    report: RegionReport
 
 
 class Ended(msgspec.Struct):
@@ -156,8 +157,29 @@ class Unregister(SessionRequest, tag="unregister"):
     reply = Ended
 
 
+class RegionSpec(msgspec.Struct, kw_only=True):
+    """What a region is asked to be: the options of ``exclusive()``, ``krex exclusive`` and
+    ``%%krex_exclusive``, carried from the client to the arbiter's ``Region``. None: the
+    arbiter's default (which the arbiter fills in before it makes the region)."""
+
+    #: the GPU (None: the session's)
+    gpu: int | None = None
+    #: the lease in seconds: the arbiter releases the region after it
+    max_hold: float | None = None
+    #: stop the GPU's other processes
+    freeze: bool = True
+    #: reserve CPU cores for the holder
+    isolate: bool = True
+    #: how many cores to reserve
+    cores: int | None = None
+    #: processes (with their trees) the region must leave running, e.g. the notebook that
+    #: submitted the job this worker runs; they must belong to the session's user
+    exempt: list[int] = []
+
+
 class Acquire(SessionRequest, tag="acquire"):
-    """Ask for a region on ``gpu`` (default: the session's). Answered when granted."""
+    """Ask for a region as :class:`RegionSpec` says (on the wire its fields are the request's
+    own; a test keeps the two equal). Answered when granted."""
 
     reply = Granted
     gpu: int | None = None
@@ -165,9 +187,17 @@ class Acquire(SessionRequest, tag="acquire"):
     freeze: bool = True
     isolate: bool = True
     cores: int | None = None
-    #: processes (with their trees) the region must leave running, e.g. the notebook that
-    #: submitted the job this worker runs; they must belong to the session's user
     exempt: list[int] = []
+
+    @classmethod
+    def asking(cls, spec: RegionSpec, **request: Any) -> Acquire:
+        """The request for ``spec`` (``request``: the session's fields)."""
+        return cls(**msgspec.structs.asdict(spec), **request)
+
+    @property
+    def spec(self) -> RegionSpec:
+        """What this request asks for."""
+        return RegionSpec(**{name: getattr(self, name) for name in RegionSpec.__struct_fields__})
 
 
 class Release(SessionRequest, tag="release"):
@@ -176,9 +206,22 @@ class Release(SessionRequest, tag="release"):
     ``leave``: end the session too, before the next region on the GPU is granted (a process on its
     way out is then no sibling of that region, to be drained and frozen)."""
 
+    reply = RegionReport
+
     region: str
     force: bool = False
     leave: bool = False
+
+
+class EndRegion(Request, tag="end_region"):
+    """End or withdraw any region (root and the admin group only), the caller named by an identity
+    ``ticket`` rather than a session: an admin's tool needs no session on a GPU. Answers the final
+    report, as :class:`Release` does."""
+
+    reply = RegionReport
+
+    region: str
+    ticket: str
 
 
 class DrainAck(SessionRequest, tag="drain_ack"):
@@ -216,7 +259,9 @@ class History(Request, tag="history"):
     by: str = ""
 
 
-ArbiterRequest = Union[Hello, Status, Place, Register, Unregister, Acquire, Release, DrainAck, Regions, History]
+ArbiterRequest = Union[
+    Hello, Status, Place, Register, Unregister, Acquire, Release, EndRegion, DrainAck, Regions, History
+]
 
 
 class Control(msgspec.Struct, kw_only=True):

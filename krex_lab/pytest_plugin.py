@@ -158,14 +158,12 @@ def running_arbiter(
     yield arb
     from krex_lab import client
 
-    if client._default is not None:
-        client._default.close()
-        client._default = None
+    client.detach()
     arb.stop()
 
 
 @pytest.fixture
-def arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
+def krex_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ArbiterProc]:
     """A started arbiter (fake backend, 2 GPUs) on a private runtime dir; this process's default."""
     yield from running_arbiter(tmp_path, monkeypatch)
 
@@ -199,7 +197,7 @@ def wait_for(predicate: Callable[[], object], timeout: float = 5.0, interval: fl
 
 
 @pytest.fixture
-def stopped() -> Iterator[subprocess.Popen[bytes]]:
+def krex_stopped() -> Iterator[subprocess.Popen[bytes]]:
     """A real ``sleep``, SIGSTOPped as a region would stop it (journal and undo tests); killed after."""
     from krex_lab.procutil import proc_state, start_time
 

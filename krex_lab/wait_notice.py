@@ -1,15 +1,23 @@
 """While a region request waits: who holds the GPU, and the caller's place in the queue.
 
 An ``exclusive()`` (``krex exclusive``, ``krex run --exclusive``, ``%%krex_exclusive``) that is not
-granted within :data:`DELAY` seconds prints one line on stderr (in a notebook: the cell's output)::
+granted within :data:`DELAY` seconds says so::
 
     krex: waiting for GPU 0: held by bob (pid 4242, "train", region r7, 3.1 of 60 s); you are 2nd in the queue
 
-and a new line only when the holder or the place changes, so a long wait is a few lines, not a
-stream. What is said of another user's holder is what the arbiter's privacy setting shows this
-user (on a private shared node: the user name and the region, no pid or name). The place is the
-caller's position in the GPU's queue as the arbiter lists it; fair share across users may grant
-a later user first.
+How depends on where it goes, so that many waiters never flood a log:
+
+- on a terminal (stderr a TTY): one line, rewritten in place as the holder, the place or the hold
+  time change, and replaced by ``krex: GPU 0 granted after 3.2 s`` at the grant;
+- in a notebook (an IPython kernel): one display, updated the same way (``display_id``);
+- anywhere else (a pipe, a file, a worker's job output): at most one line per wait, plus one when
+  it is granted.
+
+``KREX_QUIET=1`` silences it (and KREX's other informational lines, :func:`krex_lab.paths.quiet`).
+What is said of another user's holder is what the arbiter's privacy setting shows this user (on a
+private shared node: the user name and the region, no pid or name). The place is the caller's
+position in the GPU's queue as the arbiter lists it; fair share across users may grant a later
+user first.
 
 The notice reads the arbiter's status from its own thread and connection (the waiting thread is
 blocked in the acquire); it never changes what is waited for, and any failure only stops it. A
@@ -29,8 +37,11 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+from .paths import quiet
 
 #: seconds an acquire waits before the first line
 DELAY = 1.0
@@ -76,12 +87,84 @@ def wait_line(status: dict[str, Any], gpu: int, session: str) -> tuple[tuple[Any
     return (who, place), line
 
 
+class _Lines:
+    """No terminal: the first line of a wait, and one more at its grant (only if it said one)."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write = write
+        self.said = False
+
+    def show(self, line: str) -> None:
+        if not self.said:
+            self.said = True
+            self.write(line)
+
+    def end(self, final: str | None) -> None:
+        if self.said and final is not None:
+            self.write(final)
+
+
+class _Terminal:
+    """A TTY: one line, rewritten in place; the grant replaces it and ends it."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def show(self, line: str) -> None:
+        self.said = True
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"\r\x1b[K{line}")
+            sys.stderr.flush()
+
+    def end(self, final: str | None) -> None:
+        if self.said:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"\r\x1b[K{final}\n" if final is not None else "\n")
+                sys.stderr.flush()
+
+
+class _Display:
+    """A notebook: one display of the cell's output, updated in place (its ``display_id``)."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def show(self, line: str) -> None:
+        from IPython.display import display
+
+        if self.handle is None:
+            self.handle = display({"text/plain": line}, raw=True, display_id=True)
+        else:
+            self.handle.update({"text/plain": line}, raw=True)
+
+    def end(self, final: str | None) -> None:
+        if self.handle is not None and final is not None:
+            self.handle.update({"text/plain": final}, raw=True)
+
+
+def _in_a_kernel() -> bool:
+    """Whether this process is an IPython kernel (a notebook's), whose stderr is a cell's output."""
+    if "ipykernel" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def _stderr_is_a_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class WaitNotice:
     """Says who holds ``gpu`` and the place of ``session`` in its queue while an acquire waits.
 
     ``fetch`` returns the arbiter's status as this process may see it (a ``Status`` request with
-    an identity ticket); ``write`` prints one line (default: stderr, looked up at each line so that
-    a redirected ``sys.stderr``, such as a worker's job output, gets it).
+    an identity ticket); ``write`` prints one line (given: lines, as without a terminal; default:
+    a notebook's display, a terminal's line in place, else lines on stderr, looked up at each
+    line so that a redirected ``sys.stderr``, such as a worker's job output, gets them).
     """
 
     def __init__(
@@ -94,13 +177,21 @@ class WaitNotice:
         period: float = PERIOD,
     ) -> None:
         self.fetch, self.gpu, self.session = fetch, gpu, session
-        self.write = write or _stderr
         self.delay, self.period = delay, period
-        self.lines: list[str] = []
-        self._last: tuple[Any, ...] | None = None  # the holder and place last said
-        self._lock = threading.Lock()  # the waiting thread's look and the drain's
+        self.began = time.monotonic()
+        self.lines: list[str] = []  # every line it showed (a terminal's or a display's rewrites too)
+        self._lock = threading.Lock()  # the waiting thread's look, the drain's and the end
         self._stop = threading.Event()
-        if os.environ.get("KREX_WAIT_NOTICE", "1") == "0":
+        self._out: _Lines | _Terminal | _Display
+        if write is not None:
+            self._out = _Lines(write)
+        elif _in_a_kernel():
+            self._out = _Display()
+        elif _stderr_is_a_tty():
+            self._out = _Terminal()
+        else:
+            self._out = _Lines(_stderr)
+        if os.environ.get("KREX_WAIT_NOTICE", "1") == "0" or quiet():
             self._stop.set()  # off: no thread, and say_now says nothing
         self._thread = threading.Thread(target=self._run, name="krex-wait-notice", daemon=True)
 
@@ -112,10 +203,17 @@ class WaitNotice:
             self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, granted: bool = False) -> None:
+        """Stop looking; ``granted``: say so where the wait was said (the grant ends a terminal's line)."""
+        off = self._stop.is_set() and not self.lines
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(2.0)
+        if off:
+            return
+        with self._lock, contextlib.suppress(Exception):
+            final = f"krex: GPU {self.gpu} granted after {time.monotonic() - self.began:.1f} s" if granted else None
+            self._out.end(final)
 
     def say_now(self) -> None:
         """Look and say at once: this process is about to be stopped by the region it waits behind
@@ -127,13 +225,18 @@ class WaitNotice:
     def _look(self) -> None:
         said = wait_line(self.fetch(), self.gpu, self.session)
         with self._lock:
-            if said is not None and said[0] != self._last and not self._stop.is_set():
-                self._last = said[0]
+            if said is None or self._stop.is_set() or self.done_saying():
+                return
+            if not self.lines or said[1] != self.lines[-1]:
                 self.lines.append(said[1])
-                self.write(said[1])
+                self._out.show(said[1])
+
+    def done_saying(self) -> bool:
+        """Without a terminal or a display: once its line is out, nothing more until the grant."""
+        return isinstance(self._out, _Lines) and self._out.said
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self.done_saying():  # then no more status requests
             try:
                 self._look()
             except Exception:  # the arbiter went away, or the status could not be read: stay quiet

@@ -1,9 +1,8 @@
-"""Run a notebook for real and save its outputs into it: ``python notebooks/save_outputs.py NOTEBOOK``.
+"""Run a notebook for real and save a copy with its outputs: ``python notebooks/save_outputs.py NOTEBOOK``.
 
-The outputs kept in the repository are those of a real run (nbclient, the ``krex`` kernel of this
-checkout, a fresh ``krex arbiter --backend fake`` with 2 simulated GPUs in a scratch runtime dir),
-never hand-edited, so that what a reader sees is what a user gets; the fake backend says so in them.
-``tests/dashboard/test_dashboard_notebook.py`` checks the saved outputs of ``03_dashboard.ipynb``.
+The run is nbclient's, on the ``krex`` kernel of this checkout and a fresh ``krex arbiter --backend
+fake`` with 2 simulated GPUs in a scratch runtime dir; the copy goes to ``test-artifacts/`` (the
+repository keeps its notebooks without outputs: ``notebooks/strip_outputs.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from krex_lab.pytest_plugin import ArbiterProc
 from krex_lab.serverext.lab import jupyter_env
 
 
-def save_outputs(path: Path, gpus: int = 2, timeout: float = 120) -> None:
+def save_outputs(path: Path, out: Path, gpus: int = 2, timeout: float = 120) -> None:
     nb = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory(prefix="krex-nb-") as scratch:  # short: ipc socket paths are limited
         runtime = Path(scratch) / "rt"
@@ -38,7 +37,8 @@ def save_outputs(path: Path, gpus: int = 2, timeout: float = 120) -> None:
             os.environ.clear()
             os.environ.update(saved)
             arbiter.stop()
-    nbformat.write(nb, path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out)
 
 
 def main() -> int:
@@ -47,8 +47,9 @@ def main() -> int:
     parser.add_argument("--fake-gpus", type=int, default=2)
     args = parser.parse_args()
     for path in args.notebooks:
-        save_outputs(path, gpus=args.fake_gpus)
-        print(f"saved the outputs of a real run into {path}")
+        out = Path(__file__).resolve().parents[1] / "test-artifacts" / path.name
+        save_outputs(path, out, gpus=args.fake_gpus)
+        print(f"saved a real run of {path} into {out}")
     return 0
 
 

@@ -1,9 +1,11 @@
-"""The shared fixtures come from the package's pytest plugin (``arbiter``, ``wait_for``, ...);
-here only those that need the tests' own helper processes."""
+"""The shared fixtures come from the package's pytest plugin (``krex_arbiter``, ``krex_stopped``;
+named so that they collide with no project's own, as jupyter_server's ``jp_`` ones); here the
+tests' short names for them, and those that need the tests' own helper processes."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +20,18 @@ from krex_lab.pytest_plugin import ArbiterProc  # noqa: E402
 from tests.support.procs import Procs, session_processes  # noqa: E402
 
 pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser"]
+
+
+@pytest.fixture
+def arbiter(krex_arbiter: ArbiterProc) -> ArbiterProc:
+    """The plugin's ``krex_arbiter``: a started fake-backend arbiter, this process's default."""
+    return krex_arbiter
+
+
+@pytest.fixture
+def stopped(krex_stopped: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """The plugin's ``krex_stopped``: a SIGSTOPped ``sleep``."""
+    return krex_stopped
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ and ``pool`` pass ``--Class.trait=value`` through to their traitlets application
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,29 @@ def test_importing_the_cli_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (("exclusiv",), "did you mean exclusive?"),
+        (("hisotry",), "did you mean history?"),
+        (("status", "--josn"), "did you mean --json?"),
+        (("run", "--exclusve", "s.py"), "did you mean --exclusive?"),
+    ],
+)
+def test_a_typo_gets_the_nearest_command_or_option(args: tuple[str, ...], hint: str) -> None:
+    out = krex(*args)
+    assert out.returncode == 2 and out.stderr.rstrip().endswith(hint), out.stderr
+    assert "did you mean" not in krex("zzzzzz").stderr  # nothing near: no guess
+
+
+def test_status_json_without_an_arbiter_is_json(tmp_path: Path) -> None:
+    env = {**os.environ, "KREX_ENDPOINT": f"ipc://{tmp_path}/nobody.sock"}
+    out = krex("status", "--json", env=env)
+    assert out.returncode == 1
+    answer = json.loads(out.stdout)
+    assert answer["type"] == "ArbiterUnavailable" and "no KREX arbiter answers" in answer["error"]
+    assert "no KREX arbiter answers" in out.stderr
+    prose = krex("status", env=env)
+    assert prose.returncode == 1 and prose.stdout == "" and "no KREX arbiter answers" in prose.stderr

@@ -235,6 +235,7 @@ def pool_env(tmp_path: Path) -> Iterator[dict[str, str]]:
         "KREX_POOL_ENDPOINT": endpoint,
         "KREX_POOL_IDLE_EXIT": "1",
         "JUPYTER_CONFIG_DIR": str(config),
+        "KREX_QUIET": "1",  # not the pool's start line: test_pool_lifecycle checks it
     }
     for p in psutil.process_iter(["cmdline"]):
         if f"--endpoint={endpoint}" in (p.info["cmdline"] or []):

@@ -135,7 +135,7 @@ def test_sessions_started_by_the_holder(arbiter: ArbiterProc, procs: Procs) -> N
     )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["state"] == "T" and seen["child"] in seen["frozen"], out.stderr
-    nested = "import krex_lab, json\nwith krex_lab.exclusive(gpu=0) as r:\n    print(json.dumps(r.report))"
+    nested = "import krex_lab, json\nwith krex_lab.exclusive(gpu=0) as r:\n    print(json.dumps(r.report.to_dict()))"
     out = subprocess.run(
         [
             sys.executable,
@@ -172,7 +172,7 @@ def test_exempt_processes_keep_running(arbiter: ArbiterProc, procs: Procs) -> No
         "import json, sys, time, krex_lab\n"
         "with krex_lab.exclusive(gpu=0, exempt=[int(sys.argv[1])]) as r:\n"
         "    time.sleep(0.3)\n"  # a region that lasts a while: the exempt process keeps running
-        "    print(json.dumps(r.report), flush=True)\n"
+        "    print(json.dumps(r.report.to_dict()), flush=True)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(waiting.pid)],
@@ -241,12 +241,65 @@ def test_a_degraded_summary_says_why() -> None:
     from krex_lab.client import RegionReport
 
     report = RegionReport(
-        {
-            "region": "r1",
-            "gpu": 0,
-            "degraded": True,
-            "failures": ["no core to reserve among 1 (others hold the rest)", "thread 7: Invalid argument"],
-        }
+        region="r1",
+        gpu=0,
+        degraded=True,
+        failures=["no core to reserve among 1 (others hold the rest)", "thread 7: Invalid argument"],
     )
-    assert report.summary().endswith("- DEGRADED (no core to reserve among 1 (others hold the rest); 1 more)")
-    assert RegionReport({"region": "r2", "gpu": 0, "degraded": False}).summary().count("DEGRADED") == 0
+    assert report.summary().endswith(" - DEGRADED: no core to reserve among 1 (others hold the rest); 1 more")
+    assert RegionReport(region="r2", gpu=0, degraded=False).summary().count("DEGRADED") == 0
+
+
+def test_the_summary_reads_cleanly() -> None:
+    """No space before a semicolon, no double space, no brackets in brackets, and "moved" says
+    what was moved."""
+    from krex_lab.client import RegionReport
+
+    text = RegionReport(
+        region="r3",
+        gpu=1,
+        wait_s=0.001,
+        acquire_s=0.002,
+        hold_s=1.5,
+        drained=[5],
+        frozen=[6, 7],
+        moved=[8, 9, 10],
+        cores=[1],
+        degraded=True,
+        failures=["no core to reserve among 1 (others hold the rest)"],
+    ).summary()
+    assert " ;" not in text and "  " not in text, text
+    assert "cores [1]; held 1.500 s" in text, text
+    assert "moved 3 off the reserved cores" in text, text
+    assert "DEGRADED: no core to reserve among 1 (others hold the rest)" in text and "((" not in text, text
+    quiet = RegionReport(region="r4", gpu=0, acquire_s=0.001, hold_s=0.5).summary()
+    assert "moved" not in quiet and "cores []; held 0.500 s" in quiet, quiet
+
+
+def test_a_region_on_another_gpu_never_moves_the_session(arbiter: ArbiterProc, procs: Procs) -> None:
+    """A kernel placed on GPU 1 that holds GPU 0 for a block stays GPU 1's: listed under it and
+    frozen by its regions after the block; attach(gpu=0) registers a second session, not a move."""
+    code = (
+        "import json, krex_lab\n"
+        "first = krex_lab.attach(gpu=1, name='kernel-on-1')\n"
+        "with krex_lab.exclusive(gpu=0) as r:\n"
+        "    pass\n"
+        "second = krex_lab.attach(gpu=0)\n"
+        "seen = {'region_gpu': r.gpu, 'first': [first.id, first.gpu], 'again': krex_lab.attach().id}\n"
+        "seen.update(second=[second.id, second.gpu], second_again=krex_lab.attach(gpu=0).id)\n"
+        "print(json.dumps(seen), flush=True)\n"
+        "while True: pass\n"
+    )
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code], env=arbiter.env(), cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    procs.procs.append(kernel)
+    seen = json.loads(procs.readline(kernel))
+    assert seen["region_gpu"] == 0 and seen["first"][1] == 1 and seen["again"] == seen["first"][0]
+    assert seen["second"][1] == 0 and seen["second_again"] == seen["second"][0] != seen["first"][0]
+    gpus = arbiter.status()["gpus"]
+    assert [s["id"] for s in gpus[1]["sessions"] if s["pid"] == kernel.pid] == [seen["first"][0]]
+    assert [s["id"] for s in gpus[0]["sessions"] if s["pid"] == kernel.pid] == [seen["second"][0]]
+    holder = procs.start("holder", "1", "--hold", "0.3", wait_line=None)
+    granted = procs.readline(holder)
+    assert granted.startswith("granted") and kernel.pid in Procs.report(granted)["frozen"], granted

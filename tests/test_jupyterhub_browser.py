@@ -5,11 +5,12 @@ loop, whose one-line region report must appear in the cell's output, and then
 ``krex_lab.dashboard()``, whose GPU panel must render (the node arbiter's simulated GPU, alice's
 session, her region on the timeline). Screenshots go to ``test-artifacts/jupyterhub-alice-*.png``.
 
-The hub is the one :mod:`tests.test_jupyterhub` runs (its helpers, :mod:`tests.hubsupport`): root
-``jupyterhub`` with the config ``krex hub-config`` generates, the dummy authenticator (given a
-password here), the local process spawner, configurable-http-proxy, a ``useradd`` user and the
-node's root arbiter (fake backend, one GPU). Chromium is Debian's, driven by Playwright as in
-:mod:`tests.dashboard.test_dashboard_browser`; Playwright's own browsers are never downloaded.
+The hub is the one :mod:`tests.test_jupyterhub` runs (its helpers, :mod:`tests.hubsupport`): the
+venv's root ``jupyterhub`` started as the docs start it, on the config ``krex hub-config`` generates
+(unmodified: PAM checks her password, the local process spawner, configurable-http-proxy, the node
+arbiter as the hub's managed service, fake backend with one GPU), and ``useradd`` users. Chromium
+is Debian's, driven by Playwright as in :mod:`tests.dashboard.test_dashboard_browser`; Playwright's own
+browsers are never downloaded.
 
 Skipped, saying why, unless root with useradd, configurable-http-proxy, jupyterhub, a venv the
 user can run, Chromium and Playwright. Everything (browser, server, hub, arbiter, user) is torn
@@ -22,9 +23,7 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,14 +34,14 @@ from typing import Any
 import psutil
 import pytest
 
-from krex_lab.pytest_plugin import ArbiterProc, wait_for
-from tests.hubsupport.hub import Hub, free_port
+from krex_lab.pytest_plugin import wait_for
+from tests.hubsupport.hub import Hub, NodeArbiter, start_documented_hub
 from tests.hubsupport.users import HubUser, describe, kernel_process, make_users, processes_of
 from tests.support import ROOT
 from tests.support.browser import chromium_page
 from tests.support.browser import ms_left as _left
 from tests.support.browser import pick_krex_kernel as _pick_krex_kernel
-from tests.test_jupyterhub import _as_user, _krex_hub_config, _skip_unless_possible
+from tests.test_jupyterhub import _as_user, _skip_unless_possible
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -77,7 +76,7 @@ REPORT_RE = re.compile(r"KREX region (\S+) on GPU 0 \[simulated GPU\]:.*")
 @dataclass
 class AliceHub:
     hub: Hub
-    arbiter: ArbiterProc
+    arbiter: NodeArbiter
     alice: HubUser
     password: str
     #: where the test drops the files alice's cells wait for (root's, 0755: she can see them)
@@ -120,56 +119,24 @@ def _notebook(flags: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def alice_hub() -> Iterator[AliceHub]:
-    """The hub of :mod:`tests.test_jupyterhub`'s ``node`` fixture with one user, alice, who has a
-    password and no server yet (her browser's login spawns it). Undone in reverse at exit: her
-    server (through the API), the hub, the arbiter, the user and every process of hers."""
-    chp, venv = _skip_unless_possible()
+    """The hub of :mod:`tests.test_jupyterhub` (the generated config as generated, started as the
+    docs start it), allowing one student by name (``--allow-user``): alice, who has a password and
+    no server yet (her browser's login spawns it). Undone in reverse at exit: her server (through
+    the API), the hub with its arbiter, the users and every process of hers."""
+    venv = _skip_unless_possible()
     with contextlib.ExitStack() as stack:
         base = Path(tempfile.mkdtemp(prefix="krex-hubb-"))
         os.chmod(base, 0o755)
         stack.callback(shutil.rmtree, base, True)
-        for sub, mode in (("home", 0o755), ("rt", 0o755), ("hub", 0o700), ("arbiter", 0o755), ("flags", 0o755)):
+        for sub, mode in (("home", 0o755), ("flags", 0o755)):
             (base / sub).mkdir(mode=mode)
-        (alice,) = stack.enter_context(make_users(base / "home", "kbalice"))
+        alice, admin = stack.enter_context(make_users(base / "home", "kbalice", "kbadmin"))
         r = _as_user(alice, str(venv / "bin" / "python"), "-c", "import krex_lab.serverext, jupyterhub, ipykernel")
         if r.returncode != 0:
             pytest.skip(f"the test user cannot run the venv {venv}: {r.stderr[-800:]}")
-        rt = base / "rt" / alice.name  # her KREX runtime dir (pool socket, logs): hers, 0700
-        rt.mkdir(mode=0o700)
-        os.chown(rt, alice.uid, alice.gid)
-        runtime = base / "arbiter"
-        admin = f"kbadmin{alice.name[-6:]}"  # a hub admin for the generated config; never logs in
-        password = secrets.token_urlsafe(12)
-        generated = _krex_hub_config(sys.executable, runtime, admin, free_port())
-        # The dummy authenticator checks this one password (any allowed user name).
-        generated += f"\nc.DummyAuthenticator.password = {password!r}\n"
-        rts = str(base / "rt")
-        environment = (
-            "{"
-            f"'KREX_ENDPOINT': {f'ipc://{runtime}/arbiter.sock'!r}, "
-            f"'KREX_RUNTIME_DIR': lambda spawner: {rts!r} + '/' + spawner.user.name, "
-            f"'KREX_POOL_ENDPOINT': lambda spawner: 'ipc://' + {rts!r} + '/' + spawner.user.name + '/pool.sock'"
-            "}"
-        )
-        hub = Hub(
-            base / "hub",
-            venv,
-            users=[alice.name, admin],
-            admin=admin,
-            chp=chp,
-            environment=environment,
-            spawner_args=["--KrexExtensionApp.pool_args=--no-preload", "--KrexExtensionApp.watch_interval=0"],
-            base_config=generated,
-        )
-        hub.config_file.write_text(hub.config())
-        quotas = ("--config", str(hub.config_file)) if "c.Quotas" in generated else ()
-        arb = ArbiterProc(runtime, gpus=1, extra=("--multi-user", *quotas))
-        arb.start()
-        stack.callback(arb.stop)
-        stack.callback(hub.stop)
-        hub.start()
+        hub, arbiter = start_documented_hub(stack, base, venv, admin.name, admin.password, "--allow-user", alice.name)
         stack.callback(_stop_server, hub, alice.name)
-        yield AliceHub(hub, arb, alice, password, base / "flags")
+        yield AliceHub(hub, arbiter, alice, alice.password, base / "flags")
 
 
 def _stop_server(hub: Hub, user: str) -> None:

@@ -295,3 +295,33 @@ async def test_krex_cell_in_a_kernel(arbiter: ArbiterProc, pool: str, kernels: K
     assert reply["status"] == "ok" and "after the crash" in text(out)
     reply, out = await run(kc, "'still here'")
     assert reply["status"] == "ok"
+
+
+async def test_a_wait_in_a_notebook_is_one_display_updated(arbiter: ArbiterProc, kernels: Kernels) -> None:
+    """A cell that waits for a held GPU shows one display, updated in place (not stderr lines)."""
+    [(_, kc)] = await kernels.start(1, {"KREX_GPU": "1"})  # waits for GPU 0 without being frozen by it
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "exclusive", "--gpu", "0", "--", "sleep", "3"],
+        env=arbiter.env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stderr is not None and holder.stderr.readline().startswith("KREX region")
+        messages: list[dict[str, Any]] = []
+        reply = await kc.execute_interactive(
+            "%%krex_exclusive --gpu 0 --quiet\n'held'", timeout=60, output_hook=messages.append
+        )
+        assert reply["content"]["status"] == "ok" and holder.wait(30) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    shown = [m for m in messages if m["msg_type"] in ("display_data", "update_display_data")]
+    ids = {m["content"]["transient"]["display_id"] for m in shown}
+    texts = [m["content"]["data"]["text/plain"] for m in shown]
+    assert len(ids) == 1 and shown[0]["msg_type"] == "display_data", texts
+    assert texts[0].startswith("krex: waiting for GPU 0: held by") and len(texts) >= 2, texts
+    assert texts[-1].startswith("krex: GPU 0 granted after"), texts
+    streams = "".join(m["content"]["text"] for m in messages if m["msg_type"] == "stream")
+    assert "krex: waiting" not in streams, streams

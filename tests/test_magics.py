@@ -16,6 +16,7 @@ from krex_lab import protocol
 from krex_lab.magics import KrexCellError, RemoteCellError
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from tests.support import ROOT
 
 from . import test_kernels
 
@@ -63,6 +64,17 @@ def test_exclusive_cell_runs_as_a_region(ip: Any, arbiter: ArbiterProc, detached
     assert "[simulated GPU]" in lines[0] and "held" in lines[0]
     wait_for(lambda: proc_state(sib) in ("S", "R"))
     assert arbiter.status()["gpus"][0]["holder"] is None
+
+
+def test_the_report_starts_on_a_line_of_its_own(ip: Any, arbiter: ArbiterProc) -> None:
+    """A cell whose output ends inside a line (``print(i, end=" ")``) does not get the report
+    glued onto it; one whose output ends its line gets no blank line."""
+    with capture_output() as cap:
+        ip.run_cell_magic("krex_exclusive", "--gpu 0 --no-freeze --no-isolate", "for i in range(3): print(i, end=' ')")
+    assert cap.stdout.startswith("0 1 2 \nKREX region"), cap.stdout
+    with capture_output() as cap:
+        ip.run_cell_magic("krex_exclusive", "--gpu 0 --no-freeze --no-isolate", "print('done')")
+    assert cap.stdout.startswith("done\nKREX region"), cap.stdout
 
 
 def test_exclusive_options(ip: Any, arbiter: ArbiterProc, detached: Any) -> None:
@@ -188,3 +200,14 @@ def test_krex_without_pool_is_a_short_message(
         result = ip.run_cell("%%krex\nprint(1)")
     assert isinstance(result.error_in_exec, KrexCellError)
     assert "KREX: PoolUnavailable: no KREX pool answers" in cap.stdout and "Traceback" not in cap.stdout
+
+
+def test_the_readme_first_snippet_runs_as_written(ip: Any, arbiter: ArbiterProc) -> None:
+    readme = (ROOT / "README.md").read_text()
+    first = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert first.startswith("%%krex_exclusive"), first
+    with capture_output() as cap:
+        result = ip.run_cell(first)
+    assert result.error_in_exec is None and result.error_before_exec is None, cap.stdout + cap.stderr
+    lines = cap.stdout.strip().splitlines()
+    assert lines[0].endswith(" ms") and lines[-1].startswith("KREX region"), cap.stdout

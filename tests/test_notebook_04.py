@@ -152,3 +152,18 @@ def test_a_study_written_before_the_steady_alone_figures(monkeypatch: pytest.Mon
                 want = (f"{r['agents']:3d} agents  region/command  {r['ratio']:.2f}x", interval, run_stamp)
                 assert any(all(w in line for w in want) for line in lines), want
     assert shown >= {1, 4, 8, 16, 32}
+
+
+def test_it_reads_as_a_guide() -> None:
+    """Not a figure dump: it says what the study asks and how the notebook goes, and every figure
+    comes after a text that says what it shows and how to read it."""
+    nb = nbformat.read(ROOT / "notebooks" / "04_agent_study.ipynb", as_version=4)
+    intro = nb.cells[0].source
+    assert "**The question.**" in intro and "**How it is organised.**" in intro
+    figures = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "fig = agent_plots." in c.source]
+    assert len(figures) >= 5
+    for i in figures:
+        text = nb.cells[i - 1]
+        assert text.cell_type == "markdown" and "**How to read it.**" in text.source, nb.cells[i].source
+        assert len(text.source.split()) >= 60, text.source
+    assert nb.cells[-1].cell_type == "markdown" and nb.cells[-1].source.startswith("## What to take from it")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +52,53 @@ def test_quickstart(arbiter: ArbiterProc, pool: str, krex_spec: None, tmp_path: 
     assert outputs_text(worker).count(": step ") == 3
     assert "answer is still 42" in outputs_text(code[code.index(worker) + 1])
     assert "KREX region" in outputs_text(by_source["%%krex --exclusive"])
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def test_the_notebooks_are_kept_without_outputs() -> None:
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        stripped = subprocess.run(
+            [sys.executable, str(ROOT / "notebooks" / "strip_outputs.py")],
+            input=path.read_text(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        assert stripped == path.read_text(), f"{path.name} keeps outputs: run it on a copy"
+
+
+def test_a_commit_never_takes_a_notebook_run_outputs(tmp_path: Path) -> None:
+    """A shipped notebook saved by another editor, outputs and all: git's clean filter (set up by
+    ``make``) shows no change, and a commit takes none; an edit of the notebook itself still shows."""
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    for name in ("Makefile", "pyproject.toml", ".gitattributes", "notebooks", "krex_lab"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, repo / name)
+    who = ("-c", "user.name=t", "-c", "user.email=t@t")
+    _git(repo, "init", "-q")
+    _git(repo, *who, "add", "-A")
+    _git(repo, *who, "commit", "-qm", "shipped")
+    subprocess.run(["make", "-s", "notebook-filter"], cwd=repo, capture_output=True, timeout=60, check=True)
+    path = repo / "notebooks" / "01_quickstart.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):  # as a run and a save leave it
+        cell.execution_count = n + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {n}\n")]
+        cell.metadata["execution"] = {"iopub.status.idle": "2026-12-03T08:00:00Z"}
+    nbformat.write(nb, path)
+    assert _git(repo, "diff") == ""
+    _git(repo, *who, "add", "-A")
+    assert _git(repo, "status", "--porcelain") == "" and _git(repo, "diff", "--cached") == ""
+    nb.cells[0].source += "\n"  # an edit of the notebook itself still shows
+    nbformat.write(nb, path)
+    assert _git(repo, "status", "--porcelain").split() == ["M", "notebooks/01_quickstart.ipynb"]

@@ -66,6 +66,9 @@ class ArbiterApp(KrexApplication):
         asyncio.run(self._serve(arbiter))
 
     async def _serve(self, arbiter: Arbiter) -> None:
+        # `kill -HUP <arbiter>` reloads the quotas from the config files (a hub's edited
+        # jupyterhub_config.py) without a restart, which would end every region and session.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_quotas, arbiter)
         ready = asyncio.Event()
         serving = asyncio.ensure_future(arbiter.serve(ready))
         started = asyncio.ensure_future(ready.wait())
@@ -80,6 +83,18 @@ class ArbiterApp(KrexApplication):
             if started.done():  # a crash after start-up: its traceback in the log, one line on stderr
                 log.exception("krex arbiter stopped on an error")
             raise
+
+    def reload_quotas(self, arbiter: Arbiter) -> None:
+        """Read the config files and the command line again, as at start, and apply their quotas."""
+        source = self.config_file or f"{self.config_basename}.py (config path)"
+        probe = type(self)(raise_config_file_errors=True)  # a broken edit must not pass for "no quotas"
+        try:
+            probe.initialize(list(self.argv))
+        except Exception as exc:  # a syntax error in the edited file: say so, keep the quotas
+            arbiter.quotas_note = f"reload from {source} failed ({exc}): the earlier quotas stay"
+            log.error("quotas: %s", arbiter.quotas_note)
+            return
+        arbiter.quotas_note = arbiter.quotas.reload_from(probe.config, source)
 
 
 def serving_line(arbiter: Arbiter) -> str:

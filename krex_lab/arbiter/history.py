@@ -24,63 +24,124 @@ import sqlite3
 import stat
 import threading
 import time
+import types
+import typing
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .. import paths
+from ..region_report import RegionReport, field_info
 
 log = logging.getLogger("krex.history")
 
-SCHEMA_VERSION = 1
+#: the layout of the ``regions`` table (``PRAGMA user_version``); :data:`MIGRATIONS` bring an
+#: older file to it. A field added to the report needs no new version: its column is added
+#: when the database is opened (:func:`_add_columns`).
+SCHEMA_VERSION = 2
 
-#: the pid lists of a report kept as JSON (with their lengths as ``<name>_n``)
-LISTS = ("drained", "locked", "frozen", "not_drained", "intruders")
+#: columns of the history's own beside the report's (an arbiter run tells regions of different
+#: runs apart: region ids start at r1 each run)
+OWN_COLUMNS: tuple[tuple[str, str], ...] = (("arbiter", "TEXT NOT NULL DEFAULT ''"), ("outcome", "TEXT"))
 
-#: the Slurm job of a region's session (Arbiter.slurm); added to older databases by _add_slurm_columns
-SLURM_COLUMNS: tuple[tuple[str, str], ...] = (("slurm_job", "TEXT"), ("slurm_step", "TEXT"), ("account", "TEXT"))
+_SQL_TYPES = {bool: "INTEGER", int: "INTEGER", float: "REAL", str: "TEXT"}
 
-#: a report's scalar fields kept as columns, with their SQLite types
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("region", "TEXT NOT NULL"),
-    ("arbiter", "TEXT NOT NULL DEFAULT ''"),
-    ("session", "TEXT"),
-    ("holder_pid", "INTEGER"),
-    ("uid", "INTEGER"),
-    ("user", "TEXT"),
-    ("name", "TEXT"),
-    ("gpu", "INTEGER"),
-    ("requested_at", "REAL"),
-    ("granted_at", "REAL"),
-    ("released_at", "REAL NOT NULL"),
-    ("wait_s", "REAL"),
-    ("acquire_s", "REAL"),
-    ("hold_s", "REAL NOT NULL DEFAULT 0"),
-    ("max_hold_s", "REAL"),
-    ("outcome", "TEXT"),
-    ("degraded", "INTEGER NOT NULL DEFAULT 0"),
-    ("expired", "INTEGER NOT NULL DEFAULT 0"),
-    ("released_by", "TEXT"),
-    *((f"{name}_n", "INTEGER NOT NULL DEFAULT 0") for name in LISTS),
-    *((name, "TEXT NOT NULL DEFAULT '[]'") for name in LISTS),
-    ("backend", "TEXT"),
-    ("simulated", "INTEGER NOT NULL DEFAULT 0"),
-    *SLURM_COLUMNS,
-)
-_NAMES = tuple(name for name, _ in COLUMNS)
-_BOOLS = ("degraded", "expired", "simulated")
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS regions (
-    id INTEGER PRIMARY KEY,
-    {", ".join(f"{name} {kind}" for name, kind in COLUMNS)}
-);
-CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at);
-CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at);
-"""
+def _column_type(tp: Any) -> tuple[str, bool]:
+    """A report field's SQLite type, and whether it is kept as JSON text (a list, a map, a struct)."""
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    args = [a for a in typing.get_args(tp) if a is not type(None)] if optional else [tp]
+    base = args[0] if len(args) == 1 else None
+    if base in _SQL_TYPES:
+        return _SQL_TYPES[base], False
+    return "TEXT", True
 
-#: what ``usage`` can group by (a job has one user and one account: grouping by all three is by job)
+
+@functools.cache
+def columns() -> tuple[tuple[str, str, bool], ...]:
+    """The report's columns, derived from :class:`~krex_lab.region_report.RegionReport`:
+    (name, SQLite type, kept as JSON)."""
+    return tuple((name, *_column_type(tp)) for name, tp, _ in field_info(RegionReport))
+
+
+def _create(conn: sqlite3.Connection, table: str = "regions") -> None:
+    cols = [f"{n} {t}" for n, t in OWN_COLUMNS] + [f"{n} {t}" for n, t, _ in columns()]
+    conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, {', '.join(cols)})")
+
+
+def _indexes(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at)")
+    conn.execute("CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at)")
+    conn.execute("CREATE INDEX IF NOT EXISTS regions_slurm_job ON regions(slurm_job)")
+
+
+def _table_columns(conn: sqlite3.Connection) -> list[str]:
+    return [r[1] for r in conn.execute("PRAGMA table_info(regions)")]
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Add a column for each report field the table lacks (fields added since the file was made)."""
+    have = set(_table_columns(conn))
+    for name, kind, _ in columns():
+        if name not in have:
+            conn.execute(f"ALTER TABLE regions ADD COLUMN {name} {kind}")
+
+
+def _v1_to_v2(conn: sqlite3.Connection) -> None:
+    """Version 1 kept each pid list's length in a column of its own (``frozen_n``), a
+    withdrawn region's hold as 0 (``hold_s NOT NULL``) and an empty ``not_drained`` map as
+    ``[]``. Version 2 has the report's columns alone, each nullable (None: not measured): the
+    table is rebuilt, rows copied column by column, a withdrawn region's hold becomes NULL."""
+    _create(conn, "regions_v2")
+    new = [r[1] for r in conn.execute("PRAGMA table_info(regions_v2)")]
+    common = ", ".join(c for c in _table_columns(conn) if c in new)
+    conn.execute(f"INSERT INTO regions_v2 ({common}) SELECT {common} FROM regions")
+    conn.execute("UPDATE regions_v2 SET hold_s = NULL WHERE acquire_s IS NULL")
+    conn.execute("UPDATE regions_v2 SET not_drained = '{}' WHERE not_drained = '[]'")  # a map, written as []
+    conn.execute("UPDATE regions_v2 SET state = 'released' WHERE state IS NULL")
+    conn.execute("DROP TABLE regions")
+    conn.execute("ALTER TABLE regions_v2 RENAME TO regions")
+
+
+#: version N -> N + 1, each run in one transaction with the new version
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+
+
+def migrate(conn: sqlite3.Connection, path: Path | str = "") -> int:
+    """Bring the database to :data:`SCHEMA_VERSION` (creating the table in a new file), then
+    add the columns of report fields it lacks; returns the version it had. A newer file than
+    this krex-lab knows is refused (``sqlite3.DatabaseError``), and left as it is."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"{path} has schema version {version}, newer than this krex-lab's {SCHEMA_VERSION}")
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'regions'").fetchone()
+    kept = conn.isolation_level
+    conn.isolation_level = None  # our own transactions: a migration and its version commit together
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if not exists:
+                _create(conn)
+            else:
+                for step in range(max(version, 1), SCHEMA_VERSION):
+                    log.info("region history: migrating %s from schema version %d to %d", path, step, step + 1)
+                    MIGRATIONS[step](conn)
+            _add_columns(conn)
+            _indexes(conn)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.isolation_level = kept
+    return version
+
+
+#: what ``usage`` can group by (a Slurm job has one user and one account: grouping by all three is by job)
 USAGE_KEYS = {
     "user": ("user",),
     "gpu": ("gpu",),
@@ -90,63 +151,39 @@ USAGE_KEYS = {
 }
 
 
-def _add_slurm_columns(conn: sqlite3.Connection) -> None:
-    """Schema change: the Slurm columns (Arbiter.slurm), added to a database made before them.
-    ALTER TABLE ADD COLUMN with no default rewrites nothing: older rows read NULL."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(regions)")}
-    for name, kind in SLURM_COLUMNS:
-        if name not in have:
-            conn.execute(f"ALTER TABLE regions ADD COLUMN {name} {kind}")
-    conn.execute("CREATE INDEX IF NOT EXISTS regions_slurm_job ON regions(slurm_job)")
+def outcome(report: RegionReport) -> str:
+    """How a region ended (:attr:`RegionReport.outcome`)."""
+    return report.outcome
 
 
-def outcome(report: dict[str, Any]) -> str:
-    """How a region ended: completed, expired, revoked (by an admin), failed (enforcement) or
-    withdrawn (never granted)."""
-    released_by = str(report.get("released_by", ""))
-    if released_by.startswith("enforcement failed"):
-        return "failed"
-    if "acquire_s" not in report:
-        return "withdrawn"
-    if report.get("expired"):
-        return "expired"
-    if released_by.startswith("ended by admin"):
-        return "revoked"
-    return "completed"
+#: a structured field's column text (on the event loop: msgspec's encoder, a few times json's speed)
+_JSON = msgspec.json.Encoder(order="sorted")
 
 
-def row_of(report: dict[str, Any], arbiter: str = "") -> dict[str, Any]:
+def row_of(report: RegionReport, arbiter: str = "") -> dict[str, Any]:
     """The row of one finished region's report (``Region.report`` plus its wall-clock times)."""
-    released = float(report.get("released_at") or time.time())
-    hold = float(report.get("hold_s") or 0.0)
-    row: dict[str, Any] = {name: report.get(name) for name in _NAMES}
-    row.update(
-        arbiter=arbiter,
-        released_at=released,
-        hold_s=hold,
-        outcome=outcome(report),
-        granted_at=report.get("granted_at") or (released - hold if "acquire_s" in report else None),
-        **{b: int(bool(report.get(b))) for b in _BOOLS},
-    )
-    for name in LISTS:
-        value = report.get(name) or []
-        if isinstance(value, dict):  # not_drained: {pid: why}
-            value = {str(k): str(v) for k, v in value.items()}
-        row[name] = json.dumps(value, sort_keys=True)
-        row[f"{name}_n"] = len(value)
+    report = msgspec.structs.replace(report, released_at=report.released_at or time.time())
+    if report.granted_at is None and report.granted:
+        report.granted_at = (report.released_at or 0.0) - (report.hold_s or 0.0)
+    row: dict[str, Any] = {"arbiter": arbiter, "outcome": report.outcome}
+    for name, _, as_json in columns():
+        value = getattr(report, name)
+        row[name] = _JSON.encode(value).decode() if as_json else value
     return row
 
 
 def _view(row: sqlite3.Row) -> dict[str, Any]:
-    out = dict(row)
-    out.pop("id", None)
-    for name in LISTS:
-        out[name] = json.loads(out[name] or "[]")
-    for b in _BOOLS:
-        out[b] = bool(out[b])
-    out["time"] = out["released_at"]  # what privacy.report_view keeps of another user's row
-    out["state"] = "released"
-    return out
+    """A stored row as the report it was (a field added since it was written: its default),
+    with the history's own columns and ``time`` (what privacy keeps of another user's row)."""
+    data = {}
+    stored = set(row.keys())  # a file read as it is (krex history offline) may be of an older version
+    for name, _, as_json in columns():
+        value = row[name] if name in stored else None
+        # An empty list or map is the default (version 1 wrote an empty map as [] too).
+        if value is not None and value not in ("[]", "{}"):
+            data[name] = json.loads(value) if as_json else value
+    report = RegionReport.from_dict(data)
+    return {**report.to_dict(), **{n: row[n] for n, _ in OWN_COLUMNS}, "time": report.released_at}
 
 
 def _check_sidecars(path: Path) -> None:
@@ -214,15 +251,7 @@ class RegionHistory:
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise sqlite3.DatabaseError(
-                        f"{self.path} has schema version {version}, newer than this krex-lab's {SCHEMA_VERSION}"
-                    )
-                conn.executescript(_SCHEMA)
-                _add_slurm_columns(conn)
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                conn.commit()
+                migrate(conn, self.path)
             except BaseException:
                 conn.close()
                 raise
@@ -277,7 +306,7 @@ class RegionHistory:
                 self._reader = None
 
     # -- writing (the event loop: never blocks) -------------------------------------------------
-    def add(self, report: dict[str, Any]) -> bool:
+    def add(self, report: RegionReport) -> bool:
         """Queue a finished region's report; False (counted in :attr:`dropped`) when the queue is full."""
         try:
             self._queue.put_nowait(row_of(report, self.arbiter))
@@ -291,11 +320,6 @@ class RegionHistory:
                     self.dropped,
                 )
             return False
-
-    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
-        """Queue ready-made rows (:func:`row_of`), e.g. imported ones; blocks while the queue is full."""
-        for row in rows:
-            self._queue.put(row)
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until everything queued before this call is written; False on timeout."""
@@ -360,9 +384,10 @@ class RegionHistory:
         return False
 
     def _insert(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
-        marks = ", ".join(f":{n}" for n in _NAMES)
+        names = [n for n, _ in OWN_COLUMNS] + [n for n, _, _ in columns()]
+        marks = ", ".join(f":{n}" for n in names)
         with conn:
-            conn.executemany(f"INSERT INTO regions ({', '.join(_NAMES)}) VALUES ({marks})", rows)
+            conn.executemany(f"INSERT INTO regions ({', '.join(names)}) VALUES ({marks})", rows)
         self.written += len(rows)
 
     def _prune(self, conn: sqlite3.Connection) -> None:
@@ -428,3 +453,9 @@ class RegionHistory:
 
     def count(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM regions", {})[0][0])
+
+    def highest_region_number(self) -> int:
+        """The largest N of the region ids ``rN`` recorded (0 for none): a new arbiter numbers its
+        regions after it, so that ids stay unique across restarts."""
+        rows = self._read("SELECT MAX(CAST(SUBSTR(region, 2) AS INTEGER)) FROM regions WHERE region GLOB 'r[0-9]*'", {})
+        return int(rows[0][0] or 0)

@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import paths, protocol
 from ..errors import ArbiterUnavailable, KrexError
+from ..region_report import RegionReport
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -158,16 +159,16 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         ["TIME", "USER", *(["JOB", "ACCOUNT"] if jobs else []), "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"],
         [
             [
-                _clock(r.get("released_at", r.get("time"))),
-                str(r.get("user", "?")),
-                *([str(r.get("slurm_job") or "-"), str(r.get("account") or "-")] if jobs else []),
-                str(r.get("gpu", "?")),
-                _seconds(r.get("wait_s")),
-                _seconds(r.get("hold_s")),
-                "DEGRADED" if r.get("degraded") else "",
-                "expired" if r.get("expired") else str(r.get("released_by", "")),
+                _clock(r.released_at or raw.get("time")),  # another user's row keeps only its time
+                r.user or "?",
+                *([r.slurm_job or "-", r.account or "-"] if jobs else []),
+                str(r.gpu) if r.gpu >= 0 else "?",
+                _seconds(r.wait_s),
+                _seconds(r.hold_s),
+                "DEGRADED" if r.degraded else "",
+                "expired" if r.expired else r.released_by,
             ]
-            for r in rows
+            for raw, r in ((raw, RegionReport.from_dict(raw)) for raw in rows)
         ],
     )
 

@@ -11,7 +11,7 @@ Served by ``prometheus_client.start_http_server`` with a registry of its own whe
 ``prometheus_client`` (the ``jupyter`` extra), and the arbiter refuses to start without it.
 
 Series (``outcome``: completed, expired, revoked, failed, withdrawn; see
-:func:`krex_lab.arbiter.history.outcome`)::
+:attr:`krex_lab.region_report.RegionReport.outcome`)::
 
     krex_regions_total{user,gpu,outcome}            counter
     krex_region_hold_seconds_total{user,gpu}        counter
@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .history import outcome
+from ..region_report import RegionReport
 
 if TYPE_CHECKING:
     from .history import RegionHistory
@@ -133,17 +133,15 @@ class ArbiterMetrics:
         self.registry.register(_Gauges(self))
         self._server: Any = None
 
-    def region_finished(self, report: dict[str, Any]) -> None:
-        user, gpu = str(report.get("user", "")), str(report.get("gpu", ""))
-        self.regions.labels(user, gpu, outcome(report)).inc()
-        hold = report.get("hold_s")
-        if isinstance(hold, (int, float)) and hold > 0:
-            self.hold.labels(user, gpu).inc(float(hold))
-        if report.get("degraded"):
+    def region_finished(self, report: RegionReport) -> None:
+        user, gpu = report.user, str(report.gpu)
+        self.regions.labels(user, gpu, report.outcome).inc()
+        if report.hold_s is not None and report.hold_s > 0:
+            self.hold.labels(user, gpu).inc(report.hold_s)
+        if report.degraded:
             self.degraded.labels(user, gpu).inc()
-        wait = report.get("wait_s")
-        if "acquire_s" in report and isinstance(wait, (int, float)):
-            self.wait.labels(gpu).observe(float(wait))
+        if report.granted and report.wait_s is not None:
+            self.wait.labels(gpu).observe(report.wait_s)
 
     def refresh(self, snap: Snapshot) -> None:
         self.current = snap

@@ -12,36 +12,27 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-#: what anyone may know of another user's region (report or holder)
-_REGION_KEYS = (
-    "region",
-    "gpu",
-    "user",
-    "state",
-    "wait_s",
-    "hold_s",
-    "held_s",
-    "max_hold_s",
-    "waiting_s",
-    "degraded",
-    "expired",
-    "released_by",
-    "backend",
-    "simulated",
-    "time",
-    "event",
-)
+from ..region_report import PUBLIC, RegionReport
+
+#: what anyone may know of another user's region: the report's public fields, and what a
+#: status row (a holder, a waiter), a history row or an event adds to them
+_REGION_KEYS = (*PUBLIC, "held_s", "waiting_s", "time", "event")
 
 
-def _mine(entry: dict[str, Any], viewer: int | None) -> bool:
-    return viewer is not None and entry.get("uid") == viewer
+def _mine(entry: dict[str, Any] | RegionReport, viewer: int | None) -> bool:
+    if isinstance(entry, RegionReport):
+        return viewer is not None and entry.uid == viewer
+    return viewer is not None and entry.get("uid") == viewer  # a status row: its session's uid
 
 
 def _reduced(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: entry[k] for k in _REGION_KEYS if k in entry}
 
 
-def report_view(report: dict[str, Any], viewer: int | None) -> dict[str, Any]:
+def report_view(report: dict[str, Any] | RegionReport, viewer: int | None) -> dict[str, Any]:
+    """A report (or a row that shows a region) as ``viewer`` may see it: whole when it is theirs."""
+    if isinstance(report, RegionReport):
+        return report.to_dict() if _mine(report, viewer) else report.public_dict()
     return report if _mine(report, viewer) else _reduced(report)
 
 

@@ -64,7 +64,7 @@ class NodeQueries:
     def regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
         viewer = self.viewer(req.ticket)
         recent = list(self.scheduler.history)[-max(0, req.limit) :]
-        return recent if viewer == -1 else [report_view(r, viewer) for r in recent]
+        return [r.to_dict() if viewer == -1 else report_view(r, viewer) for r in recent]
 
     def history(self, req: protocol.History, peer: Peer) -> Any:
         viewer = self.viewer(req.ticket)

@@ -2,9 +2,12 @@
 
 :class:`Quotas` is configured like the arbiter (traitlets: ``c.Quotas.sessions_per_user = 64``,
 per-user and per-group overrides, an admin group). It answers three questions for the
-arbiter's handlers, each refusal a :class:`~krex_lab.errors.QuotaExceeded` naming the limit:
-may this process register another session, may this user queue another request, how long may
-this user hold a GPU. Members of the admin group (and root) are exempt and may end any region.
+arbiter's handlers: may this process register another session, may this user queue another
+request (each refusal a :class:`~krex_lab.errors.QuotaExceeded` naming the user and the limit),
+and how long may this user hold a GPU (a longer lease is capped at the user's ``max_hold``, not
+refused: the region's report says so). :meth:`Quotas.reload` applies an edited config file
+without a restart (the arbiter does it on SIGHUP). Members of the admin group (and root) are
+exempt and may end any region.
 
 :class:`FairShare` is the scheduler's queue policy: the next region on a GPU goes to the user
 who has held GPUs least recently (hold seconds, decaying with a half-life), first-come within a
@@ -14,6 +17,7 @@ user. With one user it is the plain FIFO the single-user arbiter always had.
 from __future__ import annotations
 
 import grp
+import logging
 import math
 import pwd
 import resource
@@ -28,6 +32,8 @@ from traitlets.config import LoggingConfigurable
 from ..errors import QuotaExceeded
 from ..procfiles import KeptFiles
 from .region import Region
+
+log = logging.getLogger("krex.arbiter")
 
 #: file descriptors kept free for sockets, the journal, NVML and the like
 FD_RESERVE = 256
@@ -140,27 +146,69 @@ class Quotas(LoggingConfigurable):
         mine = sum(1 for s in every if s.uid == uid)
         if mine >= limits.sessions_per_user:
             raise QuotaExceeded(
-                f"uid {uid} has {mine} sessions: the limit is sessions_per_user={limits.sessions_per_user}"
+                f"user {user_name(uid)} has {_count(mine, 'session')}: the limit is "
+                f"sessions_per_user={limits.sessions_per_user}"
             )
         same_pid = sum(1 for s in every if s.pid == pid)
         if same_pid >= limits.sessions_per_process:
             raise QuotaExceeded(
-                f"process {pid} has {same_pid} sessions: the limit is sessions_per_process="
+                f"process {pid} has {_count(same_pid, 'session')}: the limit is sessions_per_process="
                 f"{limits.sessions_per_process}"
             )
 
-    def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> None:
+    def check_acquire(self, uid: int, max_hold: float, queued: Sequence[Region]) -> float:
+        """The lease this user gets for ``max_hold``: capped at the user's ``max_hold`` limit (a
+        course's 20 s quota must not fail every region that asks the arbiter's 60 s default);
+        :class:`QuotaExceeded` when the user already waits for ``queued_per_user`` regions."""
         if self.is_admin(uid):
-            return
+            return max_hold
         limits = self.limits_for(uid)
-        if limits.max_hold > 0 and max_hold > limits.max_hold:
-            raise QuotaExceeded(f"max_hold {max_hold:g} s is over this user's limit max_hold={limits.max_hold:g} s")
         waiting = sum(1 for r in queued if r.session.uid == uid)
         if waiting >= limits.queued_per_user:
             raise QuotaExceeded(
-                f"uid {uid} already has {waiting} requests waiting: the limit is queued_per_user="
-                f"{limits.queued_per_user}"
+                f"user {user_name(uid)} already has {_count(waiting, 'request')} waiting: the limit is "
+                f"queued_per_user={limits.queued_per_user}"
             )
+        if limits.max_hold > 0 and max_hold > limits.max_hold:
+            return float(limits.max_hold)
+        return max_hold
+
+    def reload(self, config: Any) -> list[str]:
+        """Take every option of this class from ``config`` (a traitlets ``Config``: the file read
+        again, the command line over it), dropping what the file no longer sets; returns the options
+        that changed. Group memberships are looked up again at once."""
+        fresh = Quotas(config=config)
+        changed = []
+        for name in self.trait_names(config=True):
+            new = getattr(fresh, name)
+            if getattr(self, name) != new:
+                setattr(self, name, new)
+                changed.append(name)
+        _groups_seen.clear()
+        return changed
+
+    def reload_from(self, config: Any, source: str) -> str:
+        """:meth:`reload` from ``source``'s ``config`` (read again on SIGHUP), logged; returns the
+        line ``krex status`` shows. A value traitlets refuses changes nothing: the old quotas stay."""
+        at = time.strftime("%H:%M:%S")
+        try:
+            changed = self.reload(config)
+        except Exception as exc:
+            note = f"reload from {source} failed at {at} ({exc}): the earlier quotas stay"
+            log.error("quotas: %s", note)
+            return note
+        note = f"reloaded from {source} at {at} ({', '.join(changed) if changed else 'nothing changed'})"
+        log.warning("quotas %s", note)
+        return note
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def user_name(uid: int) -> str:
+    """The user's name (the uid where it has none), for messages."""
+    return _user_and_groups(uid)[0]
 
 
 def _more_generous(key: str, a: Any, b: Any) -> Any:

@@ -21,6 +21,8 @@ from typing import Any
 
 from ..errors import KrexError
 from ..procutil import ancestors
+from ..protocol import RegionSpec
+from ..region_report import REVOKED, RegionReport
 from ..regions.drain import DrainResult
 from ..regions.freeze import FreezeResult
 from ..regions.isolate import IsolateResult
@@ -28,9 +30,6 @@ from ..regions.shield import ShieldResult
 from .sessions import Session
 
 Reply = Callable[[Any, "KrexError | None"], None]
-
-#: how ``released_by`` begins when an admin ended the region (``Release(force=True)``)
-REVOKED = "ended by admin"
 
 
 class RegionState(enum.Enum):
@@ -55,10 +54,8 @@ class Region:
     id: str
     gpu: int
     session: Session
-    max_hold: float
-    freeze: bool
-    isolate: bool
-    cores: int
+    #: what was asked, with the arbiter's defaults filled in (``max_hold``, ``cores``)
+    spec: RegionSpec
     reply: Reply
     requested: float = field(default_factory=time.monotonic)
     state: RegionState = RegionState.QUEUED
@@ -78,11 +75,28 @@ class Region:
     acks: dict[str, asyncio.Future[None]] = field(default_factory=dict)
     release_wanted: str = ""
     locking: bool = False
-    asked_exempt: list[int] = field(default_factory=list)
+    #: the lease asked for, where the user's max_hold quota capped it (max_hold is the cap)
+    capped_from: float | None = None
     watch_errors: list[str] = field(default_factory=list)
     #: sessions that exited, or ended their session, while being drained (nothing left to drain)
     gone: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def max_hold(self) -> float:
+        return self.spec.max_hold or 0.0
+
+    @property
+    def freeze(self) -> bool:
+        return self.spec.freeze
+
+    @property
+    def isolate(self) -> bool:
+        return self.spec.isolate
+
+    @property
+    def cores(self) -> int:
+        return self.spec.cores or 0
 
     async def timed(self, step: str, job: Awaitable[object]) -> None:
         """Await ``job`` and keep how long it took in :attr:`times` (the report's ``<step>_s``)."""
@@ -110,39 +124,44 @@ class Region:
         below = chain[: chain.index(self.session.pid)]
         return not any(p in sessions for p in below)
 
-    def report(self, backend: dict[str, Any]) -> dict[str, Any]:
+    def report(self, backend: dict[str, Any]) -> RegionReport:
         degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
-        return {
-            "region": self.id,
-            "gpu": self.gpu,
-            "session": self.session.id,
-            "holder_pid": self.session.pid,
-            "uid": self.session.uid,
-            "user": self.session.user,
-            "name": self.session.name,
-            **self.session.job,
-            "state": self.state.value,
-            "exempted": self.asked_exempt,
-            "max_hold_s": self.max_hold,
-            **{f"{k}_s": round(v, 6) for k, v in self.times.items()},
-            "drained": sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
-            "locked": self.drain.locked_pids + [p for p, _ in self.drain.late],
-            "no_lock_needed": {str(k): v for k, v in self.drain.unlocked_ok.items()},
-            "not_drained": {str(k): v for k, v in self.drain.not_drained.items()},
-            "gone": self.gone,
-            "intruders": self.drain.intruders,
-            "frozen": self.frozen.all_pids(),
-            "frozen_cgroups": self.frozen.cgroups,
-            "skipped_stopped": self.frozen.skipped,
-            "moved": self.isolated.moved_pids,
-            "cores": self.isolated.cores,
-            "shield": self.shielded.report(),
-            "failures": self.frozen.failed + self.isolated.failed + self.watch_errors,
-            "degraded": degraded,
-            "expired": self.released_by == "lease expired",
-            "revoked": self.released_by.startswith(REVOKED),
-            "released_by": self.released_by,
-            "backend": backend["backend"],
-            "simulated": backend["simulated"],
-            "lock_capable": backend["capabilities"]["lock"],
-        }
+        # Each step's time as its field (a step with no field is a TypeError here, not a lost time).
+        times: dict[str, Any] = {f"{k}_s": round(v, 6) for k, v in self.times.items()}
+        return RegionReport(
+            region=self.id,
+            gpu=self.gpu,
+            session=self.session.id,
+            holder_pid=self.session.pid,
+            uid=self.session.uid,
+            user=self.session.user,
+            name=self.session.name,
+            slurm_job=self.session.job.get("slurm_job"),
+            slurm_step=self.session.job.get("slurm_step"),
+            account=self.session.job.get("account"),
+            state=self.state.value,
+            exempted=list(self.spec.exempt),
+            max_hold_s=self.max_hold,
+            max_hold_asked_s=self.capped_from,
+            **times,
+            drained=sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
+            locked=self.drain.locked_pids + [p for p, _ in self.drain.late],
+            no_lock_needed={str(k): v for k, v in self.drain.unlocked_ok.items()},
+            not_drained={str(k): v for k, v in self.drain.not_drained.items()},
+            gone=list(self.gone),
+            intruders=list(self.drain.intruders),
+            frozen=self.frozen.all_pids(),
+            frozen_cgroups=list(self.frozen.cgroups),
+            skipped_stopped=list(self.frozen.skipped),
+            moved=list(self.isolated.moved_pids),
+            cores=list(self.isolated.cores),
+            shield=self.shielded.report(),
+            failures=self.frozen.failed + self.isolated.failed + self.watch_errors,
+            degraded=degraded,
+            expired=self.released_by == "lease expired",
+            revoked=self.released_by.startswith(REVOKED),
+            released_by=self.released_by,
+            backend=backend["backend"],
+            simulated=backend["simulated"],
+            lock_capable=backend["capabilities"]["lock"],
+        )

@@ -11,16 +11,19 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
 from .. import protocol
 from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
 from ..procutil import ancestors, proc_uid
+from ..region_report import REVOKED
 from ..regions.cgroups import CgroupPlacer
 from ..regions.freeze import FREEZE_FILES
 from ..service import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas
-from .region import REVOKED, RegionState
+from .region import RegionState
 from .scheduler import Scheduler
 from .sessions import Session, SessionTable
 from .slurm_jobs import SlurmJobs
@@ -168,9 +171,9 @@ class SessionRequests:
         if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
-            return protocol.Granted(
-                region=parent.id, gpu=gpu, report={**parent.report(self.backend_info), "nested": True}
-            )
+            report = parent.report(self.backend_info)
+            report.nested = True
+            return protocol.Granted(region=parent.id, gpu=gpu, report=report)
         mine = [
             r
             for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
@@ -186,9 +189,11 @@ class SessionRequests:
                 raise InvalidRequest(f"exempt process {pid} does not exist")
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
-        self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
-        region = self.scheduler.request(session, gpu, max_hold, req.freeze, req.isolate, cores, peer.reply)
-        region.asked_exempt = list(req.exempt)
+        lease = self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
+        spec = msgspec.structs.replace(req.spec, gpu=gpu, max_hold=lease, cores=cores)
+        region = self.scheduler.request(session, spec, peer.reply)
+        if lease < max_hold:
+            region.capped_from = max_hold
         return DEFERRED
 
     def release(self, req: protocol.Release, peer: Peer) -> Any:
@@ -196,37 +201,45 @@ class SessionRequests:
         region = self.scheduler.find(req.region)
         if region is None:
             past = self.scheduler.past(req.region)
-            if past is not None and past["session"] == session.id:
+            if past is not None and past.session == session.id:
                 return past  # already released (lease expiry): the report says why
             raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
         if session.within == region.id and region.session.id != session.id:
-            return {**region.report(self.backend_info), "nested": True}  # the holder releases it
+            report = region.report(self.backend_info)
+            report.nested = True  # the holder releases it
+            return report
         if region.session.id != session.id and req.force:
-            if not self.quotas.is_admin(session.uid):
-                raise PermissionDenied(
-                    f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
-                )
-            log.warning(
-                "region %s of %s ended by admin uid %d (session %s)",
-                region.id,
-                region.session.user,
-                session.uid,
-                session.id,
-            )
-            return self.scheduler.release(region, f"{REVOKED} uid {session.uid}")
+            return self._revoke(region, session.uid, f"session {session.id}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
         if req.leave:
             return self._release_and_leave(session, region)
         return self.scheduler.release(region, "released by holder")
 
-    async def _release_and_leave(self, session: Session, region: Any) -> dict[str, Any]:
+    async def _release_and_leave(self, session: Session, region: Any) -> Any:
         # Out of the table before the release grants the next region: not its sibling.
         self.sessions.remove(session.id)
         try:
             return await self.scheduler.release(region, "released by holder")
         finally:
             self.session_gone(session, "session ended")
+
+    def end_region(self, req: protocol.EndRegion, peer: Peer) -> Any:
+        """An admin ends (or withdraws) any region, named by an identity ticket: no session of its
+        own, so the admin page is never a sibling that regions drain or freeze."""
+        uid = self.tickets.redeem(req.ticket).uid
+        region = self.scheduler.find(req.region)
+        if region is None:
+            raise NotHolder(f"region {req.region!r} is not held or requested")
+        return self._revoke(region, uid, "an identity ticket")
+
+    def _revoke(self, region: Any, uid: int, by: str) -> Any:
+        if not self.quotas.is_admin(uid):
+            raise PermissionDenied(
+                f"only root and members of group {self.quotas.admin_group!r} may end another session's region"
+            )
+        log.warning("region %s of %s ended by admin uid %d (%s)", region.id, region.session.user, uid, by)
+        return self.scheduler.release(region, f"{REVOKED} uid {uid}")
 
     def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
         session = self.sessions.get(req.session, req.token)

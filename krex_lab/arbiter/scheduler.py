@@ -22,7 +22,8 @@ from typing import Any, Protocol
 from ..errors import KrexError, RegionCancelled
 from ..procfiles import KEPT
 from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
-from ..protocol import Granted
+from ..protocol import Granted, RegionSpec
+from ..region_report import RegionReport
 from ..regions.freeze import thaw
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
@@ -75,7 +76,7 @@ class Scheduler:
         notify: Notifier,
         config: SchedulerConfig,
         policy: QueuePolicy | None = None,
-        on_finish: Callable[[dict[str, Any]], None] | None = None,
+        on_finish: Callable[[RegionReport], None] | None = None,
     ) -> None:
         self.sessions = sessions
         #: called (on the loop, must not block) with each finished region's report: the history
@@ -92,8 +93,10 @@ class Scheduler:
         }
         self.queues: dict[int, collections.deque[Region]] = {g: collections.deque() for g in range(gpus)}
         self.active: dict[int, Region | None] = dict.fromkeys(range(gpus))
-        self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=config.history)
+        self.history: collections.deque[RegionReport] = collections.deque(maxlen=config.history)
         self._ids = itertools.count(1)
+        #: the region ids of this arbiter start after this number (:meth:`number_after`)
+        self.first_id = 1
         self._tasks: set[asyncio.Future[Any]] = set()
         self._intruders: dict[str, tuple[Region, asyncio.TimerHandle]] = {}
         #: sessions stopped as intruders before they queued: when, and by which region
@@ -113,19 +116,16 @@ class Scheduler:
         return task
 
     # -- requests -------------------------------------------------------------------------
-    def request(
-        self, session: Session, gpu: int, max_hold: float, freeze: bool, isolate: bool, cores: int, reply: Reply
-    ) -> Region:
-        region = Region(
-            id=f"r{next(self._ids)}",
-            gpu=gpu,
-            session=session,
-            max_hold=max_hold,
-            freeze=freeze,
-            isolate=isolate,
-            cores=cores,
-            reply=reply,
-        )
+    def number_after(self, last: int) -> None:
+        """Number this arbiter's regions after ``last`` (the history's highest id): ids a user
+        types (``krex history``, the admin page) never repeat across restarts."""
+        self.first_id = last + 1
+        self._ids = itertools.count(self.first_id)
+
+    def request(self, session: Session, spec: RegionSpec, reply: Reply) -> Region:
+        """Queue a region as ``spec`` says (its GPU, lease and cores filled in by the caller)."""
+        gpu = session.gpu if spec.gpu is None else spec.gpu
+        region = Region(id=f"r{next(self._ids)}", gpu=gpu, session=session, spec=spec, reply=reply)
         self.queues[gpu].append(region)
         self.notify.publish(
             "region",
@@ -161,10 +161,10 @@ class Scheduler:
                     return queued
         return None
 
-    def past(self, region_id: str) -> dict[str, Any] | None:
-        return next((r for r in reversed(self.history) if r["region"] == region_id), None)
+    def past(self, region_id: str) -> RegionReport | None:
+        return next((r for r in reversed(self.history) if r.region == region_id), None)
 
-    async def release(self, region: Region, reason: str) -> dict[str, Any]:
+    async def release(self, region: Region, reason: str) -> RegionReport:
         """Release a held region or withdraw a queued one; returns its final report."""
         if region.state is RegionState.QUEUED:
             self.queues[region.gpu].remove(region)
@@ -172,17 +172,17 @@ class Scheduler:
             region.released_by = reason
             region.reply(None, RegionCancelled(f"region {region.id} was withdrawn before its grant ({reason})"))
             report = self._finish_report(region)
-            self.notify.publish("region", {"event": "withdrawn", **report})
+            self.notify.publish("region", {"event": "withdrawn", **report.to_dict()})
             return report
         if region.state is RegionState.GRANTING:
             region.release_wanted = reason
             await region.done.wait()
-            return self.past(region.id) or {}
+            return self.past(region.id) or RegionReport()
         if region.state is RegionState.HELD:
             await self._undo(region, reason)
         else:
             await region.done.wait()
-        return self.past(region.id) or {}
+        return self.past(region.id) or RegionReport()
 
     def session_gone(self, session: Session, reason: str) -> None:
         KEPT.forget(session.pid)  # the /proc files kept for its tree walks
@@ -225,7 +225,7 @@ class Scheduler:
         region.drain_exempt = own
         # Never stopped: the holder, its ancestors, and the clients it named (each process
         # itself, not its other descendants: a client's other children are drained and frozen).
-        region.exempt = own | set(ancestors(holder.pid)) | set(region.asked_exempt)
+        region.exempt = own | set(ancestors(holder.pid)) | set(region.spec.exempt)
         try:
             self.steps.gate.close(region.gpu, region.id, holder.pid)
             siblings = [s for s in self.sessions.on_gpu(region.gpu) if s.id != holder.id and s.pid not in region.exempt]
@@ -288,7 +288,7 @@ class Scheduler:
         if self.steps.locker.can_lock:
             region.watcher = self._spawn(self.draining.watch_intruders(region))
         report = region.report(self.backend_info)
-        self.notify.publish("region", {"event": "granted", **report})
+        self.notify.publish("region", {"event": "granted", **report.to_dict()})
         region.reply(Granted(region=region.id, gpu=region.gpu, report=report), None)
 
     @staticmethod
@@ -416,7 +416,7 @@ class Scheduler:
                 region.times["hold"] = time.monotonic() - region.granted_at
             self.policy.charge(region.session.uid, region.times.get("hold", 0.0))
             report = self._finish_report(region)
-            self.notify.publish("region", {"event": "released", **report})
+            self.notify.publish("region", {"event": "released", **report.to_dict()})
             self.active[region.gpu] = None
             region.done.set()
             self._kick(region.gpu)
@@ -437,14 +437,14 @@ class Scheduler:
         errors = await self.steps.locker.unlock_all(region.drain.locked + region.drain.late)
         region.isolated.failed.extend(errors)
 
-    def _finish_report(self, region: Region) -> dict[str, Any]:
+    def _finish_report(self, region: Region) -> RegionReport:
         report = region.report(self.backend_info)
         # Wall-clock times (epoch seconds) for the history that outlives this process.
         now, mono = time.time(), time.monotonic()
-        report["requested_at"] = round(now - (mono - region.requested), 6)
+        report.requested_at = round(now - (mono - region.requested), 6)
         if region.granted_at:
-            report["granted_at"] = round(now - (mono - region.granted_at), 6)
-        report["released_at"] = round(now, 6)
+            report.granted_at = round(now - (mono - region.granted_at), 6)
+        report.released_at = round(now, 6)
         self.history.append(report)
         if self.on_finish is not None:
             try:

@@ -27,6 +27,7 @@ from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
 from ..procfiles import KEPT
+from ..region_report import RegionReport
 from ..regions.cgroups import CgroupPlacer
 from ..regions.corelock import NodeCoreLock
 from ..regions.drain import Locker
@@ -121,7 +122,7 @@ class Arbiter(LoggingConfigurable):
         help="Threads that make a drain's driver locks at once (1: one after another). Fewer threads "
         "lock idle siblings faster (15 of them: 3.3 ms in 4 threads, 5.5 ms in 16 on the H200), but "
         "a sibling not yet locked keeps queueing GPU work: with 15 busy siblings the drain took 542 ms "
-        "in 4 threads against 348 ms in 16 (benchmarks/lock_cost.py, arbiter_latency.py, 2026-12-01).",
+        "in 4 threads against 348 ms in 16 (benchmarks/probes/lock_cost.py, arbiter_latency.py, 2026-12-01).",
     ).tag(config=True)
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True
@@ -270,6 +271,7 @@ class Arbiter(LoggingConfigurable):
                 protocol.Unregister: lambda req, peer: self.requests.unregister(req, peer),
                 protocol.Acquire: lambda req, peer: self.requests.acquire(req, peer),
                 protocol.Release: lambda req, peer: self.requests.release(req, peer),
+                protocol.EndRegion: lambda req, peer: self.requests.end_region(req, peer),
                 protocol.DrainAck: lambda req, peer: self.requests.drain_ack(req, peer),
                 protocol.History: lambda req, peer: self.queries.history(req, peer),
             },
@@ -322,6 +324,8 @@ class Arbiter(LoggingConfigurable):
             isolate_deadline=self.isolate_deadline,
         )
         self.quotas = Quotas(parent=self)
+        #: the last SIGHUP's quota reload, as `krex status` shows it (ArbiterApp.reload_quotas)
+        self.quotas_note = ""
         fd_limit = raise_fd_limit()
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
@@ -442,6 +446,7 @@ class Arbiter(LoggingConfigurable):
             return
         try:
             self.region_history.open()
+            self.scheduler.number_after(self.region_history.highest_region_number())
         except (OSError, sqlite3.Error, KrexError) as exc:
             self.history_off = f"the region history {self.region_history.path} could not be opened: {exc}"
             log.error("%s; regions are not recorded", self.history_off)
@@ -449,8 +454,17 @@ class Arbiter(LoggingConfigurable):
             if self.metrics is not None:
                 self.metrics.history = None
 
-    def _region_finished(self, report: dict[str, Any]) -> None:
+    def _region_finished(self, report: RegionReport) -> None:
         """Each finished region's report (on the loop: both only enqueue or count)."""
+        if report.degraded:
+            # Said where operators look: a degraded region's timings may be disturbed.
+            log.warning(
+                "region %s of %s on GPU %d was DEGRADED: %s",
+                report.region,
+                report.user,
+                report.gpu,
+                "; ".join(report.why_degraded()) or "no reason recorded",
+            )
         if self.region_history is not None:
             self.region_history.add(report)
         if self.metrics is not None:
@@ -482,6 +496,8 @@ class Arbiter(LoggingConfigurable):
             "shield_linger_s": self.scheduler.steps.linger,
             #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
             "cgroups": self.placer.reason,
+            #: the last SIGHUP's quota reload (empty: the quotas it started with)
+            "quotas": self.quotas_note,
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)

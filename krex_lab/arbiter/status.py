@@ -72,23 +72,36 @@ def format_table(status: dict[str, Any]) -> str:
         f"  drain by driver lock: {'yes' if a['capabilities']['lock'] else 'no'}"
         + (f" ({a['capabilities']['reason']})" if a["capabilities"].get("reason") else ""),
     ]
+    if a.get("quotas"):
+        lines.append(f"  quotas: {a['quotas']}")
     for g in status["gpus"]:
         mem = f"{g['memory_used'] / 2**30:.1f}/{g['memory_total'] / 2**30:.0f} GiB" if g["memory_total"] else "-"
         util = f"{g['utilization_gpu']:.0f}%" if g.get("utilization_gpu") is not None else "-"
         lines.append(f"GPU {g['index']}: {g['name']}  mem {mem}  util {util}  gate {g['gate']}")
-        h = g["holder"]
-        if h:
-            lines.append(
-                f"  holder: {h['name']} (pid {h['pid']}, {h['user']}) region {h['region']} "
-                f"{h['state']} {h['held_s']:.1f}/{h['max_hold_s']:.0f} s{_job(h)}"
-            )
-        else:
-            lines.append("  holder: -")
-        for i, q in enumerate(g["queue"], 1):
-            lines.append(f"  waiting {i}: {q['name']} (pid {q['pid']}, {q['user']}) {q['waiting_s']:.1f} s{_job(q)}")
-        for s in g["sessions"]:
-            lines.append(f"  session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}{_job(s)}")
+        lines.extend("  " + row for row in gpu_rows(g))
     return "\n".join(lines)
+
+
+def who(entry: dict[str, Any]) -> str:
+    """A holder's or waiter's owner as far as the viewer may see it: ``name (pid N, user)`` for
+    their own (or anyone's, for an admin or an open arbiter), ``user U`` for another user's, whose
+    name and pid the privacy view leaves out."""
+    if "name" in entry and "pid" in entry:
+        return f"{entry['name']} (pid {entry['pid']}, {entry.get('user', '?')})"
+    return f"user {entry.get('user', '?')}"
+
+
+def holder_row(h: dict[str, Any] | None) -> str:
+    if not h:
+        return "holder: -"
+    return (
+        f"holder: {who(h)} region {h['region']} {h.get('state', '')} "
+        f"{h.get('held_s') or 0.0:.1f}/{h.get('max_hold_s') or 0.0:.0f} s{_job(h)}"
+    )
+
+
+def queue_row(i: int, q: dict[str, Any]) -> str:
+    return f"waiting {i}: {who(q)} {q.get('waiting_s') or 0.0:.1f} s{_job(q)}"
 
 
 def _job(entry: dict[str, Any]) -> str:
@@ -97,3 +110,18 @@ def _job(entry: dict[str, Any]) -> str:
         return ""
     account = f" ({entry['account']})" if entry.get("account") else ""
     return f" slurm job {entry['slurm_job']}.{entry.get('slurm_step', '?')}{account}"
+
+
+def gpu_rows(g: dict[str, Any]) -> list[str]:
+    """The rows of one GPU of a status table, for any viewer at any privacy level: the holder, the
+    queue in order, the viewer's sessions (every session, for an admin) and the other users' as
+    names and counts (``other_sessions``, what a private arbiter shows of them)."""
+    rows = [holder_row(g.get("holder"))]
+    rows.extend(queue_row(i, q) for i, q in enumerate(g.get("queue", []), 1))
+    for s in g.get("sessions", []):
+        rows.append(f"session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}{_job(s)}")
+    others = g.get("other_sessions") or {}
+    if others:
+        counts = ", ".join(f"{u} ({n})" for u, n in sorted(others.items()))
+        rows.append(f"other users' sessions: {counts}")
+    return rows

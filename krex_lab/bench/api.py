@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..region_report import RegionReport
 from .frameworks import HostAdapter, make_adapter
 from .measurement import NO_GPU, Measurement
 from .stats import CONVERGED, STABLE, Criterion, noise_met
@@ -38,7 +39,7 @@ class _Held:
     """The region a measurement runs in (or None); ``report`` is final after the block."""
 
     def __init__(self) -> None:
-        self.report: dict[str, Any] | None = None
+        self.report: RegionReport | None = None
 
 
 @contextmanager
@@ -71,21 +72,17 @@ def _region(
         if "already holds" not in str(exc):
             raise
         # Called inside the caller's own region (%%krex_exclusive, `with exclusive()`): use it.
-        held.report = {
-            "nested": True,
-            "region": str(exc).split(" already holds or waits for ")[-1].split()[0],
-            "note": "measured inside a region this session already holds",
-        }
+        held.report = RegionReport(region=str(exc).split(" already holds or waits for ")[-1].split()[0], nested=True)
         yield held
         return
     try:
         yield held
     finally:
         report = region.release()
-        held.report = client.RegionReport(report)
-    if report.get("expired"):
+        held.report = report
+    if report.expired:
         raise LeaseExpired(
-            f"region {region.id} exceeded max_hold={report.get('max_hold_s')} s before the "
+            f"region {region.id} exceeded max_hold={report.max_hold_s} s before the "
             "measurement ended: pass a larger max_hold= or a shorter timeout="
         )
 
@@ -221,7 +218,7 @@ def bench(
             f"{state.discarded} samples discarded while the GPU was throttled: "
             + ", ".join(f"{k} ({v})" for k, v in state.discard_reasons.items())
         )
-    if held.report and held.report.get("simulated"):
+    if held.report is not None and held.report.simulated:
         notes.append("the arbiter runs a simulated (fake) backend: the region did not stop real GPU work")
     return Measurement.from_samples(
         label,

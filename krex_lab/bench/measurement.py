@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..region_report import RegionReport
 from .stats import CONVERGED, noise_met, summarize
 
 #: said wherever a measurement shows that its times are host times (no GPU work was timed)
@@ -61,11 +62,29 @@ class Measurement:
     phases: dict[str, float] = field(default_factory=dict)
     clocks: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
-    #: the region's report (``krex_lab.RegionReport``), None with ``exclusive=False``
-    region: dict[str, Any] | None = None
+    #: the region's report, None with ``exclusive=False``
+    region: RegionReport | None = None
     criterion: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     unit: str = "ms"
+
+    def __post_init__(self) -> None:
+        # A result timed in a degraded region is said to be, first, wherever it is shown.
+        said = self._degraded_text()
+        if said and said not in self.warnings:
+            self.warnings.insert(0, said)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the region these times were taken in was degraded (something not drained,
+        frozen or isolated): other work may have disturbed them."""
+        return self.region is not None and self.region.degraded
+
+    def _degraded_text(self) -> str:
+        if self.region is None or not self.region.degraded:
+            return ""
+        why = "; ".join(self.region.why_degraded()) or "no reason recorded"
+        return f"DEGRADED region {self.region.region}: {why} (these times may be disturbed by other work)"
 
     @classmethod
     def from_samples(cls, name: str, framework: str, method: str, samples: list[float], **fields: Any) -> Measurement:
@@ -131,7 +150,8 @@ class Measurement:
             "phases": dict(self.phases),
             "clocks": dict(self.clocks),
             "device": dict(self.device),
-            "region": dict(self.region) if self.region is not None else None,
+            "region": self.region.to_dict() if self.region is not None else None,
+            "degraded": self.degraded,
             "criterion": dict(self.criterion),
             "warnings": list(self.warnings),
         }
@@ -166,19 +186,21 @@ class Measurement:
         if self.region is None:
             return "no region (exclusive=False)"
         r = self.region
-        if r.get("nested"):
-            return f"inside region {r.get('region')} (already held)"
-        sim = " [simulated GPU]" if r.get("simulated") else ""
+        if r.nested:
+            return f"inside region {r.region} (already held)"
+        sim = " [simulated GPU]" if r.simulated else ""
+        degraded = f" - {self._degraded_text()}" if r.degraded else ""
         return (
-            f"region {r.get('region')} on GPU {r.get('gpu')}{sim}: frozen {len(r.get('frozen', []))}, "
-            f"drained {len(r.get('drained', []))}, cores {r.get('cores', [])}"
+            f"region {r.region} on GPU {r.gpu}{sim}: frozen {len(r.frozen)}, "
+            f"drained {len(r.drained)}, cores {r.cores}{degraded}"
         )
 
     def summary(self) -> str:
         host = self._host_text()
         sim = f" [{host}]" if host else ""
+        degraded = f"{self._degraded_text()}; " if self.degraded else ""
         return (
-            f"{self.name}: median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
+            f"{self.name}: {degraded}median {fmt_ms(self.median)} (p5 {fmt_ms(self.p5)}, p95 {fmt_ms(self.p95)}), "
             f"noise {self.rel_stdev:.2%}, {self.n} samples, {self.discarded} discarded (throttled), "
             f"{self._stop_text()}; {self.framework}, {self.method}{sim}"
         )
@@ -238,6 +260,7 @@ class Comparison:
                 "simulated": m.simulated,
                 "gpu_timed": m.gpu_timed,
                 "converged": m.converged,
+                "degraded": m.degraded,
             }
             for k, m in self.measurements.items()
         ]
@@ -254,6 +277,9 @@ class Comparison:
             )
         if any(r["simulated"] for r in self.rows()):
             lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
+        degraded = [name for name, m in self.measurements.items() if m.degraded]
+        if degraded:
+            lines.append(f"(DEGRADED region for {', '.join(degraded)}: these times may be disturbed)")
         host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
         if host:
             lines.append(f"({NO_GPU} for {', '.join(host)}: host clock)")

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..region_report import RegionReport
+
 #: regions kept per GPU for the timeline
 MAX_REGIONS = 24
 
@@ -183,7 +185,8 @@ def _from_status(
             memory[int(p["pid"])] = memory.get(int(p["pid"]), 0) + int(p["used_memory"])
     finished: dict[int, list[RegionRecord]] = {}
     for r in regions:
-        finished.setdefault(int(r.get("gpu", -1)), []).append(_record(r))
+        report = RegionReport.from_dict(r)
+        finished.setdefault(report.gpu, []).append(_record(report))
     gpus = []
     for g in status.get("gpus") or ():
         index = int(g["index"])
@@ -273,21 +276,21 @@ def _old_memory(old: GpuState | None, session_id: str) -> int | None:
     return next((s.memory for s in old.sessions if s.id == session_id), None)
 
 
-def _record(r: Mapping[str, Any]) -> RegionRecord:
+def _record(r: RegionReport) -> RegionRecord:
     return RegionRecord(
-        region=str(r.get("region", "?")),
-        session=str(r.get("session", "")),
-        user=str(r.get("user", "")),
-        name=str(r.get("name", "")),
-        wait_s=float(r.get("wait_s", 0.0)),
-        hold_s=None if r.get("hold_s") is None else float(r["hold_s"]),
-        acquire_s=float(r.get("acquire_s", 0.0)),
-        drained=len(r.get("drained") or ()),
-        frozen=len(r.get("frozen") or ()),
-        degraded=bool(r.get("degraded", False)),
-        expired=bool(r.get("expired", False)),
-        released_by=str(r.get("released_by", "")),
-        not_drained=len(r.get("not_drained") or ()),
+        region=r.region or "?",
+        session=r.session,
+        user=r.user,
+        name=r.name,
+        wait_s=r.wait_s or 0.0,
+        hold_s=r.hold_s,
+        acquire_s=r.acquire_s or 0.0,
+        drained=len(r.drained),
+        frozen=len(r.frozen),
+        degraded=r.degraded,
+        expired=r.expired,
+        released_by=r.released_by,
+        not_drained=len(r.not_drained),
     )
 
 
@@ -382,26 +385,33 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
     if kind == "granted":
         if any(r.region == rid for r in g.regions):
             return _replace_gpu(state, g.index, queue=queue)  # a late event of a region already over
-        s = state.session(str(data.get("session", "")))
+        r = RegionReport.from_dict(data)
+        s = state.session(r.session)
         granted = Holder(
             region=rid,
-            session=str(data.get("session", "")),
-            pid=int(data.get("holder_pid", 0)),
-            user=str(data.get("user", "")),
-            name=str(data.get("name", "")),
+            session=r.session,
+            pid=r.holder_pid,
+            user=r.user,
+            name=r.name,
             role=s.role if s else "",
             since=at,
-            max_hold_s=float(data.get("max_hold_s", 0.0)),
-            degraded=bool(data.get("degraded", False)),
-            intruders=len(data.get("intruders") or ()),
-            frozen=tuple(int(p) for p in data.get("frozen") or ()),
+            max_hold_s=r.max_hold_s,
+            degraded=r.degraded,
+            intruders=len(r.intruders),
+            frozen=tuple(r.frozen),
         )
         return _replace_gpu(state, g.index, queue=queue, holder=granted, gate_closed=True)
     if kind == "withdrawn":  # left the queue before its grant (Ctrl-C, its session ended)
         return _replace_gpu(state, g.index, queue=queue)
     if kind == "released":
         still = None if g.holder is not None and g.holder.region == rid else g.holder
-        return _replace_gpu(state, g.index, queue=queue, holder=still, regions=_merge(g.regions, [_record(data)]))
+        return _replace_gpu(
+            state,
+            g.index,
+            queue=queue,
+            holder=still,
+            regions=_merge(g.regions, [_record(RegionReport.from_dict(data))]),
+        )
     return state
 
 

@@ -102,10 +102,12 @@ def holder_html(gpu: GpuState, now: float) -> str:
         f'<div style="display:inline-block;width:120px;height:8px;background:#ddd;vertical-align:middle">'
         f'<div style="width:{frac * 100:.0f}%;height:8px;background:{color}"></div></div>'
     )
+    # Another user's region on a private arbiter carries no session name or pid: say whose it is
+    # and no more (never "pid 0").
+    what = f" &middot; {esc(h.name)} ({esc(h.role or 'session')}, pid {h.pid})" if h.pid else ""
     return (
-        f"<b>region {esc(h.region)}</b> held by <b>{esc(h.user)}</b> &middot; {esc(h.name)} "
-        f"({esc(h.role or 'session')}, pid {h.pid}) {bar} {fmt_s(elapsed)} / {fmt_s(h.max_hold_s)} "
-        f"max_hold{flags}"
+        f"<b>region {esc(h.region)}</b> held by <b>{esc(h.user)}</b>{what} "
+        f"{bar} {fmt_s(elapsed)} / {fmt_s(h.max_hold_s)} max_hold{flags}"
     )
 
 
@@ -113,7 +115,7 @@ def queue_html(gpu: GpuState, now: float) -> str:
     if not gpu.queue:
         return '<b>waiting:</b> <span class="krex-muted">nobody</span>'
     items = "".join(
-        f"<li>{esc(w.user)} &middot; {esc(w.name)} (pid {w.pid}, {esc(w.region)}) "
+        f"<li>{esc(w.user)}{f' &middot; {esc(w.name)} (pid {w.pid}, {esc(w.region)})' if w.pid else ''} "
         f"waiting {fmt_s(max(0.0, now - w.since))}</li>"
         for w in gpu.queue
     )

@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,9 @@ from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
 from .. import protocol
+from ..arbiter.status import holder_row, queue_row
 from ..errors import KrexError
+from ..region_report import RegionReport
 from .charts import Bar, Sample, gantt_svg, utilisation_svg
 from .config import ADMIN_SCOPE
 
@@ -61,8 +62,6 @@ class Arbiter:
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint or os.environ.get("KREX_ENDPOINT") or ""
-        self._session: Any = None
-        self._lock = threading.Lock()
 
     def _connection(self) -> Any:
         from ..client import Connection
@@ -90,9 +89,11 @@ class Arbiter:
             return None
         conn = self._connection()
         try:
-            ticket = conn.ticket()
-            recent = conn.call(request_type(limit=limit, ticket=ticket), timeout=5.0)
-            usage = conn.call(request_type(usage=True, since=time.time() - 7 * 86400, ticket=ticket), timeout=5.0)
+            # An identity ticket is good for one request: each call gets its own.
+            recent = conn.call(request_type(limit=limit, ticket=conn.ticket()), timeout=5.0)
+            usage = conn.call(
+                request_type(usage=True, since=time.time() - 7 * 86400, ticket=conn.ticket()), timeout=5.0
+            )
             return {"recent": list(recent.get("rows", [])), "usage": usage}
         except KrexError as exc:  # an older arbiter: "unknown op"
             log.info("no region history from the arbiter: %s", exc)
@@ -100,27 +101,15 @@ class Arbiter:
         finally:
             conn.close()
 
-    def _admin_session(self) -> Any:
-        from ..client import Session
-
-        if self._session is None:
-            self._session = Session(role="client", name="krex-admin service", control=False, endpoint=self.endpoint)
-        return self._session
-
-    def end_region(self, region: str) -> dict[str, Any]:
-        """End (or withdraw) ``region`` whoever holds it: ``Release(force=True)``."""
-        with self._lock:
-            for attempt in (0, 1):
-                try:
-                    result: dict[str, Any] = self._admin_session().call(
-                        protocol.Release(region=region, force=True), timeout=15.0
-                    )
-                    return result
-                except KrexError as exc:
-                    if attempt or "session" not in str(exc).lower():
-                        raise
-                    self._session = None  # the arbiter restarted: register again
-        raise AssertionError("unreachable")
+    def end_region(self, region: str) -> RegionReport:
+        """End (or withdraw) ``region`` whoever holds it, as root: ``EndRegion`` with this process's
+        identity ticket (no session of the page's own, which regions would drain and freeze)."""
+        conn = self._connection()
+        try:
+            result: RegionReport = conn.call(protocol.EndRegion(region=region, ticket=conn.ticket()), timeout=15.0)
+            return result
+        finally:
+            conn.close()
 
     def end_queue(self, session: str) -> list[str]:
         """Withdraw every queued request of ``session``; returns the regions withdrawn."""
@@ -129,11 +118,6 @@ class Arbiter:
         for region in ids:
             self.end_region(region)
         return ids
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
 
 
 class Telemetry:
@@ -162,20 +146,14 @@ class Telemetry:
 
     def add_regions(self, reports: list[dict[str, Any]]) -> None:
         """Finished regions with wall-clock times (history rows, or ``Regions`` reports that carry them)."""
-        for r in reports:
-            end = r.get("released_at")
-            if not end or r.get("gpu") is None:
+        for r in map(RegionReport.from_dict, reports):
+            end = r.released_at
+            if not end or r.gpu < 0:
                 continue
-            start = r.get("granted_at") or float(end) - float(r.get("hold_s") or 0.0)
-            if r.get("acquire_s") is None and not r.get("granted_at") and not r.get("hold_s"):
+            if not r.granted and not r.granted_at and not r.hold_s:
                 continue  # withdrawn: never held
-            self.bars[str(r["region"])] = (
-                int(r["gpu"]),
-                str(r.get("user")),
-                float(start),
-                float(end),
-                str(r["region"]),
-            )
+            start = r.granted_at or end - (r.hold_s or 0.0)
+            self.bars[r.region] = (r.gpu, r.user, start, end, r.region)
 
 
 def quota_use(table: dict[str, Any], quotas: Any | None) -> list[dict[str, Any]]:
@@ -197,7 +175,11 @@ def quota_use(table: dict[str, Any], quotas: Any | None) -> list[dict[str, Any]]
         if quotas is not None and isinstance(u["uid"], int):
             try:
                 lim = quotas.limits_for(u["uid"])
-                u["limits"] = {"sessions_per_user": lim.sessions_per_user, "queued_per_user": lim.queued_per_user}
+                u["limits"] = {
+                    "sessions_per_user": lim.sessions_per_user,
+                    "queued_per_user": lim.queued_per_user,
+                    "max_hold": lim.max_hold,
+                }
                 u["exempt"] = quotas.is_admin(u["uid"])
             except (KeyError, OSError, ValueError):
                 pass
@@ -292,6 +274,8 @@ class PageHandler(AdminHandler):
             message=self.get_argument("message", ""),
             base=self.settings["krex_prefix"],
             esc=html.escape,
+            holder_row=holder_row,
+            queue_row=queue_row,
         )
 
     def _charts(self, gpus: list[int]) -> dict[str, str]:
@@ -324,7 +308,7 @@ class EndRegionHandler(AdminHandler):
         try:
             report = await self.blocking(self.arbiter.end_region, region)
             log.warning("KREX admin %s ended region %s", user.get("name"), region)
-            message = f"ended region {region} ({report.get('released_by', '')})"
+            message = f"ended region {region} ({report.released_by})"
         except KrexError as exc:
             message = f"could not end {region}: {exc}"
         self._done(message)
@@ -417,7 +401,6 @@ async def _serve(app: web.Application, host: str, port: int, poll: float) -> Non
         await stop.wait()
     finally:
         server.stop()
-        arbiter.close()
 
 
 if __name__ == "__main__":

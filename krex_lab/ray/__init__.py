@@ -3,7 +3,7 @@
     import ray, krex_lab.ray as kr
     ray.init(address="auto")
     for result in kr.evaluate([kr.Candidate(my_kernel, (x,)) for x in inputs]):
-        print(result.node, result.gpu, result.best, result.region["hold_s"])
+        print(result.node, result.gpu, result.best, result.region.hold_s)
     print(kr.format_cluster(kr.cluster_status()))      # also: krex status --ray
     kr.cluster_dashboard()                             # in a notebook: every node's GPUs, live
 

@@ -70,7 +70,7 @@ def run_candidate(candidate: Candidate) -> dict[str, Any]:
         ok=failure is None,
         times=times,
         value=None if value is None else repr(value)[:200],
-        region=dict(region.report),
+        region=region.report,
         gpu=region.gpu,
         finished_at=time.time(),
     )

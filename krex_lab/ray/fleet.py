@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from krex_lab.errors import ArbiterUnavailable, PoolUnavailable, WorkerDied
+from krex_lab.region_report import RegionReport
 
 from .candidate import Candidate, run_candidate
 from .cluster import _local, _local_lock, local_node, start_nodes
@@ -53,7 +54,7 @@ class EvalResult:
     hostname: str | None = None
     gpu: int | None = None
     attempt: int | None = None
-    region: dict[str, Any] = dataclasses.field(default_factory=dict)
+    region: RegionReport = dataclasses.field(default_factory=RegionReport)
     worker_pid: int | None = None
     task_pid: int | None = None
     started_at: float | None = None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procutil import flags_and_start, proc_uid, same_process, start_time
+from ..region_report import ShieldReport
 from .cgroups import cgroup_of, limits_on, v2_root
 
 log = logging.getLogger("krex.shield")
@@ -68,17 +69,17 @@ class ShieldResult:
     #: why something could not be shielded (not a failure of the region: said in the report)
     notes: list[str] = field(default_factory=list)
 
-    def report(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "partition": self.partition,
-            "adopted": self.adopted,
-            "lingers": self.lingers,
-            "processes": self.processes,
-            "kernel_threads_left": self.kernel_threads,
-            "irqs_moved": self.irqs_moved,
-            "notes": self.notes,
-        }
+    def report(self) -> ShieldReport:
+        return ShieldReport(
+            mode=self.mode,
+            partition=self.partition,
+            adopted=self.adopted,
+            lingers=self.lingers,
+            processes=self.processes,
+            kernel_threads_left=self.kernel_threads,
+            irqs_moved=self.irqs_moved,
+            notes=list(self.notes),
+        )
 
 
 #: pids seen to be kernel threads, and when: a region walks the node twice, and most of a quiet

@@ -143,11 +143,20 @@ class KrexExtensionApp(ExtensionApp):
         )
         self.services = Services(options, logger=self.log)
         self.services.start()
+        self._keep_shipped_notebooks_clean()
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
         self.log.info("KREX: %s, pool %s", self.services.arbiter_description, self.services.pool_endpoint)
         if self.stop_on_interrupt:
             self._stop_on_interrupt()
+
+    def _keep_shipped_notebooks_clean(self) -> None:
+        """Save this checkout's shipped notebooks without outputs: running them leaves git clean."""
+        from ..shipped_notebooks import pre_save_hook
+
+        register = getattr(getattr(self.serverapp, "contents_manager", None), "register_pre_save_hook", None)
+        if callable(register):
+            register(pre_save_hook)
 
     def _stop_on_interrupt(self) -> None:
         """SIGINT and SIGTERM stop the server, from its loop (after jupyter_server installed its handlers)."""

@@ -17,21 +17,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..region_report import RegionReport
+
 #: wait for a region (queue): from sub-millisecond to minutes
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 #: acquire = gate + drain + freeze + isolate
 ACQUIRE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 HOLD_BUCKETS = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
-
-
-def outcome(report: dict[str, Any]) -> str:
-    if "acquire_s" not in report:
-        return "withdrawn"
-    if report.get("expired"):
-        return "expired"
-    if str(report.get("released_by", "")).startswith("enforcement failed"):
-        return "failed"
-    return "completed"
 
 
 class RegionStats(Collector):
@@ -78,21 +70,21 @@ class RegionStats(Collector):
         new = 0
         with self._lock:
             current = set()
-            for r in reports:
-                key = (*instance, r.get("region"))
+            for r in map(RegionReport.from_dict, reports):
+                key = (*instance, r.region)
                 current.add(key)
                 if key in self._seen:
                     continue
                 new += 1
-                gpu = str(r.get("gpu"))
-                self.regions.labels(gpu, outcome(r)).inc()
-                if r.get("degraded"):
+                gpu = str(r.gpu)
+                self.regions.labels(gpu, r.outcome).inc()
+                if r.degraded:
                     self.degraded.labels(gpu).inc()
-                self.frozen.labels(gpu).inc(len(r.get("frozen") or []))
-                self.intruders.labels(gpu).inc(len(r.get("intruders") or []))
-                for hist, key_s in ((self.wait, "wait_s"), (self.acquire, "acquire_s"), (self.hold, "hold_s")):
-                    if isinstance(r.get(key_s), (int, float)):
-                        hist.labels(gpu).observe(float(r[key_s]))
+                self.frozen.labels(gpu).inc(len(r.frozen))
+                self.intruders.labels(gpu).inc(len(r.intruders))
+                for hist, seconds in ((self.wait, r.wait_s), (self.acquire, r.acquire_s), (self.hold, r.hold_s)):
+                    if seconds is not None:
+                        hist.labels(gpu).observe(seconds)
             # Keep only what the history still holds: it only slides forward.
             self._seen = {k for k in self._seen if k[:2] != instance} | current
         return new

@@ -328,8 +328,11 @@ class Services:
         if not pool_available():
             self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run until it is")
             return
+        if _pool_answers(self.pool_endpoint):  # a second `krex lab`, or one after `krex run`
+            self.log.info("KREX: using the pool already serving at %s", self.pool_endpoint)
+            return
         env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
-        # --step-aside: a pool of this user already serving the endpoint is used (see check()).
+        # --step-aside: a pool of this user that starts serving meanwhile is used (see check()).
         args = [
             f"--endpoint={self.pool_endpoint}",
             f"--arbiter={self.endpoint}",

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from ..region_report import RegionReport
+
 #: exit status a shell reports for a job that ran past its timeout (as GNU ``timeout`` does)
 TIMEOUT_EXIT = 124
 #: exit status of a script stopped by KeyboardInterrupt (a shell shows 128 + SIGINT)
@@ -48,7 +50,7 @@ class JobResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     dispatched_at: float | None = None
     finished_at: float | None = None
     #: the region report when the job ran with ``exclusive=True``
-    region: dict[str, Any] | None = None
+    region: RegionReport | None = None
     #: something the caller should know (e.g. a lease whose worker died and was replaced)
     notice: str | None = None
     #: for call(): the pickled exception (PoolClient.call re-raises it)

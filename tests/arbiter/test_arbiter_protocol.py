@@ -228,3 +228,15 @@ def test_deep_nesting_gets_an_error_reply(arbiter: ArbiterProc, dealer) -> None:
     reply = _one_reply(dealer, [nested])
     assert not reply.ok and reply.error is not None and "nested too deeply" in reply.error.message
     assert arbiter.status()["gpus"]
+
+
+def test_an_acquire_carries_exactly_a_region_spec() -> None:
+    """The wire's acquire has RegionSpec's fields, with its types and defaults: the spec a client
+    builds reaches the arbiter as it is, and back (a field added to one is added to the other)."""
+    spec_fields = {f.name: (f.type, f.default) for f in msgspec.inspect.type_info(protocol.RegionSpec).fields}
+    acquire = {f.name: (f.type, f.default) for f in msgspec.inspect.type_info(protocol.Acquire).fields}
+    assert {k: acquire[k] for k in spec_fields if k in acquire} == spec_fields
+    assert set(acquire) - set(spec_fields) == {"v", "id", "session", "token"}
+    spec = protocol.RegionSpec(gpu=1, max_hold=2.5, freeze=False, isolate=True, cores=3, exempt=[7])
+    request = protocol.Acquire.asking(spec, session="s1", token="t")
+    assert protocol.decode_request(protocol.encode(request)).spec == spec

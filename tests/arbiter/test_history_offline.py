@@ -13,7 +13,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,25 +20,26 @@ import krex_lab.client  # noqa: F401 - loaded before a forked child drops root (
 from krex_lab.arbiter import history_cli
 from krex_lab.arbiter.history import RegionHistory
 from krex_lab.pytest_plugin import subprocess_pythonpath
+from krex_lab.region_report import RegionReport
 from tests.security.users import User, as_user
 
 NOBODY = 65534
 
 
-def _report(user: str, uid: int, gpu: int, released: float) -> dict[str, Any]:
-    return {
-        "region": f"r{gpu}-{released}",
-        "uid": uid,
-        "user": user,
-        "holder_pid": 4242,
-        "gpu": gpu,
-        "wait_s": 0.0002,
-        "acquire_s": 0.001,
-        "hold_s": 2.0,
-        "released_at": released,
-        "released_by": "released by holder",
-        "frozen": [11],
-    }
+def _report(user: str, uid: int, gpu: int, released: float) -> RegionReport:
+    return RegionReport(
+        region=f"r{gpu}-{released}",
+        uid=uid,
+        user=user,
+        holder_pid=4242,
+        gpu=gpu,
+        wait_s=0.0002,
+        acquire_s=0.001,
+        hold_s=2.0,
+        released_at=released,
+        released_by="released by holder",
+        frozen=[11],
+    )
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ region = krex_lab.exclusive(gpu=0)
 t0 = time.monotonic()
 region.acquire()
 took = time.monotonic() - t0
-out = {"report": dict(region.report), "took": took, "summary": region.report.summary()}
+out = {"report": region.report.to_dict(), "took": took, "summary": region.report.summary()}
 print("granted", json.dumps(out), flush=True)
 region.release()
 """
@@ -201,3 +201,21 @@ def test_nested_exclusive_in_one_process(arbiter: ArbiterProc) -> None:
     nested, a_id, b_id = asyncio.run(main())
     assert nested and a_id == b_id
     assert holder(1) is None
+
+
+def test_the_arbiter_logs_a_degraded_region_with_its_reasons(
+    arbiter: ArbiterProc, scripts: list[subprocess.Popen[str]]
+) -> None:
+    silent = _start(arbiter, scripts, SILENT)
+    assert Procs.readline(silent).startswith("ready")
+    with krex_lab.exclusive(gpu=0) as region:
+        pass
+    assert region.report["degraded"] is True  # (read by name: this test ran against the dict report too)
+    said = (
+        f"WARNING region {region.id} of {region.report['user']} on GPU 0 was DEGRADED: process {silent.pid} not drained"
+    )
+
+    def logged() -> bool:
+        return any(said in line and "did not answer drain" in line for line in arbiter.output().splitlines())
+
+    wait_for(logged, timeout=5)

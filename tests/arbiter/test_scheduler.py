@@ -25,6 +25,7 @@ from krex_lab.errors import KrexError, RegionCancelled
 from krex_lab.gpu import make_backend
 from krex_lab.gpu.base import GpuBackend, GpuProcess
 from krex_lab.procutil import proc_state
+from krex_lab.protocol import RegionSpec
 from krex_lab.regions.drain import Locker
 from krex_lab.regions.freeze import Freezer
 from krex_lab.regions.gate import Gate
@@ -95,7 +96,7 @@ class World:
 
     def acquire(self, session: Session, gpu: int = 0, max_hold: float = 30.0) -> tuple[Region, Replies]:
         replies = Replies()
-        region = self.scheduler.request(session, gpu, max_hold, True, True, 1, replies)
+        region = self.scheduler.request(session, RegionSpec(gpu=gpu, max_hold=max_hold, cores=1), replies)
         return region, replies
 
 
@@ -239,8 +240,7 @@ async def test_an_exempt_client_is_spared_stopping_never_its_gpu_work(
         client = w.sessions.add(parent.pid, os.getuid(), "client", "client", 1, None)
         on_gpu[:] = [hog, holder.pid]
         replies = Replies()
-        region = w.scheduler.request(holder, 0, 30.0, True, True, 1, replies)
-        region.asked_exempt = [client.pid]
+        region = w.scheduler.request(holder, RegionSpec(gpu=0, max_hold=30.0, cores=1, exempt=[client.pid]), replies)
         granted, error = await replies.one()
         assert error is None
         report = granted.report
@@ -295,11 +295,8 @@ def test_transitions_are_enforced() -> None:
     region = Region(
         id="r1",
         gpu=0,
-        session=None,
-        max_hold=1.0,
-        freeze=True,
-        isolate=True,  # type: ignore[arg-type]
-        cores=1,
+        session=None,  # type: ignore[arg-type]
+        spec=RegionSpec(gpu=0, max_hold=1.0, cores=1),
         reply=lambda *a: None,
     )
     with pytest.raises(RuntimeError, match="queued -> held"):

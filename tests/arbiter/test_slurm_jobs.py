@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.arbiter.history import COLUMNS, SLURM_COLUMNS, RegionHistory
+from krex_lab.arbiter.history import OWN_COLUMNS, RegionHistory, columns
 from krex_lab.arbiter.slurm_jobs import JOBS_DIR, SlurmJobs
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from krex_lab.region_report import RegionReport
 
 
 def _record(runtime: Path, job: str, uid: int, account: str = "physics") -> Path:
@@ -71,29 +72,36 @@ def test_a_batch_script_is_the_batch_step_and_bad_ids_are_no_job(tmp_path: Path)
             proc.wait()
 
 
-def _report(region: str, gpu: int, job: str | None, account: str | None, hold: float, end: float) -> dict[str, object]:
-    return {
-        "region": region,
-        "gpu": gpu,
-        "user": "alice" if account == "physics" else "bob",
-        "uid": 1000,
-        "acquire_s": 0.01,
-        "granted_at": end - hold,
-        "released_at": end,
-        "hold_s": hold,
-        **({"slurm_job": job, "slurm_step": "batch", "account": account} if job else {}),
-    }
+def _report(region: str, gpu: int, job: str | None, account: str | None, hold: float, end: float) -> RegionReport:
+    return RegionReport(
+        region=region,
+        gpu=gpu,
+        user="alice" if account == "physics" else "bob",
+        uid=1000,
+        state="released",
+        acquire_s=0.01,
+        granted_at=end - hold,
+        released_at=end,
+        hold_s=hold,
+        slurm_job=job,
+        slurm_step="batch" if job else None,
+        account=account,
+    )
 
 
 def test_history_by_job_and_account_and_an_older_database_gains_the_columns(tmp_path: Path) -> None:
     db = tmp_path / "h" / "history.sqlite"
     db.parent.mkdir(mode=0o700)
-    old = [(n, k) for n, k in COLUMNS if (n, k) not in SLURM_COLUMNS]
-    conn = sqlite3.connect(db)  # a database written before the Slurm columns existed
-    conn.execute(f"CREATE TABLE regions (id INTEGER PRIMARY KEY, {', '.join(f'{n} {k}' for n, k in old)})")
+    slurm = ("slurm_job", "slurm_step", "account")
+    old = [f"{n} {k}" for n, k in OWN_COLUMNS] + [f"{n} {k}" for n, k, _ in columns() if n not in slurm]
+    conn = sqlite3.connect(db)  # a database written before the Slurm fields existed (same schema version)
+    conn.execute(f"CREATE TABLE regions (id INTEGER PRIMARY KEY, {', '.join(old)})")
     conn.execute(
-        "INSERT INTO regions (region, released_at, hold_s, user, gpu) VALUES ('r0', ?, 5.0, 'carol', 0)", (time.time(),)
+        "INSERT INTO regions (region, released_at, hold_s, user, gpu, state) VALUES ('r0', ?, 5.0, 'carol', 0, "
+        "'released')",
+        (time.time(),),
     )
+    conn.execute("PRAGMA user_version=2")
     conn.commit()
     conn.close()
     db.chmod(0o600)
@@ -104,7 +112,7 @@ def test_history_by_job_and_account_and_an_older_database_gains_the_columns(tmp_
             h.add(_report(f"r{i + 1}", i % 2, job, account, hold, now - 10 + i))
         assert h.flush()
         assert [r["region"] for r in h.recent(slurm_job="11")] == ["r1", "r2"]
-        assert next(r for r in h.recent() if r["region"] == "r0")["slurm_job"] is None  # the old row: no job
+        assert next(r for r in h.recent() if r["region"] == "r0").get("slurm_job") is None  # the old row: no job
         jobs = {g["slurm_job"]: g for g in h.usage(now - 3600, by="job")}
         assert (jobs["11"]["hold_s"], jobs["11"]["regions"], jobs["11"]["account"]) == (3.0, 2, "physics")
         assert jobs["12"]["hold_s"] == 4.0 and jobs[None]["hold_s"] == 5.0  # regions outside Slurm: one group

@@ -623,3 +623,20 @@ def test_another_users_region_on_a_private_node_is_drawn_without_its_details() -
     assert g is not None and g.holder is not None and g.holder.user == "bob" and g.holder.pid == 0
     assert [w.user for w in g.queue] == ["bob"] and not g.sessions and g.others == (("bob", 1),)
     assert "other users: bob (1)" in sessions_html(g)
+
+
+def test_another_users_holder_and_waiter_show_by_name_only() -> None:
+    """On a private arbiter another user's region carries no session name or pid: the dashboard
+    says whose it is, never "(session, pid 0)"."""
+    from krex_lab.dashboard.model import GpuState, Holder, Waiter
+    from krex_lab.dashboard.view import holder_html, queue_html
+
+    holder = Holder(region="r7", session="", pid=0, user="alice", name="", role="", since=0.0, max_hold_s=20.0)
+    waiter = Waiter(region="r8", session="", pid=0, user="carol", name="", since=0.0)
+    gpu = GpuState(index=0, name="Fake GPU", holder=holder, queue=(waiter,))
+    html = holder_html(gpu, now=1.0)
+    assert "held by <b>alice</b>" in html and "pid 0" not in html and "(session" not in html, html
+    waiting = queue_html(gpu, now=1.0)
+    assert "<li>carol " in waiting and "pid 0" not in waiting, waiting
+    mine = Holder(region="r7", session="s1", pid=42, user="bob", name="nb", role="kernel", since=0.0, max_hold_s=20.0)
+    assert "nb (kernel, pid 42)" in holder_html(GpuState(index=0, name="Fake GPU", holder=mine), now=1.0)

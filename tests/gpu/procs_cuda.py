@@ -166,7 +166,7 @@ def holder(args: argparse.Namespace) -> None:
     t_req = time.time()
     region.acquire()
     t = time.time()
-    out("granted", json.dumps({**region.report, "t_req": t_req, "t": t}))
+    out("granted", json.dumps({**region.report.to_dict(), "t_req": t_req, "t": t}))
     child = None
     if args.spawn_child is not None:
         child = subprocess.Popen(
@@ -189,7 +189,7 @@ def holder(args: argparse.Namespace) -> None:
     t_rel0 = time.time()
     report = region.release()
     t_rel1 = time.time()
-    out("released", json.dumps({**report, "t_rel0": t_rel0, "t_rel1": t_rel1}))
+    out("released", json.dumps({**report.to_dict(), "t_rel0": t_rel0, "t_rel1": t_rel1}))
     cmds.wait_line()
     if child is not None and child.poll() is None:
         child.kill()

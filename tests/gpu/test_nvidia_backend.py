@@ -262,7 +262,7 @@ def test_lock_refuses_a_stopped_process_without_calling_the_driver(child: subpro
 
 def test_lock_and_unlock_of_a_running_process_make_one_driver_call_each(child: subprocess.Popen[bytes]) -> None:
     # A drain locks and unlocks every sibling: a state query before each call would cost
-    # 0.1 ms a sibling on the H200 (benchmarks/lock_cost.py, 2026-12-01).
+    # 0.1 ms a sibling on the H200 (benchmarks/probes/lock_cost.py, 2026-12-01).
     drv = ScriptedDriver()
     be = backend(drv)
     assert be.lock_pid(child.pid, 1.0) is LockOutcome.LOCKED

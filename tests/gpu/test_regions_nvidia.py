@@ -761,8 +761,8 @@ def test_processes_killed_as_a_region_is_asked_leave_it_undegraded(attach: bool,
     locked, or needing no lock), never as not drained, and no region may read degraded."""
     f = nv
     kids = f.kids
-    holder = start_holder(kids, "--max-hold", "60")
     for round_ in range(3):
+        holder = start_holder(kids, "--max-hold", "60")  # a holder takes one region, then exits
         extra = ["--attach", str(GPU)] if attach else ["--autostart"]
         victims = [kids.start(f"victim{round_}.{i}", "victim", *extra) for i in range(4)]
         for v in victims:

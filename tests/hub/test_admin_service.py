@@ -57,6 +57,7 @@ class Hub:
             admins=["alice"],
             arbiter_service=False,
             backend="fake",
+            allow_users=["bob"],
         )
         text = (
             render(cfg)
@@ -193,6 +194,11 @@ def test_admin_ends_another_sessions_region(hub: Hub, arbiter: ArbiterProc) -> N
         # the waiter is granted next; then its own queue entry is gone
         result = conn.wait(pending, timeout=10)
         assert result["region"] == queued_region
+        # The page ended it without a session of its own: none to drain or freeze in the next
+        # region (a session without a control channel made every region on its GPU degraded).
+        names = [s["name"] for g in arbiter.status()["gpus"] for s in g.get("sessions", [])]
+        assert "krex-admin service" not in names, names
+        assert result["report"]["degraded"] is False, result["report"]["not_drained"]
 
         page = hub.get(token=ADMIN_TOKEN).text
         assert 'id="gantt"' in page and granted.region in page  # in the region history table
@@ -221,3 +227,69 @@ def test_admin_withdraws_a_sessions_queue(hub: Hub, arbiter: ArbiterProc) -> Non
     finally:
         waiter.close()
         holder.close()
+
+
+def test_the_page_reads_the_region_history(arbiter: ArbiterProc) -> None:
+    """Each history request takes an identity ticket of its own (a ticket is single-use: the page
+    used to send its second request with the first one's and fell back to the in-memory list)."""
+    from krex_lab.client import Session
+    from krex_lab.hub.service import Arbiter
+    from krex_lab.pytest_plugin import wait_for
+
+    s = Session(gpu=0, name="history", endpoint=arbiter.endpoint)
+    try:
+        granted = s.call(protocol.Acquire(gpu=0, max_hold=5, freeze=False, isolate=False))
+        s.call(protocol.Release(region=granted.region))
+    finally:
+        s.close()
+    page = Arbiter(arbiter.endpoint)
+    seen: list[Any] = []
+
+    def recorded() -> bool:
+        seen[:] = [page.history()]
+        return seen[0] is not None and granted.region in [r["region"] for r in seen[0]["recent"]]
+
+    wait_for(recorded, 10, 0.1)
+    assert seen[0]["usage"] is not None, seen
+
+
+def test_the_quota_table_shows_each_users_limits() -> None:
+    """Every limit the user has, max_hold included (it appeared nowhere)."""
+    import pwd
+    import types
+
+    from tornado.template import Loader
+
+    from krex_lab.arbiter.quotas import Quotas
+    from krex_lab.arbiter.status import holder_row, queue_row
+    from krex_lab.hub.service import TEMPLATES, quota_use
+
+    nobody = pwd.getpwnam("nobody")
+    table = {
+        "arbiter": {},
+        "gpus": [{"index": 0, "holder": None, "queue": [], "sessions": [{"user": "nobody", "uid": nobody.pw_uid}]}],
+    }
+    rows = quota_use(table, Quotas(max_hold=20.0, queued_per_user=3))
+    assert rows[0]["limits"] == {"sessions_per_user": 128, "queued_per_user": 3, "max_hold": 20.0}
+    html = (
+        Loader(str(TEMPLATES))
+        .load("admin.html")
+        .generate(
+            user={"name": "admin"},
+            table={"gpus": [], "arbiter": {}},
+            regions=[],
+            history_source="",
+            usage=None,
+            quotas=rows,
+            charts={"utilisation": "", "gantt": ""},
+            error="",
+            message="",
+            base="/services/krex-admin/",
+            esc=str,
+            holder_row=holder_row,
+            queue_row=queue_row,
+            _tt_modules=types.SimpleNamespace(xsrf_form_html=lambda: ""),
+        )
+        .decode()
+    )
+    assert "max_hold=20 s" in html and "queued_per_user=3" in html and "sessions_per_user=128" in html, html

@@ -1,5 +1,7 @@
 """Real Unix users for the hub test: ``useradd`` with a home of their own under a root-owned
-temporary directory, ``userdel`` after (home removed); and views of their processes."""
+temporary directory and a password (PAM, JupyterHub's default authenticator, checks it at the
+login form), in a Unix group where asked; ``userdel`` after (home and KREX runtime dir removed);
+and views of their processes."""
 
 from __future__ import annotations
 
@@ -23,33 +25,44 @@ class HubUser:
     uid: int
     gid: int
     home: Path
+    #: the login form's password (set with chpasswd)
+    password: str = ""
 
 
 def can_make_users() -> str | None:
     """Why users cannot be made here, or None."""
     if os.geteuid() != 0:
         return "needs root: the hub spawns servers as real users and the arbiter is root's"
-    if shutil.which("useradd") is None or shutil.which("userdel") is None:
-        return "needs useradd/userdel to make real users"
+    for tool in ("useradd", "userdel", "groupadd", "groupdel", "chpasswd"):
+        if shutil.which(tool) is None:
+            return f"needs {tool} to make real users"
+    if not os.path.exists("/etc/pam.d/login"):
+        return "needs PAM's login service (/etc/pam.d/login): the hub's default authenticator checks passwords with it"
     return None
 
 
 @contextlib.contextmanager
-def make_users(base: Path, *prefixes: str) -> Iterator[list[HubUser]]:
-    """One user per prefix (``<prefix><6 hex>``), home ``base/<name>`` (mode 0700, theirs).
-    At exit every process of theirs is killed (continued first), then ``userdel``."""
+def make_users(base: Path, *prefixes: str, group: str = "", members: int = 0) -> Iterator[list[HubUser]]:
+    """One user per prefix (``<prefix><6 hex>``), home ``base/<name>`` (mode 0700, theirs), with a
+    password; the first ``members`` of them in the Unix group ``group`` (made here, where given).
+    At exit every process of theirs is killed (continued first), then ``userdel`` (and ``groupdel``)."""
     made: list[HubUser] = []
     try:
-        for prefix in prefixes:
+        if group:
+            subprocess.run(["groupadd", group], check=True, capture_output=True)
+        for i, prefix in enumerate(prefixes):
             name = f"{prefix}{secrets.token_hex(3)}"
             home = base / name
+            extra = ["--groups", group] if group and i < members else []
             subprocess.run(
-                ["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh", name],
+                ["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh", *extra, name],
                 check=True,
                 capture_output=True,
             )
             entry = pwd.getpwnam(name)
-            made.append(HubUser(name, entry.pw_uid, entry.pw_gid, home))
+            password = secrets.token_urlsafe(12)
+            subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True, capture_output=True)
+            made.append(HubUser(name, entry.pw_uid, entry.pw_gid, home, password))
             os.chmod(home, 0o700)
         yield made
     finally:
@@ -61,6 +74,9 @@ def make_users(base: Path, *prefixes: str) -> Iterator[list[HubUser]]:
         for u in made:
             subprocess.run(["userdel", "--force", "--remove", u.name], check=False, capture_output=True)
             shutil.rmtree(u.home, ignore_errors=True)
+            shutil.rmtree(f"/tmp/krex-{u.uid}", ignore_errors=True)  # their KREX runtime dir (no XDG_RUNTIME_DIR)
+        if group:
+            subprocess.run(["groupdel", group], check=False, capture_output=True)
 
 
 def processes_of(uids: set[int]) -> list[psutil.Process]:

@@ -1,6 +1,6 @@
-"""A virtualenv the test's Unix users can run: the system Python, ``krex-lab[jupyter]`` installed
-editable from this checkout, and the JupyterHub version of the test's own interpreter (the hub and
-``jupyterhub-singleuser`` must agree).
+"""The deployment's virtualenv, as docs/jupyterhub.md makes it (``/opt/krex``): the system Python,
+``krex-lab[hub]`` installed editable from this checkout, and the JupyterHub version of the test's
+own interpreter. The hub, its services and the users' servers and kernels all run from it.
 
 The test's own interpreter may live where a user cannot reach it (``/root/.pyenv``), so the users'
 servers and kernels run from this venv instead. It is built once (about 30 s) under
@@ -19,6 +19,8 @@ from pathlib import Path
 
 CACHE = Path(os.environ.get("KREX_HUB_TEST_VENV_CACHE", "/opt/krex-hub-test"))
 BASE_PYTHON = "/usr/bin/python3"
+#: what the docs install: krex-lab's hub extra (JupyterHub, JupyterLab, the admin page's charts)
+EXTRAS = "hub"
 
 
 class VenvUnavailable(Exception):
@@ -54,7 +56,7 @@ def unreadable_for_others(root: Path) -> list[str]:
 
 def user_venv(root: Path, hub_version: str) -> Path:
     """The venv's directory (built if missing); raises :class:`VenvUnavailable` saying why not."""
-    return build_venv(root, [f"{root}[jupyter]", f"jupyterhub=={hub_version}"], CACHE)
+    return build_venv(root, [f"{root}[{EXTRAS}]", f"jupyterhub=={hub_version}"], CACHE)
 
 
 def build_venv(root: Path, requirements: list[str], cache: Path) -> Path:

@@ -60,16 +60,16 @@ def main() -> None:
         region = krex_lab.exclusive(gpu=args.gpu, max_hold=args.max_hold, freeze=not args.no_freeze)
         try:
             with region:
-                print("granted", json.dumps({**region.report, "t": time.time()}), flush=True)
+                print("granted", json.dumps({**region.report.to_dict(), "t": time.time()}), flush=True)
                 if args.hold is None:
                     while True:
                         time.sleep(3600)
                 time.sleep(args.hold)
                 t_end = time.time()
         except krex_lab.LeaseExpired as exc:
-            print("expired", json.dumps({**region.report, "error": str(exc)}), flush=True)
+            print("expired", json.dumps({**region.report.to_dict(), "error": str(exc)}), flush=True)
             return
-        print("released", json.dumps({**region.report, "t_end": t_end}), flush=True)
+        print("released", json.dumps({**region.report.to_dict(), "t_end": t_end}), flush=True)
     while args.linger:
         time.sleep(3600)
 

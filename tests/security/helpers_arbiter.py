@@ -73,7 +73,7 @@ def acquire(tag, session, opts):
         ex = Exclusive(session=sessions[session], **opts)
         regions[tag] = ex
         ex.acquire()
-        out(event="granted", tag=tag, region=ex.id, gpu=ex.gpu, report=ex.report)
+        out(event="granted", tag=tag, region=ex.id, gpu=ex.gpu, report=ex.report.to_dict())
     except BaseException as exc:
         out(event="acquire_failed", tag=tag, error=err(exc))
 def handle(cmd):
@@ -87,7 +87,7 @@ def handle(cmd):
         return {"sent": True}
     if op == "release":
         ex = regions[cmd["tag"]]
-        return {"report": ex.release()}
+        return {"report": ex.release().to_dict()}
     if op == "call":  # a raw request of a session: {"session": tag, "request": {...}}
         s = sessions[cmd["session"]]
         req = msgspec.convert(cmd["request"], protocol.ArbiterRequest)

@@ -238,7 +238,8 @@ def test_multi_user_arbiter_refuses_to_start_as_an_ordinary_user(bob: User) -> N
             str(time.monotonic_ns()),
             check=False,
             preimport="import krex_lab.cli, krex_lab.arbiter.app, krex_lab.arbiter.server, "
-            "krex_lab.application, krex_lab.gpu.fake, krex_lab.gpu.traits, importlib.metadata, logging.handlers, shutil, "
+            "krex_lab.application, krex_lab.gpu.fake, krex_lab.gpu.traits, importlib.metadata, "
+            "logging.handlers, shutil, "
             "argparse, gettext, textwrap, traitlets.config, traitlets.config.loader, "
             "pprint, glob, copy",
         )

@@ -296,7 +296,11 @@ def pool_already_serving(arbiter: ArbiterProc, tmp_path: Path, monkeypatch: pyte
 @pytest.mark.skipif(not pool_available(), reason="needs the pool service")
 @pytest.mark.parametrize("krex_config", [{"start_pool": True, "pool_args": ["--no-preload"], "watch_interval": 0}])
 def test_a_pool_already_serving_is_used_not_restarted(
-    pool_already_serving: Any, krex_config: dict[str, Any], jp_serverapp: Any, caplog: pytest.LogCaptureFixture
+    capfd: pytest.CaptureFixture[str],
+    pool_already_serving: Any,
+    krex_config: dict[str, Any],
+    jp_serverapp: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = jp_serverapp.extension_manager.extension_points["krex_lab"].app
     ours = app.services.pool
@@ -306,3 +310,34 @@ def test_a_pool_already_serving_is_used_not_restarted(
         app.services.check()  # what the periodic watch does
     assert not [r for r in caplog.records if "starting it again" in r.getMessage()], "no restart loop"
     assert app.services.pool is None and not app.services.problems
+    # One line says which pool serves (none started, then found to be someone else's).
+    said = capfd.readouterr().err.splitlines()  # the server's log, from its start
+    assert not [m for m in said if "started pool service" in m], said
+    assert len([m for m in said if "using the pool already serving" in m]) == 1, said
+
+
+def test_a_shipped_notebook_is_saved_without_outputs(
+    jp_serverapp: Any, get: Any, jp_root_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run a shipped notebook in the lab and save it: the file is byte for byte what git has."""
+    from krex_lab import shipped_notebooks
+
+    shipped = jp_root_dir / "notebooks"
+    shipped.mkdir()
+    original = (ROOT / "notebooks" / "01_quickstart.ipynb").read_bytes()
+    (shipped / "01_quickstart.ipynb").write_bytes(original)
+    monkeypatch.setattr(shipped_notebooks, "SHIPPED", shipped)
+    nb = json.loads(original)
+    for n, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):  # as a run leaves it
+        cell["execution_count"] = n + 1
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": f"ran {n}\n"}]
+        cell["metadata"]["execution"] = {"iopub.status.idle": "2026-12-03T08:00:00Z"}
+    nb["metadata"]["language_info"] = {"name": "python", "version": "3.99.0", "file_extension": ".py"}
+    saved = json.dumps({"type": "notebook", "format": "json", "content": nb})
+    for where in ("notebooks/01_quickstart.ipynb", "mine.ipynb"):
+        code, _, body = get(f"api/contents/{where}", method="PUT", body=saved)
+        assert code in (200, 201), body
+    assert (shipped / "01_quickstart.ipynb").read_bytes() == original
+    mine = json.loads((jp_root_dir / "mine.ipynb").read_text())  # anyone else's notebook keeps its outputs
+    first = next(c for c in mine["cells"] if c["cell_type"] == "code")
+    assert "".join(first["outputs"][0]["text"]) == "ran 0\n"

@@ -97,10 +97,13 @@ class PoolProc:
 def krex_run(
     env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
+    """``krex run ARGS`` with no stdin (/dev/null): a CI runner's stdin may be a pipe it holds open,
+    which krex run would say it did not forward."""
     return subprocess.run(
         [sys.executable, "-m", "krex_lab.cli", "run", *args],
         env=env,
         cwd=cwd,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -110,7 +113,15 @@ def krex_run(
 def python_run(
     env: dict[str, str], *args: str, cwd: str | Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def shell_code(returncode: int) -> int:

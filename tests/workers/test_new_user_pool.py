@@ -150,6 +150,26 @@ def test_echo_into_krex_run(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) ->
     assert r.stdout == "HI\n", r.stderr
 
 
+def test_a_late_pipe_is_said_on_stderr(arb: ArbiterProc, pool: PoolProc, tmp_path: Path) -> None:
+    # `(sleep 2; echo late) | krex run s.py`: the script reads nothing, and krex run says why (2 s: a
+    # loaded machine takes more than 0.3 s to start krex run).
+    (tmp_path / "s.py").write_text("import sys\nprint(repr(sys.stdin.read()))\n")
+    krex = f"{sys.executable} -m krex_lab.cli run {tmp_path / 's.py'}"
+    r = subprocess.run(
+        ["sh", "-c", f"(sleep 2; echo late) | {krex}"],
+        env=_env(arb, pool),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout == "''\n", r.stderr
+    assert re.search(r"^krex run: stdin is a pipe that had nothing to read within 50 ms", r.stderr, re.M), r.stderr
+    on_time = subprocess.run(
+        ["sh", "-c", f"echo now | {krex}"], env=_env(arb, pool), capture_output=True, text=True, timeout=60
+    )
+    assert on_time.stdout == repr("now\n") + "\n" and "stdin" not in on_time.stderr, on_time.stderr
+
+
 def test_no_arbiter_is_said_on_stderr(tmp_path: Path) -> None:
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)

@@ -4,6 +4,7 @@ workers and 1 spare per GPU, no framework preloaded (the numba test has a pool o
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import os
 import random
@@ -259,6 +260,33 @@ def test_namespace_persists_in_a_lease_and_is_reset_between_leases(client: PoolC
     assert d.value == "0"
     client.release_lease("nb-1")
     assert client.run_code("y = 5").ok and client.run_code("'y' in dir()").value == "False"
+
+
+def test_what_a_job_changes_in_loaded_modules_does_not_reach_the_next_job(client: PoolClient) -> None:
+    # `python SCRIPT.py` starts with pristine modules: a job that rebinds, deletes or adds names of
+    # modules the worker had loaded, or seeds `random`, must not change what the next job sees.
+    patch = (
+        "import json, random, builtins\njson.dumps = None\ndel json.loads\nbuiltins.krex_leak = 1\n"
+        "random.seed(0)\nimport os\nos.getpid()"
+    )
+    patched = client.run_code(patch, lease="leaky", gpu=0)
+    assert patched.ok, patched.error
+    client.release_lease("leaky")  # its worker is reset and takes ordinary jobs again
+    check = (
+        "import json, random\n"
+        "(json.dumps([1]), hasattr(json, 'loads'), 'krex_leak' in dir(__builtins__) "
+        "if isinstance(__builtins__, type(json)) else 'krex_leak' in __builtins__, random.random())"
+    )
+    for _ in range(40):  # until one lands on the patched worker (any idle worker of GPU 0 takes it)
+        r = client.run_code(check, gpu=0)
+        assert r.ok, r.error
+        if r.worker_pid == patched.worker_pid:
+            break
+    else:
+        pytest.fail("no job ran on the patched worker again")
+    dumped, has_loads, leaked, drawn = ast.literal_eval(r.value or "")
+    assert (dumped, has_loads, leaked) == ("[1]", True, False), r.value
+    assert drawn != random.Random(0).random(), "random was left seeded"
 
 
 def test_a_worker_that_cannot_be_reset_is_recycled(pool: PoolProc, client: PoolClient) -> None:

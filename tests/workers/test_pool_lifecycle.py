@@ -141,26 +141,37 @@ def test_krex_run_starts_a_pool_on_demand_that_exits_when_idle(arb: ArbiterProc,
     config.mkdir()
     (config / "krex_pool_config.json").write_text(json.dumps({"Pool": {"preload": [], "spares_per_gpu": 0}}))
     endpoint = f"ipc://{arb.runtime / 'ondemand.sock'}"
-    env = {**arb.env(), "KREX_POOL_ENDPOINT": endpoint, "KREX_POOL_IDLE_EXIT": "2", "JUPYTER_CONFIG_DIR": str(config)}
+    env = {**arb.env(), "KREX_POOL_ENDPOINT": endpoint, "KREX_POOL_IDLE_EXIT": "4", "JUPYTER_CONFIG_DIR": str(config)}
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['KREX_WORKER'])\n")
     assert not _pools_serving(endpoint)
     # Three at once with no pool: each finds none, one pool wins, all three run.
     with_env = [
         subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.cli", "run", str(script)], env=env, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", "krex_lab.cli", "run", str(script)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(3)
     ]
-    outputs = [p.communicate(timeout=60)[0] for p in with_env]
+    outputs = [p.communicate(timeout=60) for p in with_env]
     assert [p.returncode for p in with_env] == [0, 0, 0]
-    assert outputs == ["hello from 1\n"] * 3
+    assert [out for out, _ in outputs] == ["hello from 1\n"] * 3
     wait_for(lambda: len(_pools_serving(endpoint)) == 1, timeout=10)
     status = PoolClient.connect(endpoint, start=False).status()
     assert status["pool"]["on_demand"] is True and status["pool"]["preload"] == []
     pool_pid = status["pool"]["pid"]
+    # The one that started it says so, once, on stderr: where it runs, how long it stays, how to stop it.
+    said = [line for _, err in outputs for line in err.splitlines() if "started a pool" in line]
+    assert said == [
+        f"krex: started a pool of warm workers in the background (pid {pool_pid}, log {arb.runtime / 'pool.log'}) "
+        f"for this and later runs; it exits after 4 idle seconds, or stop it now with `kill {pool_pid}`"
+    ], outputs
     workers = [w["pid"] for g in status["gpus"] for w in g["workers"]]
-    assert krex_run(env, str(script)).returncode == 0  # still there between commands
+    again = krex_run(env, str(script))
+    assert again.returncode == 0 and "started a pool" not in again.stderr  # still there between commands
     t0 = time.monotonic()
     wait_for(lambda: not alive(pool_pid), timeout=15)
     assert time.monotonic() - t0 > 1.0

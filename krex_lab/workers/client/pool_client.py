@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ... import paths, protocol
-from ...errors import JobTimeout, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
+from ...errors import JobTimeout, KrexError, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
 from ...protocol import Request
 from ..endpoint import default_endpoint, ipc_path, lock_path
 from ..results import JobResult, RemoteTraceback
@@ -238,6 +238,8 @@ class PoolClient:
             if not self._lock_free():
                 try:
                     self.info = self._request(Ping(), timeout=1.0)
+                    if self.info.pid == proc.pid:  # ours (not one that won a race): say it, once
+                        self._say_started(log_dir / "pool.log")
                     return
                 except PoolUnavailable as exc:
                     if is_untrusted(exc):  # someone else bound the endpoint first: never talk to it
@@ -253,6 +255,24 @@ class PoolClient:
             time.sleep(0.05)
         raise PoolUnavailable(
             f"the pool started on demand did not answer within {START_TIMEOUT:g} s (see {log_dir / 'pool.log'})"
+        )
+
+    def _say_started(self, log: Path) -> None:
+        """One line on stderr: a pool now runs in the background, how long it stays, how to stop it."""
+        assert self.info is not None
+        if paths.quiet():
+            return
+        try:
+            idle = float(self.status()["pool"]["idle_exit_s"])
+        except (KrexError, KeyError, TypeError, ValueError):
+            idle = 0.0
+        after = f"{idle / 60:g} idle minutes" if idle >= 120 else f"{idle:g} idle seconds"
+        stays = f"exits after {after}" if idle > 0 else "stays"
+        print(
+            f"krex: started a pool of warm workers in the background (pid {self.info.pid}, log {log}) for this "
+            f"and later runs; it {stays}, or stop it now with `kill {self.info.pid}`",
+            file=sys.stderr,
+            flush=True,
         )
 
     def _drop_socket(self) -> None:

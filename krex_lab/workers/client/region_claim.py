@@ -12,11 +12,10 @@ def held_region(gpu: int | None) -> str | None:
     """The region this process holds itself (``exclusive()`` in this process, no KREX_REGION): on the
     job's GPU, else any. Its region freezes the pool's ordinary workers, so its jobs must run inside it."""
     client = sys.modules.get("krex_lab.client")  # never imported: this process holds nothing
-    session = client.current_session() if client is not None else None
-    if session is None:
-        return None
-    held: str | None = session.held_region(gpu) if gpu is not None else None
-    return held or session.held_region()
+    mine = client.sessions() if client is not None else []
+    held = [r for s in mine if (r := s.held_region(gpu) if gpu is not None else None)]
+    anywhere = [r for s in mine if (r := s.held_region())]
+    return (held or anywhere or [None])[0]
 
 
 def region_claim(gpu: int | None = None) -> tuple[str | None, str | None]:

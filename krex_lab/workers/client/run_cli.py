@@ -57,12 +57,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from ...errors import InvalidRequest
     from .pool_client import PoolClient, read_stdin
+    from .stdin import UNREAD_PIPE, stdin_is_pipe
 
     try:
         stdin = read_stdin()
     except InvalidRequest as exc:
         print(f"krex run: {exc}", file=sys.stderr)
         return 2
+    if stdin is None and stdin_is_pipe():  # what arrives later is never read: say so, not silently
+        print(f"krex run: {UNREAD_PIPE}", file=sys.stderr, flush=True)
     # The placement is the pool's to decide: the caller's own is never forwarded.
     not_forwarded = {*placement_variables(), GPU_ENV}
     env = {k: v for k, v in os.environ.items() if k not in not_forwarded}
@@ -99,9 +102,7 @@ def report(result: JobResult, quiet: bool = False) -> int:
     if result.notice and not never_ran:  # "ran without GPU exclusivity": it did not run at all
         print(f"krex run: {result.notice}", file=sys.stderr)
     if result.region and not quiet:
-        from ...client import RegionReport
-
-        print(RegionReport(result.region).summary(), file=sys.stderr)
+        print(result.region.summary(), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     if result.exit_code is not None:

@@ -3,10 +3,11 @@
 :class:`Baseline` is taken after the frameworks are imported and their contexts created; a
 reset (between leases, after every job without a lease) puts back what a job can change
 (cwd, argv, sys.path, environment, signal handlers, stdio, logging, warnings, user modules,
-torch's global flags), empties the frameworks' GPU memory caches and checks that GPU memory is
-back to the baseline. What cannot be put back makes the reset *unclean*, and the pool then
-recycles the worker: GPU memory still held, threads or child processes left running, a sticky
-CUDA error on synchronisation.
+the public names of every module loaded before it, random's and NumPy's global seeds, torch's
+global flags), empties the frameworks' GPU memory caches and checks that GPU memory is back to
+the baseline. What stays shared is written in docs/workers.md ("What a job shares"). What
+cannot be put back makes the reset *unclean*, and the pool then recycles the worker: GPU memory
+still held, threads or child processes left running, a sticky CUDA error on synchronisation.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+from types import ModuleType
 from typing import Any
 
 from ...devsync import numba_context, numba_free_pending
@@ -224,6 +226,68 @@ def _restore_torch(flags: dict[str, Any]) -> None:
     torch.set_num_threads(flags["threads"])
 
 
+_MISSING = object()
+
+
+class ModuleBindings:
+    """The public names of loaded modules as they were (the objects themselves, not copies), so
+    that a job's ``json.dumps = None``, ``del os.sep`` or ``builtins.x = 1`` does not reach the next.
+
+    Names with a leading underscore are left alone (modules cache there lazily; restoring them
+    could undo an initialisation whose effect lives on in C), as is anything inside an object.
+    KREX's own modules and ``__main__`` keep their state: they manage it."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, tuple[ModuleType, dict[str, Any]]] = {}
+
+    def take(self, names: set[str]) -> None:
+        main = sys.modules.get("__main__")  # also under other names (multiprocessing's __mp_main__)
+        for name in names:
+            module = sys.modules.get(name)
+            if isinstance(module, ModuleType) and module is not main and name.partition(".")[0] != "krex_lab":
+                self.saved[name] = (module, dict(vars(module)))
+
+    def restore(self) -> list[str]:
+        """Put back what changed; returns ``module.name`` of each name put back or removed."""
+        changed: list[str] = []
+        for name, (module, saved) in self.saved.items():
+            current = vars(module)
+            try:
+                if current == saved:  # in C, and the same objects compare equal at once
+                    continue
+            except Exception:  # a rebound array's __eq__ does not answer one bool
+                pass
+            for key, value in saved.items():
+                if not key.startswith("_") and current.get(key, _MISSING) is not value:
+                    current[key] = value
+                    changed.append(f"{name}.{key}")
+            for key in [k for k, v in current.items() if k not in saved and not k.startswith("_")]:
+                if isinstance(current[key], ModuleType):  # a submodule imported since: it stays
+                    saved[key] = current[key]
+                else:
+                    del current[key]
+                    changed.append(f"{name}.{key}")
+            # private names as they are now: the next quick comparison is of what a job changes
+            saved.update((k, v) for k, v in current.items() if k.startswith("_"))
+            for key in [k for k in saved if k.startswith("_") and k not in current]:
+                del saved[key]
+        return changed
+
+
+def reseed() -> None:
+    """Fresh seeds, as a new interpreter draws them: a job's ``random.seed(0)`` must not make the
+    next job's draws repeat (nor the baseline's state make every job draw the same)."""
+    rand = sys.modules.get("random")
+    if rand is not None:
+        rand.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:
+            pass
+
+
 def _installed_roots() -> tuple[str, ...]:
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     try:
@@ -244,6 +308,10 @@ class Baseline:
         self.path = list(sys.path)
         self.environ = dict(os.environ)
         self.modules = set(sys.modules)
+        self.bindings = ModuleBindings()
+        self.bindings.take(self.modules)
+        #: the names of loaded modules the last reset put back (``module.name``)
+        self.put_back: list[str] = []
         self.roots = _installed_roots()
         self.threads = {t.ident for t in threading.enumerate()}
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
@@ -304,6 +372,9 @@ class Baseline:
         t1 = time.perf_counter()
         self._drop_user_modules()
         t_drop = time.perf_counter()
+        self.put_back = self.bindings.restore()
+        reseed()
+        t_bind = time.perf_counter()
         importlib.invalidate_caches()
         t2 = time.perf_counter()
         extra = [t for t in threading.enumerate() if t.ident not in self.threads and t.is_alive()]
@@ -316,7 +387,8 @@ class Baseline:
         self.timings = {
             "state": t1 - t0,
             "modules": t_drop - t1,
-            "import_caches": t2 - t_drop,
+            "bindings": t_bind - t_drop,
+            "import_caches": t2 - t_bind,
             "processes": t3 - t2,
             "memory": t4 - t3,
         }
@@ -326,6 +398,7 @@ class Baseline:
         """Forget modules a job imported from outside the installed packages (edited candidates reload).
 
         Installed modules a job imported stay, and are remembered, so each is looked at once."""
+        kept = set()
         for name in [n for n in sys.modules if n not in self.modules]:
             module = sys.modules.get(name)
             where = getattr(module, "__file__", None)
@@ -333,7 +406,10 @@ class Baseline:
             if paths and not all(os.path.realpath(p).startswith(self.roots) for p in paths):
                 del sys.modules[name]
             else:
-                self.modules.add(name)
+                kept.add(name)
+        # Kept from here on as the job that imported them left them (the job came first).
+        self.modules |= kept
+        self.bindings.take(kept)
 
     def _children(self) -> list[str]:
         try:

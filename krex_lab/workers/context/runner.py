@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ...region_report import RegionReport
 from ..results import INTERRUPT_EXIT
 from ..wire import Run
 
@@ -151,7 +152,7 @@ class Runner:
     def run(self, msg: Run) -> dict[str, Any]:
         """Run the job in ``msg``; returns the result's fields plus ``recycle`` (a reason or None)."""
         kind = msg.kind
-        region: dict[str, Any] | None = None
+        region: RegionReport | None = None
         result: dict[str, Any]
         excl = None
         try:
@@ -173,7 +174,7 @@ class Runner:
                     result = {"ok": False, "status": "exception", "error": f"unknown job kind {kind!r}"}
             finally:
                 if excl is not None and excl.id is not None:
-                    region = dict(excl.release())
+                    region = excl.release()
         except BaseException as exc:  # acquiring or releasing the region failed
             result = self._failure(exc, kind)
             if excl is not None and excl.id is None:

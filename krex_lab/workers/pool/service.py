@@ -452,6 +452,7 @@ class Pool(LoggingConfigurable):
                 "endpoint": self.bound,
                 "started": self.started,
                 "on_demand": self.on_demand,
+                "idle_exit_s": self.on_demand_idle_exit if self.on_demand else self.idle_exit,
                 "arbiter": self.arbiter_endpoint if self.gates.connected else None,
                 "preload": list(self.preload),
                 "workers_per_gpu": self.workers_per_gpu,

@@ -26,7 +26,7 @@ split alike, 26 of 32 runs at 0.2436-0.2468 ms and 6 at 0.2592-0.2602 ms, at one
 run in one mode from its warm-up to its last samples. The mode comes with an allocation (the
 inputs' offset in a 2 MiB page was 0 in every run), not with an idle GPU or a short warm-up.
 
-Usage (GPU): ``python3 benchmarks/candidate_modes.py [--trials 16] [--candidates matmul/optimised,...]``
+Usage (GPU): ``python3 benchmarks/probes/candidate_modes.py [--trials 16] [--candidates matmul/optimised,...]``
 Writes ``benchmarks/results/candidate_modes-<stamp>.json``.
 """
 
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, agent_kernels
 from common import machine, write_result
 
 

@@ -1,7 +1,7 @@
 """The freeze's CPU cost per region: stop N sleeping siblings, wait for the stops, settle, thaw.
 
-    python benchmarks/freeze_cost.py                       # 63 siblings, 300 cycles, this tree
-    python benchmarks/freeze_cost.py --trees .,.before     # two trees in turn, A B A B (--pairs 3)
+    python benchmarks/probes/freeze_cost.py                       # 63 siblings, 300 cycles, this tree
+    python benchmarks/probes/freeze_cost.py --trees .,.before     # two trees in turn, A B A B (--pairs 3)
 
 A cycle is what the arbiter does to a GPU's siblings in one region, with the same calls
 (``Freezer.freeze``, ``pending`` until every stop has shown, ``settle``, ``thaw``) on real
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import REPO, machine, write_result
 
 CYCLES = """

@@ -1,7 +1,7 @@
 """How soon NVML's per-process GPU memory shows a free (the pool's reset reads it to decide
 whether a job left memory behind; ``krex_lab.workers.context.reset``).
 
-    python benchmarks/nvml_memory_lag.py [--mib 400] [--rounds 5]
+    python benchmarks/probes/nvml_memory_lag.py [--mib 400] [--rounds 5]
 
 In one process: allocate ``--mib`` with numba.cuda (and with torch, where installed), fill it,
 free it, then read NVML's ``usedGpuMemory`` for this process at once and after 5 ms ... 1 s.
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, agent_kernels
 from common import machine, write_result
 
 from krex_lab.devsync import numba_free_pending

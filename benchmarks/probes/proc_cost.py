@@ -1,7 +1,7 @@
-"""What a region's /proc and signal work costs per sibling on this machine (issue 14).
+"""What a region's /proc and signal work costs per sibling on this machine.
 
-    python benchmarks/proc_cost.py                  # 15 torch CUDA siblings, 50 rounds
-    python benchmarks/proc_cost.py --siblings 15 --rounds 50 --plain
+    python benchmarks/probes/proc_cost.py                  # 15 torch CUDA siblings, 50 rounds
+    python benchmarks/probes/proc_cost.py --siblings 15 --rounds 50 --plain
 
 A region with 15 idle CUDA siblings spent 2.6 ms freezing them and 1.4 ms listing them on the
 H200 (arbiter_latency.py, 2026-12-02), whose kernel is gVisor: there a /proc read or a signal
@@ -31,8 +31,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import machine, percentile, write_result
 
 from krex_lab.procfiles import read_proc

@@ -1,10 +1,10 @@
 """Where a region's drain goes with many CUDA siblings: the driver's checkpoint lock, measured alone.
 
-    python benchmarks/lock_cost.py                         # 1, 3 and 15 idle siblings; 1..16 threads
-    python benchmarks/lock_cost.py --counts 15 --threads 1,16 --rounds 50
+    python benchmarks/probes/lock_cost.py                         # 1, 3 and 15 idle siblings; 1..16 threads
+    python benchmarks/probes/lock_cost.py --counts 15 --threads 1,16 --rounds 50
 
 With 15 idle CUDA siblings a region's drain took 14.0 ms on the H200 (2026-12-01), 16 locks in
-parallel threads, although one lock of an idle process alone takes about 0.15 ms (FACTS.md): the
+parallel threads, although one lock of an idle process alone takes about 0.15 ms: the
 driver seems to serialise them, and parallel callers may make it worse. This script takes the
 arbiter and the rest of the region away and times only what the drain does, so that a change to
 the drain (fewer threads, sequential locks, fewer /proc checks) can be chosen from figures:
@@ -36,8 +36,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import machine, percentile, write_result
 
 from krex_lab.gpu.cuda_driver import CtypesCudaDriver

@@ -1,0 +1,51 @@
+"""The notebooks shipped in ``notebooks/`` are kept without outputs, so that running them never
+marks them modified in git.
+
+Two paths lead there, both through :func:`strip`:
+
+- the Jupyter server extension strips a shipped notebook as it is saved (:func:`pre_save_hook`):
+  a run in `krex lab` saves back the very bytes git has, and ``git status`` stays clean; outputs
+  worth keeping go in a copy (File > Save Notebook As...);
+- git's clean filter (``.gitattributes``, ``notebooks/strip_outputs.py``; ``make lab`` and ``make
+  test`` configure it) strips what another editor saved before it reaches a commit.
+
+Standard library only: git runs the filter with the system's ``python3``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+#: the checkout's shipped notebooks (an editable install's; elsewhere nothing matches)
+SHIPPED = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def strip(nb: dict[str, Any]) -> dict[str, Any]:
+    """``nb`` (a notebook's JSON, changed in place) without what a run adds: outputs, execution
+    counts, cell timings, widget state and the kernel's version details."""
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        cell.get("metadata", {}).pop("execution", None)
+    meta = nb.get("metadata", {})
+    meta.pop("widgets", None)
+    if "language_info" in meta:
+        meta["language_info"] = {"name": meta["language_info"].get("name", "python")}
+    return nb
+
+
+def is_shipped(os_path: str | os.PathLike[str]) -> bool:
+    path = Path(os_path)
+    return path.suffix == ".ipynb" and path.resolve().parent == SHIPPED.resolve()
+
+
+def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any) -> None:
+    """jupyter_server's pre-save hook: a shipped notebook is saved stripped."""
+    if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
+        return
+    get_os_path = getattr(contents_manager, "_get_os_path", None)
+    if get_os_path is not None and is_shipped(get_os_path(path)):
+        strip(model["content"])
