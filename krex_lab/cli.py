@@ -1,4 +1,4 @@
-"""The ``krex`` command, one argparse tree: ``krex {arbiter,pool,status,exclusive,run,lab}``.
+"""The ``krex`` command, one argparse tree: ``krex {arbiter,pool,status,exclusive,run,lab,slurm,...}``.
 
 Each subcommand's parser owns its errors: ``krex status --bogus`` prints ``krex status``'s usage
 and exits 2. ``arbiter`` and ``pool`` are traitlets applications: their common options (the
@@ -222,10 +222,14 @@ def _exclusive(args: argparse.Namespace) -> int:
     code = 0
     cut_short = False
     try:
-        attach(gpu=args.gpu, name=f"krex exclusive {os.path.basename(cmd[0])}", role="cli")
+        session = attach(gpu=args.gpu, name=f"krex exclusive {os.path.basename(cmd[0])}", role="cli")
         region = exclusive(gpu=args.gpu, max_hold=args.max_hold)
+        # The session ends with its region: a session left registered while this process exits is a
+        # sibling of the next region on the GPU, which froze it on its way out (a Slurm job cancelled
+        # mid-region stayed stopped for the whole of the next job's region).
+        region.leave = True
         try:
-            with region:
+            with contextlib.closing(session), region:
                 if not args.quiet:
                     print(region.report.summary(), file=sys.stderr)
                 env = dict(os.environ, KREX_REGION=region.id or "")
@@ -293,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="cmd",
         required=True,
-        metavar="{arbiter,supervise,pool,status,history,exclusive,run,eval,mcp,lab,hub-config}",
+        metavar="{arbiter,supervise,pool,status,history,exclusive,run,eval,mcp,lab,hub-config,slurm}",
         parser_class=CommandParser,
     )
     p = sub.add_parser(
@@ -405,6 +409,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a jupyterhub_config.py with KREX wired in (node arbiter, admin page, quotas)",
         description="A jupyterhub_config.py for a GPU node: the node arbiter and the KREX admin page as "
         "managed services, every user's server on the node arbiter, quotas (c.Quotas) in the same file.",
+        populate=populate,
+    )
+    p.set_defaults(func=func)
+    populate, func = _delegate(".slurm")
+    p = sub.add_parser(
+        "slurm",
+        help="a Slurm node's prolog and epilog for KREX (run by slurmd as root; extension/slurm)",
+        description="prolog: refuse the job (drain the node, saying why) unless the node's arbiter answers, "
+        "and record the job for it; epilog: end what the job's sessions still hold. See docs/cluster.md.",
         populate=populate,
     )
     p.set_defaults(func=func)

@@ -272,6 +272,8 @@ class Exclusive:
         #: inside a region this session already holds on the same GPU: granted at once, ended
         #: with the outer one
         self.nested = False
+        #: end the session with the region (``krex exclusive``: the process exits next)
+        self.leave = False
 
     @classmethod
     def of(cls, spec: protocol.RegionSpec, session: Session | None = None) -> Exclusive:
@@ -349,7 +351,7 @@ class Exclusive:
             return self.report
         session = self._session
         try:
-            result = session.call(protocol.Release(region=self.id), timeout=60.0)
+            result = session.call(protocol.Release(region=self.id, leave=self.leave), timeout=60.0)
         finally:
             with session._held_lock:
                 if self.gpu is not None and session._held.get(self.gpu) is self:

@@ -202,12 +202,15 @@ class Acquire(SessionRequest, tag="acquire"):
 
 class Release(SessionRequest, tag="release"):
     """Release a held region, or withdraw a queued request for it; answers the final report.
-    ``force``: end another session's region or request (root and the admin group only)."""
+    ``force``: end another session's region or request (root and the admin group only).
+    ``leave``: end the session too, before the next region on the GPU is granted (a process on its
+    way out is then no sibling of that region, to be drained and frozen)."""
 
     reply = RegionReport
 
     region: str
     force: bool = False
+    leave: bool = False
 
 
 class EndRegion(Request, tag="end_region"):
@@ -240,8 +243,10 @@ class History(Request, tag="history"):
     last: the last ``limit`` of ``user`` (all users: "") released since ``since`` (epoch seconds).
     ``usage``: instead, GPU-hours held per user, per GPU and per user and GPU in
     ``[since, until)`` (``until`` None: now; ``since`` None: the last 7 days). The reply is a map:
-    ``{"rows": [...]}`` or ``{"since", "until", "users", "gpus", "users_gpus"}``. ``ticket``: as
-    for :class:`Status` (other users' rows are reduced on a private multi-user arbiter)."""
+    ``{"rows": [...]}`` or ``{"since", "until", "users", "gpus", "users_gpus"}``, plus ``"by"`` and
+    ``"groups"`` when ``by`` names another grouping ("job": Slurm job with its user and account,
+    "account"). ``slurm_job``: only that Slurm job's regions. ``ticket``: as for :class:`Status`
+    (other users' rows are reduced on a private multi-user arbiter)."""
 
     reply = dict
     limit: int = 50
@@ -250,6 +255,8 @@ class History(Request, tag="history"):
     until: float | None = None
     usage: bool = False
     ticket: str = ""
+    slurm_job: str = ""
+    by: str = ""
 
 
 ArbiterRequest = Union[

@@ -61,6 +61,12 @@ class RegionReport(msgspec.Struct, kw_only=True):
     uid: Annotated[int, Meta(description="the holder's uid (-1: unknown)")] = -1
     user: Annotated[str, Meta(description="the holder's user name", extra=_PUB)] = ""
     name: Annotated[str, Meta(description="the holder session's name (notebook, script, pool worker)")] = ""
+    # -- the holder's Slurm job (an arbiter run with --slurm; None: not in a Slurm job) ----------
+    slurm_job: Annotated[
+        str | None, Meta(description="the holder's Slurm job id (one the node's prolog admitted for its user)")
+    ] = None
+    slurm_step: Annotated[str | None, Meta(description="the holder's Slurm step ('batch': the batch script)")] = None
+    account: Annotated[str | None, Meta(description="the Slurm account of the holder's job (from the prolog)")] = None
     state: Annotated[str, Meta(description="queued, granting, held, releasing or released", extra=_PUB)] = ""
     exempted: Annotated[list[int], Meta(description="pids the request asked to leave running (`exempt=`)")] = []
     max_hold_s: Annotated[float, Meta(description="the lease: released by the arbiter after it", extra=_PUB_S)] = 0.0

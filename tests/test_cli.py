@@ -31,7 +31,7 @@ def test_krex_alone_exits_2_with_the_top_usage() -> None:
     assert out.returncode == 2
     usage = " ".join(out.stderr.split())
     assert usage.startswith(
-        "usage: krex [-h] {arbiter,supervise,pool,status,history,exclusive,run,eval,mcp,lab,hub-config}"
+        "usage: krex [-h] {arbiter,supervise,pool,status,history,exclusive,run,eval,mcp,lab,hub-config,slurm}"
     ), usage
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from krex_lab import protocol
+from krex_lab.connection import Connection
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from tests.support import ROOT
 
@@ -316,3 +318,27 @@ def test_ctrl_c_while_the_command_starts_never_leaves_it_running(arbiter: Arbite
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_next_region_does_not_freeze_a_krex_exclusive_on_its_way_out(arbiter: ArbiterProc) -> None:
+    """krex exclusive ends its session with its region: a session left registered while the process
+    exits is a sibling of the next region on that GPU, which froze it (a Slurm job cancelled
+    mid-region stayed stopped for the whole of the next job's region)."""
+    for _ in range(3):
+        first = subprocess.Popen([*KREX, "exclusive", "--quiet", "--gpu", "0", "--", "sleep", "0.5"], env=arbiter.env())
+        try:
+            wait_for(lambda p=first: (arbiter.status()["gpus"][0]["holder"] or {}).get("pid") == p.pid, timeout=20)
+            subprocess.run(
+                [*KREX, "exclusive", "--quiet", "--gpu", "0", "--", "sleep", "1"], env=arbiter.env(), check=True
+            )
+            assert first.wait(20) == 0
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+        conn = Connection(arbiter.endpoint)
+        try:
+            recent = conn.call(protocol.Regions(limit=2, ticket=conn.ticket()))
+        finally:
+            conn.close()
+        assert first.pid not in recent[-1]["frozen"], recent[-1]

@@ -45,6 +45,7 @@ class ArbiterApp(KrexApplication):
     minimums = {"fake-gpus": 1}
     flags = {
         "multi-user": ({"Arbiter": {"multi_user": True}}, "Serve every user of the node (run as root)."),
+        "slurm": ({"Arbiter": {"slurm": True}}, "Record each session's Slurm job, step and account."),
         "no-guardian": ({"Arbiter": {"guardian": False}}, "Do not start the guardian (tests only)."),
         "no-lock-foreign": ({"Arbiter": {"lock_foreign": False}}, "Lock only KREX sessions' GPU processes."),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),

@@ -75,6 +75,7 @@ def _create(conn: sqlite3.Connection, table: str = "regions") -> None:
 def _indexes(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at)")
     conn.execute("CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at)")
+    conn.execute("CREATE INDEX IF NOT EXISTS regions_slurm_job ON regions(slurm_job)")
 
 
 def _table_columns(conn: sqlite3.Connection) -> list[str]:
@@ -140,8 +141,14 @@ def migrate(conn: sqlite3.Connection, path: Path | str = "") -> int:
     return version
 
 
-#: what ``usage`` can group by
-USAGE_KEYS = {"user": ("user",), "gpu": ("gpu",), "user,gpu": ("user", "gpu")}
+#: what ``usage`` can group by (a Slurm job has one user and one account: grouping by all three is by job)
+USAGE_KEYS = {
+    "user": ("user",),
+    "gpu": ("gpu",),
+    "user,gpu": ("user", "gpu"),
+    "job": ("slurm_job", "user", "account"),
+    "account": ("account",),
+}
 
 
 def outcome(report: RegionReport) -> str:
@@ -410,26 +417,34 @@ class RegionHistory:
             return self._reader.execute(sql, args).fetchall()
 
     def recent(
-        self, limit: int = 50, user: str | None = None, since: float | None = None, uid: int | None = None
+        self,
+        limit: int = 50,
+        user: str | None = None,
+        since: float | None = None,
+        uid: int | None = None,
+        slurm_job: str | None = None,
     ) -> list[dict[str, Any]]:
-        """The last ``limit`` finished regions (of ``user``, of ``uid``, released since ``since``), newest last."""
+        """The last ``limit`` finished regions (of ``user``, of ``uid``, of Slurm job ``slurm_job``,
+        released since ``since``), newest last."""
         where = ["1"]
         if user:
             where.append("user = :user")
+        if slurm_job:
+            where.append("slurm_job = :slurm_job")
         if uid is not None:
             where.append("uid = :uid")
         if since is not None:
             where.append("released_at >= :since")
         rows = self._read(
             f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY released_at DESC, id DESC LIMIT :limit",
-            {"user": user, "since": since, "uid": uid, "limit": max(0, int(limit))},
+            {"user": user, "since": since, "uid": uid, "slurm_job": slurm_job, "limit": max(0, int(limit))},
         )
         return [_view(r) for r in reversed(rows)]
 
     def usage(
         self, since: float, until: float | None = None, by: str = "user", user: str | None = None
     ) -> list[dict[str, Any]]:
-        """GPU-hours held in ``[since, until)`` grouped ``by`` "user", "gpu" or "user,gpu": each
+        """GPU-hours held in ``[since, until)`` grouped ``by`` one of :data:`USAGE_KEYS`: each
         region's hold (``granted_at`` to ``released_at``) counts for the part inside the window.
         Rows: the group's keys, ``gpu_hours``, ``hold_s``, ``regions``, most hours first."""
         keys = USAGE_KEYS.get(by)

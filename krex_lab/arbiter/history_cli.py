@@ -4,6 +4,8 @@
     krex history --user alice --since 7d  alice's regions of the last 7 days
     krex history --usage                  GPU-hours held per user and per GPU since Monday 00:00
     krex history --usage --since 2026-11-01 --until 2026-12-01 --json
+    krex history --slurm-job 4242         the regions of Slurm job 4242 (an arbiter run with --slurm)
+    krex history --usage --by account     GPU-hours per Slurm account (--by job: per job, user, account)
 
 Times (``--since``/``--until``): ISO dates or times (``2026-12-01``, ``2026-12-01T09:30``, local
 unless they carry a zone), relative ``30m``, ``24h``, ``7d``, ``2w`` (that long ago), ``today``,
@@ -108,6 +110,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=50, metavar="N", help="at most N regions, newest last (50)")
     parser.add_argument("--usage", action="store_true", help="GPU-hours held per user and per GPU since T")
+    parser.add_argument(
+        "--by",
+        choices=("user", "gpu", "job", "account"),
+        default="",
+        help="with --usage: one table grouped by user, GPU, Slurm job (with its user and account) or "
+        "Slurm account (jobs and accounts: an arbiter run with --slurm)",
+    )
+    parser.add_argument(
+        "--slurm-job", default="", metavar="N", help="only the regions of Slurm job N (an arbiter run with --slurm)"
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--db",
@@ -142,12 +154,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no finished regions recorded"
+    jobs = any(r.get("slurm_job") for r in rows)  # an arbiter run with --slurm: which job, which account
     return _table(
-        ["TIME", "USER", "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"],
+        ["TIME", "USER", *(["JOB", "ACCOUNT"] if jobs else []), "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"],
         [
             [
                 _clock(r.released_at or raw.get("time")),  # another user's row keeps only its time
                 r.user or "?",
+                *([r.slurm_job or "-", r.account or "-"] if jobs else []),
                 str(r.gpu) if r.gpu >= 0 else "?",
                 _seconds(r.wait_s),
                 _seconds(r.hold_s),
@@ -159,7 +173,40 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     )
 
 
+#: the columns of a ``--usage --by`` table: the group's keys
+_BY_COLUMNS = {
+    "user": (("USER", "user"),),
+    "gpu": (("GPU", "gpu"),),
+    "job": (("JOB", "slurm_job"), ("USER", "user"), ("ACCOUNT", "account")),
+    "account": (("ACCOUNT", "account"),),
+}
+
+
+def format_groups(usage: dict[str, Any]) -> str:
+    """``--usage --by``: one table of the chosen grouping (regions outside Slurm show as '-')."""
+    head = f"GPU-hours held from {_clock(usage['since'])} to {_clock(usage['until'])}, by {usage['by']}"
+    groups = usage.get("groups") or []
+    if not groups:
+        return f"{head}: none"
+    keys = _BY_COLUMNS[usage["by"]]
+    table = _table(
+        [*(title for title, _ in keys), "GPU-HOURS", "HELD", "REGIONS"],
+        [
+            [
+                *("-" if g.get(k) in (None, "") else str(g[k]) for _, k in keys),
+                f"{g['gpu_hours']:.4f}",
+                _seconds(g["hold_s"]),
+                str(g["regions"]),
+            ]
+            for g in groups
+        ],
+    )
+    return f"{head}\n\n{table}"
+
+
 def format_usage(usage: dict[str, Any]) -> str:
+    if usage.get("by"):
+        return format_groups(usage)
     head = f"GPU-hours held from {_clock(usage['since'])} to {_clock(usage['until'])}"
     if not usage["users"]:
         return f"{head}: none"
@@ -191,6 +238,8 @@ def _query(args: argparse.Namespace, since: float | None) -> dict[str, Any]:
             until=args.until if args.usage else None,
             usage=args.usage,
             ticket=conn.ticket(),
+            slurm_job=args.slurm_job,
+            by=args.by,
         )
         result: dict[str, Any] = conn.call(request)
     finally:
@@ -238,10 +287,13 @@ def read_database(args: argparse.Namespace, since: float | None, endpoint: str) 
     try:
         if not args.usage:
             mine = me if mine_only else None
-            return {"rows": history.recent(max(0, args.limit), args.user or None, since, uid=mine)}
+            job = args.slurm_job or None
+            return {"rows": history.recent(max(0, args.limit), args.user or None, since, uid=mine, slurm_job=job)}
         until = time.time() if args.until is None else args.until
         assert since is not None
         usage = {k: history.usage(since, until, by, args.user or None) for k, by in _USAGE_KEYS}
+        if args.by:
+            usage.update(by=args.by, groups=history.usage(since, until, args.by, args.user or None))
         return {"since": since, "until": until, **usage}  # totals: everyone's to see, as the arbiter shows them
     except sqlite3.Error as exc:
         raise KrexError(f"reading the region history {db} failed: {exc}") from None
@@ -254,6 +306,8 @@ _USAGE_KEYS = (("users", "user"), ("gpus", "gpu"), ("users_gpus", "user,gpu"))
 
 def run(args: argparse.Namespace) -> int:
     since = args.since
+    if args.by and not args.usage:
+        raise KrexError("--by groups --usage: give --usage too")
     if args.usage and since is None:
         since = week_start()
     endpoint = os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{paths.runtime_dir(create=False) / 'arbiter.sock'}"

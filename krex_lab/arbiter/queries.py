@@ -14,7 +14,7 @@ from typing import Any
 from .. import protocol
 from ..errors import InvalidRequest, KrexError
 from ..service import Peer
-from .history import RegionHistory
+from .history import USAGE_KEYS, RegionHistory
 from .identity import Tickets
 from .privacy import report_view, status_view
 from .quotas import Quotas
@@ -72,20 +72,26 @@ class NodeQueries:
         if db is None:
             raise InvalidRequest(why)
         user = req.user or None
+        if req.by and req.by not in USAGE_KEYS:
+            raise InvalidRequest(f"usage by {req.by!r}: one of {', '.join(USAGE_KEYS)}")
 
         def query() -> dict[str, Any]:
             db.flush(1.0)  # what finished before this request is in the answer
             if not req.usage:
-                return {"rows": db.recent(min(max(0, req.limit), HISTORY_LIMIT), user, req.since)}
+                limit = min(max(0, req.limit), HISTORY_LIMIT)
+                return {"rows": db.recent(limit, user, req.since, slurm_job=req.slurm_job or None)}
             until = time.time() if req.until is None else req.until
             since = until - USAGE_DEFAULT_S if req.since is None else req.since
-            return {
+            result = {
                 "since": since,
                 "until": until,
                 "users": db.usage(since, until, "user", user),
                 "gpus": db.usage(since, until, "gpu", user),
                 "users_gpus": db.usage(since, until, "user,gpu", user),
             }
+            if req.by:
+                result.update(by=req.by, groups=db.usage(since, until, req.by, user))
+            return result
 
         async def answer() -> dict[str, Any]:
             try:

@@ -26,6 +26,7 @@ from .quotas import Quotas
 from .region import RegionState
 from .scheduler import Scheduler
 from .sessions import Session, SessionTable
+from .slurm_jobs import SlurmJobs
 
 log = logging.getLogger("krex.arbiter")
 
@@ -58,6 +59,7 @@ class SessionRequests:
         placer: CgroupPlacer,
         notify: Publisher,
         limits: RequestLimits,
+        slurm: SlurmJobs | None = None,
     ) -> None:
         self.backend = backend
         self.gpu_count = backend.gpu_count()
@@ -69,6 +71,8 @@ class SessionRequests:
         self.placer = placer
         self.notify = notify
         self.limits = limits
+        #: where the Slurm job of a registering session is looked up (Arbiter.slurm), else None
+        self.slurm = slurm
 
     def check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < self.gpu_count:
@@ -130,6 +134,8 @@ class SessionRequests:
                 within = req.within
         session = self.sessions.add(pid, uid, req.role, req.name, gpu, peer.identity if req.control else None, within)
         session.cgroup = self.placer.place(session.id, session.pid)
+        if self.slurm is not None:
+            session.job = self.slurm.job_of(session.pid, session.uid)
         self.notify.publish("session", {"event": "joined", **session.public()})
         self.scheduler.intruder_session(session)
         return protocol.Registered(session=session.id, token=session.token, gpu=gpu, **self.backend_info)
@@ -208,7 +214,17 @@ class SessionRequests:
             return self._revoke(region, session.uid, f"session {session.id}")
         if region.session.id != session.id:
             raise NotHolder(f"region {req.region} belongs to another session; only its holder can release it")
+        if req.leave:
+            return self._release_and_leave(session, region)
         return self.scheduler.release(region, "released by holder")
+
+    async def _release_and_leave(self, session: Session, region: Any) -> Any:
+        # Out of the table before the release grants the next region: not its sibling.
+        self.sessions.remove(session.id)
+        try:
+            return await self.scheduler.release(region, "released by holder")
+        finally:
+            self.session_gone(session, "session ended")
 
     def end_region(self, req: protocol.EndRegion, peer: Peer) -> Any:
         """An admin ends (or withdraws) any region, named by an identity ticket: no session of its

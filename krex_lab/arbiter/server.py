@@ -51,6 +51,7 @@ from .region import Region
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
 from .sessions import Session, SessionTable
+from .slurm_jobs import SlurmJobs
 from .status import node_status
 
 log = logging.getLogger("krex.arbiter")
@@ -181,6 +182,13 @@ class Arbiter(LoggingConfigurable):
         "'auto' for a root --multi-user arbiter, 'off' otherwise (moving an ordinary user's processes "
         "between cgroups can fight a desktop's own cgroup management). `krex status` says which "
         "freezer is in use.",
+    ).tag(config=True)
+    slurm = Bool(
+        False,
+        help="Record the Slurm job, step and account of every session and region (in `krex status`, "
+        "region reports and the history: `krex history --slurm-job N`, `--usage --by job|account`). A "
+        "session's job is believed only if the node's Slurm prolog (`krex slurm prolog`) admitted that "
+        "job for the session's user; see docs/cluster.md.",
     ).tag(config=True)
     guardian = Bool(
         True, help="Start a guardian process that undoes every lock, freeze and re-pin if the arbiter dies."
@@ -380,6 +388,7 @@ class Arbiter(LoggingConfigurable):
             self.placer,
             self.notify,
             RequestLimits(self.max_hold, self.max_hold_limit, self.isolate_cores, self.capacity),
+            slurm=SlurmJobs(self.root) if self.slurm else None,
         )
         self.queries = NodeQueries(
             self.status,

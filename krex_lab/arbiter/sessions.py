@@ -41,6 +41,7 @@ class Session:
     #: it missed a drain and has not answered one since: regions do not wait for it (the drain
     #: timeout is spent once per silent session, not on every region); its next answer clears it
     silent: bool = False
+    job: dict[str, str] = field(default_factory=dict)  # its Slurm job, step and account (Arbiter.slurm)
     created: float = field(default_factory=time.time)
 
     @functools.cached_property
@@ -64,6 +65,7 @@ class Session:
             "within": self.within,
             "cgroup": self.cgroup,
             "since": self.created,
+            **self.job,
         }
 
 

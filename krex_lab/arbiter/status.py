@@ -34,6 +34,7 @@ def node_status(
                 "role": active.session.role,
                 "held_s": round(now - active.granted_at, 3) if active.granted_at else 0.0,
                 "max_hold_s": active.max_hold,
+                **active.session.job,
             }
         gpus.append(
             {
@@ -49,6 +50,7 @@ def node_status(
                         "uid": r.session.uid,
                         "user": r.session.user,
                         "waiting_s": round(now - r.requested, 3),
+                        **r.session.job,
                     }
                     for r in scheduler.queues[g]
                 ],
@@ -107,12 +109,20 @@ def holder_row(h: dict[str, Any] | None) -> str:
         return "holder: -"
     return (
         f"holder: {who(h)} region {h['region']} {h.get('state', '')} "
-        f"{h.get('held_s') or 0.0:.1f}/{h.get('max_hold_s') or 0.0:.0f} s"
+        f"{h.get('held_s') or 0.0:.1f}/{h.get('max_hold_s') or 0.0:.0f} s{_job(h)}"
     )
 
 
 def queue_row(i: int, q: dict[str, Any]) -> str:
-    return f"waiting {i}: {who(q)} {q.get('waiting_s') or 0.0:.1f} s"
+    return f"waiting {i}: {who(q)} {q.get('waiting_s') or 0.0:.1f} s{_job(q)}"
+
+
+def _job(entry: dict[str, Any]) -> str:
+    """`` slurm job 12.batch (account)`` for a session in a Slurm job (Arbiter.slurm), else ''."""
+    if not entry.get("slurm_job"):
+        return ""
+    account = f" ({entry['account']})" if entry.get("account") else ""
+    return f" slurm job {entry['slurm_job']}.{entry.get('slurm_step', '?')}{account}"
 
 
 def gpu_rows(g: dict[str, Any]) -> list[str]:
@@ -122,7 +132,7 @@ def gpu_rows(g: dict[str, Any]) -> list[str]:
     rows = [holder_row(g.get("holder"))]
     rows.extend(queue_row(i, q) for i, q in enumerate(g.get("queue", []), 1))
     for s in g.get("sessions", []):
-        rows.append(f"session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}")
+        rows.append(f"session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}{_job(s)}")
     others = g.get("other_sessions") or {}
     if others:
         counts = ", ".join(f"{u} ({n})" for u, n in sorted(others.items()))

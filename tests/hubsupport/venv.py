@@ -27,12 +27,11 @@ class VenvUnavailable(Exception):
     """Why the users' venv could not be made (the test skips, saying so)."""
 
 
-def _key(root: Path, hub_version: str) -> str:
+def _key(root: Path, requirements: list[str]) -> str:
     h = hashlib.sha256()
     h.update((root / "pyproject.toml").read_bytes())
     h.update(str(root.resolve()).encode())
-    h.update(hub_version.encode())
-    h.update(EXTRAS.encode())
+    h.update(" ".join(requirements).encode())
     return h.hexdigest()[:16]
 
 
@@ -57,16 +56,22 @@ def unreadable_for_others(root: Path) -> list[str]:
 
 def user_venv(root: Path, hub_version: str) -> Path:
     """The venv's directory (built if missing); raises :class:`VenvUnavailable` saying why not."""
+    return build_venv(root, [f"{root}[{EXTRAS}]", f"jupyterhub=={hub_version}"], CACHE)
+
+
+def build_venv(root: Path, requirements: list[str], cache: Path) -> Path:
+    """A venv of the system Python under ``cache`` with ``requirements`` (the checkout's among them
+    installed editable), root's and world-readable; built once per key, earlier keys removed."""
     if not os.access(BASE_PYTHON, os.X_OK):
         raise VenvUnavailable(f"no {BASE_PYTHON} to build a venv the test users can run")
     bad = unreadable_for_others(root)
     if bad:
         raise VenvUnavailable(f"the checkout is not readable by other users (editable install): {bad[:5]}")
-    CACHE.mkdir(mode=0o755, parents=True, exist_ok=True)
-    os.chmod(CACHE, 0o755)
-    venv = CACHE / f"venv-{_key(root, hub_version)}"
+    cache.mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.chmod(cache, 0o755)
+    venv = cache / f"venv-{_key(root, requirements)}"
     done = venv / ".krex-complete"
-    with open(CACHE / ".lock", "a") as lock:
+    with open(cache / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if done.exists():
             return venv
@@ -80,9 +85,7 @@ def user_venv(root: Path, hub_version: str) -> Path:
                 "install",
                 "-q",
                 "--disable-pip-version-check",
-                "-e",
-                f"{root}[{EXTRAS}]",
-                f"jupyterhub=={hub_version}",
+                *(x for r in requirements for x in (["-e", r] if r.startswith(str(root)) else [r])),
             ],
         ]
         for cmd in steps:
@@ -95,7 +98,7 @@ def user_venv(root: Path, hub_version: str) -> Path:
                 shutil.rmtree(venv, ignore_errors=True)
                 raise VenvUnavailable(f"{' '.join(cmd[:6])} failed ({r.returncode}): {(r.stdout + r.stderr)[-1500:]}")
         subprocess.run(["chmod", "-R", "go+rX,go-w", str(venv)], check=True)
-        for old in CACHE.glob("venv-*"):  # earlier keys: a changed pyproject.toml
+        for old in cache.glob("venv-*"):  # earlier keys: a changed pyproject.toml
             if old != venv:
                 shutil.rmtree(old, ignore_errors=True)
         done.touch()
