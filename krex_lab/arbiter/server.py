@@ -250,6 +250,16 @@ class Arbiter(LoggingConfigurable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # Built in steps, each on the parts of the ones before (as ServerApp's initialize()):
+        endpoint = self.init_runtime_dir()
+        self.init_backend(endpoint)
+        steps, config = self.init_enforcement()
+        self.init_history()
+        self.init_requests(steps, config)
+
+    def init_runtime_dir(self) -> str:
+        """Refuse what must not start (an ordinary user's multi-user arbiter, a second arbiter
+        here), prepare the runtime dir; the endpoint to serve."""
         if self.multi_user and os.geteuid() != 0 and not self.allow_unprivileged_multi_user:
             raise KrexError(
                 "--multi-user needs root: run by an ordinary user, other users could stop this "
@@ -266,6 +276,10 @@ class Arbiter(LoggingConfigurable):
         holder = lock_holder(self.root / "arbiter.lock", wait=5.0)
         if holder is not None:
             raise KrexError(_another_arbiter(holder, self.root, endpoint))
+        return endpoint
+
+    def init_backend(self, endpoint: str) -> None:
+        """The GPUs, the quotas and the service (its sockets and connection limits; no handler yet)."""
         # quiet: the start-up line says which backend this is and why (auto falling back to fake)
         self.backend: GpuBackend = make_backend(self.backend_name, self.fake_gpus, quiet=True)
         self.gpu_count = self.backend.gpu_count()
@@ -273,22 +287,11 @@ class Arbiter(LoggingConfigurable):
         self.bound = endpoint
         self.events = paths.events_endpoint(endpoint)
         self.quotas = Quotas(parent=self)
+        # Handlers are registered once the parts they call exist (init_requests).
         self.service = Service(
             "arbiter",
             endpoint,
-            {
-                protocol.Hello: self._hello,
-                protocol.Status: lambda req, peer: self.queries.status(req, peer),
-                protocol.Regions: lambda req, peer: self.queries.regions(req, peer),
-                protocol.Place: lambda req, peer: self.requests.place_request(req, peer),
-                protocol.Register: lambda req, peer: self.requests.register(req, peer),
-                protocol.Unregister: lambda req, peer: self.requests.unregister(req, peer),
-                protocol.Acquire: lambda req, peer: self.requests.acquire(req, peer),
-                protocol.Release: lambda req, peer: self.requests.release(req, peer),
-                protocol.EndRegion: lambda req, peer: self.requests.end_region(req, peer),
-                protocol.DrainAck: lambda req, peer: self.requests.drain_ack(req, peer),
-                protocol.History: lambda req, peer: self.queries.history(req, peer),
-            },
+            {},
             protocol.decode_request,
             events=self.events,
             lock=self.root / "arbiter.lock",
@@ -297,6 +300,9 @@ class Arbiter(LoggingConfigurable):
                 self.quotas.connections_per_user, self.quotas.connections, self.quotas.is_admin
             ),
         )
+
+    def init_enforcement(self) -> tuple[Enforcement, SchedulerConfig]:
+        """The region's steps: gate, driver locks, freezer, cores and shield, journaled."""
         self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
@@ -341,6 +347,10 @@ class Arbiter(LoggingConfigurable):
             intruder_grace=self.intruder_grace,
             isolate_deadline=self.isolate_deadline,
         )
+        return steps, config
+
+    def init_history(self) -> None:
+        """Descriptor limits, the region history database and the metrics."""
         #: the last SIGHUP's quota reload, as `krex status` shows it (ArbiterApp.reload_quotas)
         self.quotas_note = ""
         fd_limit = raise_fd_limit()
@@ -369,6 +379,9 @@ class Arbiter(LoggingConfigurable):
                     "install it (pip install prometheus_client, or krex-lab[jupyter]) or set metrics_port=0"
                 ) from None
             self.metrics = ArbiterMetrics(self.region_history)
+
+    def init_requests(self, steps: Enforcement, config: SchedulerConfig) -> None:
+        """The scheduler, the request handlers on it, and their registration with the service."""
         self.scheduler = Scheduler(
             self.gpu_count,
             self.sessions,
@@ -400,6 +413,21 @@ class Arbiter(LoggingConfigurable):
             self.privacy,
         )
         self.guardian_link = GuardianLink(self.journal_path, self.backend.name, self.node_lock)
+        self.service.handlers.update(
+            {
+                protocol.Hello: self._hello,
+                protocol.Status: self.queries.status,
+                protocol.Regions: self.queries.regions,
+                protocol.Place: self.requests.place_request,
+                protocol.Register: self.requests.register,
+                protocol.Unregister: self.requests.unregister,
+                protocol.Acquire: self.requests.acquire,
+                protocol.Release: self.requests.release,
+                protocol.EndRegion: self.requests.end_region,
+                protocol.DrainAck: self.requests.drain_ack,
+                protocol.History: self.queries.history,
+            }
+        )
 
     def own_pids(self) -> set[int]:
         pids = {os.getpid()}
