@@ -167,18 +167,14 @@ class SessionRequests:
         cores = self.limits.isolate_cores if req.cores is None else req.cores
         if not 0 <= cores <= 1024:
             raise InvalidRequest(f"cores must be between 0 and 1024, not {cores}")
-        parent = self.scheduler.active[gpu]
+        parent = self.scheduler.holder(gpu)
         if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
             report = parent.report(self.backend_info)
             report.nested = True
             return protocol.Granted(region=parent.id, gpu=gpu, report=report)
-        mine = [
-            r
-            for r in [self.scheduler.active[gpu], *self.scheduler.queues[gpu]]
-            if r is not None and r.session.id == session.id
-        ]
+        mine = self.scheduler.regions_of(session, gpu)
         if mine:
             raise InvalidRequest(f"session {session.id} already holds or waits for {mine[0].id} on GPU {gpu}")
         if len(req.exempt) > 16:
@@ -189,7 +185,7 @@ class SessionRequests:
                 raise InvalidRequest(f"exempt process {pid} does not exist")
             if session.uid != 0 and owner != session.uid:
                 raise PermissionDenied(f"process {pid} belongs to uid {owner}: a region may only exempt its own user's")
-        lease = self.quotas.check_acquire(session.uid, max_hold, [r for q in self.scheduler.queues.values() for r in q])
+        lease = self.quotas.check_acquire(session.uid, max_hold, self.scheduler.waiting())
         if req.isolate and req.cores is not None:  # the operator's isolate_cores is not the user's ask
             self.quotas.check_cores(session.uid, cores)
         spec = msgspec.structs.replace(req.spec, gpu=gpu, max_hold=lease, cores=cores)

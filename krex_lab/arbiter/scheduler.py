@@ -155,6 +155,18 @@ class Scheduler:
             self._start_intrusion(pending[0], session, queued=True)
         return region
 
+    def holder(self, gpu: int) -> Region | None:
+        """The region that holds (or is being granted) ``gpu``, if any."""
+        return self.active.get(gpu)
+
+    def regions_of(self, session: Session, gpu: int) -> list[Region]:
+        """``session``'s regions on ``gpu``: the one it holds and those it waits for."""
+        return [r for r in [self.active.get(gpu), *self.queues[gpu]] if r is not None and r.session.id == session.id]
+
+    def waiting(self) -> list[Region]:
+        """Every queued region, on every GPU."""
+        return [r for q in self.queues.values() for r in q]
+
     def find(self, region_id: str) -> Region | None:
         for gpu, active in self.active.items():
             if active and active.id == region_id:
