@@ -78,7 +78,7 @@ c.JupyterHub.services = [
         # use, and buttons that end a region. Runs as root (the arbiter's full view).
         "name": "krex-admin",
         "url": f"http://127.0.0.1:{KREX_ADMIN_PORT}",
-        "command": [KREX_PYTHON, "-m", "krex_lab.hub.service", "--config", THIS_FILE],  # reads c.Quotas
+        "command": [KREX_PYTHON, "-m", "krex_lab.hub.admin_page", "--config", THIS_FILE],  # reads c.Quotas
         "environment": {"KREX_ENDPOINT": KREX_NODE_ENDPOINT},
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["custom:krex:admin"],

@@ -1,6 +1,6 @@
 """What the arbiter answers about the node: status, recent regions, the region history, each
 as the asking user may see it (:mod:`.privacy`). Called by the arbiter's
-:class:`~krex_lab.service.Service` on the event loop; the history is read in a thread.
+:class:`~krex_lab.rpc_server.Service` on the event loop; the history is read in a thread.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import protocol
 from ..errors import InvalidRequest, KrexError
-from ..service import Peer
+from ..rpc_server import Peer
 from .history import USAGE_KEYS, RegionHistory
 from .identity import Tickets
 from .privacy import report_view, status_view

@@ -1,5 +1,5 @@
 """The session and region requests of the arbiter: place, register, unregister, acquire, release
-and drain acknowledgements. Called by the arbiter's :class:`~krex_lab.service.Service` (one
+and drain acknowledgements. Called by the arbiter's :class:`~krex_lab.rpc_server.Service` (one
 handler per request type, each answered exactly once) on the event loop; it works on the parts
 the arbiter built (session table, scheduler, quotas, tickets, cgroup placer, notifier), never on
 the arbiter itself.
@@ -20,7 +20,7 @@ from ..procutil import ancestors, proc_uid
 from ..region_report import REVOKED
 from ..regions.cgroups import CgroupPlacer
 from ..regions.freeze import FREEZE_FILES
-from ..service import DEFERRED, Peer
+from ..rpc_server import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas
 from .region import RegionState

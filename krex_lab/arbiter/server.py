@@ -1,6 +1,6 @@
 """The node arbiter: one per node, the only process that signals, locks or re-pins others.
 
-The arbiter is its parts, built when it is constructed: a :class:`~krex_lab.service.Service`
+The arbiter is its parts, built when it is constructed: a :class:`~krex_lab.rpc_server.Service`
 (ROUTER for requests, each answered exactly once, and PUB for events), the session table, the
 enforcement steps and the journal bundled for the :class:`~.scheduler.Scheduler`, and a
 handler per request type. :meth:`Arbiter.serve` takes the runtime directory's lock, undoes
@@ -37,7 +37,7 @@ from ..regions.gate import Gate
 from ..regions.isolate import CoreBook
 from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
-from ..service import Peer, Service, lock_holder
+from ..rpc_server import Peer, Service, lock_holder
 from .enforcement import Enforcement
 from .fairshare import FairShare
 from .guardian_link import GuardianLink

@@ -1,7 +1,7 @@
 """Server-side SVG charts of the admin page (matplotlib, Agg; no JavaScript).
 
 ``utilisation_svg``: GPU utilisation (%) over time, one line per GPU, from the samples the
-service keeps (:class:`krex_lab.hub.service.Telemetry`). ``gantt_svg``: one strip per GPU, a bar per
+service keeps (:class:`krex_lab.hub.admin_page.Telemetry`). ``gantt_svg``: one strip per GPU, a bar per
 region from its grant to its release, coloured and labelled by user.
 """
 

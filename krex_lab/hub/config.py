@@ -4,7 +4,7 @@ One file configures both the hub and the node arbiter. The hub starts the arbite
 service ``krex-arbiter`` (``krex supervise -- krex arbiter --multi-user --config <this file>``),
 so the quotas (``c.Quotas.*``) and the privacy rule (``c.Arbiter.privacy``) sit next to the hub's
 own settings: traitlets hands each application only its own classes' sections. The admins' page
-is the managed service ``krex-admin`` (:mod:`krex_lab.hub.service`, OAuth, scope
+is the managed service ``krex-admin`` (:mod:`krex_lab.hub.admin_page`, OAuth, scope
 ``custom:krex:admin``). Every user's server gets the node endpoint and no embedded arbiter, and
 the ``krex`` kernelspec's provisioner places kernels over the whole node (fewest sessions, then
 most free memory, counting every user's sessions: the node arbiter sees them all).
@@ -195,7 +195,7 @@ c.JupyterHub.services = [
         # use, and buttons that end a region. Runs as root (the arbiter's full view).
         "name": "{ADMIN_SERVICE}",
         "url": f"http://127.0.0.1:{{KREX_ADMIN_PORT}}",
-        "command": [KREX_PYTHON, "-m", "krex_lab.hub.service", "--config", THIS_FILE],  # reads c.Quotas
+        "command": [KREX_PYTHON, "-m", "krex_lab.hub.admin_page", "--config", THIS_FILE],  # reads c.Quotas
         "environment": {{"KREX_ENDPOINT": KREX_NODE_ENDPOINT}},
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["{ADMIN_SCOPE}"],

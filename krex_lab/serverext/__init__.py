@@ -2,7 +2,7 @@
 
 See :mod:`krex_lab.serverext.app` for the extension and its options,
 :mod:`~krex_lab.serverext.handlers` for the REST/Prometheus endpoints and
-:mod:`~krex_lab.serverext.services` for the embedded arbiter and the pool service.
+:mod:`~krex_lab.serverext.processes` for the embedded arbiter and the pool service.
 """
 
 from __future__ import annotations

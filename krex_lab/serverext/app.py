@@ -6,7 +6,7 @@ start it connects to the arbiter (an explicit endpoint, else the node's root arb
 ``node_endpoint`` when one answers, else this user's) or starts an embedded one, starts this user's pool service,
 exports ``KREX_ENDPOINT``/``KREX_POOL_ENDPOINT`` for the kernels it will launch (the ``krex``
 kernelspec's provisioner places each kernel on a GPU), and serves the REST and Prometheus
-handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.services`).
+handlers. At stop it ends everything it started (:mod:`krex_lab.serverext.processes`).
 
 With ``stop_on_interrupt`` (what ``krex lab`` sets) one SIGINT stops the server as SIGTERM does:
 jupyter_server's own handling asks for confirmation on a terminal, and without one lets
@@ -34,7 +34,7 @@ from ..gpu import FAKE_GPUS
 from ..gpu.traits import BackendName
 from . import arbiter_kind, handlers
 from .metrics import RegionStats
-from .services import Options, Services
+from .processes import Options, Services
 
 
 class KrexExtensionApp(ExtensionApp):

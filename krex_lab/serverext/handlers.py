@@ -27,7 +27,7 @@ from tornado import web
 from ..errors import KrexError
 from . import metrics
 from .metrics import RegionStats
-from .services import Services
+from .processes import Services
 
 T = TypeVar("T")
 REGIONS_MAX = 1000

@@ -65,7 +65,7 @@ def test_lab_and_arbiter_share_one_default_said_at_start_up(tmp_path: Path) -> N
     from krex_lab.arbiter.server import Arbiter
     from krex_lab.cli import build_parser
     from krex_lab.serverext.app import KrexExtensionApp
-    from krex_lab.serverext.services import Options
+    from krex_lab.serverext.processes import Options
 
     assert Arbiter.class_traits()["fake_gpus"].default() == default
     assert KrexExtensionApp.class_traits()["fake_gpus"].default() == default

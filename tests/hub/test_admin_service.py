@@ -233,7 +233,7 @@ def test_the_page_reads_the_region_history(arbiter: ArbiterProc) -> None:
     """Each history request takes an identity ticket of its own (a ticket is single-use: the page
     used to send its second request with the first one's and fell back to the in-memory list)."""
     from krex_lab.client import Session
-    from krex_lab.hub.service import Arbiter
+    from krex_lab.hub.admin_page import Arbiter
     from krex_lab.pytest_plugin import wait_for
 
     s = Session(gpu=0, name="history", endpoint=arbiter.endpoint)
@@ -262,7 +262,7 @@ def test_the_quota_table_shows_each_users_limits() -> None:
 
     from krex_lab.arbiter.quotas import Quotas
     from krex_lab.arbiter.status import holder_row, queue_row
-    from krex_lab.hub.service import TEMPLATES, quota_use
+    from krex_lab.hub.admin_page import TEMPLATES, quota_use
 
     nobody = pwd.getpwnam("nobody")
     table = {

@@ -113,7 +113,7 @@ def test_describe_kinds() -> None:
 
 
 def test_log_says_which(caplog: pytest.LogCaptureFixture, node_arbiter: ArbiterProc, clean_env: None) -> None:
-    from krex_lab.serverext.services import Options, Services
+    from krex_lab.serverext.processes import Options, Services
 
     services = Services(
         Options(node_endpoint=node_arbiter.endpoint, start_pool=False), logger=logging.getLogger("krex.test")

@@ -42,7 +42,7 @@ def test_loads_with_krex_wired_in(tmp_path: Path) -> None:
     assert arbiter[arbiter.index("--") + 1 :][:4] == [sys.executable, "-m", "krex_lab.cli", "arbiter"]
     assert "--multi-user" in arbiter and arbiter[arbiter.index("--config") + 1] == str(out)
     admin = services["krex-admin"]
-    assert admin["command"][:3] == [sys.executable, "-m", "krex_lab.hub.service"]
+    assert admin["command"][:3] == [sys.executable, "-m", "krex_lab.hub.admin_page"]
     assert admin["oauth_client_allowed_scopes"] == ["custom:krex:admin"]
     assert "custom:krex:admin" in c.JupyterHub.custom_scopes
     role = c.JupyterHub.load_roles[0]
@@ -128,7 +128,7 @@ def test_arbiter_and_admin_page_read_the_quotas(tmp_path: Path) -> None:
     out = generate(tmp_path, "--sessions-per-user", "7")
     from krex_lab.arbiter.app import ArbiterApp
     from krex_lab.arbiter.quotas import Quotas
-    from krex_lab.hub.service import load_quotas
+    from krex_lab.hub.admin_page import load_quotas
 
     app = ArbiterApp()
     app.initialize(["--config", str(out)])

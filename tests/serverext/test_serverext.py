@@ -29,7 +29,7 @@ from tornado.httpclient import HTTPClientError
 
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
-from krex_lab.serverext.services import pool_available
+from krex_lab.serverext.processes import pool_available
 from tests.support import ROOT
 from tests.support.procs import Procs
 

@@ -16,7 +16,7 @@ The pool is a child subreaper (:mod:`krex_lab.workers.contain`): what a job star
 outlives it, daemons included, and nothing survives the pool's shutdown.
 
 The server's lifecycle (lock, bind, receive, one reply per request, stop) is
-:class:`krex_lab.service.Service`'s; this module holds the pool's handlers, its traitlets options
+:class:`krex_lab.rpc_server.Service`'s; this module holds the pool's handlers, its traitlets options
 and how it discovers its GPUs. Messages: :mod:`krex_lab.workers.wire`.
 """
 
@@ -37,7 +37,7 @@ from traitlets.config import LoggingConfigurable
 from ... import __version__, paths
 from ...application import KrexApplication
 from ...errors import KrexError
-from ...service import DEFERRED, Peer, Service, lock_holder
+from ...rpc_server import DEFERRED, Peer, Service, lock_holder
 from ..contain import become_subreaper, ident, live
 from ..endpoint import default_endpoint, ipc_path, listens, lock_path
 from ..results import JobResult

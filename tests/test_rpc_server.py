@@ -14,7 +14,7 @@ import zmq.asyncio
 
 from krex_lab import protocol
 from krex_lab.errors import InvalidRequest
-from krex_lab.service import DEFERRED, Peer, Service
+from krex_lab.rpc_server import DEFERRED, Peer, Service
 
 
 async def _roundtrip(endpoint: str, requests: list[protocol.Request], timeout: float = 2.0) -> list[protocol.Reply]:

@@ -1,4 +1,4 @@
-"""The KREX admin page: a JupyterHub service (``python -m krex_lab.hub.service``).
+"""The KREX admin page: a JupyterHub service (``python -m krex_lab.hub.admin_page``).
 
 Every GPU of the node with its holder, queue and sessions by user; region history with two
 server-side charts (utilisation over time, a Gantt strip of who held each GPU when); quota use
@@ -362,7 +362,7 @@ def make_app(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m krex_lab.hub.service", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m krex_lab.hub.admin_page", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=os.environ.get("KREX_HUB_CONFIG", ""), help="hub config with c.Quotas")
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between telemetry samples (0: off)")
     args = parser.parse_args(argv)
