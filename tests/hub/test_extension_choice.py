@@ -4,6 +4,7 @@ an embedded one otherwise; the log, ``/krex/api/status`` and the kernels' enviro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ def embedded_children() -> list[psutil.Process]:
 
 
 def status(jp_fetch: Any, jp_asyncio_loop: Any) -> dict[str, Any]:
+    # tornado's client looks the loop up (a test module run before may have cleared it)
+    asyncio.set_event_loop(jp_asyncio_loop)
     r = jp_asyncio_loop.run_until_complete(jp_fetch("krex/api/status"))
     data: dict[str, Any] = json.loads(r.body)
     return data

@@ -125,7 +125,10 @@ def test_a_lease_over_the_users_max_hold_is_capped_not_refused(bob: User) -> Non
         assert report["max_hold_s"] == 20 and report["max_hold_asked_s"] == 60, report
         from krex_lab.region_report import RegionReport
 
-        assert "lease capped at 20 s by this user's max_hold quota (asked 60 s)" in RegionReport(report).summary()
+        assert (
+            "lease capped at 20 s by this user's max_hold quota (asked 60 s)"
+            in RegionReport.from_dict(report).summary()
+        )
         assert arb.status()["gpus"][0]["holder"]["max_hold_s"] == 20
         assert b.call("release", tag="long")["ok"]
         assert_healthy(arb, {bob.uid})

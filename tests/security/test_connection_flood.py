@@ -36,7 +36,14 @@ PER_FLOODER = 5000
 
 # One process of mallory's: n DEALER (or SUB) sockets connected to the endpoint, never a request.
 FLOOD = r"""
+import resource
 n, kind, target = int(ARGS[0]), ARGS[1], ARGS[2]
+# A login session's soft limit (pam_limits: often 1024) is below the flood: mallory raises hers
+# to her hard limit, as any user may.
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+want = 2 * n + 256
+if soft < want:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
 ctx = zmq.Context()
 ctx.max_sockets = n + 16
 if target == "events":
