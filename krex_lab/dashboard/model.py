@@ -317,6 +317,10 @@ def _replace_gpu(state: NodeState, index: int, **changes: Any) -> NodeState:
 def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     state = _heard(state, at)
     sid = str(data.get("id", ""))
+    if not sid:
+        # Another user's session on a private arbiter: its event names only user, GPU and role
+        # (no id to follow it by); the status polls count it under "other users".
+        return state
     if data.get("event") == "joined":
         g = state.gpu(int(data.get("gpu", -1)))
         if g is None or any(s.id == sid for s in g.sessions):

@@ -640,3 +640,19 @@ def test_another_users_holder_and_waiter_show_by_name_only() -> None:
     assert "<li>carol " in waiting and "pid 0" not in waiting, waiting
     mine = Holder(region="r7", session="s1", pid=42, user="bob", name="nb", role="kernel", since=0.0, max_hold_s=20.0)
     assert "nb (kernel, pid 42)" in holder_html(GpuState(index=0, name="Fake GPU", holder=mine), now=1.0)
+
+
+def test_another_users_session_and_region_events_on_a_private_node() -> None:
+    """The events a private arbiter publishes of another user: a session event without id or pid
+    (it raised KeyError: 'pid' in the dashboard's handler), then that user's region granted."""
+    from krex_lab.arbiter.privacy import public_event
+    from krex_lab.dashboard.view import holder_html
+
+    state = reduce(NodeState(), Event("telemetry", status(gpus=[gpu_row(0, ())]), T0))
+    joined = {"event": "joined", "id": "s5", "pid": 77, "uid": 1002, "user": "alice", "gpu": 0, "role": "kernel"}
+    state = reduce(state, Event("session", public_event("session", joined), T0 + 0.1))
+    granted = {"event": "granted", "region": "r5", "gpu": 0, "session": "s5", "holder_pid": 77, "user": "alice"}
+    state = reduce(state, Event("region", public_event("region", {**granted, "max_hold_s": 20.0}), T0 + 0.2))
+    g = state.gpu(0)
+    assert g is not None and g.holder is not None and g.holder.user == "alice" and g.holder.pid == 0
+    assert "held by <b>alice</b>" in holder_html(g, now=T0 + 1)
