@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import grp
 import json
+import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,6 +317,14 @@ def run(args: argparse.Namespace) -> int:
             grp.getgrnam(group)
         except KeyError:
             print(f"krex hub-config: warning: no Unix group {group!r} on this machine", file=sys.stderr)
+    hidden = _unrunnable_by_others(args.python)
+    if hidden:
+        print(
+            f"krex hub-config: warning: {args.python} resolves through {hidden}, which other users cannot "
+            "enter or run: every student's server would fail to start (PermissionError). Make the venv "
+            "with a Python they can run, e.g. /usr/bin/python3 -m venv",
+            file=sys.stderr,
+        )
     out = Path(args.output)
     if out.exists() and not args.force:
         print(f"krex hub-config: {out} exists (--force overwrites it)", file=sys.stderr)
@@ -325,6 +335,20 @@ def run(args: argparse.Namespace) -> int:
     hub = Path(args.python).with_name("jupyterhub")
     print(f"krex hub-config: wrote {out}; start the hub as root with `{hub} -f {out.resolve()}`", file=sys.stderr)
     return 0
+
+
+def _unrunnable_by_others(python: str) -> str:
+    """The first directory (or the file) on the way to ``python``'s real file that a user other
+    than its owner cannot pass or run ("" when none): students' servers run that Python."""
+    real = Path(os.path.realpath(python))
+    for part in [*reversed(real.parents), real]:
+        try:
+            mode = part.stat().st_mode
+        except OSError:
+            return str(part)
+        if not mode & stat.S_IXOTH:
+            return str(part)
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

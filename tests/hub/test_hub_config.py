@@ -159,3 +159,30 @@ def test_jupyterhub_accepts_it(tmp_path: Path) -> None:
 def test_an_unknown_group_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     generate(tmp_path, "--allow-group", "no-such-group-krex")
     assert "no Unix group 'no-such-group-krex' on this machine" in capsys.readouterr().err
+
+
+def test_a_python_students_cannot_run_is_warned_about(tmp_path: Path) -> None:
+    """A venv made with root's pyenv Python links into /root (0700): every spawn then fails."""
+    private = tmp_path / "private"
+    (private / "bin").mkdir(parents=True)
+    real = private / "bin" / "python3"
+    real.symlink_to(sys.executable)
+    private.chmod(0o700)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").symlink_to(real)
+    common = ["--allow-group", "students", "-o", str(tmp_path / "c.py"), "--force"]
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "hub-config", "--python", str(venv / "python3"), *common],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and "other users cannot enter or run" in out.stderr, out.stderr
+    fine = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "hub-config", "--python", "/usr/bin/python3", *common],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fine.returncode == 0 and "cannot enter or run" not in fine.stderr, fine.stderr
