@@ -23,8 +23,10 @@ for stage in "${stages[@]}"; do
       python3 -c "import sys, torch; print(sys.version, torch.__version__, torch.cuda.device_count())" | tee -a "$OUT/info.txt"
       nproc | tee -a "$OUT/info.txt" ;;
     gputests)
-      KREX_GPU_DIAG="$OUT/diag" timeout 260 python3 -m pytest -p no:cacheprovider -q -rA -m gpu tests/gpu \
-        -o addopts="" > "$OUT/gpu_tests.log" 2>&1
+      # -v: each test's outcome as it ends (a run stopped by the timeout still says which failed);
+      # --timeout: a hanging test fails alone instead of eating the stage (about 5 min in all).
+      KREX_GPU_DIAG="$OUT/diag" timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
+        --tb=short --timeout 200 -m gpu tests/gpu -o addopts="" > "$OUT/gpu_tests.log" 2>&1
       grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40 ;;
     fidelity)
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
