@@ -57,8 +57,25 @@ _EVENT = struct.Struct("=hi")
 
 
 def headroom(limit: int) -> int:
-    """Descriptors the guard keeps free below ``limit``: more than the monitor may queue."""
-    return max(MONITOR_QUEUE + 256, limit // 8)
+    """Descriptors the guard keeps free below ``limit``: more than the monitor may queue, where the
+    limit allows it; never more than half the limit (a user's default 1024 would refuse every
+    connection, the owner's own included)."""
+    return min(max(MONITOR_QUEUE + 256, limit // 8), limit // 2)
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit (any process may); returns the
+    soft limit now. A server that guards its sockets does it first: a login's soft limit is often
+    1024, far below what a node's clients open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def fd_limit() -> int:
@@ -152,6 +169,7 @@ class ConnectionGuard:
         self._thread: threading.Thread | None = None
         self._bursts: dict[int | None, _Burst] = {}
         self._own_uid = os.geteuid()
+        raise_fd_limit()
         self._limit, self._limit_read = fd_limit(), time.monotonic()
         #: refusals so far, for status
         self.refused = 0

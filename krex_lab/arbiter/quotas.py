@@ -18,7 +18,6 @@ import grp
 import logging
 import os
 import pwd
-import resource
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -52,19 +51,6 @@ class Limits:
     queued_per_user: int
     max_hold: float
     max_cores: int = 0
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's soft descriptor limit to its hard limit; returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def kept_files_limit(fd_limit: int) -> int:

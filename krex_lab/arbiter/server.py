@@ -23,7 +23,7 @@ from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
-from ..connguard import ConnectionLimits
+from ..connguard import ConnectionLimits, raise_fd_limit
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
@@ -46,7 +46,7 @@ from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
 from .privacy import public_event
 from .queries import NodeQueries
-from .quotas import Quotas, kept_files_limit, node_session_capacity, raise_fd_limit
+from .quotas import Quotas, kept_files_limit, node_session_capacity
 from .region import Region
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig

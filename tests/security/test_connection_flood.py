@@ -11,8 +11,13 @@ connections beyond its cap, logs the offender, and still serves ``alice`` at onc
 
 from __future__ import annotations
 
+import json
+import os
 import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +123,38 @@ def test_connection_flood_leaves_the_arbiter_up_and_alice_served(mallory: User, 
                 f.wait(10)
         assert arb.proc is not None and arb.proc.poll() is None, f"the arbiter died:\n{arb.output()[-3000:]}"
         assert_healthy(arb, {mallory.uid, alice.uid})
+
+
+def test_a_server_under_a_login_default_descriptor_limit_serves_its_user(tmp_path: Path) -> None:
+    """A login's descriptor limit is often 1024 (soft and hard): the guard's headroom must leave
+    room to serve. It was 1,256 whatever the limit, so a user's pool refused every connection."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "KREX_RUNTIME_DIR": str(runtime)}
+    env.pop("KREX_ENDPOINT", None)
+
+    def login_limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    arb = subprocess.Popen(
+        [sys.executable, "-m", "krex_lab.cli", "arbiter", "--backend", "fake", "--no-guardian"],
+        env=env,
+        preexec_fn=login_limits,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            out = subprocess.run(
+                [sys.executable, "-m", "krex_lab.cli", "status", "--json"], env=env, capture_output=True, text=True
+            )
+            if out.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(out.stdout)["gpus"], out.stdout
+    finally:
+        arb.terminate()
+        log = arb.communicate(timeout=30)[0].decode(errors="replace")
+    assert "refusing connections" not in log, log[-2000:]
