@@ -269,6 +269,16 @@ def check(
             names = [f"output {j}" for j in range(len(actual))]
         synchronize_frameworks()
         expected = _as_list(reference(*[x.copy() for x in host_inputs]))
+        if any(e is None for e in expected):
+            raise TypeError(
+                "the reference returned None: check() calls reference(*inputs), with the inputs only, "
+                "and compares what it returns with the candidate's outputs; return the expected array(s)"
+            )
+        if any(a is None for a in actual):
+            raise TypeError(
+                "the candidate returned None and make_inputs gave no output arrays to compare: return "
+                "the result, or have make_inputs return (inputs, outputs) for a candidate that writes into outputs"
+            )
         if len(expected) != len(actual):
             diffs = [
                 OutputDiff(

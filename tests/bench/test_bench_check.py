@@ -159,3 +159,20 @@ def test_planted_off_by_one_in_a_numba_kernel_under_the_simulator() -> None:
 
     with pytest.raises(CheckFailed, match="NaN in the output: 1 element"):
         krex_lab.check(candidate, ref_add, device_case)
+
+
+def test_a_reference_or_candidate_that_returns_none_gets_a_clear_error() -> None:
+    """In-place functions on both sides with no output arrays from make_inputs: check() crashed
+    inside itself (AttributeError: 'NoneType' object has no attribute 'item')."""
+
+    def in_place(x: Any, out: Any = None) -> None:
+        if out is not None:
+            np.multiply(x, 2, out=out)
+
+    def make_inputs(rng: Any) -> tuple[Any, ...]:
+        return (rng.random(8),)
+
+    with pytest.raises(TypeError, match="the reference returned None"):
+        krex_lab.check(lambda x: x * 2, in_place, make_inputs)
+    with pytest.raises(TypeError, match="the candidate returned None"):
+        krex_lab.check(in_place, lambda x: x * 2, make_inputs)
