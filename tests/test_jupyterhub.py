@@ -45,7 +45,7 @@ from tests.hubsupport.hub import Hub, NodeArbiter, start_documented_hub
 from tests.hubsupport.kernel import KernelWS
 from tests.hubsupport.users import HubUser, can_make_users, describe, kernel_process, make_users, processes_of
 from tests.hubsupport.venv import VenvUnavailable, user_venv
-from tests.support import ROOT
+from tests.support import ROOT, frozen
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -249,14 +249,16 @@ def test_exclusive_cell_stops_bobs_kernel_and_bob_resumes(node: Node) -> None:
     region = alice.execute("%%krex_exclusive --max-hold 30\nimport time\ntime.sleep(3)")
     states: list[str | None] = []
 
+    # Stopped: by SIGSTOP, or in a frozen cgroup (the root node arbiter's freezer where the
+    # machine gives cgroup v2: a frozen task reads as sleeping).
     def stopped() -> bool:
         states.append(_status(psutil.Process(bob_pid)))
-        return states[-1] == psutil.STATUS_STOPPED
+        return frozen(bob_pid)
 
     wait_for(stopped, 15, 0.02)
     ticks_when_stopped = len(counter.streams)
     time.sleep(1.0)
-    assert _status(psutil.Process(bob_pid)) == psutil.STATUS_STOPPED, "bob's kernel stays stopped in the region"
+    assert frozen(bob_pid), "bob's kernel stays stopped in the region"
     assert len(counter.streams) == ticks_when_stopped, "a stopped kernel prints nothing"
     holder = _holder(node)
     assert holder is not None and holder["user"] == node.alice.name
@@ -265,7 +267,7 @@ def test_exclusive_cell_stops_bobs_kernel_and_bob_resumes(node: Node) -> None:
     assert "KREX region" in region.stdout and "frozen" in region.stdout, region.stdout
     report = _last_region(node)
     assert report["region"] == holder["region"] and bob_pid in report["frozen"], report
-    wait_for(lambda: _status(psutil.Process(bob_pid)) != psutil.STATUS_STOPPED, 10, 0.05)
+    wait_for(lambda: not frozen(bob_pid), 10, 0.05)
     bob.wait(counter, 60)
     assert counter.status == "ok", counter.output
     ticks = [line.split() for line in counter.stdout.splitlines() if line.startswith("tick")]

@@ -16,6 +16,7 @@ from krex_lab import protocol
 from krex_lab.client import Session
 from krex_lab.errors import NotHolder
 from krex_lab.pytest_plugin import wait_for
+from tests.support import frozen
 
 from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter
 from .users import User, make_user
@@ -158,9 +159,9 @@ def test_intruder_hears_its_registration_and_queues_before_it_is_frozen(bob: Use
         print(f"alice's intruder heard its registration after {heard * 1e3:.0f} ms and queued")
         # queueing stops it at once (it is an intruder in bob's region) ...
         deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not _frozen(a.pid):
+        while time.monotonic() < deadline and not frozen(a.pid):
             time.sleep(0.02)
-        assert _frozen(a.pid), "the intruder runs on in bob's region"
+        assert frozen(a.pid), "the intruder runs on in bob's region"
         # ... and bob's release resumes it and grants it the GPU. Bob is then a sibling in alice's
         # region and may be frozen before its agent has printed the release reply: read that reply
         # only once alice has released too.
@@ -169,15 +170,3 @@ def test_intruder_hears_its_registration_and_queues_before_it_is_frozen(bob: Use
         assert a.call("release", tag="ra")["ok"]
         assert b.wait(lambda m: m.get("seq") == released)["ok"]
         assert_healthy(arb, {bob.uid, alice.uid})
-
-
-def _frozen(pid: int) -> bool:
-    """Stopped (SIGSTOP), or in a frozen cgroup (the cgroup freezer, a root multi-user arbiter's
-    default where the machine has cgroup v2: a frozen task shows as sleeping, not stopped)."""
-    from krex_lab.procutil import proc_state
-    from krex_lab.regions.cgroups import cgroup_of, is_frozen, v2_root
-
-    if proc_state(pid) == "T":
-        return True
-    root, cgroup = v2_root(), cgroup_of(pid)
-    return bool(root and cgroup and cgroup != "/" and is_frozen(f"{root}{cgroup}"))
