@@ -1,4 +1,4 @@
-"""Issue 17, item 10 and an extra: what ``krex arbiter`` and ``krex lab`` say when they start.
+"""What ``krex arbiter`` and ``krex lab`` say when they start.
 
 One default number of simulated GPUs for ``krex arbiter``, ``krex lab`` and the extension's embedded
 arbiter (one constant), said in the start-up line; a second ``krex arbiter`` on a runtime dir that

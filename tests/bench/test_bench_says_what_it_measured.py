@@ -1,4 +1,4 @@
-"""Issue 17, item 8: a measurement says what it measured.
+"""A measurement says what it measured.
 
 A host callable (no GPU work) says that no GPU was timed, in a field and in every text; "converged"
 means the noise criterion was met (a noise that settled above ``max_noise`` is "not converged

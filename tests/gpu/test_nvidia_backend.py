@@ -753,7 +753,7 @@ def _namespace_sleepers(since: float) -> list[int]:
 
 @pytest.mark.skipif(not _can_unshare(), reason="cannot create a pid namespace here")
 def test_the_nested_process_test_leaves_nothing_behind() -> None:
-    # Issue 17: the suite left a `sleep 30` behind (unshare was killed, not its child).
+    # The suite once left a `sleep 30` behind (unshare was killed, not its child).
     since = time.time() - 1
     subprocess.run(
         [

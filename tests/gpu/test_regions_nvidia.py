@@ -1,4 +1,4 @@
-"""Issue 3's device must-shows at the arbiter level: a real ``krex arbiter --backend nvidia``,
+"""The region's promises on a GPU, at the arbiter level: a real ``krex arbiter --backend nvidia``,
 real CUDA processes (torch, :mod:`tests.gpu.procs_cuda`), real locks, signals and NVML.
 
 Marker ``gpu``: skipped where no NVIDIA GPU answers NVML (tests/gpu/conftest.py), where torch
@@ -53,7 +53,7 @@ GPU = 0
 WORK_S = 0.4  # queued matmuls in the victim when the holder asks
 HOLD_S = 1.0  # how long a region is held while the test watches
 TOL_S = 0.005  # a tick may carry a timestamp this much after the grant (taken after its op ended)
-RELEASE_S = 1.0  # issue 3: everything RUNNING and thawed within 1 s of a SIGKILL
+RELEASE_S = 1.0  # everything RUNNING and thawed within 1 s of a SIGKILL
 READY_S = 90.0  # import torch (3-4 s) + context, several children at once
 
 
