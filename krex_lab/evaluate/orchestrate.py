@@ -135,19 +135,20 @@ class _Watch:
 
 def _failure(ev: Evaluation, phase: str, limit: float, result: Any) -> None:
     """A phase job that did not return: the verdict its end stands for."""
-    from ..workers.context.runner import sticky_cuda_error
+    from ..workers.context.runner import sticky_cuda_line
 
     error = result.error or "the job failed"
     tail = (result.traceback or "").strip()[-3000:]
+    sticky = sticky_cuda_line(f"{error}\n{tail}")
     if result.status == "timeout":
         ev.verdict = "timeout"
         ev.metadata["timeout"] = f"the {phase} phase ran past its limit of {limit:g} s ({error})"
     elif result.status == "died":
         ev.verdict = "crashed"
         ev.metadata["worker_died"] = f"{error} in the {phase} phase" + (f"\n{tail}" if tail else "")
-    elif sticky_cuda_error(Exception(error)) or sticky_cuda_error(Exception(tail)):
+    elif sticky:
         ev.verdict = "crashed"
-        ev.metadata["cuda_error"] = f"{error} in the {phase} phase (a sticky CUDA error: the worker was recycled)"
+        ev.metadata["cuda_error"] = f"{sticky} in the {phase} phase (a sticky CUDA error: the worker was recycled)"
     else:
         ev.verdict = "error"
         ev.metadata["evaluation_error"] = f"{phase}: {error}" + (f"\n{tail}" if tail else "")

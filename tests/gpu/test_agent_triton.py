@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from krex_lab.pytest_plugin import subprocess_pythonpath
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
@@ -46,7 +48,7 @@ CHILD = textwrap.dedent(
 
 def test_triton_candidates_compile_check_and_time_as_new_code(tmp_path: Path) -> None:
     cache = tmp_path / "triton-cache"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=subprocess_pythonpath())
     r = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path), str(REPO / "benchmarks")],
         capture_output=True,

@@ -45,6 +45,7 @@ from krex_lab.gpu.nvidia import LockOutcome, NvidiaBackend, ProcessStopped, cgro
 from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
 from krex_lab.gpu.pid_mapping import PidMap, holds_nvidia_device, local_pid, parse_nspid
 from krex_lab.procutil import proc_state
+from krex_lab.pytest_plugin import subprocess_pythonpath
 from krex_lab.regions.drain import DrainResult, Locker
 from tests.support.procs import kill_tree
 
@@ -703,7 +704,7 @@ def test_local_pid_inside_a_real_pid_namespace() -> None:
         "outer = parse_nspid(open('/proc/self/status').read())[0];"
         "print(outer, local_pid(outer), os.getpid(), local_pid(int(sys.argv[1])))"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=subprocess_pythonpath())
     out = subprocess.run(
         ["unshare", "--pid", "--fork", sys.executable, "-c", code, str(os.getpid())],
         capture_output=True,

@@ -45,7 +45,7 @@ STICKY_CUDA_ERRORS = (
     "cudaerrorlaunchfailure",
     "hardware stack error",
     "cuda_error_hardware_stack_error",
-    "device-side assert",
+    "device-side assert triggered",  # not the advice "to enable device-side assertions"
     "cuda_error_assert",
     "invalid address space",
     "cuda_error_invalid_address_space",
@@ -79,10 +79,20 @@ def sticky_cuda_error(exc: BaseException | None) -> str | None:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        text = f"{type(exc).__name__}: {exc}".lower()
-        if any(p in text for p in STICKY_CUDA_ERRORS):
-            return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        line = sticky_cuda_line(f"{type(exc).__name__}: {exc}")
+        if line is not None:
+            return line
         exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def sticky_cuda_line(text: str) -> str | None:
+    """The line of ``text`` (an error, a traceback) that names a sticky CUDA error, else None.
+    The line itself, not the message's first or last: torch's message ends with advice
+    ("Compile with TORCH_USE_CUDA_DSA ...") that says nothing of what happened."""
+    for line in text.splitlines():
+        if any(p in line.lower() for p in STICKY_CUDA_ERRORS):
+            return line.strip()[:300]
     return None
 
 
