@@ -121,7 +121,7 @@ class Measurement:
         """How many times faster this is than ``other`` (ratio of medians)."""
         return other.median / self.median if self.median > 0 else math.nan
 
-    def row(self) -> dict[str, float]:
+    def row(self) -> dict[str, float | int | bool]:
         """The figures a table or a result file shows of it, times in ms (``median_ms``, ``p95_ms``, ...)."""
         return {
             "median_ms": self.median,
