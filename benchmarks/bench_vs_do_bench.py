@@ -27,7 +27,6 @@ import argparse
 import functools
 import gc
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -38,13 +37,11 @@ from typing import Any
 from common import REPO, machine, write_result
 from fidelity import start_arbiter, stop_arbiter
 
+from krex_lab.bench.stats import summarize
+
 MATMUL_N = {"0.05ms": 960, "0.1ms": 1216, "1ms": 2880, "10ms": 6208}  # fidelity-2026-11-29.json, H200
 TARGET = {"0.05ms": 0.05, "0.1ms": 0.1, "1ms": 1.0, "10ms": 10.0}
 AGREEMENT = 0.02
-
-
-def median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 def do_bench_times(fn: Any, est_ms: float) -> list[float]:
@@ -99,6 +96,7 @@ def part_a(run: Run, repeats: int, have_triton: bool) -> dict[str, Any]:
         torch.cuda.synchronize()
         ms = [krex_lab.bench(fn, name=f"torch.mm {n}") for _ in range(repeats)]
         medians = [m.median for m in ms]
+        of_medians = summarize(medians)
         entry: dict[str, Any] = {
             "n": n,
             "bench_medians_ms": medians,
@@ -109,16 +107,18 @@ def part_a(run: Run, repeats: int, have_triton: bool) -> dict[str, Any]:
             "bench_converged": [m.stop_reason for m in ms],
             "bench_redone_batches": [m.redone_batches for m in ms],
             "bench_batch": ms[0].batch,
-            "bench_median_ms": median(medians),
-            "spread_of_medians_pct": round(100 * (max(medians) - min(medians)) / median(medians), 3),
+            "bench_median_ms": of_medians.median,
+            "spread_of_medians_pct": round(100 * (of_medians.max - of_medians.min) / of_medians.median, 3),
             "clocks": ms[-1].clocks,
             "region": {k: ms[-1].region.get(k) for k in ("gpu", "frozen", "cores")} if ms[-1].region else None,
             "warnings": sorted({w for m in ms for w in m.warnings}),
         }
         if have_triton:
-            runs = [do_bench_times(fn, median(medians)) for _ in range(3)]
-            db = [median(r) for r in runs]
-            entry.update(do_bench_medians_ms=db, do_bench_samples=[len(r) for r in runs], do_bench_median_ms=median(db))
+            runs = [do_bench_times(fn, of_medians.median) for _ in range(3)]
+            db = [summarize(r).median for r in runs]
+            entry.update(
+                do_bench_medians_ms=db, do_bench_samples=[len(r) for r in runs], do_bench_median_ms=summarize(db).median
+            )
             entry["agreement_pct"] = pct(entry["bench_median_ms"], entry["do_bench_median_ms"])
             entry["within_2pct"] = abs(entry["agreement_pct"]) <= 100 * AGREEMENT
         out[cls] = entry
@@ -181,20 +181,15 @@ def part_c(run: Run, have_triton: bool) -> dict[str, Any]:
                     row[cand] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
                     print(f"C {name}/{cand} {preset}: {row[cand]['error']}", flush=True)
                     continue
-                r = {
-                    "median_ms": m.median,
-                    "p5_ms": m.p5,
-                    "p95_ms": m.p95,
-                    "noise": m.rel_stdev,
-                    "samples": m.n,
-                    "discarded": m.discarded,
+                r: dict[str, Any] = {
+                    **m.row(),
                     "stop_reason": m.stop_reason,
                     "batch": m.batch,
                     "vs_estimate": round(m.median / row["estimate_ms"], 3),
                     "bandwidth_gbs": round(spec.work(**spec.size(preset)).bytes / (m.median * 1e6), 1),
                 }
                 if have_triton and cand == "optimised" and TARGET[preset] >= 0.1:
-                    db = median(do_bench_times(functools.partial(fn, *ins, *outs), m.median))
+                    db = summarize(do_bench_times(functools.partial(fn, *ins, *outs), m.median)).median
                     r.update(
                         do_bench_median_ms=db,
                         agreement_pct=pct(m.median, db),
@@ -216,7 +211,7 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"{cls:7s} {e['n']:5d} {e['bench_median_ms']:10.5f} {e['spread_of_medians_pct']:7.3f}% "
             f"{e.get('do_bench_median_ms', float('nan')):10.5f} {e.get('agreement_pct', float('nan')):7.3f}%  "
-            f"{median(e['bench_noise']):.2%}  {sum(e['bench_samples'])}/{sum(e['bench_discarded'])}"
+            f"{summarize(e['bench_noise']).median:.2%}  {sum(e['bench_samples'])}/{sum(e['bench_discarded'])}"
         )
     bad = [k for k, v in doc["checks"].items() if not all(x.get("ok") for x in v.values())]
     lines.append(f"B. checks on the GPU: {len(doc['checks'])} candidates, failing: {bad or 'none'}")

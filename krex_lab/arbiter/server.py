@@ -1,20 +1,18 @@
 """The node arbiter: one per node, the only process that signals, locks or re-pins others.
 
 The arbiter is its parts, built when it is constructed: a :class:`~krex_lab.rpc_server.Service`
-(ROUTER for requests, each answered exactly once, and PUB for events), the session table, the
-enforcement steps and the journal bundled for the :class:`~.scheduler.Scheduler`, and a
-handler per request type. :meth:`Arbiter.serve` takes the runtime directory's lock, undoes
-whatever an earlier arbiter left in the journal, binds, starts its guardian
-(:mod:`krex_lab.arbiter.guardian`) and serves until it is stopped.
+(ROUTER for requests, each answered exactly once, and PUB for events, :mod:`.events`), the session
+table, the enforcement steps and the journal bundled for the :class:`~.scheduler.Scheduler`, the
+region history and metrics (:mod:`.records`), and a handler per request type. :meth:`Arbiter.serve`
+takes the runtime directory's lock, undoes whatever an earlier arbiter left in the journal, binds,
+starts its guardian (:mod:`krex_lab.arbiter.guardian`) and serves until it is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
 from ..procfiles import KEPT
-from ..region_report import RegionReport
 from ..regions.cgroups import CgroupPlacer
 from ..regions.corelock import NodeCoreLock
 from ..regions.drain import Locker
@@ -39,18 +36,17 @@ from ..regions.shield import MODES as SHIELD_MODES
 from ..regions.shield import Shield
 from ..rpc_server import Peer, Service, lock_holder
 from .enforcement import Enforcement
+from .events import EventNotifier, publish_telemetry
 from .fairshare import FairShare
 from .guardian_link import GuardianLink
-from .history import RegionHistory
 from .identity import IdentityServer, Tickets
 from .journal import Journal, undo_outstanding
-from .privacy import public_event
 from .queries import NodeQueries
 from .quotas import Quotas, kept_files_limit, node_session_capacity
-from .region import Region
+from .records import RegionRecords
 from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
-from .sessions import Session, SessionTable
+from .sessions import SessionTable
 from .slurm_jobs import SlurmJobs
 from .status import node_status
 
@@ -62,33 +58,6 @@ def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
     pid = note.strip().split()[0] if note.strip() else ""
     who = f"another arbiter (pid {pid})" if pid.isdigit() else "another arbiter"
     return f"{who} already serves {root} (its endpoint {endpoint}): stop it first, or give this one --runtime-dir"
-
-
-#: the most rows one ``history`` request answers
-
-
-class _Notifier:
-    """Events on the PUB socket, control messages to the socket a session registered from."""
-
-    def __init__(self, service: Service, private: bool) -> None:
-        self.service = service
-        self.private = private
-
-    def publish(self, topic: str, data: dict[str, Any]) -> None:
-        data.setdefault("time", time.time())
-        # Every subscriber gets the same event: on a shared node, the anonymous view of it.
-        self.service.publish(f"krex.{topic}", public_event(topic, data) if self.private else data)
-
-    def control(self, session: Session, kind: str, region: Region) -> None:
-        if session.control is not None:
-            self.service.send(
-                session.control,
-                protocol.Control(
-                    kind=kind,  # type: ignore[arg-type]
-                    region=region.id,
-                    gpu=region.gpu,
-                ),
-            )
 
 
 class Arbiter(LoggingConfigurable):
@@ -303,7 +272,7 @@ class Arbiter(LoggingConfigurable):
 
     def init_enforcement(self) -> tuple[Enforcement, SchedulerConfig]:
         """The region's steps: gate, driver locks, freezer, cores and shield, journaled."""
-        self.notify = _Notifier(self.service, private=self.multi_user and self.privacy == "private")
+        self.notify = EventNotifier(self.service, private=self.multi_user and self.privacy == "private")
         self.journal_path = self.root / "journal.jsonl"
         self.journal = Journal(self.journal_path, open=False)
         self.locker = Locker(self.backend, self.lock_timeout, threads=self.lock_threads)
@@ -357,28 +326,14 @@ class Arbiter(LoggingConfigurable):
         self.capacity = node_session_capacity(fd_limit, placed=self.placer.enabled)
         KEPT.limit = kept_files_limit(fd_limit)
         db = self.root / "history.sqlite" if self.history_db is None else self.history_db
-        self.region_history: RegionHistory | None = (
-            RegionHistory(
-                db,
-                self.history_retention_days,
-                arbiter=f"{os.getpid()}@{self.started:.3f}",
-                per_user=self.history_per_user,
-            )
-            if db
-            else None
+        self.records = RegionRecords(
+            db,
+            retention_days=self.history_retention_days,
+            arbiter=f"{os.getpid()}@{self.started:.3f}",
+            per_user=self.history_per_user,
+            metrics=bool(self.metrics_port),
+            live=lambda: (self.scheduler.active, self.scheduler.queues, self.sessions),
         )
-        #: why there is no history (History requests say it)
-        self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
-        self.metrics: Any = None
-        if self.metrics_port:
-            try:
-                from .metrics import ArbiterMetrics
-            except ImportError as exc:
-                raise KrexError(
-                    f"Arbiter.metrics_port is set but prometheus_client cannot be imported ({exc}): "
-                    "install it (pip install prometheus_client, or krex-lab[jupyter]) or set metrics_port=0"
-                ) from None
-            self.metrics = ArbiterMetrics(self.region_history)
 
     def init_requests(self, steps: Enforcement, config: SchedulerConfig) -> None:
         """The scheduler, the request handlers on it, and their registration with the service."""
@@ -389,7 +344,7 @@ class Arbiter(LoggingConfigurable):
             self.notify,
             config,
             FairShare(self.quotas.half_life, self.quotas.region_overhead),
-            on_finish=self._region_finished,
+            on_finish=self.records.region_finished,
         )
         #: the handlers of the session and region requests, on the parts built above
         self.requests = SessionRequests(
@@ -408,7 +363,7 @@ class Arbiter(LoggingConfigurable):
             self.scheduler,
             self.tickets,
             self.quotas,
-            lambda: (self.region_history, self.history_off),
+            self.records.database,
             self.multi_user,
             self.privacy,
         )
@@ -444,18 +399,14 @@ class Arbiter(LoggingConfigurable):
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
             raise KrexError(_another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
-        if self.metrics is not None:
-            try:
-                self.metrics.serve(self.metrics_port, self.metrics_addr)
-            except OSError as exc:
-                raise KrexError(
-                    f"cannot serve metrics on {self.metrics_addr}:{self.metrics_port}: {exc.strerror or exc}"
-                ) from None
+        self.records.serve_metrics(self.metrics_port, self.metrics_addr)
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
         if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")):
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
-        self._open_history()
+        last = self.records.open()
+        if last is not None:
+            self.scheduler.number_after(last)
         why = self.node_lock.open()
         if why:  # every region will say so too (it gets no cores)
             log.warning("%s: regions will reserve no cores", why)
@@ -466,9 +417,21 @@ class Arbiter(LoggingConfigurable):
         self.service.bind()
         await self.identity.start()
         if self.telemetry_interval > 0:
-            background.append(self._telemetry())
-        if self.metrics is not None:
-            background.append(self._refresh_metrics())
+            background.append(
+                publish_telemetry(
+                    self.notify,
+                    self.telemetry_interval,
+                    self.status,
+                    self.backend,
+                    self.gpu_count,
+                    lambda: self.scheduler.history,
+                )
+            )
+        if self.records.metrics is not None:
+            # the gauges' snapshot every telemetry period (1 s when telemetry is off)
+            background.append(
+                self.records.refresh_metrics(self.telemetry_interval if self.telemetry_interval > 0 else 1.0)
+            )
         try:
             await self.service.run(background, ready)
         finally:
@@ -482,62 +445,13 @@ class Arbiter(LoggingConfigurable):
             self.guardian_link.stop()
             self.node_lock.close()
             self.backend.close()
-            if self.region_history is not None:
-                self.region_history.close()  # writes what the last releases queued
-            if self.metrics is not None:
-                self.metrics.close()
+            self.records.close()
             log.info("krex arbiter stopped")
 
     def stop(self) -> None:
         self.service.stop()
 
-    def _open_history(self) -> None:
-        """Open the history database; a database that cannot be opened costs the history, never the
-        arbiter (it is logged, and History requests say why)."""
-        if self.region_history is None:
-            return
-        try:
-            self.region_history.open()
-            self.scheduler.number_after(self.region_history.highest_region_number())
-        except (OSError, sqlite3.Error, KrexError) as exc:
-            self.history_off = f"the region history {self.region_history.path} could not be opened: {exc}"
-            log.error("%s; regions are not recorded", self.history_off)
-            self.region_history = None
-            if self.metrics is not None:
-                self.metrics.history = None
-
-    def _region_finished(self, report: RegionReport) -> None:
-        """Each finished region's report (on the loop: both only enqueue or count)."""
-        if report.degraded:
-            # Said where operators look: a degraded region's timings may be disturbed.
-            log.warning(
-                "region %s of %s on GPU %d was DEGRADED: %s",
-                report.region,
-                report.user,
-                report.gpu,
-                "; ".join(report.why_degraded()) or "no reason recorded",
-            )
-        if self.region_history is not None:
-            self.region_history.add(report)
-        if self.metrics is not None:
-            self.metrics.region_finished(report)
-            self._metrics_snapshot()
-
-    def _metrics_snapshot(self) -> None:
-        from .metrics import snapshot
-
-        self.metrics.refresh(snapshot(self.scheduler.active, self.scheduler.queues, self.sessions))
-
-    async def _refresh_metrics(self) -> None:
-        """The gauges' snapshot, taken on the loop every telemetry period (1 s when telemetry is off)."""
-        while True:
-            try:
-                self._metrics_snapshot()
-            except Exception:
-                log.exception("metrics snapshot failed")
-            await asyncio.sleep(self.telemetry_interval if self.telemetry_interval > 0 else 1.0)
-
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """The node table (``krex status``)."""
         me = {
             "pid": os.getpid(),
@@ -553,37 +467,6 @@ class Arbiter(LoggingConfigurable):
             **self.backend_info,
         }
         return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
-
-    async def _telemetry(self) -> None:
-        """Publish ``krex.telemetry`` every ``telemetry_interval`` s for dashboards: one backend query per
-        period, whatever the number of subscribers (``seq`` numbers the events)."""
-        loop = asyncio.get_running_loop()
-        for seq in itertools.count(1):
-            await asyncio.sleep(self.telemetry_interval)
-            try:
-                data = self.status()
-                # Per-process GPU memory (NVML lists it; the fake backend has none), off the loop.
-                procs = await loop.run_in_executor(
-                    None,
-                    lambda: [
-                        {"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
-                        for g in range(self.gpu_count)
-                        for p in self.backend.processes(g)
-                    ],
-                )
-            except Exception:
-                log.exception("telemetry failed")
-                continue
-            self.notify.publish(
-                "telemetry",
-                {
-                    **data,
-                    "seq": seq,
-                    "interval": self.telemetry_interval,
-                    "processes": procs,
-                    "regions": list(self.scheduler.history)[-20:],
-                },
-            )
 
     # -- requests -------------------------------------------------------------------------
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:

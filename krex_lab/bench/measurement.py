@@ -121,6 +121,21 @@ class Measurement:
         """How many times faster this is than ``other`` (ratio of medians)."""
         return other.median / self.median if self.median > 0 else math.nan
 
+    def row(self) -> dict[str, float | int | bool]:
+        """The figures a table or a result file shows of it, times in ms (``median_ms``, ``p95_ms``, ...)."""
+        return {
+            "median_ms": self.median,
+            "p5_ms": self.p5,
+            "p95_ms": self.p95,
+            "noise": self.rel_stdev,
+            "samples": self.n,
+            "discarded": self.discarded,
+            "simulated": self.simulated,
+            "gpu_timed": self.gpu_timed,
+            "converged": self.converged,
+            "degraded": self.degraded,
+        }
+
     def to_dict(self, samples: bool = True) -> dict[str, Any]:
         """Plain JSON-able data (for agents and result files); ``samples=False`` leaves the raw samples out."""
         out: dict[str, Any] = {
@@ -247,23 +262,7 @@ class Comparison:
 
     def rows(self) -> list[dict[str, Any]]:
         base = self.measurements[self.baseline]
-        return [
-            {
-                "name": k,
-                "median_ms": m.median,
-                "p5_ms": m.p5,
-                "p95_ms": m.p95,
-                "noise": m.rel_stdev,
-                "samples": m.n,
-                "discarded": m.discarded,
-                "speedup": m.speedup_over(base),
-                "simulated": m.simulated,
-                "gpu_timed": m.gpu_timed,
-                "converged": m.converged,
-                "degraded": m.degraded,
-            }
-            for k, m in self.measurements.items()
-        ]
+        return [{"name": k, **m.row(), "speedup": m.speedup_over(base)} for k, m in self.measurements.items()]
 
     def to_dict(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "rows": self.rows()}

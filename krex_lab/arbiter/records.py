@@ -1,0 +1,131 @@
+"""What the arbiter keeps of its regions: the region history database (``Arbiter.history_db``)
+and the Prometheus metrics (``Arbiter.metrics_port``), fed by each finished region's report.
+
+Either may be off. A history database that cannot be opened costs the history, never the
+arbiter: the error is logged and History requests say why (:meth:`RegionRecords.database`).
+``metrics`` needs prometheus_client, imported only when metrics are asked for (``import
+krex_lab`` stays cheap, and a node without the package runs an arbiter without metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import KrexError
+from ..region_report import RegionReport
+from .history import RegionHistory
+
+if TYPE_CHECKING:
+    import collections
+
+    from .metrics import ArbiterMetrics
+    from .region import Region
+    from .sessions import Session
+
+    #: the scheduler's holders and queues and the session table, which the metrics' gauges show
+    LiveState = tuple[dict[int, Region | None], dict[int, collections.deque[Region]], Iterable[Session]]
+
+log = logging.getLogger("krex.arbiter")
+
+
+class RegionRecords:
+    """The history database and the metrics of one arbiter (built before the scheduler; ``live``
+    is read only once the arbiter serves)."""
+
+    def __init__(
+        self,
+        db: Path | str,
+        *,
+        retention_days: float,
+        arbiter: str,
+        per_user: int,
+        metrics: bool,
+        live: Callable[[], LiveState],
+    ) -> None:
+        self.history: RegionHistory | None = (
+            RegionHistory(db, retention_days, arbiter=arbiter, per_user=per_user) if db else None
+        )
+        #: why there is no history (History requests say it)
+        self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
+        self.live = live
+        self.metrics: ArbiterMetrics | None = None
+        if metrics:
+            try:
+                from .metrics import ArbiterMetrics
+            except ImportError as exc:
+                raise KrexError(
+                    f"Arbiter.metrics_port is set but prometheus_client cannot be imported ({exc}): "
+                    "install it (pip install prometheus_client, or krex-lab[jupyter]) or set metrics_port=0"
+                ) from None
+            self.metrics = ArbiterMetrics(self.history)
+
+    def database(self) -> tuple[RegionHistory | None, str]:
+        """The history database and, when there is none, why (what History requests read)."""
+        return self.history, self.history_off
+
+    def serve_metrics(self, port: int, addr: str) -> None:
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.serve(port, addr)
+        except OSError as exc:
+            raise KrexError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from None
+
+    def open(self) -> int | None:
+        """Open the history database; the highest region number it holds (None: no history, or it
+        could not be opened: that is logged, and History requests say why)."""
+        if self.history is None:
+            return None
+        try:
+            self.history.open()
+            return self.history.highest_region_number()
+        except (OSError, sqlite3.Error, KrexError) as exc:
+            self.history_off = f"the region history {self.history.path} could not be opened: {exc}"
+            log.error("%s; regions are not recorded", self.history_off)
+            self.history = None
+            if self.metrics is not None:
+                self.metrics.history = None
+            return None
+
+    def region_finished(self, report: RegionReport) -> None:
+        """Each finished region's report (on the loop: both only enqueue or count)."""
+        if report.degraded:
+            # Said where operators look: a degraded region's timings may be disturbed.
+            log.warning(
+                "region %s of %s on GPU %d was DEGRADED: %s",
+                report.region,
+                report.user,
+                report.gpu,
+                "; ".join(report.why_degraded()) or "no reason recorded",
+            )
+        if self.history is not None:
+            self.history.add(report)
+        if self.metrics is not None:
+            self.metrics.region_finished(report)
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        from .metrics import snapshot
+
+        if self.metrics is not None:
+            self.metrics.refresh(snapshot(*self.live()))
+
+    async def refresh_metrics(self, interval: float) -> None:
+        """The gauges' snapshot, taken on the loop every ``interval`` s."""
+        while True:
+            try:
+                self._snapshot()
+            except Exception:
+                log.exception("metrics snapshot failed")
+            await asyncio.sleep(interval)
+
+    def close(self) -> None:
+        if self.history is not None:
+            self.history.close()  # writes what the last releases queued
+        if self.metrics is not None:
+            self.metrics.close()
