@@ -110,14 +110,14 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
 
         # -- 1. the rate with 1 node, then 3 ----------------------------------------------------------------
         infos = kr.start_nodes(config)
-        assert [i["runtime_dir"] for i in infos] == [str(runtimes[0])]
-        assert all(i["owned"] == {"arbiter": True, "pool": True} for i in infos)
+        assert [i.runtime_dir for i in infos] == [str(runtimes[0])]
+        assert all(i.owned == {"arbiter": True, "pool": True} for i in infos)
         _rate(config, 8, "warm1-", 0.02)  # starts the pool's workers and Ray's
         rate1, _ = _rate(config, 12, "one-")
         nodes += [_add_node(cluster, runtimes[1]), _add_node(cluster, runtimes[2])]
         cluster.wait_for_nodes()
         infos = kr.start_nodes(config)
-        assert sorted(i["runtime_dir"] for i in infos) == sorted(map(str, runtimes))
+        assert sorted(i.runtime_dir for i in infos) == sorted(map(str, runtimes))
         _rate(config, 12, "warm3-", 0.02)
         rate3, res3 = _rate(config, 36, "three-")
         print(
@@ -138,7 +138,7 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
         )
 
         # -- 2. 300 evaluations from 24 agents; one node lost mid-run ---------------------------------------
-        victim_id = next(i["node_id"] for i in infos if i["runtime_dir"] == str(runtimes[2]))
+        victim_id = next(i.node_id for i in infos if i.runtime_dir == str(runtimes[2]))
         victim = next(n for n in nodes if n.node_id == victim_id)
         results: list[Any] = []
         lock = threading.Lock()
@@ -193,7 +193,7 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
             for (_, end, a), (start, _, b) in itertools.pairwise(spans):
                 assert start >= end - 1e-6, f"{node} GPU {gpu}: region {b} granted at {start} before {a} ended at {end}"
         for r in results:  # and each result's own report agrees with its node's history
-            assert r.region["simulated"] is True and r.region["hold_s"] > 0
+            assert r.region.simulated is True and r.region.hold_s is not None and r.region.hold_s > 0
 
         # nothing stopped anywhere, the lost node's KREX processes gone with it
         time.sleep(0.5)
@@ -202,7 +202,7 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
         print(f"[{time.monotonic() - t_start:.0f} s] regions checked, nothing stopped")
         # -- 3. the cluster view; the lost node comes back -----------------------------------------------
         view = kr.cluster_status(resource="krex_gpu")
-        assert len(view) == 2 and all("arbiter" in n and "pool" in n for n in view)
+        assert len(view) == 2 and all(n.arbiter is not None and n.pool is not None for n in view)
         text = kr.format_cluster(view)
         assert "SIMULATED" in text and str(runtimes[0]) in text
         # the notebook's cluster dashboard: every live node's GPUs, drawn by the node dashboard
@@ -210,16 +210,16 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
         try:
             page = board.widget.value
             assert page.count('class="krex-node"') == len(view) == 2, page[:2000]
-            assert all(f"node {n['node']}" in page for n in view)
+            assert all(f"node {n.node}" in page for n in view)
             assert "GPU 1" in page and "simulated" in page.lower()
         finally:
             board.close()
         _add_node(cluster, runtimes[2])
         infos = kr.start_nodes(config)
-        back = next(i for i in infos if i["runtime_dir"] == str(runtimes[2]))
-        assert back["owned"]["arbiter"], "a new arbiter on the lost node's runtime dir"
-        view = {n["runtime_dir"]: n for n in kr.cluster_status(resource="krex_gpu")}
-        assert all(g["holder"] is None for g in view[str(runtimes[2])]["arbiter"]["gpus"])
+        back = next(i for i in infos if i.runtime_dir == str(runtimes[2]))
+        assert back.owned["arbiter"], "a new arbiter on the lost node's runtime dir"
+        view = {n.runtime_dir: n for n in kr.cluster_status(resource="krex_gpu")}
+        assert all(g["holder"] is None for g in (view[str(runtimes[2])].arbiter or {})["gpus"])
         print(f"whole test {time.monotonic() - t_start:.0f} s")
     finally:
         try:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from .options import Cases
 from .result import Evaluation
 
 if TYPE_CHECKING:
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
 __all__ = ["evaluate"]
 
 PathOrSource = str | os.PathLike[str]
-Cases = str | os.PathLike[str] | Sequence[Mapping[str, Any] | str]
 
 
 def evaluate(

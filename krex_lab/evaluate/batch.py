@@ -16,34 +16,74 @@ with verdict ``error`` and the reason in ``metadata``.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from .options import EvaluateArgs
 from .result import Evaluation
 
-__all__ = ["Pair", "parse_manifest", "run_batch"]
+if TYPE_CHECKING:
+    from ..workers.client import PoolClient
+
+__all__ = ["BatchRecord", "Pair", "parse_manifest", "run_batch"]
 
 #: what a JSON manifest line may set for its pair
 PAIR_OPTIONS = ("format", "gpu", "timing", "mode", "tests", "benchmarks", "trials", "perf_trials", "measure")
 
+#: GPU MODE cases on a manifest line: their text, or a list of lines or argument objects
+_ManifestCases = str | list[str | dict[str, Any]]
+
+
+class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A manifest's JSON line (see the module doc): the pair and the options it sets."""
+
+    reference: str
+    candidate: str
+    id: str | int | None = None
+    format: str | UnsetType = UNSET
+    gpu: int | UnsetType | None = UNSET
+    timing: str | UnsetType = UNSET
+    mode: str | UnsetType = UNSET
+    tests: _ManifestCases | UnsetType | None = UNSET
+    benchmarks: _ManifestCases | UnsetType | None = UNSET
+    trials: int | UnsetType | None = UNSET
+    perf_trials: int | UnsetType | None = UNSET
+    measure: bool | UnsetType = UNSET
+
+    def options(self) -> EvaluateArgs:
+        """The options the line sets (checked by type on decoding)."""
+        return cast(EvaluateArgs, {k: v for k in PAIR_OPTIONS if (v := getattr(self, k)) is not UNSET})
+
 
 @dataclass
 class Pair:
+    """One pair of a manifest, made by :func:`parse_manifest`, evaluated by :func:`run_batch`."""
+
     index: int
     line: int
     reference: str = ""
     candidate: str = ""
     id: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: EvaluateArgs = field(default_factory=lambda: EvaluateArgs())
     #: why the line could not be read (the pair's result is an error)
     problem: str | None = None
+
+
+class BatchRecord(Evaluation, kw_only=True):
+    """One line of a batch's output: the pair's :class:`Evaluation`, its ``index`` in the
+    manifest (from 0) and its ``id`` (as given, else the candidate's path)."""
+
+    index: int
+    id: str
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -63,17 +103,13 @@ def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
         pairs.append(pair)
         if line.startswith("{"):
             try:
-                item = json.loads(line)
-                pair.reference, pair.candidate = str(item["reference"]), str(item["candidate"])
-            except (ValueError, KeyError, TypeError) as exc:
-                pair.problem = f"manifest line {n}: not a JSON object with reference and candidate ({exc})"
+                item = msgspec.json.decode(line, type=ManifestLine)
+            except msgspec.DecodeError as exc:
+                pair.problem = f"manifest line {n}: not a JSON object with reference and candidate and options ({exc})"
                 continue
-            unknown = sorted(set(item) - {"reference", "candidate", "id", *PAIR_OPTIONS})
-            if unknown:
-                pair.problem = f"manifest line {n}: unknown key(s) {', '.join(unknown)}"
-                continue
-            pair.id = None if item.get("id") is None else str(item["id"])
-            pair.options = {k: item[k] for k in PAIR_OPTIONS if k in item}
+            pair.reference, pair.candidate = item.reference, item.candidate
+            pair.id = None if item.id is None else str(item.id)
+            pair.options = item.options()
         else:
             fields = line.split()
             if len(fields) not in (2, 3):
@@ -87,7 +123,7 @@ def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
 
 def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
     return Evaluation(
-        format=str(pair.options.get("format", "unknown")),
+        format=pair.options.get("format", "unknown"),
         verdict="error",
         summary=f"error: {message.splitlines()[0] if message else ''}",
         reference=pair.reference,
@@ -96,14 +132,16 @@ def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Eva
     )
 
 
-def evaluate_pair(pair: Pair, defaults: dict[str, Any], pool: Any) -> Evaluation:
+def evaluate_pair(pair: Pair, defaults: EvaluateArgs, pool: PoolClient | None) -> Evaluation:
     """One pair's result, whatever happens (never raises)."""
     from .api import evaluate
 
     if pair.problem is not None:
         return error_result(pair, pair.problem, "manifest_error")
+    args = EvaluateArgs(**defaults)
+    args.update(pair.options)
     try:
-        return evaluate(pair.reference, pair.candidate, pool=pool, **{**defaults, **pair.options})
+        return evaluate(pair.reference, pair.candidate, pool=pool, **args)
     except Exception as exc:
         return error_result(pair, f"{type(exc).__name__}: {exc}")
 
@@ -134,22 +172,23 @@ class Progress:
 
 
 def run_batch(
-    pairs: list[Pair],
+    pairs: Sequence[Pair],
     *,
     jobs: int,
-    defaults: dict[str, Any],
-    pool: Any,
-    emit: Callable[[dict[str, Any]], None],
+    defaults: EvaluateArgs,
+    pool: PoolClient | None,
+    emit: Callable[[BatchRecord], None],
     progress: TextIO | None = None,
 ) -> Counter[str]:
-    """Evaluate ``pairs``, ``jobs`` at once; ``emit`` each result (a dict) as it finishes, exactly
-    once per pair. Returns the count of each verdict."""
+    """Evaluate ``pairs``, ``jobs`` at once; ``emit`` each result as it finishes, exactly once
+    per pair. Returns the count of each verdict."""
     bar = Progress(len(pairs), progress or sys.stderr)
     lock = threading.Lock()
 
     def one(pair: Pair) -> None:
         ev = evaluate_pair(pair, defaults, pool)
-        record = {"index": pair.index, "id": pair.id if pair.id is not None else pair.candidate, **ev.to_dict()}
+        pair_id = pair.id if pair.id is not None else pair.candidate
+        record = BatchRecord(index=pair.index, id=pair_id, **msgspec.structs.asdict(ev))
         with lock:
             emit(record)
             bar.update(ev.verdict)

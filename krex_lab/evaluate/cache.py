@@ -16,7 +16,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+
+import msgspec
+
+from .outcomes import ReferenceEntry, ReferenceKey
 
 __all__ = ["builds_dir", "cache_dir", "reference_key", "reference_time", "store_reference_time"]
 
@@ -35,32 +38,32 @@ def builds_dir() -> Path:
     return path
 
 
-def reference_key(parts: dict[str, Any]) -> str:
-    """A file name for the reference time of everything in ``parts`` (hash, device, method, ...)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:40]
+def reference_key(parts: ReferenceKey) -> str:
+    """A file name for the reference time of everything in ``parts`` (hash, device, method, ...):
+    the hash of its fields as sorted JSON."""
+    plain = msgspec.to_builtins(parts)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:40]
 
 
 def _path(key: str, root: str | os.PathLike[str]) -> Path:
     return Path(root) / "reference-times" / f"{key}.json"
 
 
-def reference_time(key: str, root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The cached entry under cache directory ``root`` (``parts``: per case, ``timed_at``,
-    ``device``, ``key``) or None."""
+def reference_time(key: str, root: str | os.PathLike[str]) -> ReferenceEntry | None:
+    """The cached entry under cache directory ``root`` or None (none, or not readable as one)."""
     try:
-        data: dict[str, Any] = json.loads(_path(key, root).read_text())
-        return data
-    except (OSError, ValueError):
+        return msgspec.json.decode(_path(key, root).read_bytes(), type=ReferenceEntry)
+    except (OSError, msgspec.DecodeError):
         return None
 
 
-def store_reference_time(key: str, entry: dict[str, Any], root: str | os.PathLike[str]) -> None:
+def store_reference_time(key: str, entry: ReferenceEntry, root: str | os.PathLike[str]) -> None:
     path = _path(key, root)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f)
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.encode(entry))
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

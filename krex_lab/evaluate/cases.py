@@ -15,28 +15,34 @@ __all__ = ["MODES", "format_case", "load_cases", "parse_cases"]
 
 MODES = ("test", "benchmark", "leaderboard")
 
+#: one case as a case line gives it: ``generate_input``'s keyword arguments by name
+ParsedCase = dict[str, int | float | bool | str]
 
-def _value(text: str) -> Any:
+
+def _value(text: str) -> int | float | bool | str:
     text = text.strip()
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
     return text
 
 
-def parse_cases(text: str) -> list[dict[str, Any]]:
+def parse_cases(text: str) -> list[ParsedCase]:
     """``size: 1024; seed: 42`` lines -> ``[{"size": 1024, "seed": 42}]`` (``#`` comments and
     blank lines skipped). A part without a colon is a ValueError naming its line."""
-    cases: list[dict[str, Any]] = []
+    cases: list[ParsedCase] = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        case: dict[str, Any] = {}
+        case: ParsedCase = {}
         for part in filter(None, (p.strip() for p in line.split(";"))):
             if ":" not in part:
                 raise ValueError(f"case line {n}: {part!r} is not 'key: value'")
@@ -53,7 +59,8 @@ def format_case(case: Mapping[str, Any]) -> str:
 def load_cases(value: Any, beside: str | None, name: str) -> list[dict[str, Any]]:
     """Cases from a file, its text, a list of dicts or lines; None: ``<name>.txt`` beside the
     reference, else its ``task.yml``'s list (where PyYAML is installed), else none (the worker
-    then reads the reference's ``TESTS`` / ``BENCHMARKS``)."""
+    then reads the reference's ``TESTS`` / ``BENCHMARKS``). A case is ``generate_input``'s keyword
+    arguments: a list's dicts and a ``task.yml``'s pass through as the user wrote them."""
     if value is None:
         if beside is None:
             return []
@@ -76,7 +83,7 @@ def load_cases(value: Any, beside: str | None, name: str) -> list[dict[str, Any]
             return parse_cases(Path(value).read_text())
         return parse_cases(text)
     if isinstance(value, Sequence):
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, Any]] = []  # the user's keyword arguments: any values
         for item in value:
             out += parse_cases(item) if isinstance(item, str) else [dict(item)]
         return out

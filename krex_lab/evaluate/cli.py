@@ -12,9 +12,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from ..workers.client.run_cli import _positive  # seconds > 0, as krex run --timeout takes them
+from .options import EvaluateArgs
+
+if TYPE_CHECKING:
+    from .batch import BatchRecord
+    from .result import Evaluation
 
 __all__ = ["add_arguments", "run"]
 
@@ -68,13 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-region", dest="exclusive", action="store_false", help="time without a region (shared GPU)")
 
 
-def _options(args: argparse.Namespace) -> dict[str, Any]:
+def _options(args: argparse.Namespace) -> EvaluateArgs:
     timeouts = {
         phase: getattr(args, f"{phase}_timeout")
         for phase in ("load", "check", "time")
         if getattr(args, f"{phase}_timeout") is not None
     }
-    options: dict[str, Any] = {
+    options: EvaluateArgs = {
         "format": args.format,
         "gpu": args.gpu,
         "timing": args.timing,
@@ -93,7 +100,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def human(ev: Any) -> str:
+def human(ev: Evaluation) -> str:
     """The verdict as a person reads it: the summary, then what explains it."""
     lines = [ev.summary]
     trials = ev.metadata.get("correctness_trials", "")
@@ -143,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ev.verdict == "correct" else 1
 
 
-def _batch(args: argparse.Namespace, options: dict[str, Any]) -> int:
+def _batch(args: argparse.Namespace, options: EvaluateArgs) -> int:
     from dataclasses import replace
 
     from ..errors import KrexError
@@ -164,8 +171,8 @@ def _batch(args: argparse.Namespace, options: dict[str, Any]) -> int:
     out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115
     try:
 
-        def emit(record: dict[str, Any]) -> None:
-            out.write(json.dumps(record) + "\n")
+        def emit(record: BatchRecord) -> None:
+            out.write(msgspec.json.encode(record).decode() + "\n")
             out.flush()
 
         try:

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from .cases import format_case
 from .checking import Target, Trial, run_trial
 from .options import Job
+from .outcomes import CheckOutcome
+from .result import CaseResult
 from .tensors import clone, poison_all, refill
 
 __all__ = ["GpuMode"]
@@ -77,15 +79,15 @@ class GpuMode:
             previous=previous,
         )
 
-    def check(self) -> dict[str, Any]:
+    def check(self) -> CheckOutcome:
         """Every test case (and, unless in test mode, every benchmark case) once; then the last
         case's buffers refilled with another seed's values (a cache keyed on them is caught)."""
         mode = self.job.options.mode
-        cases = [("test", c) for c in self.tests]
+        cases: list[tuple[Literal["test", "benchmark"], dict[str, Any]]] = [("test", c) for c in self.tests]
         if mode != "test":
             cases += [("benchmark", c) for c in self.benchmarks]
-        results: list[dict[str, Any]] = []
-        out: dict[str, Any] = {"correct": True}
+        results: list[CaseResult] = []
+        out = CheckOutcome(correct=True, trials="")
         data: Any = None
         last: dict[str, Any] | None = None
         earlier: list[Any] = []  # every earlier output, alive: see run_trial's ``previous``
@@ -93,32 +95,30 @@ class GpuMode:
             data = self.generate(**case)
             trial = self._trial(data, earlier)
             earlier.append(trial.output)
-            results.append(
-                {"spec": format_case(case), "kind": kind, "passed": trial.ok, "message": trial.issue or None}
-            )
+            results.append(CaseResult(spec=format_case(case), kind=kind, passed=trial.ok, message=trial.issue or None))
             if trial.rejected:
-                out["rejected"] = trial.rejected
+                out.rejected = trial.rejected
             if not trial.ok:
-                out["correct"] = False
+                out.correct = False
                 if trial.issue:
-                    out["metadata"] = {"correctness_issue": f"{kind} case {format_case(case)}: {trial.issue}"}
+                    out.issue = f"{kind} case {format_case(case)}: {trial.issue}"
                 break
             last = case
-        if out["correct"] and last is not None and "seed" in last:
+        if out.correct and last is not None and "seed" in last:
             refill(data, self.generate(**{**last, "seed": int(last["seed"]) + 1000}))
             again = self._trial(data, earlier)
             if not again.ok:
-                out["correct"] = False
-                out["rejected"] = again.rejected or {
+                out.correct = False
+                out.rejected = again.rejected or {
                     "cached_results": "the candidate returned a stale result when its input buffers were "
                     "refilled with new values (it caches results across calls)"
                 }
-                out["metadata"] = {"correctness_issue": again.issue} if again.issue else {}
+                out.issue = again.issue
         if data is not None:
             poison_all(data)
-        passed = sum(1 for r in results if r["passed"])
-        out.setdefault("metadata", {})["correctness_trials"] = f"({passed} / {len(cases)})"
-        out["cases"] = results
+        passed = sum(1 for r in results if r.passed)
+        out.trials = f"({passed} / {len(cases)})"
+        out.cases = results
         return out
 
     def targets(self) -> list[Target]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .checking import Target, Trial, run_trial
 from .options import Job
+from .outcomes import CheckOutcome
 from .tensors import move, poison_all, refill
 
 __all__ = ["KernelBench", "MissingDefinition"]
@@ -64,7 +65,7 @@ class KernelBench:
         torch.manual_seed(seed)
         return list(move(list(self.get_inputs()), self.device))
 
-    def check(self) -> dict[str, Any]:
+    def check(self) -> CheckOutcome:
         """KernelBench's correctness: ``trials`` seeded trials, then the same buffers refilled."""
         import torch
 
@@ -83,14 +84,14 @@ class KernelBench:
                     break
                 passed += 1
             out = self._outcome(trial, passed, n)
-            if out["correct"]:
+            if out.correct:
                 # A candidate that keys a cache on its inputs' addresses passes fresh trials and
                 # times its cache: the same buffers with new values must give the new answer.
                 refill(data, self.inputs(opts.seed + 1000))
                 again = self._trial(data, earlier)
                 if not again.ok:
                     out = self._outcome(again, passed, n)
-                    out["rejected"] = out.get("rejected") or {
+                    out.rejected = out.rejected or {
                         "cached_results": "the candidate returned a stale result when its input buffers were "
                         "refilled with new values (it caches results across calls)"
                     }
@@ -109,17 +110,11 @@ class KernelBench:
         )
 
     @staticmethod
-    def _outcome(trial: Trial | None, passed: int, n: int) -> dict[str, Any]:
-        out: dict[str, Any] = {"correct": bool(trial and trial.ok and passed == n)}
-        meta: dict[str, Any] = {"correctness_trials": f"({passed} / {n})"}
+    def _outcome(trial: Trial | None, passed: int, n: int) -> CheckOutcome:
+        out = CheckOutcome(correct=bool(trial and trial.ok and passed == n), trials=f"({passed} / {n})")
         if trial is not None:
-            meta["max_difference"] = trial.max_difference
-            meta["avg_difference"] = trial.avg_difference
-            if trial.issue:
-                meta["correctness_issue"] = trial.issue
-            if trial.rejected:
-                out["rejected"] = trial.rejected
-        out["metadata"] = meta
+            out.max_difference, out.avg_difference = trial.max_difference, trial.avg_difference
+            out.issue, out.rejected = trial.issue, trial.rejected
         return out
 
     def targets(self) -> list[Target]:

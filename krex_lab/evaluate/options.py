@@ -9,11 +9,36 @@ correctness trials), ``time`` (warm-up and timing, the reference's included).
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 import msgspec
 
-__all__ = ["DEFAULT_LIMITS", "MARKER", "Job", "Options", "ProgramSource"]
+__all__ = ["DEFAULT_LIMITS", "MARKER", "Cases", "EvaluateArgs", "Job", "Options", "ProgramSource"]
+
+#: GPU MODE cases as a caller gives them: a file, its text, or a list of argument dicts or lines
+Cases = str | os.PathLike[str] | Sequence[Mapping[str, Any] | str]
+
+
+class EvaluateArgs(TypedDict, total=False):
+    """The keyword options of :func:`krex_lab.evaluate` that ``krex eval`` and a batch
+    manifest's lines set (:mod:`.cli` makes them, :mod:`.batch` merges a line's over them)."""
+
+    format: str
+    gpu: int | None
+    timing: str
+    measure: bool
+    trials: int | None
+    perf_trials: int | None
+    mode: str
+    tests: Cases | None
+    benchmarks: Cases | None
+    retime_reference: bool
+    time_reference: bool
+    exclusive: bool
+    timeouts: Mapping[str, float] | None
+
 
 #: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <worker pid>``
 MARKER = "@krex-evaluate-phase@"
@@ -82,6 +107,7 @@ class Job(msgspec.Struct, kw_only=True):
     options: Options
     #: where builds go: ``<cache>/builds/<candidate hash>``
     build_root: str
-    #: GPU MODE cases: lists of argument dicts, each with its line as ``spec``
+    #: GPU MODE cases: the keyword arguments of the reference's ``generate_input``, as the user
+    #: wrote them (any values the user's function takes)
     tests: list[dict[str, Any]] = []
     benchmarks: list[dict[str, Any]] = []

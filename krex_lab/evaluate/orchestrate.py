@@ -14,13 +14,13 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from . import cache
 from .entry import run_on_worker
 from .options import MARKER, Job, Options, ProgramSource
-from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingStats, region_report
+from .outcomes import PhaseResult, PhaseResults, TimeResult, decode
+from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingChecks, TimingStats
 from .source import Source, detect_format, read_source
 
 __all__ = ["build_job", "run_job"]
@@ -187,10 +187,9 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in good) / len(good)) if good else -1.0
 
 
-def _stats(raw: Mapping[str, Any] | None) -> TimingStats | None:
-    if not raw:
-        return None
-    return TimingStats(**{k: raw[k] for k in ("mean", "std", "min", "max", "num_trials")})
+def _stats(st: TimingStats) -> TimingStats:
+    """KernelBench's ``runtime_stats`` of a case's statistics (GPU MODE's ``err`` left out)."""
+    return TimingStats(mean=st.mean, std=st.std, min=st.min, max=st.max, num_trials=st.num_trials)
 
 
 def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation:
@@ -243,7 +242,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
             _failure(ev, watch.phase or "load", opts.limit(watch.phase or "load"), result)
             ev.compiled = watch.phase not in (None, "load")
         else:
-            _judge(ev, job, cloudpickle.loads(result.value))
+            _judge(ev, job, decode(cloudpickle.loads(result.value)))
     finally:
         ev.correctness = ev.verdict == "correct"
         if ev.gpu is not None:
@@ -258,35 +257,36 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
     return ev
 
 
-def _judge(ev: Evaluation, job: Job, out: Mapping[str, Any]) -> None:
-    """The verdict from the phases' dicts (see :func:`krex_lab.evaluate.phases.run`)."""
-    loaded = out["load"]
-    ev.phases["load"] = loaded.get("seconds", 0.0)
-    ev.device, ev.gpu_timed = loaded["device"], loaded["gpu_timed"]
+def _judge(ev: Evaluation, job: Job, out: PhaseResults) -> None:
+    """The verdict from the phases' results (see :func:`krex_lab.evaluate.phases.run`)."""
+    loaded = out.load
+    ev.phases["load"] = loaded.seconds
+    ev.device, ev.gpu_timed = loaded.device, loaded.gpu_timed
     ev.metadata["hardware"] = ev.device
-    ev.compiled = bool(loaded.get("compiled"))
+    ev.compiled = loaded.compiled
     _absorb(ev, loaded)
-    if loaded["verdict"] is not None:
-        ev.verdict = loaded["verdict"]
+    if loaded.verdict is not None:
+        ev.verdict = loaded.verdict
         return
-    checked = out["check"]
-    ev.phases["check"] = checked.get("seconds", 0.0)
+    checked = out.check
+    if checked is None:  # the worker stops after a load that passes only when it fails itself
+        raise RuntimeError("the worker returned no check phase after a load that passed")
+    ev.phases["check"] = checked.seconds
     _absorb(ev, checked)
-    ev.tests = [CaseResult(**c) for c in checked.get("cases", []) if c.get("kind") == "test"]
-    bench_checked = {c["spec"]: c for c in checked.get("cases", []) if c.get("kind") == "benchmark"}
-    if checked["verdict"] is not None:
-        ev.verdict = checked["verdict"]
+    ev.tests = [c for c in checked.cases if c.kind == "test"]
+    bench_checked = {c.spec: c for c in checked.cases if c.kind == "benchmark"}
+    if checked.verdict is not None:
+        ev.verdict = checked.verdict
         return
     ev.verdict = "correct"
-    if "time" in out:
-        _time(ev, job, out["time"], bench_checked)
+    if out.time is not None:
+        _time(ev, job, out.time, bench_checked)
 
 
-def _absorb(ev: Evaluation, phase: Mapping[str, Any]) -> None:
-    for key, value in (phase.get("metadata") or {}).items():
-        ev.metadata[key] = value
-    if phase.get("output_bytes"):
-        ev.metadata["output_bytes"] = ev.metadata.get("output_bytes", 0) + phase["output_bytes"]
+def _absorb(ev: Evaluation, phase: PhaseResult) -> None:
+    ev.metadata.update(phase.metadata)
+    if phase.output_bytes:
+        ev.metadata["output_bytes"] = ev.metadata.get("output_bytes", 0) + phase.output_bytes
 
 
 def _candidate_output(job: Job, ev: Evaluation) -> str | None:
@@ -304,69 +304,61 @@ def _candidate_output(job: Job, ev: Evaluation) -> str | None:
     return text or None
 
 
-def _time(ev: Evaluation, job: Job, timed: Mapping[str, Any], bench_checked: dict[str, Any]) -> None:
-    ev.phases["time"] = timed.get("seconds", 0.0)
+def _time(ev: Evaluation, job: Job, timed: TimeResult, bench_checked: dict[str, CaseResult]) -> None:
+    ev.phases["time"] = timed.seconds
     _absorb(ev, timed)
-    if timed["verdict"] is not None:
-        ev.verdict = timed["verdict"]
+    if timed.verdict is not None:
+        ev.verdict = timed.verdict
         return
-    parts = timed["parts"]
-    cached, timed_at = bool(timed.get("reference_cached")), timed.get("reference_timed_at")
+    parts = timed.parts
+    cached, timed_at = timed.reference_cached, timed.reference_timed_at
     disagree: list[str] = []
     cand_means: list[float] = []
     ref_means: list[float] = []
     for p in parts:
-        st = p["stats"]
-        mean = st["mean"]
-        check = p.get("timing_check")
-        if check is not None and not check["agrees"]:
-            disagree.append(
-                f"{p['case'] or 'forward'}: {p['method']} {mean:.2f} us, device-wide {check['mean']:.2f} us"
-            )
-            mean = check["mean"]
-        ev.timing_method = p["method"] if not disagree else f"device-sync (the {p['method']} figure disagreed)"
+        st = p.stats
+        mean = st.mean
+        check = p.timing_check
+        if check is not None and not check.agrees:
+            disagree.append(f"{p.case or 'forward'}: {p.method} {mean:.2f} us, device-wide {check.mean:.2f} us")
+            mean = check.mean
+        ev.timing_method = p.method if not disagree else f"device-sync (the {p.method} figure disagreed)"
         ev.regions.append(
-            TimedPart(
-                program="candidate",
-                case=p["case"],
-                method=p["method"],
-                region=region_report(p["region"]),
-                notice=p.get("notice"),
-            )
+            TimedPart(program="candidate", case=p.case, method=p.method, region=p.region, notice=p.notice)
         )
-        ref = p.get("reference")
+        ref = p.reference
         if ref is not None:
             ev.regions.append(
                 TimedPart(
                     program="reference",
-                    case=p["case"],
-                    method=ref["method"],
-                    region=region_report(ref["region"]),
+                    case=p.case,
+                    method=ref.method,
+                    region=ref.region,
                     cached=cached,
                     timed_at=timed_at,
                 )
             )
         cand_means.append(mean)
-        ref_means.append(ref["stats"]["mean"] if ref else -1.0)
+        ref_means.append(ref.stats.mean if ref else -1.0)
         if job.format == "gpumode":
-            checked = bench_checked.get(p["case"], {})
+            checked = bench_checked.get(p.case or "")
             ev.benchmarks.append(
                 CaseResult(
-                    spec=p["case"],
+                    spec=p.case or "",
                     kind="benchmark",
-                    passed=checked.get("passed"),
-                    runs=st["num_trials"],
+                    passed=checked.passed if checked is not None else None,
+                    runs=st.num_trials,
                     mean=mean,
-                    std=st["std"],
-                    err=st["err"],
-                    best=st["min"],
-                    worst=st["max"],
-                    ref_mean=ref["stats"]["mean"] if ref else None,
+                    std=st.std,
+                    err=st.err,
+                    best=st.min,
+                    worst=st.max,
+                    ref_mean=ref.stats.mean if ref else None,
                 )
             )
         else:
             ev.runtime_stats = _stats(st)
-            ev.ref_runtime_stats = _stats(ref["stats"]) if ref else None
+            ev.ref_runtime_stats = _stats(ref.stats) if ref else None
     if job.format == "gpumode":
         ev.runtime = _geomean(cand_means)
         ev.ref_runtime = _geomean(ref_means) if ref_means and all(m > 0 for m in ref_means) else -1.0
@@ -382,10 +374,10 @@ def _time(ev: Evaluation, job: Job, timed: Mapping[str, Any], bench_checked: dic
             "the event pair and a device-wide synchronisation disagree (work on another stream or thread?): "
             "runtime is the device-wide figure; " + "; ".join(disagree)
         )
-    checks = [p["timing_check"] for p in parts if p.get("timing_check")]
-    ev.timing_check = {"method": "device-sync", "cases": checks} if checks else None
+    checks = [p.timing_check for p in parts if p.timing_check is not None]
+    ev.timing_check = TimingChecks(method="device-sync", cases=checks) if checks else None
     if not ev.gpu_timed:
         ev.warnings.append("no GPU was timed: times are host-clock times around each call (CPU or fake backend)")
-    notices = [p["notice"] for p in parts if p.get("notice")]
+    notices = [p.notice for p in parts if p.notice]
     if notices:
         ev.warnings.append(notices[0])

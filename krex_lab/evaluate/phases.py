@@ -8,8 +8,9 @@ time limit by them, and interrupts (then kills) the job past it. One job, not on
 lease would hold a second worker of the GPU for the evaluation's length (the pool keeps one free
 for others), and one round trip is the overhead of a warm evaluation.
 
-Each phase gives a plain dict: ``verdict`` (None: go on), ``metadata`` (errors by name),
-``seconds``, ``output`` (what the candidate printed, head and tail) and ``output_bytes``.
+Each phase gives a :class:`~.outcomes.PhaseResult`: ``verdict`` (None: go on), ``metadata``
+(errors by name), ``seconds``, ``output`` (what the candidate printed, head and tail) and
+``output_bytes``; the job returns them all as one msgpack-encoded :class:`~.outcomes.PhaseResults`.
 Candidate failures are verdicts; a sticky CUDA error is raised on, so that the worker running
 this job is recycled (:mod:`krex_lab.workers.context.runner`). Everything of the evaluation is
 released (its arrays poisoned) before the job returns, so the worker's reset finds GPU memory
@@ -32,11 +33,28 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ..region_report import RegionReport
 from .guards import CapturedOutput, memory_limit
-from .options import MARKER, Job, ProgramSource
+from .options import MARKER, Job, Options, ProgramSource
+from .outcomes import (
+    CheckResult,
+    LoadResult,
+    PhaseResult,
+    PhaseResults,
+    ReferenceEntry,
+    ReferenceKey,
+    ReferenceTime,
+    TimedCase,
+    TimeResult,
+)
+from .result import TimingCheck
 from .timers import TimingError, agree, cuda_device, stats, time_calls
+
+if TYPE_CHECKING:
+    from .gpumode import GpuMode
+    from .kernelbench import KernelBench
 
 __all__ = ["mark", "run"]
 #: reference modules by source hash: compiled once per problem on this worker
@@ -52,7 +70,7 @@ _OOM = ("out of memory", "can't allocate memory", "cannot allocate memory", "out
 @dataclass
 class Loaded:
     job: Job
-    problem: Any
+    problem: KernelBench | GpuMode
     build_dir: str
     output_path: str
     device: str
@@ -129,7 +147,7 @@ def _sticky(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def _guarded(state: Loaded, phase: str, result: dict[str, Any]) -> Iterator[CapturedOutput]:
+def _guarded(state: Loaded, phase: str, result: PhaseResult) -> Iterator[CapturedOutput]:
     """The candidate's output captured and its memory limited; its failure a verdict in ``result``."""
     limit = state.job.options.output_limit_mb << 20
     if phase == "load":  # the limit is the kernel's per-file one, which the compilers it runs inherit
@@ -142,21 +160,19 @@ def _guarded(state: Loaded, phase: str, result: dict[str, Any]) -> Iterator[Capt
     except Exception as exc:
         if _sticky(exc):
             raise
-        verdict, key, message = _classify(exc, phase, capture)
-        result["verdict"] = verdict
-        result.setdefault("metadata", {})[key] = message
+        result.fail(*_classify(exc, phase, capture))
     except SystemExit as exc:  # the candidate's sys.exit(): a runtime error, never the worker's exit
-        result["verdict"] = "runtime_error"
-        result.setdefault("metadata", {})["runtime_error"] = f"SystemExit: {exc.code}"
+        result.fail("runtime_error", "runtime_error", f"SystemExit: {exc.code}")
     finally:
-        result["seconds"] = round(time.perf_counter() - t0, 6)
-    if capture.limited and result.get("verdict") in (None, "runtime_error", "incorrect"):
-        result["verdict"] = "rejected"
-        result.setdefault("metadata", {})["output_limit"] = (
-            f"the candidate wrote {capture.bytes} bytes to stdout/stderr: its limit is {capture.limit}"
+        result.seconds = round(time.perf_counter() - t0, 6)
+    if capture.limited and result.verdict in (None, "runtime_error", "incorrect"):
+        result.fail(
+            "rejected",
+            "output_limit",
+            f"the candidate wrote {capture.bytes} bytes to stdout/stderr: its limit is {capture.limit}",
         )
-    result["output"] = capture.text()
-    result["output_bytes"] = capture.bytes
+    result.output = capture.text()
+    result.output_bytes = capture.bytes
 
 
 @contextlib.contextmanager
@@ -177,27 +193,27 @@ def mark(phase: str) -> None:
     os.write(1, f"{MARKER} {phase} {os.getpid()}\n".encode())
 
 
-def run(job: Job, reference_cache: str | None) -> dict[str, Any]:
+def run(job: Job, reference_cache: str | None) -> PhaseResults:
     """Every phase of ``job``, as far as the candidate gets; ``reference_cache``: the directory
     of cached reference times (None: do not use it)."""
-    out: dict[str, Any] = {}
     mark("load")
-    out["load"], state = load(job)
+    loaded, state = load(job)
+    out = PhaseResults(load=loaded)
     if state is None:
         return out
     try:
         mark("check")
-        out["check"] = check(state)
-        if out["check"]["verdict"] is None and job.options.measure:
+        out.check = check(state)
+        if out.check.verdict is None and job.options.measure:
             mark("time")
-            out["time"] = timing(state, reference_cache)
+            out.time = timing(state, reference_cache)
     finally:
         state.problem.close()  # the worker's reset then finds the evaluation's memory freed
     mark("done")
     return out
 
 
-def load(job: Job) -> tuple[dict[str, Any], Loaded | None]:
+def load(job: Job) -> tuple[LoadResult, Loaded | None]:
     """Compile and import the reference (once per problem) and the candidate; build the models."""
     build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
     os.makedirs(build_dir, mode=0o700, exist_ok=True)
@@ -208,14 +224,13 @@ def load(job: Job) -> tuple[dict[str, Any], Loaded | None]:
             sys.path.insert(0, os.path.dirname(d))
     output_path = os.path.join(build_dir, f"output-{job.id}.txt")
     device, device_name = _device()
-    result: dict[str, Any] = {"verdict": None, "metadata": {}, "device": device_name, "gpu_timed": device == "cuda"}
+    result = LoadResult(device=device_name, gpu_timed=device == "cuda")
     reference = _REFERENCES.get(job.reference.sha256)
     if reference is None:
         try:
             reference = _module(job.reference, "reference")
         except Exception as exc:
-            result["verdict"] = "error"
-            result["metadata"]["reference_error"] = f"the reference does not load: {type(exc).__name__}: {exc}"
+            result.fail("error", "reference_error", f"the reference does not load: {type(exc).__name__}: {exc}")
             return result, None
         _REFERENCES[job.reference.sha256] = reference
     ref_files = {_filename(job.reference, "reference")}
@@ -224,20 +239,19 @@ def load(job: Job) -> tuple[dict[str, Any], Loaded | None]:
     except Exception as exc:
         if _sticky(exc):
             raise
-        result["verdict"] = "error"
-        result["metadata"]["reference_error"] = f"the reference fails: {type(exc).__name__}: {exc}"
+        result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
         return result, None
     state = Loaded(job, problem, build_dir, output_path, device, device_name)
     with _guarded(state, "load", result):
         problem.attach(_module(job.candidate, "candidate"))
-    result["compiled"] = result["verdict"] is None or "compilation_error" not in result["metadata"]
-    if result["verdict"] is None:
+    result.compiled = result.verdict is None or "compilation_error" not in result.metadata
+    if result.verdict is None:
         return result, state
     problem.close()
     return result, None
 
 
-def _problem_class(fmt: str) -> Any:
+def _problem_class(fmt: str) -> type[KernelBench] | type[GpuMode]:
     if fmt == "kernelbench":
         from .kernelbench import KernelBench
 
@@ -247,45 +261,52 @@ def _problem_class(fmt: str) -> Any:
     return GpuMode
 
 
-def check(state: Loaded) -> dict[str, Any]:
+def check(state: Loaded) -> CheckResult:
     """The correctness trials."""
-    result: dict[str, Any] = {"verdict": None, "metadata": {}}
+    result = CheckResult()
     with _guarded(state, "check", result):
         outcome = state.problem.check()
-        result["metadata"].update(outcome.get("metadata", {}))
-        result["cases"] = outcome.get("cases", [])
-        if outcome.get("rejected"):
-            result["verdict"] = "rejected"
-            result["metadata"]["rejected"] = outcome["rejected"]
-        elif not outcome["correct"]:
-            result["verdict"] = "incorrect"
+        meta = result.metadata
+        meta["correctness_trials"] = outcome.trials
+        if outcome.max_difference is not None:
+            meta["max_difference"] = outcome.max_difference
+        if outcome.avg_difference is not None:
+            meta["avg_difference"] = outcome.avg_difference
+        if outcome.issue:
+            meta["correctness_issue"] = outcome.issue
+        result.cases = outcome.cases
+        if outcome.rejected:
+            result.verdict = "rejected"
+            meta["rejected"] = outcome.rejected
+        elif not outcome.correct:
+            result.verdict = "incorrect"
     return result
 
 
-def _reference_key(job: Job, device: str) -> dict[str, Any]:
+def _reference_key(job: Job, device: str) -> ReferenceKey:
     """What a reference's time depends on: the problem, the GPU model, the method and its settings."""
     o = job.options
-    return {
-        "reference": job.reference.sha256,
-        "format": job.format,
-        "device": device,
-        "timing": o.timing,
-        "settings": [o.perf_trials, o.warmup_calls, o.warmup_s, o.min_runs, o.max_runs, o.max_rel_err, o.max_case_s],
-        "seed": o.seed,
-        "benchmarks": job.benchmarks,
-        "mode": o.mode,
-        "exclusive": o.exclusive,
-    }
+    return ReferenceKey(
+        reference=job.reference.sha256,
+        format=job.format,
+        device=device,
+        timing=o.timing,
+        settings=[o.perf_trials, o.warmup_calls, o.warmup_s, o.min_runs, o.max_runs, o.max_rel_err, o.max_case_s],
+        seed=o.seed,
+        benchmarks=job.benchmarks,
+        mode=o.mode,
+        exclusive=o.exclusive,
+    )
 
 
-def timing(state: Loaded, reference_cache: str | None) -> dict[str, Any]:
+def timing(state: Loaded, reference_cache: str | None) -> TimeResult:
     """Time the candidate (and the reference, unless its time is cached for this GPU model and
     method) per case, each case inside a region of its own."""
     from . import cache
 
     opts = state.job.options
     method = "bench" if opts.timing == "bench" else state.job.format
-    result: dict[str, Any] = {"verdict": None, "metadata": {}, "parts": []}
+    result = TimeResult()
     key_parts = _reference_key(state.job, state.device_name)
     key = cache.reference_key(key_parts)
     cached = None
@@ -302,45 +323,44 @@ def timing(state: Loaded, reference_cache: str | None) -> dict[str, Any]:
                     name, samples = time_calls(cand, method, opts, per_run)
                     _, sync_samples = time_calls(cand, "device-sync", opts) if cuda_device() else (name, [])
                     ref_name, ref_samples = time_calls(ref, method, opts) if time_reference else ("", [])
-                part = {"case": case, "method": name, "stats": stats(samples), "region": region.report()}
-                part["notice"] = region.notice
+                part = TimedCase(case=case, method=name, stats=stats(samples), region=region.report)
+                part.notice = region.notice
                 if sync_samples:
                     sync = stats(sync_samples)
-                    part["timing_check"] = {
-                        "case": case,
-                        "method": "device-sync",
-                        "mean": sync["mean"],
-                        "agrees": agree(part["stats"]["mean"], sync["mean"]),
-                    }
+                    part.timing_check = TimingCheck(
+                        case=case, method="device-sync", mean=sync.mean, agrees=agree(part.stats.mean, sync.mean)
+                    )
                 if time_reference:
-                    part["reference"] = {"method": ref_name, "stats": stats(ref_samples), "region": part["region"]}
+                    part.reference = ReferenceTime(method=ref_name, stats=stats(ref_samples), region=part.region)
                 elif cached is not None:
-                    part["reference"] = cached["parts"].get(str(case))
-                result["parts"].append(part)
+                    part.reference = cached.parts.get(str(case))
+                result.parts.append(part)
     except TimingError as exc:
-        result["verdict"], result["metadata"]["runtime_error"] = "runtime_error", str(exc)
+        result.fail("runtime_error", "runtime_error", str(exc))
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    result["reference_timed_at"] = cached["timed_at"] if cached is not None else now
-    result["reference_cached"] = cached is not None
-    if time_reference and reference_cache and result["verdict"] is None and result["parts"]:
-        entry = {str(p["case"]): p["reference"] for p in result["parts"]}
-        cache.store_reference_time(
-            key, {"parts": entry, "timed_at": now, "device": state.device_name, "key": key_parts}, reference_cache
+    result.reference_timed_at = cached.timed_at if cached is not None else now
+    result.reference_cached = cached is not None
+    if time_reference and reference_cache and result.verdict is None and result.parts:
+        entry = ReferenceEntry(
+            parts={str(p.case): p.reference for p in result.parts},
+            timed_at=now,
+            device=state.device_name,
+            key=key_parts,
         )
+        cache.store_reference_time(key, entry, reference_cache)
     return result
 
 
 class _Region:
-    def __init__(self) -> None:
-        self.raw: dict[str, Any] | None = None
-        self.notice: str | None = None
+    """A timed case's region: its report once released (None: timed without one, ``notice`` says why)."""
 
-    def report(self) -> dict[str, Any] | None:
-        return self.raw
+    def __init__(self) -> None:
+        self.report: RegionReport | None = None
+        self.notice: str | None = None
 
 
 @contextlib.contextmanager
-def _region(opts: Any) -> Iterator[_Region]:
+def _region(opts: Options) -> Iterator[_Region]:
     """A region of this worker's GPU for one timed case; without an arbiter (or with
     ``exclusive=False``) none, and the notice says so."""
     holder = _Region()
@@ -361,7 +381,7 @@ def _region(opts: Any) -> Iterator[_Region]:
     try:
         yield holder
     finally:
-        holder.raw = _report_dict(region.release())
+        holder.report = region.release()
         if threads is not None:
             sys.modules["torch"].set_num_threads(threads)
 
@@ -379,9 +399,3 @@ def _fit_threads() -> int | None:
         return None
     torch.set_num_threads(max(1, cores))
     return before
-
-
-def _report_dict(report: Any) -> dict[str, Any]:
-    """A region report as plain data, to travel back in the job's result."""
-    data: dict[str, Any] = report.to_dict()
-    return data

@@ -7,7 +7,7 @@ Every time is in microseconds. The KernelBench fields keep KernelBench's names a
 them (runs, mean, std, err, best, worst).
 
 The region report of each timed part is the arbiter's typed :class:`~krex_lab.RegionReport`;
-:func:`region_report` reads it from the plain data a worker sends back.
+it travels from the worker typed (:mod:`.outcomes`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ __all__ = [
     "CaseResult",
     "Evaluation",
     "TimedPart",
+    "TimingCheck",
+    "TimingChecks",
     "TimingStats",
-    "region_report",
 ]
 
 Format = Literal["kernelbench", "gpumode"]
@@ -89,6 +90,23 @@ class CaseResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     ref_mean: float | None = None
 
 
+class TimingCheck(msgspec.Struct, kw_only=True):
+    """The device-wide second opinion on one timed case: its mean (µs) and whether it agrees
+    with the method's own figure (made on the worker, listed in :class:`TimingChecks`)."""
+
+    case: str | None
+    method: str
+    mean: float
+    agrees: bool
+
+
+class TimingChecks(msgspec.Struct, kw_only=True):
+    """:attr:`Evaluation.timing_check`: every timed case's second opinion, by ``method``."""
+
+    method: str
+    cases: list[TimingCheck]
+
+
 class TimedPart(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One timed part of an evaluation and the region it was timed in.
 
@@ -145,7 +163,7 @@ class Evaluation(msgspec.Struct, kw_only=True):
     regions: list[TimedPart] = []
     #: a second opinion on the candidate's time (a device-wide synchronisation around each call),
     #: and whether it disagrees with the method's own figure
-    timing_check: dict[str, Any] | None = None
+    timing_check: TimingChecks | None = None
     #: wall seconds of each phase as the worker measured it (load, check, time), and in all
     phases: dict[str, float] = {}
     wall_s: float = 0.0
@@ -173,8 +191,3 @@ class Evaluation(msgspec.Struct, kw_only=True):
 
     def __str__(self) -> str:
         return self.summary
-
-
-def region_report(raw: dict[str, Any] | None) -> RegionReport | None:
-    """A timed part's region report from the plain data a worker sends back (None stays None)."""
-    return None if raw is None else RegionReport.from_dict(raw)

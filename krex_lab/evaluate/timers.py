@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .options import Options
+from .outcomes import SampleStats
 from .tensors import synchronize
 
 __all__ = ["TimingError", "agree", "cuda_device", "stats", "time_calls"]
@@ -41,19 +42,19 @@ def cuda_device() -> bool:
     return bool(torch is not None and torch.cuda.is_available())
 
 
-def stats(samples_us: list[float]) -> dict[str, Any]:
+def stats(samples_us: list[float]) -> SampleStats:
     """KernelBench's runtime_stats (mean, std, min, max, num_trials) plus GPU MODE's err."""
     n = len(samples_us)
     mean = statistics.fmean(samples_us) if n else float("nan")
     std = statistics.stdev(samples_us) if n > 1 else 0.0
-    return {
-        "mean": round(mean, 4),
-        "std": round(std, 4),
-        "min": round(min(samples_us), 4) if n else float("nan"),
-        "max": round(max(samples_us), 4) if n else float("nan"),
-        "num_trials": n,
-        "err": round(std / math.sqrt(n), 4) if n > 1 else 0.0,
-    }
+    return SampleStats(
+        mean=round(mean, 4),
+        std=round(std, 4),
+        min=round(min(samples_us), 4) if n else float("nan"),
+        max=round(max(samples_us), 4) if n else float("nan"),
+        num_trials=n,
+        err=round(std / math.sqrt(n), 4) if n > 1 else 0.0,
+    )
 
 
 def _event_timer() -> Callable[[Call], float]:

@@ -13,6 +13,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from krex_lab.region_report import RegionReport
+
 
 @dataclasses.dataclass
 class Candidate:
@@ -27,7 +29,7 @@ class Candidate:
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # the caller's: any names and values
     name: str = ""
     key: Any = None
     setup: Callable[[], tuple[Any, ...]] | None = None
@@ -36,7 +38,26 @@ class Candidate:
     max_hold: float | None = None
 
 
-def run_candidate(candidate: Candidate) -> dict[str, Any]:
+@dataclasses.dataclass
+class CandidateRun:
+    """What :func:`run_candidate` measured on the context worker; the evaluation task
+    (:func:`krex_lab.ray.fleet.evaluate_one`) makes the :class:`~krex_lab.ray.fleet.EvalResult`
+    of it. ``times`` in seconds; ``value``: the last value's repr; ``region``: the region's report
+    (None: the candidate failed before its region)."""
+
+    worker_pid: int
+    started_at: float
+    ok: bool = False
+    times: list[float] = dataclasses.field(default_factory=list)
+    value: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    region: RegionReport | None = None
+    gpu: int | None = None
+    finished_at: float | None = None
+
+
+def run_candidate(candidate: Candidate) -> CandidateRun:
     """On the context worker: set up and warm up outside the region, time inside it.
 
     Returns the times (seconds), the last value's repr, the region's report and the GPU; an
@@ -45,14 +66,13 @@ def run_candidate(candidate: Candidate) -> dict[str, Any]:
     """
     from krex_lab.client import exclusive
 
-    started = time.time()
-    out: dict[str, Any] = {"ok": False, "worker_pid": os.getpid(), "started_at": started, "times": []}
+    out = CandidateRun(worker_pid=os.getpid(), started_at=time.time())
     try:
         args = candidate.setup() if candidate.setup is not None else candidate.args
         for _ in range(candidate.warmup):
             candidate.fn(*args, **candidate.kwargs)
     except Exception as exc:
-        out.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        out.error, out.traceback = f"{type(exc).__name__}: {exc}", traceback.format_exc()
         return out
     times: list[float] = []
     value: Any = None
@@ -65,17 +85,12 @@ def run_candidate(candidate: Candidate) -> dict[str, Any]:
                 times.append(time.perf_counter() - t0)
         except Exception as exc:  # the candidate's: reported, the region still ends cleanly
             failure = exc
-            out["traceback"] = traceback.format_exc()
-    out.update(
-        ok=failure is None,
-        times=times,
-        value=None if value is None else repr(value)[:200],
-        region=region.report,
-        gpu=region.gpu,
-        finished_at=time.time(),
-    )
+            out.traceback = traceback.format_exc()
+    out.ok, out.times = failure is None, times
+    out.value = None if value is None else repr(value)[:200]
+    out.region, out.gpu, out.finished_at = region.report, region.gpu, time.time()
     if failure is not None:
-        out["error"] = f"{type(failure).__name__}: {failure}"
+        out.error = f"{type(failure).__name__}: {failure}"
     return out
 
 

@@ -12,18 +12,29 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .node import NAMESPACE, NodeConfig, NodeService, actor_name
+from .node import NAMESPACE, NodeConfig, NodeInfo, NodeService, NodeStatus, actor_name
 
 #: the Ray actor class of :class:`NodeService` (no CPU: it only starts processes and answers status;
 #: threaded, so that a slow status never delays another caller)
 NodeActor = ray.remote(num_cpus=0, max_concurrency=4)(NodeService)
 
 
+class ClusterNode(NodeStatus, kw_only=True, omit_defaults=True):
+    """One live Ray node in :func:`cluster_status`: its node actor's :class:`NodeStatus`, Ray's
+    ``address`` and ``resources`` for it, or the ``error`` saying why it has no status (no KREX
+    service, no answer). Read by ``krex status --ray`` and the cluster dashboard."""
+
+    address: str | None = None
+    resources: dict[str, float] = {}
+    error: str | None = None
+
+
 def krex_nodes(resource: str) -> list[dict[str, Any]]:
-    """Live Ray nodes that declare ``resource`` (``ray.nodes()`` entries)."""
+    """Live Ray nodes that declare ``resource`` (``ray.nodes()`` entries, Ray's own dicts)."""
     return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(resource, 0) > 0]
 
 
@@ -39,12 +50,12 @@ def node_actor(node_id: str, config: NodeConfig, resources: float | None = None)
     ).remote(config, node_id, resources)
 
 
-def start_nodes(config: NodeConfig | None = None, timeout: float = 120.0) -> list[dict[str, Any]]:
+def start_nodes(config: NodeConfig | None = None, timeout: float = 120.0) -> list[NodeInfo]:
     """Start (or find) the KREX service of every KREX node; returns each node's ``info()``."""
     config = config or NodeConfig()
     nodes = krex_nodes(config.resource)
     actors = [node_actor(n["NodeID"], config, n["Resources"][config.resource]) for n in nodes]
-    infos: list[dict[str, Any]] = ray.get([a.info.remote() for a in actors], timeout=timeout)
+    infos: list[NodeInfo] = ray.get([a.info.remote() for a in actors], timeout=timeout)
     return infos
 
 
@@ -71,11 +82,11 @@ def stop_nodes(timeout: float = 30.0) -> None:
         ray.kill(actor)
 
 
-_local: dict[str, dict[str, Any]] = {}
+_local: dict[str, NodeInfo] = {}
 _local_lock = threading.Lock()
 
 
-def local_node(config: NodeConfig) -> dict[str, Any]:
+def local_node(config: NodeConfig) -> NodeInfo:
     """``info()`` of the node service of the node this task runs on (cached per process; started if missing)."""
     node_id = ray.get_runtime_context().get_node_id()
     with _local_lock:
@@ -84,12 +95,11 @@ def local_node(config: NodeConfig) -> dict[str, Any]:
             resources = ray.get_runtime_context().get_assigned_resources()
             total = next((n["Resources"].get(config.resource) for n in ray.nodes() if n["NodeID"] == node_id), None)
             actor = node_actor(node_id, config, total or resources.get(config.resource))
-            info = ray.get(actor.info.remote(), timeout=config.start_timeout + 30)
-            _local[node_id] = info
+            info = _local[node_id] = ray.get(actor.info.remote(), timeout=config.start_timeout + 30)
         return info
 
 
-def cluster_status(resource: str | None = None, timeout: float = 20.0) -> list[dict[str, Any]]:
+def cluster_status(resource: str | None = None, timeout: float = 20.0) -> list[ClusterNode]:
     """Every live Ray node's KREX status, gathered from its node actor (``status()``), in node order.
 
     A node without a KREX service says so (``error``); so does one whose actor did not answer in
@@ -98,21 +108,28 @@ def cluster_status(resource: str | None = None, timeout: float = 20.0) -> list[d
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if resource is not None:
         nodes = [n for n in nodes if n.get("Resources", {}).get(resource, 0) > 0]
-    calls: dict[str, Any] = {}
-    out: list[dict[str, Any]] = []
+    calls: dict[str, ray.ObjectRef[NodeStatus]] = {}
+    out: list[ClusterNode] = []
     for n in nodes:
         actor = find_actor(n["NodeID"])
         if actor is not None:
             calls[n["NodeID"]] = actor.status.remote()
     deadline = time.monotonic() + timeout
     for n in nodes:
-        base = {"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "resources": n.get("Resources", {})}
-        ref = calls.get(n["NodeID"])
+        node_id, address, resources = n["NodeID"], n.get("NodeManagerAddress"), n.get("Resources", {})
+        ref = calls.get(node_id)
         if ref is None:
-            out.append({**base, "node": n["NodeID"][:8], "error": "no KREX node service on this node"})
+            error = "no KREX node service on this node"
+            out.append(
+                ClusterNode(node_id=node_id, node=node_id[:8], address=address, resources=resources, error=error)
+            )
             continue
         try:
-            out.append({**base, **ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))})
+            status: NodeStatus = ray.get(ref, timeout=max(0.1, deadline - time.monotonic()))
+            out.append(ClusterNode(**msgspec.structs.asdict(status), address=address, resources=resources))
         except Exception as exc:
-            out.append({**base, "node": n["NodeID"][:8], "error": f"{type(exc).__name__}: {exc}"})
+            error = f"{type(exc).__name__}: {exc}"
+            out.append(
+                ClusterNode(node_id=node_id, node=node_id[:8], address=address, resources=resources, error=error)
+            )
     return out

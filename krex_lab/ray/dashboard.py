@@ -16,10 +16,13 @@ import html
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cluster import ClusterNode
 
 
-def cluster_html(nodes: list[dict[str, Any]], now: float | None = None) -> str:
+def cluster_html(nodes: list[ClusterNode], now: float | None = None) -> str:
     """The page of ``nodes`` (what ``cluster_status()`` returns): a header, then each node's panels."""
     from ..dashboard.model import Event, NodeState, reduce
     from ..dashboard.view import page_html
@@ -27,13 +30,13 @@ def cluster_html(nodes: list[dict[str, Any]], now: float | None = None) -> str:
     now = time.time() if now is None else now
     parts = [f"<div><b>Ray cluster: {len(nodes)} node(s) with KREX</b></div>"]
     for n in nodes:
-        where = n.get("address") or n.get("hostname") or "?"
-        parts.append(f"<div><b>node {html.escape(str(n.get('node')))}</b> ({html.escape(str(where))})</div>")
-        if n.get("error") or "arbiter" not in n:
-            why = n.get("error") or n.get("arbiter_error") or "no answer from its arbiter"
-            parts.append(f"<div style='color:#a00'>{html.escape(str(why))}</div>")
+        where = n.address or n.hostname or "?"
+        parts.append(f"<div><b>node {html.escape(n.node)}</b> ({html.escape(where)})</div>")
+        if n.error or n.arbiter is None:
+            why = n.error or n.arbiter_error or "no answer from its arbiter"
+            parts.append(f"<div style='color:#a00'>{html.escape(why)}</div>")
             continue
-        state = reduce(NodeState(), Event("snapshot", {"status": n["arbiter"], "regions": []}, now))
+        state = reduce(NodeState(), Event("snapshot", {"status": n.arbiter, "regions": []}, now))
         parts.append(f'<div class="krex-node">{page_html(state, now)}</div>')
     return "".join(parts)
 
@@ -42,12 +45,12 @@ class ClusterDashboard:
     """An ``ipywidgets.HTML`` redrawn every ``refresh`` seconds from ``gather()`` (off the kernel's
     thread: a slow node must not block the notebook); :meth:`close` stops it."""
 
-    def __init__(self, gather: Callable[[], list[dict[str, Any]]], refresh: float = 2.0) -> None:
+    def __init__(self, gather: Callable[[], list[ClusterNode]], refresh: float = 2.0) -> None:
         import ipywidgets as widgets
 
         self.gather = gather
         self.refresh = refresh
-        self.nodes: list[dict[str, Any]] = []
+        self.nodes: list[ClusterNode] = []
         self.error = ""
         self.widget = widgets.HTML(value="<i>gathering the cluster's KREX nodes ...</i>")
         self._stop = threading.Event()

@@ -15,17 +15,20 @@ import statistics
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from krex_lab.errors import ArbiterUnavailable, PoolUnavailable, WorkerDied
 from krex_lab.region_report import RegionReport
 
-from .candidate import Candidate, run_candidate
+from .candidate import Candidate, CandidateRun, run_candidate
 from .cluster import _local, _local_lock, local_node, start_nodes
 from .node import NodeConfig
 from .progress import make_progress
+
+if TYPE_CHECKING:
+    from krex_lab.workers.client import PoolClient
 
 #: failures of a node's KREX services: the task is retried (by Ray, on whichever node it picks)
 RETRIED = (PoolUnavailable, ArbiterUnavailable)
@@ -80,10 +83,10 @@ def _attempt() -> int | None:
         return None
 
 
-_pools: dict[str, Any] = {}
+_pools: dict[str, PoolClient] = {}
 
 
-def _pool(endpoint: str) -> Any:
+def _pool(endpoint: str) -> PoolClient:
     from krex_lab.workers.client import PoolClient
 
     with _local_lock:
@@ -101,7 +104,7 @@ def _forget(node_id: str, endpoint: str | None) -> None:
         client.close()
 
 
-def evaluate_one(index: int, candidate: Candidate, config: NodeConfig, gpu: int | None = None) -> dict[str, Any]:
+def evaluate_one(index: int, candidate: Candidate, config: NodeConfig, gpu: int | None = None) -> EvalResult:
     """The body of an evaluation task (on whichever node Ray placed it)."""
     import os
 
@@ -109,32 +112,48 @@ def evaluate_one(index: int, candidate: Candidate, config: NodeConfig, gpu: int 
     if gpu is None and config.resource == "GPU":
         ids = ray.get_gpu_ids()
         gpu = int(ids[0]) if ids else None
-    try:
-        client = _pool(info["pool_endpoint"])
-        out = client.call(run_candidate, candidate, gpu=gpu)
-    except WorkerDied as exc:
-        # The candidate crashed its worker (a result), unless the pool itself is gone (retried).
-        try:
-            client = _pool(info["pool_endpoint"])
-            client.status()
-        except PoolUnavailable:
-            _forget(info["node_id"], info["pool_endpoint"])
-            raise PoolUnavailable(f"the pool of node {info['node']} is gone: {exc}") from exc
-        out = {"ok": False, "error": f"WorkerDied: {exc}", "traceback": getattr(exc, "traceback", None)}
-    except RETRIED:
-        _forget(info["node_id"], info["pool_endpoint"])
-        raise
-    out.update(
+    result = EvalResult(
         index=index,
         name=candidate.name or getattr(candidate.fn, "__name__", "candidate"),
         key=candidate.key,
-        node=info["node"],
-        node_id=info["node_id"],
-        hostname=info["hostname"],
+        node=info.node,
+        node_id=info.node_id,
+        hostname=info.hostname,
         attempt=_attempt(),
         task_pid=os.getpid(),
     )
-    return out
+    try:
+        client = _pool(info.pool_endpoint)
+        run: CandidateRun = client.call(run_candidate, candidate, gpu=gpu)
+    except WorkerDied as exc:
+        # The candidate crashed its worker (a result), unless the pool itself is gone (retried).
+        try:
+            client = _pool(info.pool_endpoint)
+            client.status()
+        except PoolUnavailable:
+            _forget(info.node_id, info.pool_endpoint)
+            raise PoolUnavailable(f"the pool of node {info.node} is gone: {exc}") from exc
+        result.error, result.traceback = f"WorkerDied: {exc}", getattr(exc, "traceback", None)
+        return result
+    except RETRIED:
+        _forget(info.node_id, info.pool_endpoint)
+        raise
+    result.ok, result.times, result.value, result.error, result.traceback = (
+        run.ok,
+        run.times,
+        run.value,
+        run.error,
+        run.traceback,
+    )
+    result.gpu, result.worker_pid, result.started_at, result.finished_at = (
+        run.gpu,
+        run.worker_pid,
+        run.started_at,
+        run.finished_at,
+    )
+    if run.region is not None:
+        result.region = run.region
+    return result
 
 
 _task = ray.remote(evaluate_one)
@@ -150,18 +169,24 @@ def submit(
 ) -> dict[Any, tuple[int, Candidate]]:
     """Submit one task per candidate; ``{ObjectRef: (index, candidate)}``. See :func:`evaluate`."""
     config = config or NodeConfig()
-    options: dict[str, Any] = {
-        "num_cpus": 0,
-        # SPREAD: a batch uses every node's GPUs at once (Ray's default packs a node first)
-        "scheduling_strategy": "SPREAD" if spread else "DEFAULT",
-        "max_retries": max_retries,
-        "retry_exceptions": list(RETRIED),
-    }
+    # SPREAD: a batch uses every node's GPUs at once (Ray's default packs a node first)
+    strategy = "SPREAD" if spread else "DEFAULT"
     if config.resource == "GPU":
-        options["num_gpus"] = fraction
+        task = _task.options(
+            num_cpus=0,
+            scheduling_strategy=strategy,
+            max_retries=max_retries,
+            retry_exceptions=list(RETRIED),
+            num_gpus=fraction,
+        )
     else:
-        options["resources"] = {config.resource: fraction}
-    task = _task.options(**options)
+        task = _task.options(
+            num_cpus=0,
+            scheduling_strategy=strategy,
+            max_retries=max_retries,
+            retry_exceptions=list(RETRIED),
+            resources={config.resource: fraction},
+        )
     return {task.remote(i, c, config): (i, c) for i, c in enumerate(candidates)}
 
 
@@ -225,7 +250,7 @@ def evaluate(
             for ref in done:
                 index, candidate = refs[ref]
                 try:
-                    result = EvalResult(**ray.get(ref))
+                    result = ray.get(ref)
                 except Exception as exc:  # retries spent, or the task was cancelled
                     result = _failed(index, candidate, exc)
                 if bar is not None:

@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+import msgspec
+
 from ..gpu.vendors import vendor
 
 #: the Ray namespace of the node actors
@@ -31,6 +33,35 @@ NAMESPACE = "krex"
 #: the custom resource a node declares for each simulated (fake backend) GPU; on real GPUs Ray's own "GPU"
 FAKE_RESOURCE = "krex_gpu"
 _PR_SET_PDEATHSIG = 1
+
+
+class NodeInfo(msgspec.Struct, kw_only=True):
+    """Where a node's KREX services are: made by :meth:`NodeService.info`, read by the evaluation
+    tasks on that node (they connect to ``pool_endpoint``) and by ``krex status --ray``.
+    ``owned``: per service, whether this node service started it (False: it found it running).
+    The places are "" only in a :class:`~krex_lab.ray.cluster.ClusterNode` of a node without a
+    service."""
+
+    node: str
+    node_id: str
+    hostname: str = ""
+    runtime_dir: str = ""
+    arbiter_endpoint: str = ""
+    pool_endpoint: str = ""
+    owned: dict[str, bool] = {}
+    pids: dict[str, int] = {}
+    actor_pid: int | None = None
+
+
+class NodeStatus(NodeInfo, kw_only=True, omit_defaults=True):
+    """:class:`NodeInfo` plus what the node's services answer (:meth:`NodeService.status`): the
+    arbiter's status table and the pool's status as their replies give them (or why each did not
+    answer)."""
+
+    arbiter: dict[str, Any] | None = None
+    arbiter_error: str | None = None
+    pool: dict[str, Any] | None = None
+    pool_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,35 +198,35 @@ class NodeService:
         self._wait("pool", self._pool_answers)
 
     # -- what the actor answers ---------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> NodeInfo:
         """Where this node's services are (what an evaluation task on this node connects to)."""
-        return {
-            "node": self.name,
-            "node_id": self.node_id,
-            "hostname": self.hostname,
-            "runtime_dir": str(self.runtime_dir),
-            "arbiter_endpoint": self.arbiter_endpoint,
-            "pool_endpoint": self.pool_endpoint,
-            "owned": dict(self.owned),
-            "pids": {k: p.pid for k, p in self.procs.items()},
-            "actor_pid": os.getpid(),
-        }
+        return NodeInfo(
+            node=self.name,
+            node_id=self.node_id,
+            hostname=self.hostname,
+            runtime_dir=str(self.runtime_dir),
+            arbiter_endpoint=self.arbiter_endpoint,
+            pool_endpoint=self.pool_endpoint,
+            owned=dict(self.owned),
+            pids={k: p.pid for k, p in self.procs.items()},
+            actor_pid=os.getpid(),
+        )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         """The node's arbiter table and its pool's status (an ``error`` per part that did not answer)."""
         from krex_lab import client
         from krex_lab.workers.client import PoolClient
 
-        out: dict[str, Any] = self.info()
+        out = NodeStatus(**msgspec.structs.asdict(self.info()))
         try:
-            out["arbiter"] = client.status(self.arbiter_endpoint, timeout=5.0)
+            out.arbiter = client.status(self.arbiter_endpoint, timeout=5.0)
         except Exception as exc:
-            out["arbiter_error"] = f"{type(exc).__name__}: {exc}"
+            out.arbiter_error = f"{type(exc).__name__}: {exc}"
         try:
             with PoolClient.connect(self.pool_endpoint, start=False) as pool:
-                out["pool"] = pool.status()
+                out.pool = pool.status()
         except Exception as exc:
-            out["pool_error"] = f"{type(exc).__name__}: {exc}"
+            out.pool_error = f"{type(exc).__name__}: {exc}"
         return out
 
     def history(self, since: float | None = None, limit: int = 100000) -> list[dict[str, Any]]:

@@ -4,33 +4,34 @@ actor's ``status()``): its GPUs, holders, queues and sessions (the node's own ta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cluster import ClusterNode
 
 
-def format_cluster(nodes: list[dict[str, Any]]) -> str:
+def format_cluster(nodes: list[ClusterNode]) -> str:
     """One block per node: a header line, the arbiter's table (indented), the pool's workers."""
     from krex_lab.arbiter.status import format_table
 
     lines = [f"Ray cluster: {len(nodes)} node(s) with KREX"]
     for n in nodes:
-        head = f"== node {n.get('node')} ({n.get('address') or n.get('hostname', '?')})"
-        if n.get("runtime_dir"):
-            owned = n.get("owned", {})
-            how = ", ".join(f"{k} {'started by Ray' if v else 'the node service'}" for k, v in owned.items())
-            head += f"  runtime {n['runtime_dir']}" + (f"  [{how}]" if how else "")
+        head = f"== node {n.node} ({n.address or n.hostname or '?'})"
+        if n.runtime_dir:
+            how = ", ".join(f"{k} {'started by Ray' if v else 'the node service'}" for k, v in n.owned.items())
+            head += f"  runtime {n.runtime_dir}" + (f"  [{how}]" if how else "")
         lines.append(head)
-        if n.get("error"):
-            lines.append(f"  {n['error']}")
+        if n.error:
+            lines.append(f"  {n.error}")
             continue
-        if "arbiter" in n:
-            lines.extend("  " + line for line in format_table(n["arbiter"]).splitlines())
+        if n.arbiter is not None:
+            lines.extend("  " + line for line in format_table(n.arbiter).splitlines())
         else:
-            lines.append(f"  arbiter: {n.get('arbiter_error', 'no answer')}")
-        pool = n.get("pool")
+            lines.append(f"  arbiter: {n.arbiter_error or 'no answer'}")
+        pool = n.pool
         if pool is None:
-            lines.append(f"  pool: {n.get('pool_error', 'no answer')}")
+            lines.append(f"  pool: {n.pool_error or 'no answer'}")
             continue
         workers = pool.get("workers", [])
         busy = sum(1 for w in workers if w.get("state") not in ("idle", "ready", "spare"))
@@ -41,6 +42,7 @@ def format_cluster(nodes: list[dict[str, Any]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import msgspec
     import ray
 
     from .cluster import cluster_status
@@ -60,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
         nodes = cluster_status()
     finally:
         ray.shutdown()
-    print(json.dumps(nodes, indent=2, default=str) if args.json else format_cluster(nodes))
+    print(msgspec.json.format(msgspec.json.encode(nodes), indent=2).decode() if args.json else format_cluster(nodes))
     return 0

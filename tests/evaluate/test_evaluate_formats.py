@@ -119,7 +119,7 @@ def test_gpumode_phases_run_without_torch_installed(tmp_path: Path) -> None:
                         memory_limit_mb=None, output_limit_mb=None, exclusive=False)
         out = phases.run(job, None)
         torch = "torch" in sys.modules and sys.modules["torch"]
-        print(out["check"]["verdict"], out["time"]["parts"][0]["method"], torch)
+        print(out.check.verdict, out.time.parts[0].method, torch)
         """
     )
     env = {"KREX_EVAL_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}

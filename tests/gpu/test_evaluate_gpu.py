@@ -71,7 +71,7 @@ def test_a_cuda_load_inline_candidate_is_timed_with_event_pairs(gpu_pool: PoolPr
     assert ev.verdict == "correct", ev.summary + str(ev.metadata)
     assert ev.gpu_timed and ev.timing_method == "kernelbench-events" and "NVIDIA" in (ev.device or "")
     assert ev.runtime_stats is not None and ev.runtime_stats.num_trials == 100
-    assert ev.timing_check is not None and all(c["agrees"] for c in ev.timing_check["cases"])
+    assert ev.timing_check is not None and all(c.agrees for c in ev.timing_check.cases)
     assert ev.regions[0].region is not None and not ev.regions[0].region.get("simulated")
 
 

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -192,38 +193,54 @@ def empty_caches() -> list[str]:
     return errors
 
 
-def _torch_flags() -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class TorchFlags:
+    """torch's global switches as the worker's baseline had them; a job may flip any of them
+    (taken by :func:`_torch_flags`, put back by :func:`_restore_torch`)."""
+
+    matmul_tf32: bool
+    cudnn_tf32: bool
+    cudnn_benchmark: bool
+    cudnn_deterministic: bool
+    dtype: Any  # a torch.dtype (torch is not imported here)
+    precision: str
+    deterministic: bool
+    grad: bool
+    threads: int
+
+
+def _torch_flags() -> TorchFlags | None:
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
-        return {
-            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "dtype": torch.get_default_dtype(),
-            "precision": torch.get_float32_matmul_precision(),
-            "deterministic": torch.are_deterministic_algorithms_enabled(),
-            "grad": torch.is_grad_enabled(),
-            "threads": torch.get_num_threads(),
-        }
+        return TorchFlags(
+            matmul_tf32=torch.backends.cuda.matmul.allow_tf32,
+            cudnn_tf32=torch.backends.cudnn.allow_tf32,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+            cudnn_deterministic=torch.backends.cudnn.deterministic,
+            dtype=torch.get_default_dtype(),
+            precision=torch.get_float32_matmul_precision(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            grad=torch.is_grad_enabled(),
+            threads=torch.get_num_threads(),
+        )
     except Exception:
         return None
 
 
-def _restore_torch(flags: dict[str, Any]) -> None:
+def _restore_torch(flags: TorchFlags) -> None:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = flags["matmul_tf32"]
-    torch.backends.cudnn.allow_tf32 = flags["cudnn_tf32"]
-    torch.backends.cudnn.benchmark = flags["cudnn_benchmark"]
-    torch.backends.cudnn.deterministic = flags["cudnn_deterministic"]
-    torch.set_default_dtype(flags["dtype"])
-    torch.set_float32_matmul_precision(flags["precision"])
-    torch.use_deterministic_algorithms(flags["deterministic"])
-    torch.set_grad_enabled(flags["grad"])
-    torch.set_num_threads(flags["threads"])
+    torch.backends.cuda.matmul.allow_tf32 = flags.matmul_tf32
+    torch.backends.cudnn.allow_tf32 = flags.cudnn_tf32
+    torch.backends.cudnn.benchmark = flags.cudnn_benchmark
+    torch.backends.cudnn.deterministic = flags.cudnn_deterministic
+    torch.set_default_dtype(flags.dtype)
+    torch.set_float32_matmul_precision(flags.precision)
+    torch.use_deterministic_algorithms(flags.deterministic)
+    torch.set_grad_enabled(flags.grad)
+    torch.set_num_threads(flags.threads)
 
 
 _MISSING = object()
@@ -238,6 +255,7 @@ class ModuleBindings:
     KREX's own modules and ``__main__`` keep their state: they manage it."""
 
     def __init__(self) -> None:
+        #: module name -> (the module, its namespace as it was: any names and values)
         self.saved: dict[str, tuple[ModuleType, dict[str, Any]]] = {}
 
     def take(self, names: set[str]) -> None:

@@ -18,11 +18,12 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from ...region_report import RegionReport
-from ..results import INTERRUPT_EXIT
+from ..results import INTERRUPT_EXIT, JobResult
 from ..wire import Run
 
 _INTERNAL = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
@@ -149,8 +150,18 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         State.in_job = False
 
 
+@dataclass
+class Ran:
+    """What :meth:`Runner.run` gives the worker's loop: the job's result (sent to the pool as
+    it is) and why the worker must be recycled (a sticky CUDA error; None: it may serve on)."""
+
+    result: JobResult
+    recycle: str | None = None
+
+
 class Runner:
-    """Runs jobs; ``namespace`` is the cell namespace (kept while a lease holds the worker)."""
+    """Runs jobs; ``namespace`` is the cell namespace (kept while a lease holds the worker):
+    the user's own globals, any names and values."""
 
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = new_namespace()
@@ -159,11 +170,11 @@ class Runner:
         self.namespace.clear()
         self.namespace.update(new_namespace())
 
-    def run(self, msg: Run) -> dict[str, Any]:
-        """Run the job in ``msg``; returns the result's fields plus ``recycle`` (a reason or None)."""
+    def run(self, msg: Run) -> Ran:
+        """Run the job in ``msg``: its result, and whether its worker must be recycled."""
         kind = msg.kind
         region: RegionReport | None = None
-        result: dict[str, Any]
+        ran: Ran
         excl = None
         try:
             if msg.exclusive:
@@ -175,43 +186,41 @@ class Runner:
                 _guarded(excl.acquire)
             try:
                 if kind == "code":
-                    result = self._code(msg)
+                    ran = self._code(msg)
                 elif kind == "call":
-                    result = self._call(msg)
+                    ran = self._call(msg)
                 elif kind == "script":
-                    result = self._script(msg)
+                    ran = self._script(msg)
                 else:
-                    result = {"ok": False, "status": "exception", "error": f"unknown job kind {kind!r}"}
+                    ran = Ran(JobResult(ok=False, status="exception", error=f"unknown job kind {kind!r}"))
             finally:
                 if excl is not None and excl.id is not None:
                     region = excl.release()
         except BaseException as exc:  # acquiring or releasing the region failed
-            result = self._failure(exc, kind)
+            ran = self._failure(exc, kind)
             if excl is not None and excl.id is None:
-                result["error"] = f"exclusive=True: the region could not be acquired: {result['error']}"
+                ran.result.error = f"exclusive=True: the region could not be acquired: {ran.result.error}"
         finally:
             flush_output()
-        result["region"] = region
-        result["recycle"] = result.pop("_sticky", None)
-        if result["recycle"]:
-            result["recycle"] = f"sticky CUDA error: {result['recycle']}"
-        return result
+        ran.result.region = region
+        if ran.recycle:
+            ran.recycle = f"sticky CUDA error: {ran.recycle}"
+        return ran
 
     # -- kinds -----------------------------------------------------------------------------
-    def _failure(self, exc: BaseException, kind: str) -> dict[str, Any]:
+    def _failure(self, exc: BaseException, kind: str) -> Ran:
         interrupted = isinstance(exc, KeyboardInterrupt)
-        out: dict[str, Any] = {
-            "ok": False,
-            "status": "interrupted" if interrupted else "exception",
-            "error": _error_line(exc) if not interrupted else "KeyboardInterrupt",
-            "traceback": format_exception(exc),
-            "_sticky": sticky_cuda_error(exc),
-        }
+        result = JobResult(
+            ok=False,
+            status="interrupted" if interrupted else "exception",
+            error=_error_line(exc) if not interrupted else "KeyboardInterrupt",
+            traceback=format_exception(exc),
+        )
         if kind == "script":
-            out["exit_code"] = INTERRUPT_EXIT if interrupted else 1
-        return out
+            result.exit_code = INTERRUPT_EXIT if interrupted else 1
+        return Ran(result, recycle=sticky_cuda_error(exc))
 
-    def _exit(self, exc: SystemExit, kind: str) -> dict[str, Any]:
+    def _exit(self, exc: SystemExit, kind: str) -> Ran:
         code = exc.code
         if code is None:
             status = 0
@@ -220,14 +229,16 @@ class Runner:
         else:  # sys.exit("message"): Python prints the message and exits 1
             print(code, file=sys.stderr)
             status = 1
-        return {
-            "ok": status == 0,
-            "status": "ok" if status == 0 else "exit",
-            "exit_code": status,
-            "error": None if status == 0 else f"SystemExit: {code}",
-        }
+        return Ran(
+            JobResult(
+                ok=status == 0,
+                status="ok" if status == 0 else "exit",
+                exit_code=status,
+                error=None if status == 0 else f"SystemExit: {code}",
+            )
+        )
 
-    def _code(self, msg: Run) -> dict[str, Any]:
+    def _code(self, msg: Run) -> Ran:
         code = msg.code or ""
         filename = f"<krex-cell-{next(_cells)}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
@@ -255,9 +266,9 @@ class Runner:
             return self._failure(exc, "code")
         if value is not None:
             ns["_"] = value
-        return {"ok": True, "status": "ok", "value": None if value is None else _safe_repr(value)}
+        return Ran(JobResult(ok=True, status="ok", value=None if value is None else _safe_repr(value)))
 
-    def _call(self, msg: Run) -> dict[str, Any]:
+    def _call(self, msg: Run) -> Ran:
         import cloudpickle
 
         try:
@@ -266,21 +277,23 @@ class Runner:
         except BaseException as exc:
             out = self._failure(exc, "call")
             try:
-                out["exc_pickle"] = cloudpickle.dumps(exc)
+                out.result.exc_pickle = cloudpickle.dumps(exc)
             except Exception:
-                out["exc_pickle"] = None
+                out.result.exc_pickle = None
             return out
         try:
-            return {"ok": True, "status": "ok", "value": cloudpickle.dumps(value)}
+            return Ran(JobResult(ok=True, status="ok", value=cloudpickle.dumps(value)))
         except Exception as exc:
-            return {
-                "ok": False,
-                "status": "exception",
-                "error": f"the function returned a value that cannot be pickled: {_error_line(exc)}",
-                "traceback": format_exception(exc),
-            }
+            return Ran(
+                JobResult(
+                    ok=False,
+                    status="exception",
+                    error=f"the function returned a value that cannot be pickled: {_error_line(exc)}",
+                    traceback=format_exception(exc),
+                )
+            )
 
-    def _script(self, msg: Run) -> dict[str, Any]:
+    def _script(self, msg: Run) -> Ran:
         path = os.path.abspath(os.path.join(msg.cwd or os.getcwd(), msg.path or ""))
         argv = list(msg.argv)
         env = msg.env
@@ -304,7 +317,7 @@ class Runner:
         finally:
             if stdin is not None:
                 stdin.restore()
-        return {"ok": True, "status": "ok", "exit_code": 0}
+        return Ran(JobResult(ok=True, status="ok", exit_code=0))
 
 
 class _StdinSwap:
@@ -338,6 +351,7 @@ class _StdinSwap:
 
 
 def new_namespace() -> dict[str, Any]:
+    """A fresh ``__main__`` namespace for cells (the user's globals: any names and values)."""
     return {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
 
 

@@ -115,14 +115,14 @@ class Worker:
         from .runner import clear_tracebacks
 
         self.jobs += 1
-        fields = self.runner.run(msg)
-        recycle = fields.pop("recycle", None)
+        ran = self.runner.run(msg)
+        recycle = ran.recycle
         # The job has ended: so has every process it started, daemons included.
         left = end_descendants(self.own_children)
         if left and not recycle:
             recycle = f"processes of the job could not be killed: {left[:5]}"
         try:
-            self.send(Done(job=msg.job, result=msgspec.convert(fields, JobResult), recycle=recycle))
+            self.send(Done(job=msg.job, result=ran.result, recycle=recycle))
         except (TypeError, ValueError, OverflowError, EncodeError, msgspec.ValidationError) as exc:
             self.send(
                 Done(
@@ -131,7 +131,7 @@ class Worker:
                     result=JobResult(ok=False, status="exception", error=f"the result could not be sent: {exc}"),
                 )
             )
-        del fields
+        del ran
         clear_tracebacks()
         if msg.lease:
             self.send(Ready(clean=True))
