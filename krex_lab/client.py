@@ -29,7 +29,7 @@ from . import devsync, paths, protocol
 from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
 from .region_report import RegionReport
-from .wait_notice import WaitNotice
+from .wait_notice import WaitNotice, mark_cell_stderr
 
 __all__ = [
     "REQUEST_TIMEOUT",
@@ -214,6 +214,7 @@ def attach(
         first = _live(_default)
         if first is None:
             _others.clear()  # a closed first session, or a forked child's inherited ones
+            mark_cell_stderr()  # in a notebook: the processes it starts keep their waits to one line
             _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
             return _default
         if gpu is None or gpu == first.gpu:

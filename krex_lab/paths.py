@@ -209,8 +209,12 @@ def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
 
 
 def default_endpoint() -> str:
-    """``KREX_ENDPOINT`` when set, else the ipc socket in the runtime directory."""
-    return os.environ.get(ENDPOINT_ENV) or f"ipc://{runtime_dir() / 'arbiter.sock'}"
+    """The arbiter a client uses when none is named: ``KREX_ENDPOINT`` when set, else the one this
+    user's running lab uses, else the node's when it listens, else the ipc socket in the runtime
+    directory (:func:`krex_lab.discovery.client_endpoint`)."""
+    from .discovery import client_endpoint
+
+    return client_endpoint()
 
 
 def events_endpoint(endpoint: str) -> str:
