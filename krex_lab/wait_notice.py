@@ -181,7 +181,9 @@ class _CellLine:
 def mark_cell_stderr() -> None:
     """In a notebook's kernel whose stderr (fd 2) is the pipe ipykernel forwards into the cells,
     tell the processes it starts (:data:`CELL_STDERR_ENV`): their waits then keep to one line there."""
-    if not _in_a_kernel():
+    # ipykernel forwards fd 2 only where it watches it (not under pytest, nor with
+    # capture_fd_output off: then fd 2 is the server's log, where a pipe's rule is right).
+    if not _in_a_kernel() or not getattr(sys.stderr, "_should_watch", False):
         return
     try:
         st = os.fstat(2)
