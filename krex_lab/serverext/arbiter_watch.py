@@ -1,24 +1,29 @@
 """A server that joined an arbiter it did not start (the node's, or another of this user's) notices
-when it is gone and when it is back, and says so loudly: in its log and in ``/krex/api/status``'s
-``problems`` (the admin page, ``%krex_status``); the dashboard shows the arbiter LOST with the same
-hint.
+when it is gone and when it is back.
 
-It does not start an embedded arbiter in the gone one's place, though that is what it does at
-its own start when none answers. Two arbiters on one node each give the same GPU away: a region
-of ours would no longer stop the other users' sessions, nor theirs ours, and every timing on
-the node would be corrupted without a word. The gone arbiter is also about to come back: a
-node's runs under systemd's ``Restart=`` or ``krex supervise``, which restart it within seconds,
-and it would then find its runtime dir taken or its GPUs shared. And a server cannot tell a
-crash from an administrator's deliberate stop. So it waits, keeps saying what to do, and picks
-the arbiter up again when it listens once more (the kernels' sessions register again at their
-next request). Only the server's own embedded arbiter is restarted
-(:meth:`krex_lab.serverext.processes.Services.check`).
+The node's arbiter is never replaced: the server says loudly that it is gone, in its log and in
+``/krex/api/status``'s ``problems`` (the admin page, ``%krex_status``; the dashboard shows the
+arbiter LOST with the same hint), and picks it up again when it listens once more (the kernels'
+sessions register again at their next request). An embedded arbiter in its place would be a
+second arbiter on the node's GPUs, and two arbiters each give the same GPU away: a region of
+ours would no longer stop the other users' sessions, nor theirs ours, and every timing on the
+node would be corrupted without a word. The node's arbiter is also about to come back (systemd's
+``Restart=``, ``krex supervise``) and would find its GPUs shared; and a server cannot tell a
+crash from an administrator's deliberate stop.
+
+Another arbiter of this very user (a ``krex arbiter`` in a terminal, on this server's runtime dir)
+is replaced by the server's embedded arbiter, at the same endpoint so that the kernels find it
+there: what the server would have started had that one not been running, and nobody else's
+sessions are at stake. Only once no arbiter holds the runtime dir's lock: one that ``krex
+supervise`` is restarting holds it, and is picked up when it answers.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import discovery
@@ -39,6 +44,22 @@ def gone_message(description: str, endpoint: str, kind: str) -> str:
         f"arbiter of its own in its place: two arbiters would each give the same GPU away. {what}; "
         "KREX picks it up again by itself when it is back"
     )
+
+
+def replaceable(kind: str, endpoint: str, runtime: Path, lock_held: Callable[[Path], bool]) -> bool:
+    """Whether the gone arbiter at ``endpoint`` may be replaced by this server's embedded one: this
+    user's own, its socket in this server's runtime dir ``runtime``, which no arbiter holds now."""
+    if kind != "user" or not endpoint.startswith("ipc://"):
+        return False
+    socket = Path(endpoint[len("ipc://") :])
+    if os.path.realpath(socket.parent) != os.path.realpath(runtime):
+        return False
+    try:
+        if os.stat(runtime).st_uid != os.geteuid():
+            return False
+    except OSError:
+        return False
+    return not lock_held(runtime / "arbiter.lock")
 
 
 class ArbiterWatch:

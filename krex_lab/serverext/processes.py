@@ -32,7 +32,7 @@ from .. import discovery, paths
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from . import arbiter_kind
-from .arbiter_watch import ArbiterWatch, gone_message
+from .arbiter_watch import ArbiterWatch, gone_message, replaceable
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -396,8 +396,27 @@ class Services:
                 self.start_pool()
 
     def _check_joined(self, watch: ArbiterWatch) -> None:
-        """The arbiter this server joined (not its own): say loudly when it is gone, and when it is back."""
+        """The arbiter this server joined (not its own): replace it when it is this user's own and
+        gone, else say loudly when it is gone, and when it is back (arbiter_watch says why)."""
         change = watch.check()
+        runtime = self._runtime()
+        if (
+            watch.lost_since is not None
+            and self.options.embedded
+            and replaceable(self.kind, self.endpoint, runtime, _lock_held)
+        ):
+            self.log.warning(
+                "KREX: the %s is gone: this server starts its embedded arbiter in its place, at the same endpoint",
+                self.arbiter_description,
+            )
+            self._watch = None
+            if self._gone_problem in self.problems:
+                self.problems.remove(self._gone_problem)
+            self._start_arbiter()
+            self._export(arbiter_kind.KIND_ENV, self.kind)
+            if self.record is not None:
+                self._write_record(self.record.parent)
+            return
         if change == "gone":
             self._gone_problem = gone_message(self.arbiter_description, self.endpoint, self.kind)
             self.problems.append(self._gone_problem)

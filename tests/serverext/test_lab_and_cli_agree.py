@@ -177,3 +177,34 @@ def test_a_joined_arbiter_that_goes_away_is_said_loudly_and_picked_up_again(
     finally:
         asyncio.run(services.stop())
         node.stop()
+
+
+def test_a_joined_arbiter_of_ones_own_that_goes_away_is_replaced_by_the_embedded_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from krex_lab import client
+    from krex_lab.serverext.processes import Options, Services
+
+    own = tmp_path / "own-rt"
+    own.mkdir(mode=0o700)
+    monkeypatch.delenv("KREX_ENDPOINT", raising=False)
+    monkeypatch.setenv("KREX_RUNTIME_DIR", str(own))
+    mine = ArbiterProc(own).start()  # a `krex arbiter` of this user's, in a terminal
+    services = Services(Options(node_endpoint="", start_pool=False), logger=logging.getLogger("krex.t"))
+    try:
+        with caplog.at_level(logging.INFO, logger="krex.t"):
+            services.start()
+            assert services.kind == "user" and services.arbiter is None
+            mine.stop()
+            services.check()
+            said = [r.getMessage() for r in caplog.records if "in its place" in r.getMessage()]
+            assert len(said) == 1 and "arbiter of this user" in said[0], caplog.text
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+        assert services.kind == "embedded" and services.arbiter is not None and services.arbiter.alive()
+        # At the same endpoint: the kernels, which were given it, find the new one there.
+        assert services.endpoint == mine.endpoint
+        assert client.hello(mine.endpoint)["pid"] == services.info["pid"] == services.arbiter.pid
+        assert services.describe()["problems"] == []
+    finally:
+        asyncio.run(services.stop())
+        mine.stop()
