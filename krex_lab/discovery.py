@@ -9,7 +9,10 @@ in this order, for:
 1. ``KREX_ENDPOINT``, when set: named explicitly, never second-guessed;
 2. the arbiter of a running lab of this user: each lab leaves a record, ``lab-<pid>.json`` in
    this user's own runtime dir (:func:`write_lab_record`), naming the endpoint it uses; the
-   newest whose lab is alive and whose socket is listened to wins;
+   newest whose lab is alive and whose socket is listened to wins. Without ``KREX_RUNTIME_DIR``
+   the other default runtime dirs of the user are read too (:func:`record_dirs`): a lab started
+   in a login session (``$XDG_RUNTIME_DIR/krex``) is found from an ``su`` shell (a dir in
+   ``/tmp``), and the other way round;
 3. the node's arbiter (``KREX_NODE_ENDPOINT``, default ``ipc:///run/krex/arbiter.sock``; empty:
    never), when root (or this user) listens there: what the lab itself tries first;
 4. the socket in this user's runtime dir (``KREX_RUNTIME_DIR``, else the default one).
@@ -17,7 +20,8 @@ in this order, for:
 Only what this user may trust is taken: a record that is this user's own regular file, and a
 socket whose listener is root or this user (:class:`krex_lab.connection.Connection` checks the
 listener again before it sends anything). A lab started with another ``XDG_RUNTIME_DIR`` than
-the terminal's keeps its record elsewhere: its log names the endpoint for ``KREX_ENDPOINT``.
+the terminal's is found as long as neither names ``KREX_RUNTIME_DIR`` (the lab's log names its
+endpoint for ``KREX_ENDPOINT`` otherwise).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import stat
 from pathlib import Path
 
 from . import paths
+from .errors import KrexError
 
 #: the node arbiter's endpoint: a root arbiter's runtime dir is /run/krex
 NODE_ENDPOINT = "ipc:///run/krex/arbiter.sock"
@@ -78,6 +83,21 @@ def record_dir() -> Path:
     return paths.own_runtime_dir()
 
 
+def record_dirs() -> list[Path]:
+    """Where this user's running labs may have left their records: this user's runtime dir and,
+    unless ``KREX_RUNTIME_DIR`` names one, the user's other defaults (a session with another
+    ``XDG_RUNTIME_DIR``, or none). Root's is ``/run/krex`` in every session."""
+    try:
+        dirs = [record_dir()]
+    except (OSError, KrexError):  # an unusable runtime dir: the client's own request says why
+        dirs = []
+    if os.geteuid() != 0 and not os.environ.get(paths.RUNTIME_DIR_ENV):
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        dirs += [Path(p) / "krex" for p in (xdg, f"/run/user/{os.geteuid()}") if p]
+        dirs += paths._own_tmp_dirs()
+    return list(dict.fromkeys(dirs))
+
+
 def write_lab_record(directory: Path, endpoint: str, kind: str) -> Path:
     """Say that this process (a lab) uses the arbiter at ``endpoint``; returns the record's path
     (the lab removes it at its stop; a record of a dead lab is passed over, and removed)."""
@@ -90,13 +110,14 @@ def write_lab_record(directory: Path, endpoint: str, kind: str) -> Path:
     return path
 
 
-def lab_records(directory: Path | None = None) -> list[dict[str, object]]:
+def lab_records() -> list[dict[str, object]]:
     """The records of this user's running labs whose arbiter is listened to, newest first."""
-    try:
-        where = directory or record_dir()
-        entries = [e for e in os.scandir(where) if e.name.startswith(_RECORD_PREFIX) and e.name.endswith(".json")]
-    except OSError:
-        return []
+    entries: list[os.DirEntry[str]] = []
+    for where in record_dirs():
+        try:
+            entries += [e for e in os.scandir(where) if e.name.startswith(_RECORD_PREFIX) and e.name.endswith(".json")]
+        except OSError:
+            continue
     found: list[tuple[float, dict[str, object]]] = []
     for entry in entries:
         try:

@@ -208,3 +208,31 @@ def test_a_joined_arbiter_of_ones_own_that_goes_away_is_replaced_by_the_embedded
     finally:
         asyncio.run(services.stop())
         mine.stop()
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root's runtime dir is /run/krex in every session: only another user's follows XDG"
+)
+def test_a_terminal_of_another_session_finds_the_labs_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lab started in an `su` shell (no XDG_RUNTIME_DIR: a runtime dir in /tmp), the terminal
+    in a login session (XDG_RUNTIME_DIR set): another runtime dir, and still the lab's arbiter."""
+    from krex_lab import discovery, paths
+
+    arb = ArbiterProc(tmp_path / "lab-rt").start()
+    try:
+        for name in ("KREX_ENDPOINT", "KREX_RUNTIME_DIR", "XDG_RUNTIME_DIR"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("KREX_NODE_ENDPOINT", "")
+        lab_dir = paths.runtime_dir()
+        record = discovery.write_lab_record(lab_dir, arb.endpoint, "embedded")  # this process plays the lab
+        try:
+            xdg = tmp_path / "xdg"
+            xdg.mkdir(mode=0o700)
+            monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+            assert paths.runtime_dir() != lab_dir
+            assert paths.default_endpoint() == arb.endpoint
+        finally:
+            record.unlink()
+        assert paths.default_endpoint() == f"ipc://{xdg / 'krex' / 'arbiter.sock'}"
+    finally:
+        arb.stop()
