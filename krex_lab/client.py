@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import devsync, paths, protocol
+from . import devsync, discovery, paths, protocol
 from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
 from .region_report import RegionReport
@@ -62,7 +62,7 @@ class Session:
         control: bool = True,
         via_ticket: str = "",
     ) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         self.name, self.role = name, role
         self.pid = pid or os.getpid()
         self.owner_pid = os.getpid()

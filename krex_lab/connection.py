@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from . import paths, protocol
+from . import discovery, paths, protocol
 from .errors import ArbiterUnavailable, PermissionDenied, ProtocolError, RegionCancelled, error_from_wire
 from .peercred import listener_credentials, peer_credentials
 
@@ -72,7 +72,7 @@ class Connection:
     """One DEALER socket to the arbiter, used by one thread at a time."""
 
     def __init__(self, endpoint: str | None = None) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         if self.endpoint.startswith("ipc://"):
             _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)

@@ -3,7 +3,7 @@
 A ``krex`` command in a terminal beside a running ``krex lab`` must reach the arbiter the lab's
 kernels use, whichever that is: the node's root arbiter the lab joined, an embedded arbiter the
 lab started (in a private runtime dir when another arbiter held the usual one), or this user's
-own. So :func:`client_endpoint` (what :func:`krex_lab.paths.default_endpoint` returns) looks,
+own. So :func:`default_endpoint` (every client's default) looks,
 in this order, for:
 
 1. ``KREX_ENDPOINT``, when set: named explicitly, never second-guessed;
@@ -52,7 +52,7 @@ def own_endpoint() -> str:
     return f"ipc://{paths.runtime_dir() / 'arbiter.sock'}"
 
 
-def client_endpoint() -> str:
+def default_endpoint() -> str:
     """The arbiter a client uses when none is named (see the module's docstring for the order)."""
     explicit = os.environ.get(paths.ENDPOINT_ENV)
     if explicit:

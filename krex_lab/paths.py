@@ -208,15 +208,6 @@ def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
-def default_endpoint() -> str:
-    """The arbiter a client uses when none is named: ``KREX_ENDPOINT`` when set, else the one this
-    user's running lab uses, else the node's when it listens, else the ipc socket in the runtime
-    directory (:func:`krex_lab.discovery.client_endpoint`)."""
-    from .discovery import client_endpoint
-
-    return client_endpoint()
-
-
 def events_endpoint(endpoint: str) -> str:
     """The PUB endpoint that goes with a ROUTER endpoint (``.sock`` -> ``-events.sock``, port + 1)."""
     if endpoint.startswith("ipc://"):

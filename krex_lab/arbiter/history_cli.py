@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import paths, protocol
+from .. import discovery, paths, protocol
 from ..errors import ArbiterUnavailable, KrexError, fail_as_json
 from ..region_report import RegionReport
 
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
         raise KrexError("--by groups --usage: give --usage too")
     if args.usage and since is None:
         since = week_start()
-    endpoint = paths.default_endpoint()  # the arbiter `krex status` finds, this user's lab's
+    endpoint = discovery.default_endpoint()  # the arbiter `krex status` finds, this user's lab's
     try:
         try:
             result = _query(args, since, endpoint)

@@ -230,9 +230,9 @@ def test_a_terminal_of_another_session_finds_the_labs_record(tmp_path: Path, mon
             xdg.mkdir(mode=0o700)
             monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
             assert paths.runtime_dir() != lab_dir
-            assert paths.default_endpoint() == arb.endpoint
+            assert discovery.default_endpoint() == arb.endpoint
         finally:
             record.unlink()
-        assert paths.default_endpoint() == f"ipc://{xdg / 'krex' / 'arbiter.sock'}"
+        assert discovery.default_endpoint() == f"ipc://{xdg / 'krex' / 'arbiter.sock'}"
     finally:
         arb.stop()
