@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from .errors import KrexError
+from .errors import KrexError, fail_as_json
 
 #: an application subcommand's entry point: ``main(argv)`` of a traitlets application
 AppMain = Callable[[list[str]], None]
@@ -173,9 +173,7 @@ def _status(args: argparse.Namespace) -> int:
         if not args.json:
             raise
         # Whoever asked for JSON parses stdout: the failure is JSON too (and the exit code says it).
-        print(json.dumps({"error": str(exc), "type": type(exc).__name__}, indent=2))
-        print(f"krex status: {exc}", file=sys.stderr)
-        return 1
+        return fail_as_json("krex status", exc)
     print(json.dumps(table, indent=2) if args.json else format_table(table))
     return 0
 

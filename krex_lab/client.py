@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import devsync, paths, protocol
+from . import devsync, discovery, paths, protocol
 from .connection import REQUEST_TIMEOUT, Connection, fetch_ticket, hello, status
 from .errors import KrexError, LeaseExpired, RegionCancelled, RegionRevoked
 from .region_report import RegionReport
-from .wait_notice import WaitNotice
+from .wait_notice import WaitNotice, mark_cell_stderr
 
 __all__ = [
     "REQUEST_TIMEOUT",
@@ -62,7 +62,7 @@ class Session:
         control: bool = True,
         via_ticket: str = "",
     ) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         self.name, self.role = name, role
         self.pid = pid or os.getpid()
         self.owner_pid = os.getpid()
@@ -214,6 +214,7 @@ def attach(
         first = _live(_default)
         if first is None:
             _others.clear()  # a closed first session, or a forked child's inherited ones
+            mark_cell_stderr()  # in a notebook: the processes it starts keep their waits to one line
             _default = Session(gpu=gpu, name=name, role=role, endpoint=endpoint, via_ticket=via_ticket)
             return _default
         if gpu is None or gpu == first.gpu:

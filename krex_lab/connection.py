@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from . import paths, protocol
+from . import discovery, paths, protocol
 from .errors import ArbiterUnavailable, PermissionDenied, ProtocolError, RegionCancelled, error_from_wire
 from .peercred import listener_credentials, peer_credentials
 
@@ -30,6 +30,8 @@ def start_hint(endpoint: str) -> str:
     is not the user's to start: say whom to ask. Otherwise: how to start one's own."""
     path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
     node = bool(endpoint) and endpoint == os.environ.get("KREX_NODE_ENDPOINT")
+    # A kernel (or its dashboard) of a lab that joined the node's arbiter: the lab says so.
+    node = node or (os.environ.get("KREX_ARBITER_KIND") == "node" and endpoint == os.environ.get(paths.ENDPOINT_ENV))
     if path and not node:
         try:
             node = os.stat(os.path.dirname(path) or ".").st_uid != os.geteuid()
@@ -38,7 +40,8 @@ def start_hint(endpoint: str) -> str:
     if node:
         return (
             "It is the node's arbiter, run by the administrator (on a JupyterHub, the hub's "
-            "krex-arbiter service): ask them to start it, then run this again."
+            "krex-arbiter service): its supervisor normally restarts it within seconds; if it "
+            "stays down, ask them to start it, then run this again."
         )
     return f"Start one with `krex arbiter` (or `make lab`), or point {paths.ENDPOINT_ENV} at a running one."
 
@@ -69,7 +72,7 @@ class Connection:
     """One DEALER socket to the arbiter, used by one thread at a time."""
 
     def __init__(self, endpoint: str | None = None) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         if self.endpoint.startswith("ipc://"):
             _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)

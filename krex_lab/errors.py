@@ -140,3 +140,14 @@ def error_from_wire(type_name: str, message: str, traceback: str | None = None) 
     """The exception an error reply stands for (unknown names fall back to :class:`KrexError`)."""
     cls = _BY_NAME.get(type_name, KrexError)
     return cls(message, traceback) if issubclass(cls, RemoteError) else cls(message)
+
+
+def fail_as_json(prog: str, exc: BaseException) -> int:
+    """How a ``--json`` command fails: its parser reads JSON on stdout either way (an ``error``
+    field), a person reads the line on stderr; the exit code is 1."""
+    import json
+    import sys
+
+    print(json.dumps({"error": str(exc), "type": type(exc).__name__}, indent=2))
+    print(f"{prog}: {exc}", file=sys.stderr)
+    return 1

@@ -346,7 +346,10 @@ def _exit_with(pid: int) -> None:
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from .wait_notice import mark_cell_stderr
+
     ipython.register_magics(KrexMagics)
+    mark_cell_stderr()  # the processes this kernel starts say their waits in one line of the cell
     owner = os.environ.get("KREX_EXIT_WITH", "")
     if owner.isdigit():
         threading.Thread(target=_exit_with, args=(int(owner),), name="krex-exit-with", daemon=True).start()

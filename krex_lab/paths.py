@@ -208,11 +208,6 @@ def open_private(path: Path, flags: int, mode: int = 0o600) -> int:
     return fd
 
 
-def default_endpoint() -> str:
-    """``KREX_ENDPOINT`` when set, else the ipc socket in the runtime directory."""
-    return os.environ.get(ENDPOINT_ENV) or f"ipc://{runtime_dir() / 'arbiter.sock'}"
-
-
 def events_endpoint(endpoint: str) -> str:
     """The PUB endpoint that goes with a ROUTER endpoint (``.sock`` -> ``-events.sock``, port + 1)."""
     if endpoint.startswith("ipc://"):

@@ -32,7 +32,7 @@ from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
 
-from . import paths, protocol
+from . import discovery, paths, protocol
 from .errors import KrexError
 
 log = logging.getLogger("krex.provisioner")
@@ -100,7 +100,7 @@ def place_kernel(kernel_id: str, env: dict[str, str]) -> dict[str, str]:
     """
     from .client import Connection
 
-    endpoint = env.get(paths.ENDPOINT_ENV) or paths.default_endpoint()
+    endpoint = env.get(paths.ENDPOINT_ENV) or discovery.default_endpoint()
     out = {"KREX_KERNEL_ID": kernel_id, paths.ENDPOINT_ENV: endpoint}
     try:
         conn = Connection(endpoint)

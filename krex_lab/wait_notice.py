@@ -10,6 +10,12 @@ How depends on where it goes, so that many waiters never flood a log:
 - on a terminal (stderr a TTY): one line, rewritten in place as the holder, the place or the hold
   time change, and replaced by ``krex: GPU 0 granted after 3.2 s`` at the grant;
 - in a notebook (an IPython kernel): one display, updated the same way (``display_id``);
+- in a process a notebook's kernel started (a background loop, ``subprocess.run``) whose stderr
+  is still the kernel's, which ipykernel forwards into the running cell: one line of that cell,
+  rewritten in place with carriage returns (as Jupyter renders them), and cleared at the grant.
+  Such a process is no kernel and its stderr no terminal, so without this it would take the
+  rule of a pipe and add two lines to the cell at every wait. The kernel tells its children
+  which stderr is the cell's (:func:`mark_cell_stderr`, ``KREX_CELL_STDERR``);
 - anywhere else (a pipe, a file, a worker's job output): at most one line per wait, plus one when
   it is granted.
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
 import threading
 import time
@@ -42,6 +49,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .paths import quiet
+
+#: set by a notebook's kernel for the processes it starts: the identity (``st_dev:st_ino``) of its
+#: stderr, the pipe ipykernel forwards into the running cell
+CELL_STDERR_ENV = "KREX_CELL_STDERR"
 
 #: seconds an acquire waits before the first line
 DELAY = 1.0
@@ -142,6 +153,58 @@ class _Display:
             self.handle.update({"text/plain": final}, raw=True)
 
 
+class _CellLine:
+    """A notebook cell's stderr, written by a process the kernel started: one line, rewritten in
+    place by carriage returns (no terminal escapes: Jupyter renders ``\\r``, not those), padded to
+    cover the longer line before it, and blanked at the end so that the next wait reuses it."""
+
+    def __init__(self) -> None:
+        self.width = 0
+
+    def _write(self, text: str) -> None:
+        self.width = max(self.width, len(text))
+        with contextlib.suppress(Exception):
+            sys.stderr.write("\r" + text.ljust(self.width))
+            sys.stderr.flush()
+
+    def show(self, line: str) -> None:
+        self._write(line)
+
+    def end(self, final: str | None) -> None:
+        if self.width:
+            self._write("")
+            with contextlib.suppress(Exception):
+                sys.stderr.write("\r")
+                sys.stderr.flush()
+
+
+def mark_cell_stderr() -> None:
+    """In a notebook's kernel whose stderr (fd 2) is the pipe ipykernel forwards into the cells,
+    tell the processes it starts (:data:`CELL_STDERR_ENV`): their waits then keep to one line there."""
+    # ipykernel forwards fd 2 only where it watches it (not under pytest, nor with
+    # capture_fd_output off: then fd 2 is the server's log, where a pipe's rule is right).
+    if not _in_a_kernel() or not getattr(sys.stderr, "_should_watch", False):
+        return
+    try:
+        st = os.fstat(2)
+    except OSError:
+        return
+    if stat.S_ISFIFO(st.st_mode):
+        os.environ[CELL_STDERR_ENV] = f"{st.st_dev}:{st.st_ino}"
+
+
+def _stderr_is_a_cell() -> bool:
+    """Whether this process's stderr is still the notebook cell's its kernel named."""
+    mark = os.environ.get(CELL_STDERR_ENV)
+    if not mark:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError):
+        return False  # redirected to something that is no file (a worker's job output)
+    return mark == f"{st.st_dev}:{st.st_ino}"
+
+
 def _in_a_kernel() -> bool:
     """Whether this process is an IPython kernel (a notebook's), whose stderr is a cell's output."""
     if "ipykernel" not in sys.modules:
@@ -182,11 +245,13 @@ class WaitNotice:
         self.lines: list[str] = []  # every line it showed (a terminal's or a display's rewrites too)
         self._lock = threading.Lock()  # the waiting thread's look, the drain's and the end
         self._stop = threading.Event()
-        self._out: _Lines | _Terminal | _Display
+        self._out: _Lines | _Terminal | _Display | _CellLine
         if write is not None:
             self._out = _Lines(write)
         elif _in_a_kernel():
             self._out = _Display()
+        elif _stderr_is_a_cell():
+            self._out = _CellLine()
         elif _stderr_is_a_tty():
             self._out = _Terminal()
         else:

@@ -214,3 +214,41 @@ def test_a_waiter_on_the_held_gpu_says_it_before_it_is_stopped(arbiter: ArbiterP
                 p.wait()
     assert said and said[0].startswith("krex: waiting for GPU 0: held by"), err
     assert said[0].endswith("you are 1st in the queue"), said
+
+
+CELL_CHILD = """
+import os, sys
+from krex_lab.wait_notice import CELL_STDERR_ENV, WaitNotice
+if sys.argv[1] == "cell":  # what a notebook's kernel says of its stderr, which this process inherited
+    st = os.fstat(2)
+    os.environ[CELL_STDERR_ENV] = f"{st.st_dev}:{st.st_ino}"
+else:  # the kernel's stderr was another file: this one is not the cell's
+    os.environ[CELL_STDERR_ENV] = "1:1"
+notice = WaitNotice(lambda: {}, 0, "s")
+print(type(notice._out).__name__, flush=True)
+notice._out.show("krex: waiting for GPU 0: held by bob (pid 4242); you are 2nd in the queue")
+notice._out.show("krex: waiting for GPU 0: held by ann; you are 1st in the queue")
+notice._out.end("krex: GPU 0 granted after 1.2 s")
+"""
+
+
+@pytest.mark.parametrize("where", ["cell", "elsewhere"])
+def test_a_notebook_kernels_child_rewrites_one_line_of_the_cell(where: str) -> None:
+    """A process whose stderr is still its notebook kernel's (ipykernel forwards it into the running
+    cell) rewrites one line there with carriage returns, blanked at the grant; any other stderr
+    keeps a pipe's rule."""
+    done = subprocess.run([sys.executable, "-c", CELL_CHILD, where], capture_output=True, timeout=60)
+    out, err = done.stdout.decode(), done.stderr.decode()  # bytes: text mode would turn \r into \n
+    assert done.returncode == 0, err
+    if where == "elsewhere":
+        assert out.strip() == "_Lines"
+        assert err.count("\n") == 2 and "\r" not in err, repr(err)
+        return
+    assert out.strip() == "_CellLine"
+    assert "\n" not in err and "\x1b" not in err, repr(err)
+    shown = ""
+    for part in err.split("\r"):  # as Jupyter renders it: each part rewrites the line
+        shown = part + shown[len(part) :]
+    assert shown.strip() == "", f"the line is blanked at the grant: {shown!r}"
+    second = err.split("\r")[2]
+    assert second.startswith("krex: waiting for GPU 0: held by ann") and second.endswith(" "), "padded over the first"

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import paths, protocol
-from ..errors import ArbiterUnavailable, KrexError
+from .. import discovery, paths, protocol
+from ..errors import ArbiterUnavailable, KrexError, fail_as_json
 from ..region_report import RegionReport
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -226,10 +226,10 @@ def format_usage(usage: dict[str, Any]) -> str:
 SYSTEM_DB = Path("/var/lib/krex/history.sqlite")
 
 
-def _query(args: argparse.Namespace, since: float | None) -> dict[str, Any]:
+def _query(args: argparse.Namespace, since: float | None, endpoint: str) -> dict[str, Any]:
     from ..client import Connection
 
-    conn = Connection()
+    conn = Connection(endpoint)
     try:
         request = protocol.History(
             limit=args.limit,
@@ -310,11 +310,16 @@ def run(args: argparse.Namespace) -> int:
         raise KrexError("--by groups --usage: give --usage too")
     if args.usage and since is None:
         since = week_start()
-    endpoint = os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{paths.runtime_dir(create=False) / 'arbiter.sock'}"
+    endpoint = discovery.default_endpoint()  # the arbiter `krex status` finds, this user's lab's
     try:
-        result = _query(args, since)
-    except ArbiterUnavailable:
-        result = read_database(args, since, endpoint)
+        try:
+            result = _query(args, since, endpoint)
+        except ArbiterUnavailable:
+            result = read_database(args, since, endpoint)
+    except KrexError as exc:
+        if not args.json:
+            raise
+        return fail_as_json("krex history", exc)  # as `krex status --json`'s
     if args.json:
         print(json.dumps(result if args.usage else result["rows"], indent=2))
     else:

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from .. import paths, protocol
+from .. import discovery, protocol
 from ..client import Connection, hello
 from ..errors import KrexError
 from .model import Event
@@ -44,7 +44,7 @@ class Feed:
         retry: float = 1.0,
         silence: float = 3.0,
     ) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         self.on_event = on_event
         self.on_tick = on_tick or (lambda: None)
         self.tick = tick

@@ -146,7 +146,6 @@ class KrexExtensionApp(ExtensionApp):
         self._keep_shipped_notebooks_clean()
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
-        self.log.info("KREX: %s, pool %s", self.services.arbiter_description, self.services.pool_endpoint)
         if self.stop_on_interrupt:
             self._stop_on_interrupt()
 

@@ -12,12 +12,12 @@ nothing heavy (the kernel side uses it).
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
-#: the node arbiter's endpoint: a root arbiter's runtime dir is /run/krex
-NODE_ENDPOINT = "ipc:///run/krex/arbiter.sock"
-#: overrides :data:`NODE_ENDPOINT` (``KrexExtensionApp.node_endpoint`` wins over both)
-NODE_ENDPOINT_ENV = "KREX_NODE_ENDPOINT"
+from ..discovery import NODE_ENDPOINT, NODE_ENDPOINT_ENV  # noqa: F401 - named here too
+
 #: exported by the server to its kernels: ``node``, ``embedded`` or ``user``
 KIND_ENV = "KREX_ARBITER_KIND"
 
@@ -46,6 +46,22 @@ def describe(kind: str, endpoint: str) -> str:
         who = "root" if uid in (0, None) else f"uid {uid}"
         return f"node arbiter ({who}, {endpoint})"
     return f"arbiter of this user ({endpoint})"
+
+
+def using_line(description: str, endpoint: str, info: dict[str, Any], log: str = "") -> tuple[int, str]:
+    """The server's one line on the arbiter it uses, and its log level: a warning for the fake
+    backend (simulated GPUs), said with how to change their number."""
+    from ..gpu import FAKE_GPUS
+
+    where = f"pid {info['pid']} at {endpoint}" + (f", log {log}" if log else "")
+    gpus = info.get("gpus")
+    if not info.get("simulated"):
+        return logging.INFO, f"using the {description}: {where}, backend {info.get('backend')}, {gpus} GPU(s)"
+    default = " (the default; krex lab --fake-gpus N to change)" if gpus == FAKE_GPUS else ""
+    return logging.WARNING, (
+        f"using the {description}: {where}, no GPU found: the FAKE backend with {gpus} SIMULATED "
+        f"GPU(s){default}: regions, freezing and placement are real, timings are not on a real GPU"
+    )
 
 
 def kind_of_current() -> str:

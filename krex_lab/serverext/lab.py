@@ -15,8 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-from .. import paths
-from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from ..gpu.vendors import backend_names
 
@@ -32,35 +30,6 @@ def jupyter_env(base: dict[str, str] | None = None) -> dict[str, str]:
             parts = [p for p in env.get(var, "").split(os.pathsep) if p and p != str(path)]
             env[var] = os.pathsep.join([str(path), *parts])
     return env
-
-
-def announce(backend: str, fake_gpus: int) -> str:
-    """One line saying which arbiter and backend the lab will use (the fake backend said loudly)."""
-    from ..client import hello
-
-    endpoint = os.environ.get(paths.ENDPOINT_ENV) or paths.default_endpoint()
-    try:
-        info = hello(endpoint, timeout=1.0)
-    except KrexError:
-        info = None
-    if info is not None:
-        kind = "FAKE backend, SIMULATED GPUs" if info.get("simulated") else f"backend {info.get('backend')}"
-        return f"krex lab: using the arbiter at {endpoint} (pid {info['pid']}): {info['gpus']} GPU(s), {kind}"
-    from ..gpu import make_backend
-
-    probe = make_backend(backend, fake_gpus, quiet=True)  # this line says it
-    try:
-        count, simulated, name = probe.gpu_count(), probe.simulated, probe.name
-    finally:
-        probe.close()
-    if simulated:
-        default = " (the default)" if count == FAKE_GPUS else ""
-        return (
-            f"krex lab: no GPU found - the embedded arbiter uses the FAKE backend with {count} SIMULATED "
-            f"GPU{'' if count == 1 else 's'}{default}, --fake-gpus N to change: regions, freezing and "
-            "placement are real, timings are not on a real GPU"
-        )
-    return f"krex lab: the embedded arbiter will manage {count} GPU(s) with the {name} backend"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def launch(args: argparse.Namespace) -> int:
     """Replace this process with JupyterLab (``args`` from :func:`add_arguments`)."""
     rest: list[str] = list(args.jupyterlab_args)
-    print(announce(args.backend, args.fake_gpus), file=sys.stderr, flush=True)
+    # Nothing is said here of the arbiter: the server says which it uses, once, when it has found
+    # it (the node's, this user's, or an embedded one; with the FAKE backend loudly).
     cmd = [
         sys.executable,
         "-m",

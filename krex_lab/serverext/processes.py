@@ -11,6 +11,7 @@ the server itself is killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import os
@@ -27,10 +28,11 @@ from typing import IO, Any
 
 import psutil
 
-from .. import paths
+from .. import discovery, paths
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from . import arbiter_kind
+from .arbiter_watch import ArbiterWatch, gone_message, replaceable
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -73,7 +75,7 @@ class ManagedProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, say: bool = True) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held while the process runs
         os.chmod(self.log_path, 0o600)
@@ -86,7 +88,8 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+        if say:
+            self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
     @property
     def pid(self) -> int | None:
@@ -181,10 +184,19 @@ class Services:
         self._saved_env: dict[str, str | None] = {}
         self._stopped = False
         self._restarts: dict[str, int] = {}
+        #: this server's record of the arbiter it uses, for the `krex` commands of this user (discovery)
+        self.record: Path | None = None
+        self._watch: ArbiterWatch | None = None
+        self._gone_problem = ""
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         o = self.options
+        try:  # before KREX_RUNTIME_DIR is exported (a private runtime's): where `krex` looks
+            record_dir: Path | None = discovery.record_dir()
+        except (OSError, KrexError) as exc:
+            record_dir = None
+            self.log.warning("KREX: the `krex` commands of this user will not find this server's arbiter: %s", exc)
         explicit = o.endpoint or os.environ.get(paths.ENDPOINT_ENV) or ""
         candidates: list[tuple[str, str]] = []  # (endpoint, kind) in the order they are tried
         if explicit:
@@ -193,37 +205,29 @@ class Services:
         else:
             if o.node_endpoint:
                 candidates.append((o.node_endpoint, "node"))
-            own = paths.default_endpoint()
+            own = discovery.own_endpoint()
             if own != o.node_endpoint:
                 candidates.append((own, "user"))
         for endpoint, kind in candidates:
             info = self._probe(endpoint, 1.0)
             if info is not None:
                 self.endpoint, self.kind, self.info = endpoint, kind, info
-                self.log.info(
-                    "KREX: using the %s (pid %s, backend %s)",
-                    self.arbiter_description,
-                    info["pid"],
-                    info.get("backend"),
-                )
+                self._say_using()
+                self._watch = ArbiterWatch(endpoint, self._probe)
                 break
         else:
             self.endpoint = explicit
             if o.embedded:
                 self._start_arbiter()
             else:
-                self.endpoint = explicit or o.node_endpoint or paths.default_endpoint()
+                self.endpoint = explicit or o.node_endpoint or discovery.own_endpoint()
                 self.kind = "node" if self.endpoint == o.node_endpoint else "user"
                 self._problem(
                     f"no KREX arbiter answers at {' or '.join(e for e, _ in candidates)} and the embedded one "
                     "is off (KrexExtensionApp.embedded): kernels start without a GPU placement"
                 )
-        if self.info.get("simulated"):
-            self.log.warning(
-                "KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
-                "(timings are not protected on any real device)",
-                self.info.get("gpus"),
-            )
+        if record_dir is not None:
+            self._write_record(record_dir)
         self._export(paths.ENDPOINT_ENV, self.endpoint)
         self._export(arbiter_kind.KIND_ENV, self.kind)
         if self.private_runtime is not None:
@@ -234,6 +238,17 @@ class Services:
         self._export(paths.POOL_ENDPOINT_ENV, self.pool_endpoint)
         if o.start_pool:
             self.start_pool()
+
+    def _say_using(self, log: str = "") -> None:
+        """The one line that says which arbiter this server uses (and, loudly, a simulated GPU)."""
+        level, line = arbiter_kind.using_line(self.arbiter_description, self.endpoint, self.info, log)
+        self.log.log(level, "KREX: %s", line)
+
+    def _write_record(self, directory: Path) -> None:
+        try:
+            self.record = discovery.write_lab_record(directory, self.endpoint, self.kind)
+        except OSError as exc:
+            self.log.warning("KREX: the `krex` commands of this user will not find this server's arbiter: %s", exc)
 
     @property
     def arbiter_description(self) -> str:
@@ -296,7 +311,7 @@ class Services:
         self.arbiter = ManagedProcess(
             "embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log", self.log
         )
-        self.arbiter.start()
+        self.arbiter.start(say=False)  # said with what it is, once it answers
         self.endpoint = endpoint
         self.kind = "embedded"
         info = self._wait_ready(self.arbiter, lambda: self._probe(endpoint, 0.5))
@@ -304,14 +319,7 @@ class Services:
             self._problem(f"the embedded arbiter did not answer at {endpoint}:\n{self.arbiter.log_tail()}")
             return
         self.info = info
-        self.log.info(
-            "KREX: using the %s: pid %s at %s, backend %s, %s GPU(s)",
-            self.arbiter_description,
-            info["pid"],
-            endpoint,
-            info.get("backend"),
-            info.get("gpus"),
-        )
+        self._say_using(str(self.arbiter.log_path))
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
         deadline = time.monotonic() + self.options.startup_timeout
@@ -357,6 +365,8 @@ class Services:
         ``MAX_RESTARTS`` times each: a child that keeps dying is reported, not looped on)."""
         if self._stopped:
             return
+        if self._watch is not None:
+            self._check_joined(self._watch)
         for name, child in (("arbiter", self.arbiter), ("pool", self.pool)):
             if child is None or child.alive() or self._restarts.get(name, 0) >= MAX_RESTARTS:
                 continue
@@ -384,6 +394,42 @@ class Services:
                 self._start_arbiter()
             else:
                 self.start_pool()
+
+    def _check_joined(self, watch: ArbiterWatch) -> None:
+        """The arbiter this server joined (not its own): replace it when it is this user's own and
+        gone, else say loudly when it is gone, and when it is back (arbiter_watch says why)."""
+        change = watch.check()
+        runtime = self._runtime()
+        if (
+            watch.lost_since is not None
+            and self.options.embedded
+            and replaceable(self.kind, self.endpoint, runtime, _lock_held)
+        ):
+            self.log.warning(
+                "KREX: the %s is gone: this server starts its embedded arbiter in its place, at the same endpoint",
+                self.arbiter_description,
+            )
+            self._watch = None
+            if self._gone_problem in self.problems:
+                self.problems.remove(self._gone_problem)
+            self._start_arbiter()
+            self._export(arbiter_kind.KIND_ENV, self.kind)
+            if self.record is not None:
+                self._write_record(self.record.parent)
+            return
+        if change == "gone":
+            self._gone_problem = gone_message(self.arbiter_description, self.endpoint, self.kind)
+            self.problems.append(self._gone_problem)
+            self.log.error("KREX: %s", self._gone_problem)
+        elif change == "back":
+            info = self._probe(self.endpoint, 2.0)
+            if self._gone_problem in self.problems:
+                self.problems.remove(self._gone_problem)
+            self.log.warning(
+                "KREX: the %s is back (pid %s): regions are granted again",
+                self.arbiter_description,
+                info["pid"] if info else "?",
+            )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -436,6 +482,9 @@ class Services:
                 self.log.info("KREX: removed the stale socket %s", path)
             except OSError as exc:
                 self.log.warning("KREX: could not remove the stale socket %s: %s", path, exc)
+        if self.record is not None:
+            with contextlib.suppress(OSError):
+                self.record.unlink()
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -87,6 +87,13 @@ def test_without_arbiter_or_database_it_says_both(runtime: Path) -> None:
     proc = _cli(runtime, "--db", str(runtime / "history.sqlite"))
     assert proc.returncode == 1
     assert "no KREX arbiter answers" in proc.stderr and "there is no history database" in proc.stderr
+    assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+    # Whoever asked for JSON parses stdout: the failure is JSON there too, as `krex status --json`'s.
+    for args in (["--json"], ["--usage", "--json"]):
+        proc = _cli(runtime, "--db", str(runtime / "history.sqlite"), *args)
+        assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+        failure = json.loads(proc.stdout)
+        assert "there is no history database" in failure["error"] and failure["type"] == "KrexError", failure
 
 
 def _as_nobody(runtime: Path, *args: str) -> tuple[int, str, str]:
@@ -107,8 +114,8 @@ def test_another_user_reads_only_their_own_regions_and_only_when_the_file_lets_t
     db = runtime / "history.sqlite"
     assert db.stat().st_mode & 0o777 == 0o600
     code, out, err = _as_nobody(runtime, "--json")
-    assert code == 1 and out == ""
-    assert f"its history database {db} (uid 0's, mode 0600) is not readable by you (uid {NOBODY})" in err
+    refusal = f"its history database {db} (uid 0's, mode 0600) is not readable by you (uid {NOBODY})"
+    assert code == 1 and refusal in json.loads(out)["error"] and refusal in err
     db.chmod(0o644)  # an administrator let everyone read it
     code, out, err = _as_nobody(runtime, "--json")
     assert code == 0, err

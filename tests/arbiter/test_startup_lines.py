@@ -87,12 +87,16 @@ def test_lab_and_arbiter_share_one_default_said_at_start_up(tmp_path: Path) -> N
     assert len(start) == 1 and f"{default} simulated GPUs (the default" in start[0], lines
 
 
-def test_lab_announces_the_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from krex_lab.serverext.lab import announce
+def test_lab_says_the_simulated_default() -> None:
+    """`krex lab`'s one line on the arbiter it uses names the simulated GPUs' default, loudly."""
+    import logging
 
-    monkeypatch.setenv("KREX_ENDPOINT", f"ipc://{tmp_path / 'nobody.sock'}")
-    line = announce("fake", gpu.FAKE_GPUS)
-    assert f"{gpu.FAKE_GPUS} SIMULATED GPUs (the default" in line and "--fake-gpus" in line, line
+    from krex_lab.serverext.arbiter_kind import using_line
+
+    info = {"pid": 42, "gpus": gpu.FAKE_GPUS, "simulated": True, "backend": "fake"}
+    level, line = using_line("embedded arbiter (this server's own)", "ipc:///x/arbiter.sock", info)
+    assert level == logging.WARNING
+    assert f"{gpu.FAKE_GPUS} SIMULATED GPU(s) (the default" in line and "--fake-gpus" in line, line
 
 
 def test_a_second_arbiter_says_one_line_and_fails(tmp_path: Path) -> None:

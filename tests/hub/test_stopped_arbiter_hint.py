@@ -24,6 +24,19 @@ def test_a_hub_users_node_arbiter_is_the_administrators(tmp_path: Path, monkeypa
     assert "make lab" not in text
 
 
+def test_a_lab_kernels_node_arbiter_is_the_administrators(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel (and its dashboard) of a lab that joined the node's arbiter, which then went away."""
+    endpoint = f"ipc://{tmp_path}/arbiter.sock"  # a directory of this user's: only the lab's word says "node"
+    monkeypatch.delenv("KREX_NODE_ENDPOINT", raising=False)
+    monkeypatch.setenv("KREX_ENDPOINT", endpoint)  # what the lab exports to its kernels
+    monkeypatch.setenv("KREX_ARBITER_KIND", "node")
+    with pytest.raises(ArbiterUnavailable) as exc:
+        status(endpoint, timeout=1.0)
+    text = str(exc.value)
+    assert "run by the administrator" in text and "restarts it within seconds" in text, text
+    assert "make lab" not in text
+
+
 def test_another_users_directory_is_a_node_arbiter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KREX_NODE_ENDPOINT", raising=False)
     node = tmp_path / "node"

@@ -24,14 +24,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from ... import client, paths
+from ... import client, discovery
 
 log = logging.getLogger("krex.pool")
 
 
 class GateWatcher:
     def __init__(self, endpoint: str | None, on_change: Callable[[], None], resync: float = 2.0) -> None:
-        self.endpoint = endpoint or paths.default_endpoint()
+        self.endpoint = endpoint or discovery.default_endpoint()
         self.on_change = on_change
         self.resync = resync
         self.info: dict[str, Any] | None = None

@@ -34,7 +34,7 @@ from typing import Any
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ... import __version__, paths
+from ... import __version__, discovery
 from ...application import KrexApplication
 from ...errors import KrexError
 from ...rpc_server import DEFERRED, Peer, Service, lock_holder
@@ -157,7 +157,7 @@ class Pool(LoggingConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.bound = self.endpoint or default_endpoint()
-        self.arbiter_endpoint = self.arbiter or paths.default_endpoint()
+        self.arbiter_endpoint = self.arbiter or discovery.default_endpoint()
         self.started = time.time()
         self.backend: dict[str, Any] = {"backend": "unknown", "simulated": True}
         self.gpu_uuids: dict[int, str] = {}
