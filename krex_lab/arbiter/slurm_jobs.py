@@ -22,14 +22,24 @@ import os
 import re
 from pathlib import Path
 
+import msgspec
+
 from .. import paths
 
 log = logging.getLogger("krex.slurm")
 
 #: the directory of the prolog's job records, inside the arbiter's runtime dir
 JOBS_DIR = "slurm-jobs"
-#: the session fields a Slurm job adds (to ``krex status``, region reports and the history)
-FIELDS = ("slurm_job", "slurm_step", "account")
+
+
+class SlurmJob(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The Slurm job a session runs in, as its status rows and region reports carry it (flat, beside
+    the row's own fields: an encoded row of a session in no job has none of them)."""
+
+    slurm_job: str | None = None
+    slurm_step: str | None = None
+    account: str | None = None
+
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,8})?$")  # 1234 or an array task's 1234_7
 _CGROUP = re.compile(r"/job_([0-9]{1,12})/step_([A-Za-z0-9_.-]{1,32})")
@@ -96,11 +106,11 @@ class SlurmJobs:
                 return None
         return data if isinstance(data, dict) else None
 
-    def job_of(self, pid: int, uid: int) -> dict[str, str]:
-        """The Slurm fields of a session of ``uid`` whose process is ``pid`` (empty: none)."""
+    def job_of(self, pid: int, uid: int) -> SlurmJob:
+        """The Slurm job of a session of ``uid`` whose process is ``pid`` (every field None: none)."""
         claim = self.claimed(pid)
         if claim is None:
-            return {}
+            return SlurmJob()
         job, step = claim
         rec = self.record(job)
         if rec is None or rec.get("uid") != uid:
@@ -111,5 +121,5 @@ class SlurmJobs:
                 uid,
                 job,
             )
-            return {}
-        return {"slurm_job": job, "slurm_step": step, "account": str(rec.get("account") or "")}
+            return SlurmJob()
+        return SlurmJob(slurm_job=job, slurm_step=step, account=str(rec.get("account") or ""))
