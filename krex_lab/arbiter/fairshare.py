@@ -23,19 +23,8 @@ import math
 import time
 from collections.abc import Sequence
 
-import msgspec
-
 from .region import Region
-
-
-class ShareRow(msgspec.Struct, kw_only=True):
-    """One user's fair-share charge, as ``krex status`` lists it."""
-
-    uid: int
-    user: str
-    #: hold plus each region's cost to the others, decayed (seconds)
-    charged_s: float
-    regions: int
+from .status import ShareRow
 
 
 class FairShare:

@@ -38,7 +38,7 @@ import msgspec
 
 from .. import paths, protocol
 from ..errors import ArbiterUnavailable, KrexError
-from .history import HistoryRow, Recent, RecentView, Usage, UsageRow, usage_of
+from .history import ACCOUNT, GPU, USAGE_KEYS, USER, HistoryRow, Recent, RecentView, Usage, UsageRow, usage_of
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usage", action="store_true", help="GPU-hours held per user and per GPU since T")
     parser.add_argument(
         "--by",
-        choices=("user", "gpu", "job", "account"),
+        choices=tuple(k for k in USAGE_KEYS if "," not in k),  # user, gpu, job, account
         default="",
         help="with --usage: one table grouped by user, GPU, Slurm job (with its user and account) or "
         "Slurm account (jobs and accounts: an arbiter run with --slurm)",
@@ -177,10 +177,10 @@ def format_rows(rows: list[HistoryRow]) -> str:
 
 #: the columns of a ``--usage --by`` table: the group's keys
 _BY_COLUMNS: dict[str, tuple[tuple[str, Callable[[UsageRow], object]], ...]] = {
-    "user": (("USER", lambda g: g.user),),
-    "gpu": (("GPU", lambda g: g.gpu),),
+    USER: (("USER", lambda g: g.user),),
+    GPU: (("GPU", lambda g: g.gpu),),
     "job": (("JOB", lambda g: g.slurm_job), ("USER", lambda g: g.user), ("ACCOUNT", lambda g: g.account)),
-    "account": (("ACCOUNT", lambda g: g.account),),
+    ACCOUNT: (("ACCOUNT", lambda g: g.account),),
 }
 
 

@@ -16,7 +16,6 @@ The records live in files, not in the arbiter's memory, so that they outlive an 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -38,6 +37,13 @@ class SlurmJob(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     slurm_job: str | None = None
     slurm_step: str | None = None
+    account: str | None = None
+
+
+class JobRecord(msgspec.Struct):
+    """What the prolog records of a job it admitted: whose it is and its account."""
+
+    uid: int | None = None
     account: str | None = None
 
 
@@ -93,18 +99,17 @@ class SlurmJobs:
             return None
         return job, env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "batch"
 
-    def record(self, job: str) -> dict[str, object] | None:
-        """The prolog's record of ``job`` (None: none, or one that is not root's own file)."""
+    def record(self, job: str) -> JobRecord | None:
+        """The prolog's record of ``job`` (None: none, one that is not root's own file, or not a record)."""
         try:
             fd = paths.open_private(record_path(self.root, job), os.O_RDONLY)
         except (ValueError, OSError, paths.UnsafePath):
             return None
         with os.fdopen(fd, "rb") as f:
             try:
-                data = json.loads(f.read(65536))
-            except ValueError:
+                return msgspec.json.decode(f.read(65536), type=JobRecord)
+            except msgspec.DecodeError:  # not JSON, or not a record (a ValidationError is one)
                 return None
-        return data if isinstance(data, dict) else None
 
     def job_of(self, pid: int, uid: int) -> SlurmJob:
         """The Slurm job of a session of ``uid`` whose process is ``pid`` (every field None: none)."""
@@ -113,7 +118,7 @@ class SlurmJobs:
             return SlurmJob()
         job, step = claim
         rec = self.record(job)
-        if rec is None or rec.get("uid") != uid:
+        if rec is None or rec.uid != uid:
             log.warning(
                 "process %d (uid %d) says it runs in Slurm job %s, which the prolog did not admit for "
                 "that uid: recorded without a job",
@@ -122,4 +127,4 @@ class SlurmJobs:
                 job,
             )
             return SlurmJob()
-        return SlurmJob(slurm_job=job, slurm_step=step, account=str(rec.get("account") or ""))
+        return SlurmJob(slurm_job=job, slurm_step=step, account=rec.account or "")

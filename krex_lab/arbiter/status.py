@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..gpu.base import Capabilities, GpuInfo
-from ..regions.gate import Gate
-from .fairshare import ShareRow
-from .scheduler import Scheduler
-from .sessions import SessionRow, SessionTable
+from ..gpu.base import Capabilities
+from ..region_report import RegionReport
+from .sessions import SessionRow
 from .slurm_jobs import SlurmJob
+
+if TYPE_CHECKING:
+    from ..gpu.base import GpuInfo
+    from ..regions.gate import Gate
+    from .scheduler import Scheduler
+    from .sessions import SessionTable
 
 
 class HolderRow(SlurmJob, kw_only=True, omit_defaults=True):
@@ -66,8 +70,9 @@ class GpuRow(msgspec.Struct, kw_only=True):
     queue: list[QueueRow] = []
     #: the viewer's sessions (every session, for an admin or on an open arbiter)
     sessions: list[SessionRow] = []
-    #: user -> how many sessions of theirs a private view left out (None: a full view)
-    other_sessions: dict[str, int] | None = None
+    #: user -> how many sessions of theirs a private view left out (unset, and not encoded, in a
+    #: full view: a reader tells the views apart by its presence)
+    other_sessions: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ArbiterRow(msgspec.Struct, kw_only=True):
@@ -93,6 +98,16 @@ class ArbiterRow(msgspec.Struct, kw_only=True):
     sessions: int = 0
 
 
+class ShareRow(msgspec.Struct, kw_only=True):
+    """One user's fair-share charge, as ``krex status`` lists it."""
+
+    uid: int
+    user: str
+    #: hold plus each region's cost to the others, decayed (seconds)
+    charged_s: float
+    regions: int
+
+
 class NodeStatus(msgspec.Struct, kw_only=True):
     """The node's table (``krex status``): the arbiter, every GPU, and each user's fair-share charge."""
 
@@ -106,6 +121,26 @@ class NodeStatus(msgspec.Struct, kw_only=True):
         """The table itself, or decoded from its JSON form (what the arbiter's Status request
         answers); a malformed one raises ``msgspec.ValidationError``."""
         return table if isinstance(table, NodeStatus) else msgspec.convert(table, cls, strict=False)
+
+
+class GpuProcessRow(msgspec.Struct, kw_only=True):
+    """A process on a GPU and its memory, as a telemetry event lists it (NVML's; none on the fake backend)."""
+
+    gpu: int
+    pid: int
+    used_memory: int | None = None
+
+
+class Telemetry(NodeStatus, kw_only=True):
+    """A ``krex.telemetry`` event: the node table (as a subscriber may see it), the event's
+    number and period, the GPU processes' memory and the last finished regions."""
+
+    seq: int = 0
+    #: seconds between telemetry events
+    interval: float = 0.0
+    #: None where the event carries none (a snapshot of the table alone)
+    processes: list[GpuProcessRow] | None = None
+    regions: list[RegionReport] = []
 
 
 def node_table(
