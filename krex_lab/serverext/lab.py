@@ -36,16 +36,19 @@ def jupyter_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def announce(backend: str, fake_gpus: int) -> str:
     """One line saying which arbiter and backend the lab will use (the fake backend said loudly)."""
+    import msgspec
+
+    from .. import protocol
     from ..client import hello
 
     endpoint = os.environ.get(paths.ENDPOINT_ENV) or paths.default_endpoint()
     try:
-        info = hello(endpoint, timeout=1.0)
+        info = msgspec.convert(hello(endpoint, timeout=1.0), protocol.Info, strict=False)
     except KrexError:
         info = None
     if info is not None:
-        kind = "FAKE backend, SIMULATED GPUs" if info.get("simulated") else f"backend {info.get('backend')}"
-        return f"krex lab: using the arbiter at {endpoint} (pid {info['pid']}): {info['gpus']} GPU(s), {kind}"
+        kind = "FAKE backend, SIMULATED GPUs" if info.simulated else f"backend {info.backend}"
+        return f"krex lab: using the arbiter at {endpoint} (pid {info.pid}): {info.gpus} GPU(s), {kind}"
     from ..gpu import make_backend
 
     probe = make_backend(backend, fake_gpus, quiet=True)  # this line says it

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
 import psutil
 
-from .. import paths
+from .. import paths, protocol
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from . import arbiter_kind
@@ -154,6 +155,22 @@ def pool_available() -> bool:
         return False
 
 
+class ServicesInfo(msgspec.Struct, kw_only=True):
+    """This server's KREX services, as ``/krex/api/status`` shows them (``server``)."""
+
+    endpoint: str
+    #: which arbiter: "node", "embedded" or "user" (see arbiter_kind)
+    arbiter: str
+    arbiter_description: str
+    pool_endpoint: str
+    #: the embedded arbiter's pid while it runs
+    embedded_arbiter: int | None
+    #: the pool's pid while it runs
+    pool: int | None
+    pool_installed: bool
+    problems: list[str]
+
+
 class Services:
     """Finds or starts the arbiter, starts the pool, exports the endpoints; :meth:`stop` undoes it."""
 
@@ -161,7 +178,7 @@ class Services:
         self,
         options: Options,
         logger: Logger | None = None,
-        hello: Callable[[str, float], dict[str, Any]] | None = None,
+        hello: Callable[[str, float], object] | None = None,
     ) -> None:
         from ..client import hello as client_hello
 
@@ -174,7 +191,8 @@ class Services:
         self.private_runtime: Path | None = None
         self.arbiter: ManagedProcess | None = None
         self.pool: ManagedProcess | None = None
-        self.info: dict[str, Any] = {}
+        #: who the arbiter in use is (None: none answered)
+        self.info: protocol.Info | None = None
         #: which arbiter this server uses: "node", "embedded" or "user" (see arbiter_kind)
         self.kind = "user"
         self.problems: list[str] = []
@@ -203,8 +221,8 @@ class Services:
                 self.log.info(
                     "KREX: using the %s (pid %s, backend %s)",
                     self.arbiter_description,
-                    info["pid"],
-                    info.get("backend"),
+                    info.pid,
+                    info.backend,
                 )
                 break
         else:
@@ -218,11 +236,11 @@ class Services:
                     f"no KREX arbiter answers at {' or '.join(e for e, _ in candidates)} and the embedded one "
                     "is off (KrexExtensionApp.embedded): kernels start without a GPU placement"
                 )
-        if self.info.get("simulated"):
+        if self.info is not None and self.info.simulated:
             self.log.warning(
                 "KREX: the arbiter uses the FAKE backend: %s SIMULATED GPU(s), no real GPU "
                 "(timings are not protected on any real device)",
-                self.info.get("gpus"),
+                self.info.gpus,
             )
         self._export(paths.ENDPOINT_ENV, self.endpoint)
         self._export(arbiter_kind.KIND_ENV, self.kind)
@@ -246,9 +264,9 @@ class Services:
         """A root-owned listener seen by a non-root server: the node's arbiter."""
         return os.geteuid() != 0 and arbiter_kind.listener_uid(endpoint) == 0
 
-    def _probe(self, endpoint: str, timeout: float) -> dict[str, Any] | None:
+    def _probe(self, endpoint: str, timeout: float) -> protocol.Info | None:
         try:
-            return self._hello(endpoint, timeout)
+            return msgspec.convert(self._hello(endpoint, timeout), protocol.Info, strict=False)
         except KrexError:
             return None
 
@@ -307,10 +325,10 @@ class Services:
         self.log.info(
             "KREX: using the %s: pid %s at %s, backend %s, %s GPU(s)",
             self.arbiter_description,
-            info["pid"],
+            info.pid,
             endpoint,
-            info.get("backend"),
-            info.get("gpus"),
+            info.backend,
+            info.gpus,
         )
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
@@ -385,17 +403,17 @@ class Services:
             else:
                 self.start_pool()
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.endpoint,
-            "arbiter": self.kind,
-            "arbiter_description": self.arbiter_description,
-            "pool_endpoint": self.pool_endpoint,
-            "embedded_arbiter": self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
-            "pool": self.pool.pid if self.pool and self.pool.alive() else None,
-            "pool_installed": pool_available(),
-            "problems": list(self.problems),
-        }
+    def describe(self) -> ServicesInfo:
+        return ServicesInfo(
+            endpoint=self.endpoint,
+            arbiter=self.kind,
+            arbiter_description=self.arbiter_description,
+            pool_endpoint=self.pool_endpoint,
+            embedded_arbiter=self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
+            pool=self.pool.pid if self.pool and self.pool.alive() else None,
+            pool_installed=pool_available(),
+            problems=list(self.problems),
+        )
 
     @property
     def stopped(self) -> bool:
