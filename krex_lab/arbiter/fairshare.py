@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from .region import Region
+from .status import ShareRow
 
 
 class FairShare:
@@ -78,16 +78,16 @@ class FairShare:
                 region.passed += 1
         return chosen
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[ShareRow]:
         """Each user's charge now, most first (``krex status``)."""
         now = time.monotonic()
         rows = [
-            {
-                "uid": uid,
-                "user": self._names.get(uid, str(uid)),
-                "charged_s": round(self.usage(uid, now), 3),
-                "regions": self._regions.get(uid, 0),
-            }
+            ShareRow(
+                uid=uid,
+                user=self._names.get(uid, str(uid)),
+                charged_s=round(self.usage(uid, now), 3),
+                regions=self._regions.get(uid, 0),
+            )
             for uid in self._usage
         ]
-        return sorted(rows, key=lambda r: -r["charged_s"])
+        return sorted(rows, key=lambda r: -r.charged_s)

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             except (OSError, KrexError) as exc:
                 log.error("journal %s not replayed: %s", journal, exc)
                 raise SystemExit(2) from None
-            if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")) or summary["errors"]:
+            if summary.undid or summary.errors:
                 log.warning("arbiter %d died inside a region; undone: %s", args.pid, summary)
     finally:
         if args.core_lock_fd >= 0:

@@ -16,7 +16,6 @@ files, which it creates with the database's mode, get the same checks when they 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import queue
@@ -24,8 +23,6 @@ import sqlite3
 import stat
 import threading
 import time
-import types
-import typing
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -34,156 +31,91 @@ from typing import Any
 import msgspec
 
 from .. import paths
-from ..region_report import RegionReport, field_info
+from ..region_report import RegionReport
+from .history_schema import (
+    ACCOUNT,
+    GPU,
+    HOLD,
+    MIGRATIONS,
+    OWN_COLUMNS,
+    REGION,
+    RELEASED,
+    SCHEMA_VERSION,
+    SLURM_JOB,
+    UID,
+    USER,
+    HistoryRow,
+    SqlValue,
+    columns,
+    insert_columns,
+    migrate,
+    row_of,
+    row_view,
+)
+
+__all__ = [
+    "MIGRATIONS",
+    "OWN_COLUMNS",
+    "SCHEMA_VERSION",
+    "USAGE_KEYS",
+    "HistoryRow",
+    "RegionHistory",
+    "Usage",
+    "UsageRow",
+    "columns",
+]
 
 log = logging.getLogger("krex.history")
 
-#: the layout of the ``regions`` table (``PRAGMA user_version``); :data:`MIGRATIONS` bring an
-#: older file to it. A field added to the report needs no new version: its column is added
-#: when the database is opened (:func:`_add_columns`).
-SCHEMA_VERSION = 2
-
-#: columns of the history's own beside the report's (an arbiter run tells regions of different
-#: runs apart: region ids start at r1 each run)
-OWN_COLUMNS: tuple[tuple[str, str], ...] = (("arbiter", "TEXT NOT NULL DEFAULT ''"), ("outcome", "TEXT"))
-
-_SQL_TYPES = {bool: "INTEGER", int: "INTEGER", float: "REAL", str: "TEXT"}
-
-
-def _column_type(tp: Any) -> tuple[str, bool]:
-    """A report field's SQLite type, and whether it is kept as JSON text (a list, a map, a struct)."""
-    optional = typing.get_origin(tp) in (typing.Union, types.UnionType)
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if optional else [tp]
-    base = args[0] if len(args) == 1 else None
-    if base in _SQL_TYPES:
-        return _SQL_TYPES[base], False
-    return "TEXT", True
-
-
-@functools.cache
-def columns() -> tuple[tuple[str, str, bool], ...]:
-    """The report's columns, derived from :class:`~krex_lab.region_report.RegionReport`:
-    (name, SQLite type, kept as JSON)."""
-    return tuple((name, *_column_type(tp)) for name, tp, _ in field_info(RegionReport))
-
-
-def _create(conn: sqlite3.Connection, table: str = "regions") -> None:
-    cols = [f"{n} {t}" for n, t in OWN_COLUMNS] + [f"{n} {t}" for n, t, _ in columns()]
-    conn.execute(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, {', '.join(cols)})")
-
-
-def _indexes(conn: sqlite3.Connection) -> None:
-    conn.execute("CREATE INDEX IF NOT EXISTS regions_released ON regions(released_at)")
-    conn.execute("CREATE INDEX IF NOT EXISTS regions_user ON regions(user, released_at)")
-    conn.execute("CREATE INDEX IF NOT EXISTS regions_slurm_job ON regions(slurm_job)")
-
-
-def _table_columns(conn: sqlite3.Connection) -> list[str]:
-    return [r[1] for r in conn.execute("PRAGMA table_info(regions)")]
-
-
-def _add_columns(conn: sqlite3.Connection) -> None:
-    """Add a column for each report field the table lacks (fields added since the file was made)."""
-    have = set(_table_columns(conn))
-    for name, kind, _ in columns():
-        if name not in have:
-            conn.execute(f"ALTER TABLE regions ADD COLUMN {name} {kind}")
-
-
-def _v1_to_v2(conn: sqlite3.Connection) -> None:
-    """Version 1 kept each pid list's length in a column of its own (``frozen_n``), a
-    withdrawn region's hold as 0 (``hold_s NOT NULL``) and an empty ``not_drained`` map as
-    ``[]``. Version 2 has the report's columns alone, each nullable (None: not measured): the
-    table is rebuilt, rows copied column by column, a withdrawn region's hold becomes NULL."""
-    _create(conn, "regions_v2")
-    new = [r[1] for r in conn.execute("PRAGMA table_info(regions_v2)")]
-    common = ", ".join(c for c in _table_columns(conn) if c in new)
-    conn.execute(f"INSERT INTO regions_v2 ({common}) SELECT {common} FROM regions")
-    conn.execute("UPDATE regions_v2 SET hold_s = NULL WHERE acquire_s IS NULL")
-    conn.execute("UPDATE regions_v2 SET not_drained = '{}' WHERE not_drained = '[]'")  # a map, written as []
-    conn.execute("UPDATE regions_v2 SET state = 'released' WHERE state IS NULL")
-    conn.execute("DROP TABLE regions")
-    conn.execute("ALTER TABLE regions_v2 RENAME TO regions")
-
-
-#: version N -> N + 1, each run in one transaction with the new version
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
-
-
-def migrate(conn: sqlite3.Connection, path: Path | str = "") -> int:
-    """Bring the database to :data:`SCHEMA_VERSION` (creating the table in a new file), then
-    add the columns of report fields it lacks; returns the version it had. A newer file than
-    this krex-lab knows is refused (``sqlite3.DatabaseError``), and left as it is."""
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > SCHEMA_VERSION:
-        raise sqlite3.DatabaseError(f"{path} has schema version {version}, newer than this krex-lab's {SCHEMA_VERSION}")
-    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'regions'").fetchone()
-    kept = conn.isolation_level
-    conn.isolation_level = None  # our own transactions: a migration and its version commit together
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if not exists:
-                _create(conn)
-            else:
-                for step in range(max(version, 1), SCHEMA_VERSION):
-                    log.info("region history: migrating %s from schema version %d to %d", path, step, step + 1)
-                    MIGRATIONS[step](conn)
-            _add_columns(conn)
-            _indexes(conn)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    finally:
-        conn.isolation_level = kept
-    return version
-
-
 #: what ``usage`` can group by (a Slurm job has one user and one account: grouping by all three is by job)
 USAGE_KEYS = {
-    "user": ("user",),
-    "gpu": ("gpu",),
-    "user,gpu": ("user", "gpu"),
-    "job": ("slurm_job", "user", "account"),
-    "account": ("account",),
+    USER: (USER,),
+    GPU: (GPU,),
+    f"{USER},{GPU}": (USER, GPU),
+    "job": (SLURM_JOB, USER, ACCOUNT),
+    ACCOUNT: (ACCOUNT,),
 }
 
 
-def outcome(report: RegionReport) -> str:
-    """How a region ended (:attr:`RegionReport.outcome`)."""
-    return report.outcome
+class UsageRow(msgspec.Struct, kw_only=True):
+    """GPU-hours of one group (a user, a GPU, a user on a GPU, a Slurm job, an account): the
+    group's keys (None: regions outside Slurm, for a job or an account; the keys it is not grouped
+    by are unset, and not encoded), and what it held."""
+
+    user: str | msgspec.UnsetType | None = msgspec.UNSET
+    gpu: int | msgspec.UnsetType | None = msgspec.UNSET
+    slurm_job: str | msgspec.UnsetType | None = msgspec.UNSET
+    account: str | msgspec.UnsetType | None = msgspec.UNSET
+    gpu_hours: float = 0.0
+    #: seconds held inside the window
+    hold_s: float = 0.0
+    regions: int = 0
 
 
-#: a structured field's column text (on the event loop: msgspec's encoder, a few times json's speed)
-_JSON = msgspec.json.Encoder(order="sorted")
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``history --usage``: the window, the totals by user, by GPU and by both, and the grouping
+    asked for (``by``, one of :data:`USAGE_KEYS`)."""
+
+    since: float
+    until: float
+    users: list[UsageRow]
+    gpus: list[UsageRow]
+    users_gpus: list[UsageRow]
+    by: str | None = None
+    groups: list[UsageRow] | None = None
 
 
-def row_of(report: RegionReport, arbiter: str = "") -> dict[str, Any]:
-    """The row of one finished region's report (``Region.report`` plus its wall-clock times)."""
-    report = msgspec.structs.replace(report, released_at=report.released_at or time.time())
-    if report.granted_at is None and report.granted:
-        report.granted_at = (report.released_at or 0.0) - (report.hold_s or 0.0)
-    row: dict[str, Any] = {"arbiter": arbiter, "outcome": report.outcome}
-    for name, _, as_json in columns():
-        value = getattr(report, name)
-        row[name] = _JSON.encode(value).decode() if as_json else value
-    return row
+class Recent(msgspec.Struct):
+    """``history``: the last finished regions, newest last."""
+
+    rows: list[HistoryRow]
 
 
-def _view(row: sqlite3.Row) -> dict[str, Any]:
-    """A stored row as the report it was (a field added since it was written: its default),
-    with the history's own columns and ``time`` (what privacy keeps of another user's row)."""
-    data = {}
-    stored = set(row.keys())  # a file read as it is (krex history offline) may be of an older version
-    for name, _, as_json in columns():
-        value = row[name] if name in stored else None
-        # An empty list or map is the default (version 1 wrote an empty map as [] too).
-        if value is not None and value not in ("[]", "{}"):
-            data[name] = json.loads(value) if as_json else value
-    report = RegionReport.from_dict(data)
-    return {**report.to_dict(), **{n: row[n] for n, _ in OWN_COLUMNS}, "time": report.released_at}
+class RecentView(msgspec.Struct):
+    """``history``'s answer: each row a history row's JSON form, whole (the viewer's own, or
+    everything for an admin) or its public fields (:func:`~.privacy.report_view`)."""
+
+    rows: list[dict[str, Any]]
 
 
 def _check_sidecars(path: Path) -> None:
@@ -223,7 +155,8 @@ class RegionHistory:
         self.failed = 0
         #: rows written by this instance
         self.written = 0
-        self._queue: queue.Queue[dict[str, Any] | threading.Event | None] = queue.Queue(queue_size)
+        #: (user, row) to write, an event to set once what came before is written, None to stop
+        self._queue: queue.Queue[tuple[str, tuple[SqlValue, ...]] | threading.Event | None] = queue.Queue(queue_size)
         self._thread: threading.Thread | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
@@ -312,7 +245,7 @@ class RegionHistory:
     def add(self, report: RegionReport) -> bool:
         """Queue a finished region's report; False (counted in :attr:`dropped`) when the queue is full."""
         try:
-            self._queue.put_nowait(row_of(report, self.arbiter))
+            self._queue.put_nowait((report.user, row_of(report, self.arbiter)))
             return True
         except queue.Full:
             self.dropped += 1
@@ -359,7 +292,7 @@ class RegionHistory:
                         batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                rows = [b for b in batch if isinstance(b, dict)]
+                rows = [b for b in batch if isinstance(b, tuple)]
                 if rows and not self._guard(functools.partial(self._insert, conn, rows)):
                     self.failed += len(rows)
                 if time.monotonic() >= self._next_prune:
@@ -386,17 +319,17 @@ class RegionHistory:
                 return False
         return False
 
-    def _insert(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
-        names = [n for n, _ in OWN_COLUMNS] + [n for n, _, _ in columns()]
-        marks = ", ".join(f":{n}" for n in names)
+    def _insert(self, conn: sqlite3.Connection, rows: list[tuple[str, tuple[SqlValue, ...]]]) -> None:
+        names = insert_columns()
+        marks = ", ".join("?" for _ in names)
         with conn:
-            conn.executemany(f"INSERT INTO regions ({', '.join(names)}) VALUES ({marks})", rows)
+            conn.executemany(f"INSERT INTO regions ({', '.join(names)}) VALUES ({marks})", [r for _, r in rows])
             if self.per_user > 0:  # one user's flood of regions cannot grow the file without bound
-                for user in {r.get("user") for r in rows}:
+                for user in {u for u, _ in rows}:
                     conn.execute(
-                        "DELETE FROM regions WHERE user IS :user AND rowid NOT IN (SELECT rowid FROM regions "
-                        "WHERE user IS :user ORDER BY released_at DESC LIMIT :keep)",
-                        {"user": user, "keep": self.per_user},
+                        f"DELETE FROM regions WHERE {USER} IS ? AND rowid NOT IN (SELECT rowid FROM regions "
+                        f"WHERE {USER} IS ? ORDER BY {RELEASED} DESC LIMIT ?)",
+                        (user, user, self.per_user),
                     )
         self.written += len(rows)
 
@@ -405,12 +338,12 @@ class RegionHistory:
             return
         cutoff = time.time() - self.retention_days * 86400.0
         with conn:
-            gone = conn.execute("DELETE FROM regions WHERE released_at < ?", (cutoff,)).rowcount
+            gone = conn.execute(f"DELETE FROM regions WHERE {RELEASED} < ?", (cutoff,)).rowcount
         if gone:
             log.info("region history: deleted %d regions older than %g days", gone, self.retention_days)
 
     # -- reading (an executor thread) -----------------------------------------------------------
-    def _read(self, sql: str, args: dict[str, Any]) -> list[sqlite3.Row]:
+    def _read(self, sql: str, args: dict[str, SqlValue]) -> list[sqlite3.Row]:
         with self._read_lock:
             if self._reader is None:
                 raise RuntimeError("the region history is not open")
@@ -423,27 +356,26 @@ class RegionHistory:
         since: float | None = None,
         uid: int | None = None,
         slurm_job: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[HistoryRow]:
         """The last ``limit`` finished regions (of ``user``, of ``uid``, of Slurm job ``slurm_job``,
         released since ``since``), newest last."""
         where = ["1"]
-        if user:
-            where.append("user = :user")
-        if slurm_job:
-            where.append("slurm_job = :slurm_job")
-        if uid is not None:
-            where.append("uid = :uid")
+        args: dict[str, SqlValue] = {"limit": max(0, int(limit))}
+        for column, value in ((USER, user or None), (SLURM_JOB, slurm_job or None), (UID, uid)):
+            if value is not None:
+                where.append(f"{column} = :{column}")
+                args[column] = value
         if since is not None:
-            where.append("released_at >= :since")
+            where.append(f"{RELEASED} >= :since")
+            args["since"] = since
         rows = self._read(
-            f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY released_at DESC, id DESC LIMIT :limit",
-            {"user": user, "since": since, "uid": uid, "slurm_job": slurm_job, "limit": max(0, int(limit))},
+            f"SELECT * FROM regions WHERE {' AND '.join(where)} ORDER BY {RELEASED} DESC, id DESC LIMIT :limit", args
         )
-        return [_view(r) for r in reversed(rows)]
+        return [row_view(r) for r in reversed(rows)]
 
     def usage(
         self, since: float, until: float | None = None, by: str = "user", user: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[UsageRow]:
         """GPU-hours held in ``[since, until)`` grouped ``by`` one of :data:`USAGE_KEYS`: each
         region's hold (``granted_at`` to ``released_at``) counts for the part inside the window.
         Rows: the group's keys, ``gpu_hours``, ``hold_s``, ``regions``, most hours first."""
@@ -452,14 +384,20 @@ class RegionHistory:
             raise ValueError(f"usage by {by!r}: one of {', '.join(USAGE_KEYS)}")
         until = time.time() if until is None else until
         group = ", ".join(keys)
-        held = "MAX(0.0, MIN(released_at, :until) - MAX(released_at - hold_s, :since))"
+        released, hold = RELEASED, HOLD
+        held = f"MAX(0.0, MIN({released}, :until) - MAX({released} - {hold}, :since))"
         rows = self._read(
-            f"SELECT {group}, SUM({held}) AS hold_s, COUNT(*) AS regions FROM regions "
-            "WHERE released_at >= :since AND released_at - hold_s < :until AND hold_s > 0"
-            f"{' AND user = :user' if user else ''} GROUP BY {group} ORDER BY hold_s DESC, {group}",
-            {"since": since, "until": until, "user": user},
+            f"SELECT {group}, SUM({held}) AS held, COUNT(*) AS regions FROM regions "
+            f"WHERE {released} >= :since AND {released} - {hold} < :until AND {hold} > 0"
+            f"{f' AND {USER} = :who' if user else ''} GROUP BY {group} ORDER BY held DESC, {group}",
+            {"since": since, "until": until, "who": user},
         )
-        return [{**dict(r), "hold_s": round(r["hold_s"], 3), "gpu_hours": r["hold_s"] / 3600.0} for r in rows]
+        out = []
+        for r in rows:
+            row = msgspec.convert({k: r[k] for k in keys}, UsageRow)
+            row.hold_s, row.gpu_hours, row.regions = round(r["held"], 3), r["held"] / 3600.0, r["regions"]
+            out.append(row)
+        return out
 
     def count(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM regions", {})[0][0])
@@ -467,5 +405,21 @@ class RegionHistory:
     def highest_region_number(self) -> int:
         """The largest N of the region ids ``rN`` recorded (0 for none): a new arbiter numbers its
         regions after it, so that ids stay unique across restarts."""
-        rows = self._read("SELECT MAX(CAST(SUBSTR(region, 2) AS INTEGER)) FROM regions WHERE region GLOB 'r[0-9]*'", {})
+        rows = self._read(
+            f"SELECT MAX(CAST(SUBSTR({REGION}, 2) AS INTEGER)) FROM regions WHERE {REGION} GLOB 'r[0-9]*'", {}
+        )
         return int(rows[0][0] or 0)
+
+
+def usage_of(db: RegionHistory, since: float, until: float, user: str | None, by: str = "") -> Usage:
+    """The usage answer: totals by user, by GPU and by both, and by ``by`` where asked."""
+    usage = Usage(
+        since=since,
+        until=until,
+        users=db.usage(since, until, USER, user),
+        gpus=db.usage(since, until, GPU, user),
+        users_gpus=db.usage(since, until, f"{USER},{GPU}", user),
+    )
+    if by:
+        usage.by, usage.groups = by, db.usage(since, until, by, user)
+    return usage

@@ -31,12 +31,14 @@ import sqlite3
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from .. import discovery, paths, protocol
 from ..errors import ArbiterUnavailable, KrexError, fail_as_json
-from ..region_report import RegionReport
+from .history import ACCOUNT, GPU, USAGE_KEYS, USER, HistoryRow, Recent, RecentView, Usage, UsageRow, usage_of
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -112,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--usage", action="store_true", help="GPU-hours held per user and per GPU since T")
     parser.add_argument(
         "--by",
-        choices=("user", "gpu", "job", "account"),
+        choices=tuple(k for k in USAGE_KEYS if "," not in k),  # user, gpu, job, account
         default="",
         help="with --usage: one table grouped by user, GPU, Slurm job (with its user and account) or "
         "Slurm account (jobs and accounts: an arbiter run with --slurm)",
@@ -134,7 +136,7 @@ def _clock(t: float | None) -> str:
     return "-" if t is None else dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _seconds(s: Any) -> str:
+def _seconds(s: float | None) -> str:
     if not isinstance(s, (int, float)):
         return "-"
     if s < 1.0:
@@ -151,15 +153,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in [header, *rows])
 
 
-def format_rows(rows: list[dict[str, Any]]) -> str:
+def format_rows(rows: list[HistoryRow]) -> str:
     if not rows:
         return "no finished regions recorded"
-    jobs = any(r.get("slurm_job") for r in rows)  # an arbiter run with --slurm: which job, which account
+    jobs = any(r.slurm_job for r in rows)  # an arbiter run with --slurm: which job, which account
     return _table(
         ["TIME", "USER", *(["JOB", "ACCOUNT"] if jobs else []), "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"],
         [
             [
-                _clock(r.released_at or raw.get("time")),  # another user's row keeps only its time
+                _clock(r.released_at or r.time),  # another user's row keeps only its time
                 r.user or "?",
                 *([r.slurm_job or "-", r.account or "-"] if jobs else []),
                 str(r.gpu) if r.gpu >= 0 else "?",
@@ -168,35 +170,35 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 "DEGRADED" if r.degraded else "",
                 "expired" if r.expired else r.released_by,
             ]
-            for raw, r in ((raw, RegionReport.from_dict(raw)) for raw in rows)
+            for r in rows
         ],
     )
 
 
 #: the columns of a ``--usage --by`` table: the group's keys
-_BY_COLUMNS = {
-    "user": (("USER", "user"),),
-    "gpu": (("GPU", "gpu"),),
-    "job": (("JOB", "slurm_job"), ("USER", "user"), ("ACCOUNT", "account")),
-    "account": (("ACCOUNT", "account"),),
+_BY_COLUMNS: dict[str, tuple[tuple[str, Callable[[UsageRow], object]], ...]] = {
+    USER: (("USER", lambda g: g.user),),
+    GPU: (("GPU", lambda g: g.gpu),),
+    "job": (("JOB", lambda g: g.slurm_job), ("USER", lambda g: g.user), ("ACCOUNT", lambda g: g.account)),
+    ACCOUNT: (("ACCOUNT", lambda g: g.account),),
 }
 
 
-def format_groups(usage: dict[str, Any]) -> str:
+def format_groups(usage: Usage) -> str:
     """``--usage --by``: one table of the chosen grouping (regions outside Slurm show as '-')."""
-    head = f"GPU-hours held from {_clock(usage['since'])} to {_clock(usage['until'])}, by {usage['by']}"
-    groups = usage.get("groups") or []
+    head = f"GPU-hours held from {_clock(usage.since)} to {_clock(usage.until)}, by {usage.by}"
+    groups = usage.groups or []
     if not groups:
         return f"{head}: none"
-    keys = _BY_COLUMNS[usage["by"]]
+    keys = _BY_COLUMNS[usage.by or ""]
     table = _table(
         [*(title for title, _ in keys), "GPU-HOURS", "HELD", "REGIONS"],
         [
             [
-                *("-" if g.get(k) in (None, "") else str(g[k]) for _, k in keys),
-                f"{g['gpu_hours']:.4f}",
-                _seconds(g["hold_s"]),
-                str(g["regions"]),
+                *("-" if key(g) in (None, "") else str(key(g)) for _, key in keys),
+                f"{g.gpu_hours:.4f}",
+                _seconds(g.hold_s),
+                str(g.regions),
             ]
             for g in groups
         ],
@@ -204,21 +206,21 @@ def format_groups(usage: dict[str, Any]) -> str:
     return f"{head}\n\n{table}"
 
 
-def format_usage(usage: dict[str, Any]) -> str:
-    if usage.get("by"):
+def format_usage(usage: Usage) -> str:
+    if usage.by:
         return format_groups(usage)
-    head = f"GPU-hours held from {_clock(usage['since'])} to {_clock(usage['until'])}"
-    if not usage["users"]:
+    head = f"GPU-hours held from {_clock(usage.since)} to {_clock(usage.until)}"
+    if not usage.users:
         return f"{head}: none"
     users = _table(
         ["USER", "GPU-HOURS", "HELD", "REGIONS"],
-        [[str(u["user"]), f"{u['gpu_hours']:.4f}", _seconds(u["hold_s"]), str(u["regions"])] for u in usage["users"]],
+        [[str(u.user), f"{u.gpu_hours:.4f}", _seconds(u.hold_s), str(u.regions)] for u in usage.users],
     )
     gpus = _table(
         ["GPU", "GPU-HOURS", "HELD", "REGIONS"],
-        [[str(g["gpu"]), f"{g['gpu_hours']:.4f}", _seconds(g["hold_s"]), str(g["regions"])] for g in usage["gpus"]],
+        [[str(g.gpu), f"{g.gpu_hours:.4f}", _seconds(g.hold_s), str(g.regions)] for g in usage.gpus],
     )
-    total = sum(u["gpu_hours"] for u in usage["users"])
+    total = sum(u.gpu_hours for u in usage.users)
     return f"{head}\n\n{users}\n\n{gpus}\n\ntotal {total:.4f} GPU-hours"
 
 
@@ -226,7 +228,8 @@ def format_usage(usage: dict[str, Any]) -> str:
 SYSTEM_DB = Path("/var/lib/krex/history.sqlite")
 
 
-def _query(args: argparse.Namespace, since: float | None, endpoint: str) -> dict[str, Any]:
+def _query(args: argparse.Namespace, since: float | None, endpoint: str) -> object:
+    """The arbiter's answer, in its JSON form."""
     from ..client import Connection
 
     conn = Connection(endpoint)
@@ -241,7 +244,7 @@ def _query(args: argparse.Namespace, since: float | None, endpoint: str) -> dict
             slurm_job=args.slurm_job,
             by=args.by,
         )
-        result: dict[str, Any] = conn.call(request)
+        result: object = conn.call(request)
     finally:
         conn.close()
     return result
@@ -255,7 +258,7 @@ def database_candidates(endpoint: str) -> list[Path]:
     return list(dict.fromkeys(Path(os.path.abspath(p)) for p in out))
 
 
-def read_database(args: argparse.Namespace, since: float | None, endpoint: str) -> dict[str, Any]:
+def read_database(args: argparse.Namespace, since: float | None, endpoint: str) -> Recent | Usage:
     """What the arbiter would answer, read from its database while none answers. Only where this
     user may read the file; one who is neither its owner nor root sees only their own regions (the
     arbiter shows others' reduced, and admins everything, which only the arbiter can decide)."""
@@ -288,20 +291,15 @@ def read_database(args: argparse.Namespace, since: float | None, endpoint: str) 
         if not args.usage:
             mine = me if mine_only else None
             job = args.slurm_job or None
-            return {"rows": history.recent(max(0, args.limit), args.user or None, since, uid=mine, slurm_job=job)}
+            return Recent(history.recent(max(0, args.limit), args.user or None, since, uid=mine, slurm_job=job))
         until = time.time() if args.until is None else args.until
         assert since is not None
-        usage = {k: history.usage(since, until, by, args.user or None) for k, by in _USAGE_KEYS}
-        if args.by:
-            usage.update(by=args.by, groups=history.usage(since, until, args.by, args.user or None))
-        return {"since": since, "until": until, **usage}  # totals: everyone's to see, as the arbiter shows them
+        # totals: everyone's to see, as the arbiter shows them
+        return usage_of(history, since, until, args.user or None, args.by or "")
     except sqlite3.Error as exc:
         raise KrexError(f"reading the region history {db} failed: {exc}") from None
     finally:
         history.close()
-
-
-_USAGE_KEYS = (("users", "user"), ("gpus", "gpu"), ("users_gpus", "user,gpu"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,19 +309,26 @@ def run(args: argparse.Namespace) -> int:
     if args.usage and since is None:
         since = week_start()
     endpoint = discovery.default_endpoint()  # the arbiter `krex status` finds, this user's lab's
+    answer: Recent | Usage
     try:
         try:
-            result = _query(args, since, endpoint)
+            raw = _query(args, since, endpoint)
+            # decoded once; --json prints what the arbiter answered as it is
+            answer = (
+                msgspec.convert(raw, Usage, strict=False) if args.usage else msgspec.convert(raw, Recent, strict=False)
+            )
+            shown = raw if args.usage else msgspec.convert(raw, RecentView).rows
         except ArbiterUnavailable:
-            result = read_database(args, since, endpoint)
+            answer = read_database(args, since, endpoint)
+            shown = msgspec.to_builtins(answer) if isinstance(answer, Usage) else [r.to_dict() for r in answer.rows]
     except KrexError as exc:
         if not args.json:
             raise
         return fail_as_json("krex history", exc)  # as `krex status --json`'s
     if args.json:
-        print(json.dumps(result if args.usage else result["rows"], indent=2))
+        print(json.dumps(shown, indent=2))
     else:
-        print(format_usage(result) if args.usage else format_rows(result["rows"]))
+        print(format_usage(answer) if isinstance(answer, Usage) else format_rows(answer.rows))
     return 0
 
 

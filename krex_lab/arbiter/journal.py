@@ -170,21 +170,44 @@ def outstanding(entries: list[Entry]) -> list[Entry]:
     return [e for e in entries if e.region not in ended and not isinstance(e, End)]
 
 
-def read_outstanding(path: Path) -> list[dict[str, Any]]:
-    """Entries of regions that have no ``end``, as plain dicts (``t`` included)."""
+class UndoSummary(msgspec.Struct, kw_only=True):
+    """What an undo of the journal did: how many threads' affinities it restored, processes and
+    cgroups it thawed, processes it unlocked, shield parts it ended, and what failed."""
+
+    restored: int = 0
+    thawed: int = 0
+    unlocked: int = 0
+    unshielded: int = 0
+    errors: list[str] = []
+
+    @property
+    def undid(self) -> bool:
+        """Whether anything was undone."""
+        return bool(self.restored or self.thawed or self.unlocked or self.unshielded)
+
+    # Read access by name, for callers written when the summary was a dict (``summary.thawed``).
+    def __getitem__(self, key: str) -> int | list[str]:
+        if key not in self.__struct_fields__:
+            raise KeyError(key)
+        value: int | list[str] = getattr(self, key)
+        return value
+
+
+def read_outstanding(path: Path) -> list[Entry]:
+    """Entries of regions that have no ``end``, in the order they were written."""
     try:
         fd = open_private(path, os.O_RDONLY)
     except FileNotFoundError:
         return []
     try:
-        return [msgspec.to_builtins(e) for e in outstanding(parse(_read(fd), str(path)))]
+        return outstanding(parse(_read(fd), str(path)))
     finally:
         os.close(fd)
 
 
 def undo_outstanding(
     path: Path, unlock: UnlockFn | None = None, *, lock_path: Path | None = None, wait: float = 1.0
-) -> dict[str, Any]:
+) -> UndoSummary:
     """Undo every outstanding action in reverse order of kind: shield (cpuset partitions, IRQs),
     affinity, thaw, unlock.
 
@@ -200,17 +223,17 @@ def undo_outstanding(
     from ..regions.isolate import restore_threads
     from ..regions.shield import restore_irqs, undo_partitions
 
-    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "unshielded": 0, "errors": []}
+    summary = UndoSummary()
     with contextlib.ExitStack() as stack:
         if lock_path is not None:
             try:
                 guard = open_private(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             except (OSError, UnsafePath) as exc:
-                summary["errors"].append(f"cannot open {lock_path}: {exc}")
+                summary.errors.append(f"cannot open {lock_path}: {exc}")
                 return summary
             stack.callback(os.close, guard)
             if not _flock(guard, wait):
-                summary["errors"].append(f"a live arbiter holds {lock_path}: its journal is left to it")
+                summary.errors.append(f"a live arbiter holds {lock_path}: its journal is left to it")
                 return summary
         try:
             fd = open_private(path, os.O_RDWR)
@@ -218,7 +241,7 @@ def undo_outstanding(
             return summary
         stack.callback(os.close, fd)
         if not _flock(fd, max(wait, 5.0)):
-            summary["errors"].append(f"{path} stayed locked by another undoer")
+            summary.errors.append(f"{path} stayed locked by another undoer")
             return summary
         entries = outstanding(parse(_read(fd), str(path)))
         first: dict[int, list[Any]] = {}  # the first record of a thread holds its true original affinity
@@ -245,35 +268,35 @@ def undo_outstanding(
             elif isinstance(e, Irq):
                 for irq, original in e.irqs:
                     irqs.setdefault(irq, [irq, original])
-        summary["unshielded"] = _safely(summary, "end cpuset partitions", undo_partitions, partitions)
-        summary["unshielded"] += _safely(summary, "restore IRQ affinities", restore_irqs, list(irqs.values()))
-        summary["restored"] = _safely(summary, "restore affinities", restore_threads, list(first.values()))
-        summary["thawed"] = _safely(summary, "thaw cgroups", thaw_cgroups, cgroups)
-        summary["thawed"] += _safely(summary, "thaw processes", thaw_procs, stopped)
+        summary.unshielded = _safely(summary, "end cpuset partitions", undo_partitions, partitions)
+        summary.unshielded += _safely(summary, "restore IRQ affinities", restore_irqs, list(irqs.values()))
+        summary.restored = _safely(summary, "restore affinities", restore_threads, list(first.values()))
+        summary.thawed = _safely(summary, "thaw cgroups", thaw_cgroups, cgroups)
+        summary.thawed += _safely(summary, "thaw processes", thaw_procs, stopped)
         for backend, procs in locks.items():
             live = [(pid, start) for pid, start in procs if same_process(pid, start)]
             if not live:
                 continue
             if unlock is None:
-                summary["errors"].append(f"no unlocker for backend {backend}: {len(live)} processes")
+                summary.errors.append(f"no unlocker for backend {backend}: {len(live)} processes")
                 continue
             try:
                 errors = unlock(backend, live)
             except Exception as exc:
                 errors = [f"unlock ({backend}) failed: {exc}"] * len(live)
-            summary["unlocked"] += len(live) - len(errors)
-            summary["errors"].extend(errors)
+            summary.unlocked += len(live) - len(errors)
+            summary.errors.extend(errors)
         os.ftruncate(fd, 0)
         if entries:
             log.warning("undid an interrupted region: %s", summary)
     return summary
 
 
-def _safely(summary: dict[str, Any], what: str, fn: Callable[[Any], int], arg: Any) -> int:
+def _safely(summary: UndoSummary, what: str, fn: Callable[[Any], int], arg: Any) -> int:
     try:
         return fn(arg)
     except Exception as exc:  # never let bad data stop an undo half-way
-        summary["errors"].append(f"{what}: {exc}")
+        summary.errors.append(f"{what}: {exc}")
         return 0
 
 

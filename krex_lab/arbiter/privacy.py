@@ -10,61 +10,81 @@ Admins (and ``Arbiter.privacy = "open"``, for trusted labs) see everything.
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from ..region_report import PUBLIC, RegionReport
+from .sessions import SessionRow
+from .status import HolderRow, NodeStatus, QueueRow
 
 #: what anyone may know of another user's region: the report's public fields, and what a
-#: status row (a holder, a waiter), a history row or an event adds to them
-_REGION_KEYS = (*PUBLIC, "held_s", "waiting_s", "time", "event")
+#: status row (a holder, a waiter) or an event adds to them
+_REGION_KEYS = frozenset((*PUBLIC, "held_s", "waiting_s", "time", "event"))
+
+Row = TypeVar("Row", HolderRow, QueueRow)
 
 
-def _mine(entry: dict[str, Any] | RegionReport, viewer: int | None) -> bool:
-    if isinstance(entry, RegionReport):
-        return viewer is not None and entry.uid == viewer
-    return viewer is not None and entry.get("uid") == viewer  # a status row: its session's uid
+def _mine(entry: RegionReport | HolderRow | QueueRow | SessionRow, viewer: int | None) -> bool:
+    return viewer is not None and entry.uid == viewer
 
 
-def _reduced(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: entry[k] for k in _REGION_KEYS if k in entry}
+def _reduced(row: Row) -> Row:
+    """Another user's holder or waiter: the fields anyone may see, the others None (left out)."""
+    hidden = {f: None for f in row.__struct_fields__ if f not in _REGION_KEYS and f != "region"}
+    return msgspec.structs.replace(row, **hidden)
 
 
-def report_view(report: dict[str, Any] | RegionReport, viewer: int | None) -> dict[str, Any]:
-    """A report (or a row that shows a region) as ``viewer`` may see it: whole when it is theirs."""
-    if isinstance(report, RegionReport):
-        return report.to_dict() if _mine(report, viewer) else report.public_dict()
-    return report if _mine(report, viewer) else _reduced(report)
+def report_view(report: RegionReport, viewer: int | None) -> dict[str, Any]:
+    """A report as ``viewer`` may see it (its JSON form): whole when it is theirs, else its
+    public fields (:meth:`~krex_lab.region_report.RegionReport.public_dict`)."""
+    return report.to_dict() if _mine(report, viewer) else report.public_dict()
 
 
-def status_view(table: dict[str, Any], viewer: int | None) -> dict[str, Any]:
+def _row_view(row: Row, viewer: int | None) -> Row:
+    return row if _mine(row, viewer) else _reduced(row)
+
+
+def status_view(table: NodeStatus, viewer: int | None) -> NodeStatus:
+    """The node table as ``viewer`` may see it: their own sessions, holders and waiters in full,
+    others' as who and how much (``other_sessions``: how many sessions each other user has)."""
     gpus = []
-    for g in table["gpus"]:
-        holder = g["holder"]
-        own = [s for s in g["sessions"] if _mine(s, viewer)]
-        others = collections.Counter(s["user"] for s in g["sessions"] if not _mine(s, viewer))
+    for g in table.gpus:
+        own = [s for s in g.sessions if _mine(s, viewer)]
+        others = collections.Counter(s.user for s in g.sessions if not _mine(s, viewer))
         gpus.append(
-            {
-                **g,
-                "holder": holder if holder is None else report_view(holder, viewer),
-                "queue": [report_view(q, viewer) for q in g["queue"]],
-                "sessions": own,
-                "other_sessions": dict(others),
-            }
+            msgspec.structs.replace(
+                g,
+                holder=None if g.holder is None else _row_view(g.holder, viewer),
+                queue=[_row_view(q, viewer) for q in g.queue],
+                sessions=own,
+                other_sessions=dict(others),
+            )
         )
-    return {**table, "gpus": gpus}
+    return msgspec.structs.replace(table, gpus=gpus)
+
+
+def _keep(data: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k in keys}
+
+
+_SESSION_EVENT = frozenset(("event", "user", "gpu", "role", "time"))
+_GATE_EVENT = frozenset(("gpu", "closed", "region", "time"))
 
 
 def public_event(topic: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The anonymous view of an event (what every subscriber of a private arbiter gets)."""
+    """The anonymous view of an event (what every subscriber of a private arbiter gets). ``data``
+    is the event's JSON body, whose shape is its topic's (the server publishes it as it is)."""
     if topic == "session":
-        return {k: data[k] for k in ("event", "user", "gpu", "role", "time") if k in data}
+        return _keep(data, _SESSION_EVENT)
     if topic == "region":
-        return _reduced(data)
+        return _keep(data, _REGION_KEYS)
     if topic == "gate":
-        return {k: data[k] for k in ("gpu", "closed", "region", "time") if k in data}
+        return _keep(data, _GATE_EVENT)
     if topic == "telemetry":
-        view = status_view(data, None)
-        view["processes"] = []
-        view["regions"] = [_reduced(r) for r in data.get("regions", [])]
-        return view
+        view: dict[str, Any] = msgspec.to_builtins(status_view(NodeStatus.of(data), None))
+        extra = {k: v for k, v in data.items() if k not in NodeStatus.__struct_fields__}
+        # the server's own reports, or their JSON form
+        regions = [r if isinstance(r, RegionReport) else RegionReport.from_dict(r) for r in data.get("regions", [])]
+        return {**extra, **view, "processes": [], "regions": [r.public_dict() for r in regions]}
     return data

@@ -8,17 +8,18 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import protocol
 from ..errors import InvalidRequest, KrexError
 from ..rpc_server import Peer
-from .history import USAGE_KEYS, RegionHistory
+from .history import USAGE_KEYS, Recent, RecentView, RegionHistory, Usage, usage_of
 from .identity import Tickets
 from .privacy import report_view, status_view
 from .quotas import Quotas
 from .scheduler import Scheduler
+from .status import NodeStatus
 
 HISTORY_LIMIT = 5000
 #: the usage window of a ``history --usage`` request that names no start
@@ -30,7 +31,7 @@ class NodeQueries:
 
     def __init__(
         self,
-        table: Callable[[], dict[str, Any]],
+        table: Callable[[], object],
         scheduler: Scheduler,
         tickets: Tickets,
         quotas: Quotas,
@@ -38,7 +39,7 @@ class NodeQueries:
         multi_user: bool,
         privacy: str,
     ) -> None:
-        #: the node table in full (``Arbiter.status``)
+        #: the node table in full (``Arbiter.status``: a NodeStatus or its JSON form)
         self.table = table
         self.scheduler = scheduler
         self.tickets = tickets
@@ -56,9 +57,9 @@ class NodeQueries:
             return -1
         return viewer
 
-    def status(self, req: protocol.Status, peer: Peer) -> dict[str, Any]:
+    def status(self, req: protocol.Status, peer: Peer) -> NodeStatus:
         viewer = self.viewer(req.ticket)
-        table = self.table()
+        table = NodeStatus.of(self.table())
         return table if viewer == -1 else status_view(table, viewer)
 
     def regions(self, req: protocol.Regions, peer: Peer) -> list[dict[str, Any]]:
@@ -66,7 +67,7 @@ class NodeQueries:
         recent = list(self.scheduler.history)[-max(0, req.limit) :]
         return [r.to_dict() if viewer == -1 else report_view(r, viewer) for r in recent]
 
-    def history(self, req: protocol.History, peer: Peer) -> Any:
+    def history(self, req: protocol.History, peer: Peer) -> Awaitable[RecentView | Usage]:
         viewer = self.viewer(req.ticket)
         db, why = self.history_db()
         if db is None:
@@ -75,32 +76,23 @@ class NodeQueries:
         if req.by and req.by not in USAGE_KEYS:
             raise InvalidRequest(f"usage by {req.by!r}: one of {', '.join(USAGE_KEYS)}")
 
-        def query() -> dict[str, Any]:
+        def query() -> Recent | Usage:
             db.flush(1.0)  # what finished before this request is in the answer
             if not req.usage:
                 limit = min(max(0, req.limit), HISTORY_LIMIT)
-                return {"rows": db.recent(limit, user, req.since, slurm_job=req.slurm_job or None)}
+                return Recent(db.recent(limit, user, req.since, slurm_job=req.slurm_job or None))
             until = time.time() if req.until is None else req.until
             since = until - USAGE_DEFAULT_S if req.since is None else req.since
-            result = {
-                "since": since,
-                "until": until,
-                "users": db.usage(since, until, "user", user),
-                "gpus": db.usage(since, until, "gpu", user),
-                "users_gpus": db.usage(since, until, "user,gpu", user),
-            }
-            if req.by:
-                result.update(by=req.by, groups=db.usage(since, until, req.by, user))
-            return result
+            return usage_of(db, since, until, user, req.by)
 
-        async def answer() -> dict[str, Any]:
+        async def answer() -> RecentView | Usage:
             try:
                 result = await asyncio.get_running_loop().run_in_executor(None, query)
             except (sqlite3.Error, RuntimeError) as exc:
                 raise KrexError(f"reading the region history failed: {exc}") from None
-            if "rows" in result and viewer != -1:
+            if isinstance(result, Recent):
                 # Others' regions as who and how much; usage totals (names and hours) are public.
-                result["rows"] = [report_view(r, viewer) for r in result["rows"]]
+                return RecentView([r.to_dict() if viewer == -1 else report_view(r, viewer) for r in result.rows])
             return result
 
         return answer()

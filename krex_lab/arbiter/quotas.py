@@ -14,6 +14,7 @@ exempt and may end any region.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import logging
 import os
@@ -68,7 +69,8 @@ def node_session_capacity(fd_limit: int, placed: bool = False) -> int:
     return max(16, (fd_limit - FD_RESERVE - kept_files_limit(fd_limit)) // per_session)
 
 
-_FIELDS = ("sessions_per_user", "sessions_per_process", "queued_per_user", "max_hold", "max_cores")
+#: the limits a group or a user entry may set (each also an option of :class:`Quotas`)
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Limits))
 
 
 class Quotas(LoggingConfigurable):
@@ -133,21 +135,21 @@ class Quotas(LoggingConfigurable):
         "GPUs least over roughly this long goes first.",
     ).tag(config=True)
 
-    def _base(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _FIELDS}
+    def _base(self) -> Limits:
+        return Limits(
+            self.sessions_per_user, self.sessions_per_process, self.queued_per_user, self.max_hold, self.max_cores
+        )
 
     def limits_for(self, uid: int) -> Limits:
-        values = self._base()
         name, groups = _user_and_groups(uid)
-        best: dict[str, Any] = {}
+        best: dict[str, float] = {}
         for group in groups:
             for key, value in dict(self.groups.get(group, {})).items():
                 if key in _FIELDS:
                     current = best.get(key)
                     best[key] = value if current is None else _more_generous(key, current, value)
-        values.update(best)
-        values.update({k: v for k, v in dict(self.users.get(name, {})).items() if k in _FIELDS})
-        return Limits(**values)
+        best.update({k: v for k, v in dict(self.users.get(name, {})).items() if k in _FIELDS})
+        return Limits(**{**dataclasses.asdict(self._base()), **best})
 
     def is_admin(self, uid: int) -> bool:
         if uid == 0:
@@ -242,7 +244,7 @@ def user_name(uid: int) -> str:
     return _user_and_groups(uid)[0]
 
 
-def _more_generous(key: str, a: Any, b: Any) -> Any:
+def _more_generous(key: str, a: float, b: float) -> float:
     if key in ("max_hold", "max_cores") and (a == 0 or b == 0):
         return 0  # 0 means "no per-user cap"
     return max(a, b)

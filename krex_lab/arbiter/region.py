@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ..errors import KrexError
 from ..procutil import ancestors
 from ..protocol import RegionSpec
@@ -47,6 +49,35 @@ TRANSITIONS: dict[RegionState, frozenset[RegionState]] = {
     RegionState.RELEASING: frozenset({RegionState.RELEASED}),
     RegionState.RELEASED: frozenset(),
 }
+
+
+class _Capabilities(msgspec.Struct):
+    lock: bool = False
+
+
+class _Described(msgspec.Struct):
+    """The part of a backend's ``describe()`` a report carries."""
+
+    backend: str = "unknown"
+    simulated: bool = True
+    capabilities: _Capabilities = msgspec.field(default_factory=_Capabilities)
+
+
+class BackendInfo(msgspec.Struct, kw_only=True, frozen=True):
+    """What every region report says of the arbiter's GPU backend."""
+
+    backend: str = "unknown"
+    simulated: bool = True
+    #: whether the backend can lock a process's GPU work (its ``capabilities.lock``)
+    lock_capable: bool = False
+
+    @classmethod
+    def of(cls, described: object) -> BackendInfo:
+        """From a backend's ``describe()`` as it comes (None: no backend, a scheduler built alone)."""
+        if described is None:
+            return cls()
+        d = msgspec.convert(described, _Described)
+        return cls(backend=d.backend, simulated=d.simulated, lock_capable=d.capabilities.lock)
 
 
 @dataclass
@@ -126,11 +157,9 @@ class Region:
         below = chain[: chain.index(self.session.pid)]
         return not any(p in sessions for p in below)
 
-    def report(self, backend: dict[str, Any]) -> RegionReport:
+    def report(self, backend: BackendInfo) -> RegionReport:
         degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
-        # Each step's time as its field (a step with no field is a TypeError here, not a lost time).
-        times: dict[str, Any] = {f"{k}_s": round(v, 6) for k, v in self.times.items()}
-        return RegionReport(
+        report = RegionReport(
             region=self.id,
             gpu=self.gpu,
             session=self.session.id,
@@ -138,14 +167,13 @@ class Region:
             uid=self.session.uid,
             user=self.session.user,
             name=self.session.name,
-            slurm_job=self.session.job.get("slurm_job"),
-            slurm_step=self.session.job.get("slurm_step"),
-            account=self.session.job.get("account"),
+            slurm_job=self.session.job.slurm_job,
+            slurm_step=self.session.job.slurm_step,
+            account=self.session.job.account,
             state=self.state.value,
             exempted=list(self.spec.exempt),
             max_hold_s=self.max_hold,
             max_hold_asked_s=self.capped_from,
-            **times,
             drained=sorted(set(self.drain.acked) | set(self.drain.locked_pids)),
             locked=self.drain.locked_pids + [p for p, _ in self.drain.late],
             no_lock_needed={str(k): v for k, v in self.drain.unlocked_ok.items()},
@@ -163,7 +191,11 @@ class Region:
             expired=self.released_by == "lease expired",
             revoked=self.released_by.startswith(REVOKED),
             released_by=self.released_by,
-            backend=backend["backend"],
-            simulated=backend["simulated"],
-            lock_capable=backend["capabilities"]["lock"],
+            backend=backend.backend,
+            simulated=backend.simulated,
+            lock_capable=backend.lock_capable,
         )
+        # Each step's time as its field (a step with no field is an AttributeError here, not a lost time).
+        for step, seconds in self.times.items():
+            setattr(report, f"{step}_s", round(seconds, 6))
+        return report

@@ -23,7 +23,7 @@ from ..regions.freeze import FREEZE_FILES
 from ..rpc_server import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas
-from .region import RegionState
+from .region import BackendInfo, RegionState
 from .scheduler import Scheduler
 from .sessions import Session, SessionTable
 from .slurm_jobs import SlurmJobs
@@ -33,6 +33,10 @@ log = logging.getLogger("krex.arbiter")
 
 class Publisher(Protocol):
     def publish(self, topic: str, data: dict[str, Any]) -> None: ...
+
+
+class Acknowledged(msgspec.Struct):
+    """The empty answer to a request that returns nothing (``{}`` on the wire)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class SessionRequests:
         self.backend = backend
         self.gpu_count = backend.gpu_count()
         self.backend_info = backend.describe()
+        #: what each report says of the backend
+        self.reported_backend = BackendInfo.of(self.backend_info)
         self.sessions = sessions
         self.scheduler = scheduler
         self.quotas = quotas
@@ -136,7 +142,7 @@ class SessionRequests:
         session.cgroup = self.placer.place(session.id, session.pid)
         if self.slurm is not None:
             session.job = self.slurm.job_of(session.pid, session.uid)
-        self.notify.publish("session", {"event": "joined", **session.public()})
+        self.notify.publish("session", {"event": "joined", **msgspec.to_builtins(session.public())})
         self.scheduler.intruder_session(session)
         return protocol.Registered(session=session.id, token=session.token, gpu=gpu, **self.backend_info)
 
@@ -155,7 +161,7 @@ class SessionRequests:
             # A region holding it frozen still thaws it: thaw() opens the files again if need be.
             FREEZE_FILES.forget(session.cgroup)
         self.placer.remove(session.cgroup)
-        self.notify.publish("session", {"event": "left", **session.public()})
+        self.notify.publish("session", {"event": "left", **msgspec.to_builtins(session.public())})
 
     def acquire(self, req: protocol.Acquire, peer: Peer) -> Any:
         session = self.sessions.get(req.session, req.token)
@@ -171,7 +177,7 @@ class SessionRequests:
         if parent is not None and session.within == parent.id and parent.state is RegionState.HELD:
             # Started by the holder inside its region (krex exclusive -- CMD): the region is
             # already theirs; queueing behind it would wait for ourselves.
-            report = parent.report(self.backend_info)
+            report = parent.report(self.reported_backend)
             report.nested = True
             return protocol.Granted(region=parent.id, gpu=gpu, report=report)
         mine = self.scheduler.regions_of(session, gpu)
@@ -203,7 +209,7 @@ class SessionRequests:
                 return past  # already released (lease expiry): the report says why
             raise NotHolder(f"region {req.region!r} is not held or requested by session {session.id}")
         if session.within == region.id and region.session.id != session.id:
-            report = region.report(self.backend_info)
+            report = region.report(self.reported_backend)
             report.nested = True  # the holder releases it
             return report
         if region.session.id != session.id and req.force:
@@ -239,11 +245,11 @@ class SessionRequests:
         log.warning("region %s of %s ended by admin uid %d (%s)", region.id, region.session.user, uid, by)
         return self.scheduler.release(region, f"{REVOKED} uid {uid}")
 
-    def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> dict[str, Any]:
+    def drain_ack(self, req: protocol.DrainAck, peer: Peer) -> Acknowledged:
         session = self.sessions.get(req.session, req.token)
         session.silent = False  # it answers again: regions wait for it again
         region = self.scheduler.find(req.region)
         fut = region.acks.get(session.id) if region is not None else None
         if fut is not None and not fut.done():
             fut.set_result(None)
-        return {}
+        return Acknowledged()

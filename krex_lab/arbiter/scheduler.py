@@ -27,7 +27,7 @@ from ..region_report import RegionReport
 from ..regions.freeze import continue_kin, thaw
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
-from .region import Region, RegionState, Reply
+from .region import BackendInfo, Region, RegionState, Reply
 from .scheduler_config import Notifier, SchedulerConfig
 from .sessions import Session, SessionTable
 
@@ -89,11 +89,7 @@ class Scheduler:
         self.steps = steps
         self.notify = notify
         self.config = config
-        self.backend_info: dict[str, Any] = config.backend_info or {
-            "backend": "unknown",
-            "simulated": True,
-            "capabilities": {"lock": False},
-        }
+        self.backend_info = BackendInfo.of(config.backend_info)
         self.queues: dict[int, collections.deque[Region]] = {g: collections.deque() for g in range(gpus)}
         self.active: dict[int, Region | None] = dict.fromkeys(range(gpus))
         self.history: collections.deque[RegionReport] = collections.deque(maxlen=config.history)

@@ -20,7 +20,7 @@ class SchedulerConfig:
     lock_foreign: bool = True
     poll_interval: float = 0.1
     history: int = 200
-    #: the backend's ``describe()``: every report carries it
+    #: the backend's ``describe()`` (read by :meth:`~.region.BackendInfo.of`): every report carries it
     backend_info: dict[str, Any] | None = None
     #: seconds a session that registers mid-region runs before it is drained and frozen, so
     #: that it hears its registration and can queue (it is stopped at once when it queues)

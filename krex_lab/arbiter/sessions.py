@@ -15,14 +15,31 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+import msgspec
 import psutil
 
 from ..errors import InvalidRequest, PermissionDenied, UnknownSession
 from ..procutil import real_and_effective_uid, start_time
+from .slurm_jobs import SlurmJob
 
 log = logging.getLogger("krex.sessions")
+
+
+class SessionRow(SlurmJob, kw_only=True, omit_defaults=True):
+    """A session as ``krex status`` lists it, and as a session event carries it (beside
+    ``event``). A field that is None was not given (a hand-made or an older table)."""
+
+    id: str
+    pid: int
+    uid: int
+    user: str
+    role: str
+    name: str
+    gpu: int
+    within: str | None = None
+    cgroup: str | None = None
+    since: float | None = None
 
 
 @dataclass
@@ -41,7 +58,7 @@ class Session:
     #: it missed a drain and has not answered one since: regions do not wait for it (the drain
     #: timeout is spent once per silent session, not on every region); its next answer clears it
     silent: bool = False
-    job: dict[str, str] = field(default_factory=dict)  # its Slurm job, step and account (Arbiter.slurm)
+    job: SlurmJob = field(default_factory=SlurmJob)  # its Slurm job, step and account (Arbiter.slurm)
     created: float = field(default_factory=time.time)
 
     @functools.cached_property
@@ -53,20 +70,21 @@ class Session:
         except KeyError:
             return str(self.uid)
 
-    def public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "pid": self.pid,
-            "uid": self.uid,
-            "user": self.user,
-            "role": self.role,
-            "name": self.name,
-            "gpu": self.gpu,
-            "within": self.within,
-            "cgroup": self.cgroup,
-            "since": self.created,
-            **self.job,
-        }
+    def public(self) -> SessionRow:
+        """The session as a status table lists it (what a privacy view may keep of it)."""
+        row = SessionRow(
+            id=self.id,
+            pid=self.pid,
+            uid=self.uid,
+            user=self.user,
+            role=self.role,
+            name=self.name,
+            gpu=self.gpu,
+            within=self.within,
+            cgroup=self.cgroup,
+            since=self.created,
+        )
+        return msgspec.structs.replace(row, **msgspec.structs.asdict(self.job))
 
 
 class SessionTable:

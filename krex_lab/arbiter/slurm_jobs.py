@@ -16,11 +16,12 @@ The records live in files, not in the arbiter's memory, so that they outlive an 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 from pathlib import Path
+
+import msgspec
 
 from .. import paths
 
@@ -28,8 +29,23 @@ log = logging.getLogger("krex.slurm")
 
 #: the directory of the prolog's job records, inside the arbiter's runtime dir
 JOBS_DIR = "slurm-jobs"
-#: the session fields a Slurm job adds (to ``krex status``, region reports and the history)
-FIELDS = ("slurm_job", "slurm_step", "account")
+
+
+class SlurmJob(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The Slurm job a session runs in, as its status rows and region reports carry it (flat, beside
+    the row's own fields: an encoded row of a session in no job has none of them)."""
+
+    slurm_job: str | None = None
+    slurm_step: str | None = None
+    account: str | None = None
+
+
+class JobRecord(msgspec.Struct):
+    """What the prolog records of a job it admitted: whose it is and its account."""
+
+    uid: int | None = None
+    account: str | None = None
+
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}(?:_[0-9]{1,8})?$")  # 1234 or an array task's 1234_7
 _CGROUP = re.compile(r"/job_([0-9]{1,12})/step_([A-Za-z0-9_.-]{1,32})")
@@ -83,27 +99,26 @@ class SlurmJobs:
             return None
         return job, env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "batch"
 
-    def record(self, job: str) -> dict[str, object] | None:
-        """The prolog's record of ``job`` (None: none, or one that is not root's own file)."""
+    def record(self, job: str) -> JobRecord | None:
+        """The prolog's record of ``job`` (None: none, one that is not root's own file, or not a record)."""
         try:
             fd = paths.open_private(record_path(self.root, job), os.O_RDONLY)
         except (ValueError, OSError, paths.UnsafePath):
             return None
         with os.fdopen(fd, "rb") as f:
             try:
-                data = json.loads(f.read(65536))
-            except ValueError:
+                return msgspec.json.decode(f.read(65536), type=JobRecord)
+            except msgspec.DecodeError:  # not JSON, or not a record (a ValidationError is one)
                 return None
-        return data if isinstance(data, dict) else None
 
-    def job_of(self, pid: int, uid: int) -> dict[str, str]:
-        """The Slurm fields of a session of ``uid`` whose process is ``pid`` (empty: none)."""
+    def job_of(self, pid: int, uid: int) -> SlurmJob:
+        """The Slurm job of a session of ``uid`` whose process is ``pid`` (every field None: none)."""
         claim = self.claimed(pid)
         if claim is None:
-            return {}
+            return SlurmJob()
         job, step = claim
         rec = self.record(job)
-        if rec is None or rec.get("uid") != uid:
+        if rec is None or rec.uid != uid:
             log.warning(
                 "process %d (uid %d) says it runs in Slurm job %s, which the prolog did not admit for "
                 "that uid: recorded without a job",
@@ -111,5 +126,5 @@ class SlurmJobs:
                 uid,
                 job,
             )
-            return {}
-        return {"slurm_job": job, "slurm_step": step, "account": str(rec.get("account") or "")}
+            return SlurmJob()
+        return SlurmJob(slurm_job=job, slurm_step=step, account=rec.account or "")

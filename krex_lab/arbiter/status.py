@@ -1,19 +1,151 @@
-"""The node's table, as ``krex status --json``, ``%krex_status`` and the REST API give it."""
+"""The node's table, as ``krex status --json``, ``%krex_status`` and the REST API give it:
+:class:`NodeStatus`, its rows, and their plain-text rendering."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..gpu.base import GpuInfo
-from ..regions.gate import Gate
-from .scheduler import Scheduler
-from .sessions import SessionTable
+import msgspec
+
+from ..gpu.base import Capabilities
+from ..region_report import RegionReport
+from .sessions import SessionRow
+from .slurm_jobs import SlurmJob
+
+if TYPE_CHECKING:
+    from ..gpu.base import GpuInfo
+    from ..regions.gate import Gate
+    from .scheduler import Scheduler
+    from .sessions import SessionTable
 
 
-def node_status(
-    inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable, arbiter: dict[str, Any]
-) -> dict[str, Any]:
+class HolderRow(SlurmJob, kw_only=True, omit_defaults=True):
+    """The region that holds a GPU. Another user's, on a private arbiter, keeps only what
+    :mod:`.privacy` lets anyone see: a field that is None is left out of the encoded row."""
+
+    region: str
+    state: str | None = None
+    session: str | None = None
+    pid: int | None = None
+    uid: int | None = None
+    user: str | None = None
+    name: str | None = None
+    role: str | None = None
+    #: seconds since the grant
+    held_s: float | None = None
+    #: the region's lease
+    max_hold_s: float | None = None
+
+
+class QueueRow(SlurmJob, kw_only=True, omit_defaults=True):
+    """A region waiting for a GPU (reduced for another user as :class:`HolderRow` is)."""
+
+    region: str
+    session: str | None = None
+    pid: int | None = None
+    name: str | None = None
+    uid: int | None = None
+    user: str | None = None
+    #: seconds since the request
+    waiting_s: float | None = None
+
+
+class GpuRow(msgspec.Struct, kw_only=True):
+    """One GPU of the table: the backend's :class:`~krex_lab.gpu.base.GpuInfo`, its gate, holder,
+    queue in order and the sessions placed on it."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    memory_total: int = 0
+    memory_used: int = 0
+    utilization_gpu: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: list[str] = []
+    simulated: bool = False
+    gate: str = "open"
+    holder: HolderRow | None = None
+    queue: list[QueueRow] = []
+    #: the viewer's sessions (every session, for an admin or on an open arbiter)
+    sessions: list[SessionRow] = []
+    #: user -> how many sessions of theirs a private view left out (unset, and not encoded, in a
+    #: full view: a reader tells the views apart by its presence)
+    other_sessions: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ArbiterRow(msgspec.Struct, kw_only=True):
+    """The arbiter itself: its process, endpoints, backend and settings that ``krex status`` shows."""
+
+    pid: int = 0
+    endpoint: str = ""
+    events: str = ""
+    #: when it started (epoch seconds)
+    started: float = 0.0
+    #: how cores are shielded
+    shield: str = ""
+    shield_linger_s: float = 0.0
+    #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
+    cgroups: str = ""
+    #: the last SIGHUP's quota reload (empty: the quotas it started with)
+    quotas: str = ""
+    backend: str = ""
+    simulated: bool = False
+    capabilities: Capabilities = msgspec.field(default_factory=Capabilities)
+    #: the GPU driver's version, where the backend knows it
+    driver: str = ""
+    sessions: int = 0
+
+
+class ShareRow(msgspec.Struct, kw_only=True):
+    """One user's fair-share charge, as ``krex status`` lists it."""
+
+    uid: int
+    user: str
+    #: hold plus each region's cost to the others, decayed (seconds)
+    charged_s: float
+    regions: int
+
+
+class NodeStatus(msgspec.Struct, kw_only=True):
+    """The node's table (``krex status``): the arbiter, every GPU, and each user's fair-share charge."""
+
+    arbiter: ArbiterRow = msgspec.field(default_factory=ArbiterRow)
+    gpus: list[GpuRow] = []
+    #: what fair share charges each user (hold plus each region's cost to the others), most first
+    fair_share: list[ShareRow] = []
+
+    @classmethod
+    def of(cls, table: object) -> NodeStatus:
+        """The table itself, or decoded from its JSON form (what the arbiter's Status request
+        answers); a malformed one raises ``msgspec.ValidationError``."""
+        return table if isinstance(table, NodeStatus) else msgspec.convert(table, cls, strict=False)
+
+
+class GpuProcessRow(msgspec.Struct, kw_only=True):
+    """A process on a GPU and its memory, as a telemetry event lists it (NVML's; none on the fake backend)."""
+
+    gpu: int
+    pid: int
+    used_memory: int | None = None
+
+
+class Telemetry(NodeStatus, kw_only=True):
+    """A ``krex.telemetry`` event: the node table (as a subscriber may see it), the event's
+    number and period, the GPU processes' memory and the last finished regions."""
+
+    seq: int = 0
+    #: seconds between telemetry events
+    interval: float = 0.0
+    #: None where the event carries none (a snapshot of the table alone)
+    processes: list[GpuProcessRow] | None = None
+    regions: list[RegionReport] = []
+
+
+def node_table(
+    inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable, arbiter: ArbiterRow
+) -> NodeStatus:
     """The table of every GPU (``inventory``) with its gate, holder, queue and sessions;
     ``arbiter`` describes the arbiter itself (pid, endpoints, backend)."""
     now = time.monotonic()
@@ -23,118 +155,127 @@ def node_status(
         active = scheduler.active.get(g)
         holder = None
         if active is not None:
-            holder = {
-                "region": active.id,
-                "state": active.state.value,
-                "session": active.session.id,
-                "pid": active.session.pid,
-                "uid": active.session.uid,
-                "user": active.session.user,
-                "name": active.session.name,
-                "role": active.session.role,
-                "held_s": round(now - active.granted_at, 3) if active.granted_at else 0.0,
-                "max_hold_s": active.max_hold,
-                **active.session.job,
-            }
+            s = active.session
+            holder = HolderRow(
+                region=active.id,
+                state=active.state.value,
+                session=s.id,
+                pid=s.pid,
+                uid=s.uid,
+                user=s.user,
+                name=s.name,
+                role=s.role,
+                held_s=round(now - active.granted_at, 3) if active.granted_at else 0.0,
+                max_hold_s=active.max_hold,
+                **msgspec.structs.asdict(s.job),
+            )
+        queue = [
+            QueueRow(
+                region=r.id,
+                session=r.session.id,
+                pid=r.session.pid,
+                name=r.session.name,
+                uid=r.session.uid,
+                user=r.session.user,
+                waiting_s=round(now - r.requested, 3),
+                **msgspec.structs.asdict(r.session.job),
+            )
+            for r in scheduler.queues[g]
+        ]
         gpus.append(
-            {
-                **info.to_dict(),
-                "gate": "closed" if not gate.is_open(g) else "open",
-                "holder": holder,
-                "queue": [
-                    {
-                        "region": r.id,
-                        "session": r.session.id,
-                        "pid": r.session.pid,
-                        "name": r.session.name,
-                        "uid": r.session.uid,
-                        "user": r.session.user,
-                        "waiting_s": round(now - r.requested, 3),
-                        **r.session.job,
-                    }
-                    for r in scheduler.queues[g]
-                ],
-                "sessions": [s.public() for s in sessions.on_gpu(g)],
-            }
+            msgspec.structs.replace(
+                msgspec.convert(info, GpuRow, from_attributes=True),
+                gate="closed" if not gate.is_open(g) else "open",
+                holder=holder,
+                queue=queue,
+                sessions=[s.public() for s in sessions.on_gpu(g)],
+            )
         )
     table = getattr(scheduler.policy, "table", None)
-    return {
-        "arbiter": {**arbiter, "sessions": len(sessions)},
-        "gpus": gpus,
-        #: what fair share charges each user (hold plus each region's cost to the others), most first
-        "fair_share": table() if table is not None else [],
-    }
+    return NodeStatus(
+        arbiter=msgspec.structs.replace(arbiter, sessions=len(sessions)),
+        gpus=gpus,
+        fair_share=table() if table is not None else [],
+    )
 
 
-def format_table(status: dict[str, Any]) -> str:
-    """A plain-text table for terminals, agents and ``%krex_status``."""
-    a = status["arbiter"]
+def node_status(
+    inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable, arbiter: dict[str, Any]
+) -> dict[str, Any]:
+    """:func:`node_table` in its JSON form, for the arbiter's server, which builds ``arbiter`` as
+    JSON beside the backend's ``describe()`` and merges the table into its telemetry events."""
+    row = msgspec.convert(arbiter, ArbiterRow, strict=False)
+    encoded: dict[str, Any] = msgspec.to_builtins(node_table(inventory, scheduler, gate, sessions, row))
+    return encoded
+
+
+def format_table(status: object) -> str:
+    """A plain-text table for terminals, agents and ``%krex_status`` (``status``: a
+    :class:`NodeStatus` or its JSON form)."""
+    table = NodeStatus.of(status)
+    a = table.arbiter
+    caps = a.capabilities
     lines = [
-        f"krex arbiter pid {a['pid']} at {a['endpoint']} - backend {a['backend']}"
-        + ("  [SIMULATED GPUs: fake backend, no real GPU]" if a["simulated"] else ""),
-        f"  drain by driver lock: {'yes' if a['capabilities']['lock'] else 'no'}"
-        + (f" ({a['capabilities']['reason']})" if a["capabilities"].get("reason") else ""),
+        f"krex arbiter pid {a.pid} at {a.endpoint} - backend {a.backend}"
+        + ("  [SIMULATED GPUs: fake backend, no real GPU]" if a.simulated else ""),
+        f"  drain by driver lock: {'yes' if caps.lock else 'no'}" + (f" ({caps.reason})" if caps.reason else ""),
     ]
-    if a.get("quotas"):
-        lines.append(f"  quotas: {a['quotas']}")
-    if a.get("cgroups"):
-        cgroup = str(a["cgroups"])
-        placed = cgroup.startswith("sessions placed")
-        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({cgroup})")
-    shares = status.get("fair_share") or []
-    if shares:
+    if a.quotas:
+        lines.append(f"  quotas: {a.quotas}")
+    if a.cgroups:
+        placed = a.cgroups.startswith("sessions placed")
+        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({a.cgroups})")
+    if table.fair_share:
         lines.append(
             "  fair share (hold + each region's cost, decaying; while others wait the last holder goes after them): "
-            + ", ".join(f"{s['user']} {s['charged_s']:.2f} s/{s['regions']} regions" for s in shares)
+            + ", ".join(f"{s.user} {s.charged_s:.2f} s/{s.regions} regions" for s in table.fair_share)
         )
-    for g in status["gpus"]:
-        mem = f"{g['memory_used'] / 2**30:.1f}/{g['memory_total'] / 2**30:.0f} GiB" if g["memory_total"] else "-"
-        util = f"{g['utilization_gpu']:.0f}%" if g.get("utilization_gpu") is not None else "-"
-        lines.append(f"GPU {g['index']}: {g['name']}  mem {mem}  util {util}  gate {g['gate']}")
+    for g in table.gpus:
+        mem = f"{g.memory_used / 2**30:.1f}/{g.memory_total / 2**30:.0f} GiB" if g.memory_total else "-"
+        util = f"{g.utilization_gpu:.0f}%" if g.utilization_gpu is not None else "-"
+        lines.append(f"GPU {g.index}: {g.name}  mem {mem}  util {util}  gate {g.gate}")
         lines.extend("  " + row for row in gpu_rows(g))
     return "\n".join(lines)
 
 
-def who(entry: dict[str, Any]) -> str:
+def who(entry: HolderRow | QueueRow) -> str:
     """A holder's or waiter's owner as far as the viewer may see it: ``name (pid N, user)`` for
     their own (or anyone's, for an admin or an open arbiter), ``user U`` for another user's, whose
     name and pid the privacy view leaves out."""
-    if "name" in entry and "pid" in entry:
-        return f"{entry['name']} (pid {entry['pid']}, {entry.get('user', '?')})"
-    return f"user {entry.get('user', '?')}"
+    if entry.name is not None and entry.pid is not None:
+        return f"{entry.name} (pid {entry.pid}, {entry.user or '?'})"
+    return f"user {entry.user or '?'}"
 
 
-def holder_row(h: dict[str, Any] | None) -> str:
+def holder_row(h: HolderRow | None) -> str:
     if not h:
         return "holder: -"
     return (
-        f"holder: {who(h)} region {h['region']} {h.get('state', '')} "
-        f"{h.get('held_s') or 0.0:.1f}/{h.get('max_hold_s') or 0.0:.0f} s{_job(h)}"
+        f"holder: {who(h)} region {h.region} {h.state or ''} {h.held_s or 0.0:.1f}/{h.max_hold_s or 0.0:.0f} s{_job(h)}"
     )
 
 
-def queue_row(i: int, q: dict[str, Any]) -> str:
-    return f"waiting {i}: {who(q)} {q.get('waiting_s') or 0.0:.1f} s{_job(q)}"
+def queue_row(i: int, q: QueueRow) -> str:
+    return f"waiting {i}: {who(q)} {q.waiting_s or 0.0:.1f} s{_job(q)}"
 
 
-def _job(entry: dict[str, Any]) -> str:
+def _job(entry: SlurmJob) -> str:
     """`` slurm job 12.batch (account)`` for a session in a Slurm job (Arbiter.slurm), else ''."""
-    if not entry.get("slurm_job"):
+    if not entry.slurm_job:
         return ""
-    account = f" ({entry['account']})" if entry.get("account") else ""
-    return f" slurm job {entry['slurm_job']}.{entry.get('slurm_step', '?')}{account}"
+    account = f" ({entry.account})" if entry.account else ""
+    return f" slurm job {entry.slurm_job}.{entry.slurm_step or '?'}{account}"
 
 
-def gpu_rows(g: dict[str, Any]) -> list[str]:
+def gpu_rows(g: GpuRow) -> list[str]:
     """The rows of one GPU of a status table, for any viewer at any privacy level: the holder, the
     queue in order, the viewer's sessions (every session, for an admin) and the other users' as
     names and counts (``other_sessions``, what a private arbiter shows of them)."""
-    rows = [holder_row(g.get("holder"))]
-    rows.extend(queue_row(i, q) for i, q in enumerate(g.get("queue", []), 1))
-    for s in g.get("sessions", []):
-        rows.append(f"session {s['id']}: {s['role']:<6} {s['name']} pid {s['pid']} user {s['user']}{_job(s)}")
-    others = g.get("other_sessions") or {}
-    if others:
-        counts = ", ".join(f"{u} ({n})" for u, n in sorted(others.items()))
+    rows = [holder_row(g.holder)]
+    rows.extend(queue_row(i, q) for i, q in enumerate(g.queue, 1))
+    for s in g.sessions:
+        rows.append(f"session {s.id}: {s.role:<6} {s.name} pid {s.pid} user {s.user}{_job(s)}")
+    if g.other_sessions:
+        counts = ", ".join(f"{u} ({n})" for u, n in sorted(g.other_sessions.items()))
         rows.append(f"other users' sessions: {counts}")
     return rows

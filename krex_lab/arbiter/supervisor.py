@@ -43,7 +43,7 @@ from ..errors import KrexError
 from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
 from ..regions import isolate as _isolate  # noqa: F401
 from .guardian import _Unlocker
-from .journal import undo_outstanding
+from .journal import UndoSummary, undo_outstanding
 
 DESCRIPTION = "Run a KREX arbiter, undo its journal whenever it exits and restart it unless it stopped cleanly."
 
@@ -111,24 +111,24 @@ class _Unlockers:
                 u.backend.close()
 
 
-def undo(runtime: Path, unlock: _Unlockers | None = None) -> dict[str, Any]:
+def undo(runtime: Path, unlock: _Unlockers | None = None) -> UndoSummary:
     """Undo what the journal of ``runtime`` names (if the directory is safe and no live arbiter
     holds its lock). Never raises; returns the summary."""
-    summary: dict[str, Any] = {"restored": 0, "thawed": 0, "unlocked": 0, "unshielded": 0, "errors": []}
+    summary = UndoSummary()
     if not os.path.lexists(runtime):
         return summary
     try:
         paths.check_private_dir(runtime)
     except (OSError, KrexError) as exc:
-        summary["errors"].append(f"journal not replayed: {exc}")
+        summary.errors.append(f"journal not replayed: {exc}")
         log.error("journal not replayed: %s", exc)
         return summary
     try:
         summary = undo_outstanding(runtime / "journal.jsonl", unlock, lock_path=runtime / "arbiter.lock")
     except (OSError, KrexError) as exc:
-        summary["errors"].append(f"journal not replayed: {exc}")
+        summary.errors.append(f"journal not replayed: {exc}")
         log.error("journal not replayed: %s", exc)
-    if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")) or summary["errors"]:
+    if summary.undid or summary.errors:
         log.warning("undone after the arbiter exited: %s", summary)
     return summary
 
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
     try:
         if args.undo_only:
             summary = undo(runtime, unlock)
-            return 1 if summary["errors"] else 0
+            return 1 if summary.errors else 0
         if not command:
             if parser is not None:
                 parser.error("no arbiter command given (after --)")

@@ -6,7 +6,7 @@ import html
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..region_report import RegionReport
 from .stats import CONVERGED, noise_met, summarize
@@ -24,6 +24,21 @@ def fmt_ms(ms: float) -> str:
     if ms < 1000.0:
         return f"{ms:.4g} ms"
     return f"{ms / 1e3:.3g} s"
+
+
+class MeasurementRow(TypedDict):
+    """What :meth:`Measurement.row` gives a table or a result file (times in milliseconds)."""
+
+    median_ms: float
+    p5_ms: float
+    p95_ms: float
+    noise: float
+    samples: int
+    discarded: int
+    simulated: bool
+    gpu_timed: bool
+    converged: bool
+    degraded: bool
 
 
 @dataclass
@@ -121,20 +136,20 @@ class Measurement:
         """How many times faster this is than ``other`` (ratio of medians)."""
         return other.median / self.median if self.median > 0 else math.nan
 
-    def row(self) -> dict[str, float | int | bool]:
+    def row(self) -> MeasurementRow:
         """The figures a table or a result file shows of it, times in ms (``median_ms``, ``p95_ms``, ...)."""
-        return {
-            "median_ms": self.median,
-            "p5_ms": self.p5,
-            "p95_ms": self.p95,
-            "noise": self.rel_stdev,
-            "samples": self.n,
-            "discarded": self.discarded,
-            "simulated": self.simulated,
-            "gpu_timed": self.gpu_timed,
-            "converged": self.converged,
-            "degraded": self.degraded,
-        }
+        return MeasurementRow(
+            median_ms=self.median,
+            p5_ms=self.p5,
+            p95_ms=self.p95,
+            noise=self.rel_stdev,
+            samples=self.n,
+            discarded=self.discarded,
+            simulated=self.simulated,
+            gpu_timed=self.gpu_timed,
+            converged=self.converged,
+            degraded=self.degraded,
+        )
 
     def to_dict(self, samples: bool = True) -> dict[str, Any]:
         """Plain JSON-able data (for agents and result files); ``samples=False`` leaves the raw samples out."""
@@ -251,6 +266,20 @@ class Measurement:
         return f"<div><b>{e(self.name)}</b><table>{body}</table>{warn}</div>"
 
 
+class ComparisonRow(MeasurementRow):
+    """One measurement of a :class:`Comparison`, named, with its ``speedup`` against the baseline."""
+
+    name: str
+    speedup: float
+
+
+class ComparisonDict(TypedDict):
+    """A :class:`Comparison` as plain data: the baseline's name and every row."""
+
+    baseline: str
+    rows: list[ComparisonRow]
+
+
 class Comparison:
     """Several measurements side by side, with speed-ups against the first (the baseline)."""
 
@@ -260,12 +289,16 @@ class Comparison:
         self.measurements = dict(measurements)
         self.baseline = next(iter(self.measurements))
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[ComparisonRow]:
         base = self.measurements[self.baseline]
-        return [{"name": k, **m.row(), "speedup": m.speedup_over(base)} for k, m in self.measurements.items()]
+        return [ComparisonRow(name=k, **m.row(), speedup=m.speedup_over(base)) for k, m in self.measurements.items()]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"baseline": self.baseline, "rows": self.rows()}
+    def to_dict(self) -> ComparisonDict:
+        return ComparisonDict(baseline=self.baseline, rows=self.rows())
+
+    def _host_timed(self) -> list[str]:
+        """The measurements whose times are host times of a real run (not simulated, no GPU timed)."""
+        return [k for k, m in self.measurements.items() if not m.gpu_timed and not m.simulated]
 
     def __repr__(self) -> str:
         lines = [f"{'':24s} {'median':>12s} {'p95':>12s} {'noise':>7s} {'vs ' + self.baseline[:12]:>16s}"]
@@ -274,12 +307,12 @@ class Comparison:
                 f"{r['name'][:24]:24s} {fmt_ms(r['median_ms']):>12s} {fmt_ms(r['p95_ms']):>12s} "
                 f"{r['noise']:>7.2%} {r['speedup']:>15.2f}x"
             )
-        if any(r["simulated"] for r in self.rows()):
+        if any(m.simulated for m in self.measurements.values()):
             lines.append("(simulated: host times of numba's CUDA simulator, not GPU times)")
         degraded = [name for name, m in self.measurements.items() if m.degraded]
         if degraded:
             lines.append(f"(DEGRADED region for {', '.join(degraded)}: these times may be disturbed)")
-        host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
+        host = self._host_timed()
         if host:
             lines.append(f"({NO_GPU} for {', '.join(host)}: host clock)")
         return "\n".join(lines)
@@ -297,10 +330,10 @@ class Comparison:
         )
         sim = (
             "<div style='color:#b00'>simulated: host times of numba's CUDA simulator, not GPU times</div>"
-            if any(r["simulated"] for r in self.rows())
+            if any(m.simulated for m in self.measurements.values())
             else ""
         )
-        host = [r["name"] for r in self.rows() if not r["gpu_timed"] and not r["simulated"]]
+        host = self._host_timed()
         if host:
             sim += f"<div style='color:#b00'>{NO_GPU} for {e(', '.join(host))}: host clock</div>"
         return f"<table><tr>{head}</tr>{body}</table>{sim}"

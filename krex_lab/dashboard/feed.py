@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from .. import discovery, protocol
@@ -89,19 +90,20 @@ class Feed:
 
     def _session(self) -> None:
         """One connection: subscribe, snapshot, listen until the arbiter is gone (raises KrexError) or stop."""
-        info = hello(self.endpoint, timeout=1.0)
+        raw = hello(self.endpoint, timeout=1.0)
+        info = msgspec.convert(raw, protocol.Info, strict=False)
         sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"krex.")
-        sub.connect(info["events"])
+        sub.connect(info.events)
         try:
             conn = Connection(self.endpoint)
-            conn.arbiter_pid = info["pid"]
+            conn.arbiter_pid = info.pid
             try:
                 status = conn.call(protocol.Status(ticket=conn.ticket()), timeout=5.0)
                 regions = conn.call(protocol.Regions(limit=SNAPSHOT_REGIONS, ticket=conn.ticket()), timeout=5.0)
                 self.connects += 1
-                self._emit("snapshot", {"hello": info, "status": status, "regions": regions})
+                self._emit("snapshot", {"hello": raw, "status": status, "regions": regions})
                 self._listen(sub, info, conn)
             finally:
                 conn.close()
@@ -116,7 +118,7 @@ class Feed:
         status = conn.call(protocol.Status(ticket=conn.ticket()), timeout=5.0)
         return Event(event.topic, {**event.data, **status}, event.at)
 
-    def _listen(self, sub: zmq.Socket[bytes], info: dict[str, Any], conn: Connection) -> None:
+    def _listen(self, sub: zmq.Socket[bytes], info: protocol.Info, conn: Connection) -> None:
         last = time.monotonic()
         interval = 0.0
         while not self._stop.is_set():
@@ -135,7 +137,7 @@ class Feed:
                     if event.topic == "telemetry":
                         interval = float(event.data.get("interval", 0.0))
                         pid = (event.data.get("arbiter") or {}).get("pid")
-                        if pid is not None and pid != info["pid"]:
+                        if pid is not None and pid != info.pid:
                             return  # another arbiter on this endpoint: snapshot it afresh
                         event = self._own_view(conn, event)
                     self._emit_event(event)
@@ -144,7 +146,7 @@ class Feed:
             if time.monotonic() - last > max(self.silence, 3 * interval):
                 # Silence: is the arbiter still there? (Telemetry may be off; hello costs no GPU query.)
                 again = hello(self.endpoint, timeout=1.0)
-                if again["pid"] != info["pid"]:
+                if msgspec.convert(again, protocol.Info, strict=False).pid != info.pid:
                     return
                 last = time.monotonic()
 

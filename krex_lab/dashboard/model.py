@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from ..arbiter.status import GpuProcessRow, NodeStatus, Telemetry
 from ..region_report import RegionReport
 
 #: regions kept per GPU for the timeline
@@ -157,112 +160,116 @@ def _heard(state: NodeState, at: float) -> NodeState:
     return dataclasses.replace(state, last_message=max(state.last_message, at))
 
 
+class Snapshot(msgspec.Struct):
+    """What the feed takes when it connects: the node table and the last finished regions."""
+
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+    regions: list[RegionReport] = []
+
+
 def _snapshot(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
-    return _from_status(state, data.get("status") or {}, data.get("regions") or [], None, at)
+    snap = msgspec.convert(data, Snapshot, strict=False)
+    return _from_status(state, snap.status, snap.regions, None, at)
 
 
 def _telemetry(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
-    new = _from_status(state, data, data.get("regions") or [], data.get("processes"), at)
-    return dataclasses.replace(
-        new, telemetry_seq=int(data.get("seq", 0)), telemetry_interval=float(data.get("interval", 0.0))
-    )
+    t = msgspec.convert(data, Telemetry, strict=False)
+    new = _from_status(state, t, t.regions, t.processes, at)
+    return dataclasses.replace(new, telemetry_seq=t.seq, telemetry_interval=t.interval)
 
 
 def _from_status(
     state: NodeState,
-    status: Mapping[str, Any],
-    regions: Iterable[Mapping[str, Any]],
-    processes: Iterable[Mapping[str, Any]] | None,
+    status: NodeStatus,
+    regions: Iterable[RegionReport],
+    processes: Iterable[GpuProcessRow] | None,
     at: float,
 ) -> NodeState:
     """The whole picture from a status table (a snapshot or a telemetry event taken at ``at``)."""
-    arb = status.get("arbiter") or {}
-    pid = arb.get("pid")
+    arb = status.arbiter
+    pid = arb.pid or None  # a table without its arbiter's (a partial one)
     restarted = state.arbiter_pid is not None and pid is not None and pid != state.arbiter_pid
     memory: dict[int, int] = {}
     for p in processes or ():
-        if p.get("used_memory") is not None:
-            memory[int(p["pid"])] = memory.get(int(p["pid"]), 0) + int(p["used_memory"])
+        if p.used_memory is not None:
+            memory[p.pid] = memory.get(p.pid, 0) + p.used_memory
     finished: dict[int, list[RegionRecord]] = {}
-    for r in regions:
-        report = RegionReport.from_dict(r)
+    for report in regions:
         finished.setdefault(report.gpu, []).append(_record(report))
     gpus = []
-    for g in status.get("gpus") or ():
-        index = int(g["index"])
+    for g in status.gpus:
+        index = g.index
         old = None if restarted else state.gpu(index)
         sessions = tuple(
             SessionInfo(
-                id=s["id"],
-                pid=int(s["pid"]),
-                user=str(s.get("user", "")),
-                role=str(s.get("role", "")),
-                name=str(s.get("name", "")),
+                id=s.id,
+                pid=s.pid,
+                user=s.user,
+                role=s.role,
+                name=s.name,
                 gpu=index,
-                within=str(s.get("within", "")),
-                since=float(s.get("since", 0.0)),
-                memory=memory.get(int(s["pid"])) if processes is not None else _old_memory(old, s["id"]),
+                within=s.within or "",
+                since=s.since or 0.0,
+                memory=memory.get(s.pid) if processes is not None else _old_memory(old, s.id),
             )
-            for s in g.get("sessions") or ()
+            for s in g.sessions
         )
-        h = g.get("holder")
+        h = g.holder
         holder = None
         if h:
-            prior = old.holder if old is not None and old.holder and old.holder.region == h["region"] else None
+            prior = old.holder if old is not None and old.holder and old.holder.region == h.region else None
             holder = Holder(
-                region=h["region"],
-                session=str(h.get("session", "")),  # absent: another user's, on a private arbiter
-                pid=int(h.get("pid") or 0),
-                user=str(h.get("user", "")),
-                name=str(h.get("name", "")),
-                role=str(h.get("role", "")),
-                since=prior.since if prior else at - float(h.get("held_s", 0.0)),
-                max_hold_s=float(h.get("max_hold_s", 0.0)),
-                state=str(h.get("state", "held")),
+                region=h.region,
+                session=h.session or "",  # None: another user's, on a private arbiter
+                pid=h.pid or 0,
+                user=h.user or "",
+                name=h.name or "",
+                role=h.role or "",
+                since=prior.since if prior else at - (h.held_s or 0.0),
+                max_hold_s=h.max_hold_s or 0.0,
+                state=h.state or "held",
                 degraded=prior.degraded if prior else False,
                 intruders=prior.intruders if prior else 0,
                 frozen=prior.frozen if prior else (),
             )
         queue = tuple(
             Waiter(
-                region=q["region"],
-                session=str(q.get("session", "")),
-                pid=int(q.get("pid") or 0),
-                user=str(q.get("user", "")),
-                name=str(q.get("name", "")),
-                since=at - float(q.get("waiting_s", 0.0)),
+                region=q.region,
+                session=q.session or "",
+                pid=q.pid or 0,
+                user=q.user or "",
+                name=q.name or "",
+                since=at - (q.waiting_s or 0.0),
             )
-            for q in g.get("queue") or ()
+            for q in g.queue
         )
-        util = g.get("utilization_gpu")
         gpus.append(
             GpuState(
                 index=index,
-                name=str(g.get("name", f"GPU {index}")),
-                uuid=str(g.get("uuid", "")),
-                simulated=bool(g.get("simulated", arb.get("simulated", False))),
-                utilization=None if util is None else float(util),
-                memory_used=int(g.get("memory_used") or 0),
-                memory_total=int(g.get("memory_total") or 0),
-                sm_clock_mhz=None if g.get("sm_clock_mhz") is None else int(g["sm_clock_mhz"]),
-                gate_closed=g.get("gate") == "closed",
+                name=g.name or f"GPU {index}",
+                uuid=g.uuid,
+                simulated=g.simulated or arb.simulated,
+                utilization=g.utilization_gpu,
+                memory_used=g.memory_used,
+                memory_total=g.memory_total,
+                sm_clock_mhz=g.sm_clock_mhz,
+                gate_closed=g.gate == "closed",
                 holder=holder,
                 queue=queue,
                 sessions=sessions,
                 regions=_merge(old.regions if old is not None else (), finished.get(index, [])),
-                others=tuple(sorted((str(u), int(n)) for u, n in (g.get("other_sessions") or {}).items())),
+                others=tuple(sorted((g.other_sessions or {}).items())),
             )
         )
-    caps = arb.get("capabilities") or {}
     return dataclasses.replace(
         state,
         connected=True,
         message="live",
         arbiter_pid=pid,
-        endpoint=str(arb.get("endpoint", state.endpoint)),
-        backend=str(arb.get("backend", "")),
-        simulated=bool(arb.get("simulated", False)),
-        lock_capable=bool(caps.get("lock", False)),
+        endpoint=arb.endpoint or state.endpoint,
+        backend=arb.backend,
+        simulated=arb.simulated,
+        lock_capable=arb.capabilities.lock,
         gpus=tuple(gpus),
         lost_since=None,
         last_message=max(state.last_message, at),
@@ -314,29 +321,61 @@ def _replace_gpu(state: NodeState, index: int, **changes: Any) -> NodeState:
     return dataclasses.replace(state, gpus=gpus)
 
 
+class SessionEvent(msgspec.Struct, kw_only=True):
+    """A ``krex.session`` event (``joined``, ``left``). Another user's, on a private arbiter, names
+    only the user, GPU and role: its id is ''."""
+
+    event: str = ""
+    id: str = ""
+    pid: int = 0
+    user: str = ""
+    role: str = ""
+    name: str = ""
+    gpu: int = -1
+    within: str = ""
+    since: float | None = None
+
+
+class GateEvent(msgspec.Struct, kw_only=True):
+    """A ``krex.gate`` event: a GPU's gate closed or opened."""
+
+    gpu: int = -1
+    closed: bool = False
+
+
+class RegionEvent(RegionReport, kw_only=True):
+    """A ``krex.region`` event: the region's report (what the event carries of it) and what
+    happened (``requested``, ``granted``, ``intruder``, ``withdrawn``, ``released``)."""
+
+    event: str = ""
+    #: the processes that began GPU work during the region (``intruder``)
+    pids: list[int] = []
+
+
 def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     state = _heard(state, at)
-    sid = str(data.get("id", ""))
+    e = msgspec.convert(data, SessionEvent, strict=False)
+    sid = e.id
     if not sid:
         # Another user's session on a private arbiter: its event names only user, GPU and role
         # (no id to follow it by); the status polls count it under "other users".
         return state
-    if data.get("event") == "joined":
-        g = state.gpu(int(data.get("gpu", -1)))
+    if e.event == "joined":
+        g = state.gpu(e.gpu)
         if g is None or any(s.id == sid for s in g.sessions):
             return state
         info = SessionInfo(
             id=sid,
-            pid=int(data["pid"]),
-            user=str(data.get("user", "")),
-            role=str(data.get("role", "")),
-            name=str(data.get("name", "")),
+            pid=e.pid,
+            user=e.user,
+            role=e.role,
+            name=e.name,
             gpu=g.index,
-            within=str(data.get("within", "")),
-            since=float(data.get("since", at)),
+            within=e.within,
+            since=at if e.since is None else e.since,
         )
         return _replace_gpu(state, g.index, sessions=(*g.sessions, info))
-    if data.get("event") == "left":
+    if e.event == "left":
         # The arbiter withdraws what the session queued (and publishes "withdrawn" for each).
         gpus = tuple(
             dataclasses.replace(
@@ -352,36 +391,37 @@ def _session_event(state: NodeState, data: Mapping[str, Any], at: float) -> Node
 
 def _gate_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     state = _heard(state, at)
-    g = state.gpu(int(data.get("gpu", -1)))
+    e = msgspec.convert(data, GateEvent, strict=False)
+    g = state.gpu(e.gpu)
     if g is None:
         return state
-    return _replace_gpu(state, g.index, gate_closed=bool(data.get("closed")))
+    return _replace_gpu(state, g.index, gate_closed=e.closed)
 
 
 def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeState:
     state = _heard(state, at)
-    kind = data.get("event")
-    rid = str(data.get("region", ""))
+    r = msgspec.convert(data, RegionEvent, strict=False)
+    kind, rid = r.event, r.region
     if kind == "intruder":
         for held in state.gpus:
             if held.holder is not None and held.holder.region == rid:
-                more = held.holder.intruders + len(data.get("pids") or ())
+                more = held.holder.intruders + len(r.pids)
                 return _replace_gpu(state, held.index, holder=dataclasses.replace(held.holder, intruders=more))
         return state
-    g = state.gpu(int(data.get("gpu", -1)))
+    g = state.gpu(r.gpu)
     if g is None:
         return state
     if kind == "requested":
         known = {w.region for w in g.queue} | {r.region for r in g.regions} | ({g.holder.region} if g.holder else set())
         if rid in known:
             return state
-        s = state.session(str(data.get("session", "")))
+        s = state.session(r.session)
         waiter = Waiter(
             region=rid,
-            session=str(data.get("session", "")),
+            session=r.session,
             pid=s.pid if s else 0,
             user=s.user if s else "",
-            name=s.name if s else str(data.get("session", "")),
+            name=s.name if s else r.session,
             since=at,
         )
         return _replace_gpu(state, g.index, queue=(*g.queue, waiter))
@@ -389,7 +429,6 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
     if kind == "granted":
         if any(r.region == rid for r in g.regions):
             return _replace_gpu(state, g.index, queue=queue)  # a late event of a region already over
-        r = RegionReport.from_dict(data)
         s = state.session(r.session)
         granted = Holder(
             region=rid,
@@ -414,7 +453,7 @@ def _region_event(state: NodeState, data: Mapping[str, Any], at: float) -> NodeS
             g.index,
             queue=queue,
             holder=still,
-            regions=_merge(g.regions, [_record(RegionReport.from_dict(data))]),
+            regions=_merge(g.regions, [_record(r)]),
         )
     return state
 

@@ -28,20 +28,25 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from urllib.parse import urlencode, urlparse
 
+import msgspec
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import PeriodicCallback
 
 from .. import protocol
-from ..arbiter.status import holder_row, queue_row
+from ..arbiter.history import HistoryRow, Recent, Usage
+from ..arbiter.status import NodeStatus, holder_row, queue_row
 from ..errors import KrexError
 from ..region_report import RegionReport
 from .charts import Bar, Sample, gantt_svg, utilisation_svg
 from .config import ADMIN_SCOPE
+
+if TYPE_CHECKING:
+    from ..arbiter.quotas import Quotas
 
 log = logging.getLogger("krex.hub.service")
 TEMPLATES = Path(__file__).with_name("templates")
@@ -49,7 +54,44 @@ TEMPLATES = Path(__file__).with_name("templates")
 REGIONS_LIMIT = 200
 
 
-def is_krex_admin(user: dict[str, Any] | None) -> bool:
+class HubUser(TypedDict, total=False):
+    """What the page reads of the hub's user (or service) model, JupyterHub's JSON."""
+
+    name: str
+    admin: bool
+    scopes: list[str]
+
+
+class PageHistory(msgspec.Struct):
+    """The arbiter's region history as the page shows it: the last regions and a week's usage."""
+
+    recent: list[HistoryRow]
+    usage: Usage
+
+
+class QuotaLimits(msgspec.Struct, kw_only=True):
+    """The limits of a user the page shows."""
+
+    sessions_per_user: int
+    queued_per_user: int
+    max_hold: float
+
+
+class QuotaUse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One user's sessions, queued requests and held regions, with their limits where known."""
+
+    user: str
+    uid: int | None
+    #: None: no quotas configured, or the user's could not be read
+    limits: QuotaLimits | None
+    sessions: int = 0
+    queued: int = 0
+    holding: int = 0
+    #: an admin, whom no limit applies to (None: not known)
+    exempt: bool | None = None
+
+
+def is_krex_admin(user: HubUser | None) -> bool:
     """The hub's user (or service) model may use this page: scope ``custom:krex:admin`` or a hub admin."""
     if not user:
         return False
@@ -68,21 +110,21 @@ class Arbiter:
 
         return Connection(self.endpoint or None)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NodeStatus:
         from ..client import status
 
-        return status(self.endpoint or None, timeout=5.0)
+        return NodeStatus.of(status(self.endpoint or None, timeout=5.0))
 
-    def regions(self, limit: int = REGIONS_LIMIT) -> list[dict[str, Any]]:
+    def regions(self, limit: int = REGIONS_LIMIT) -> list[RegionReport]:
         conn = self._connection()
         try:
-            result: list[dict[str, Any]] = conn.call(protocol.Regions(limit=limit, ticket=conn.ticket()), timeout=5.0)
-            return result
+            result = conn.call(protocol.Regions(limit=limit, ticket=conn.ticket()), timeout=5.0)
+            return msgspec.convert(result, list[RegionReport], strict=False)
         finally:
             conn.close()
 
-    def history(self, limit: int = REGIONS_LIMIT) -> dict[str, Any] | None:
-        """``{"recent": [...], "usage": {...}}`` from the arbiter's region history, or None when
+    def history(self, limit: int = REGIONS_LIMIT) -> PageHistory | None:
+        """The last regions and a week's usage from the arbiter's region history, or None when
         this arbiter (or this krex-lab) has none."""
         request_type = getattr(protocol, "History", None)
         if request_type is None:
@@ -94,7 +136,10 @@ class Arbiter:
             usage = conn.call(
                 request_type(usage=True, since=time.time() - 7 * 86400, ticket=conn.ticket()), timeout=5.0
             )
-            return {"recent": list(recent.get("rows", [])), "usage": usage}
+            return PageHistory(
+                recent=msgspec.convert(recent, Recent, strict=False).rows,
+                usage=msgspec.convert(usage, Usage, strict=False),
+            )
         except KrexError as exc:  # an older arbiter: "unknown op"
             log.info("no region history from the arbiter: %s", exc)
             return None
@@ -114,7 +159,7 @@ class Arbiter:
     def end_queue(self, session: str) -> list[str]:
         """Withdraw every queued request of ``session``; returns the regions withdrawn."""
         table = self.status()
-        ids = [q["region"] for g in table["gpus"] for q in g["queue"] if q.get("session") == session]
+        ids = [q.region for g in table.gpus for q in g.queue if q.session == session]
         for region in ids:
             self.end_region(region)
         return ids
@@ -127,26 +172,26 @@ class Telemetry:
         self.keep = keep
         self.samples: collections.deque[Sample] = collections.deque(maxlen=100_000)
         self.bars: dict[str, Bar] = {}
-        self.last_status: dict[str, Any] | None = None
+        self.last_status: NodeStatus | None = None
 
-    def record(self, table: dict[str, Any], now: float | None = None) -> None:
+    def record(self, table: NodeStatus, now: float | None = None) -> None:
         now = time.time() if now is None else now
         self.last_status = table
-        for g in table.get("gpus", []):
-            self.samples.append((now, g["index"], g.get("utilization_gpu"), int(g.get("memory_used") or 0)))
-            h = g.get("holder")
-            if h and h.get("state") == "held":
-                start = now - float(h.get("held_s") or 0.0)
-                old = self.bars.get(h["region"])
-                self.bars[h["region"]] = (g["index"], str(h.get("user")), old[2] if old else start, now, h["region"])
+        for g in table.gpus:
+            self.samples.append((now, g.index, g.utilization_gpu, g.memory_used))
+            h = g.holder
+            if h and h.state == "held":
+                start = now - (h.held_s or 0.0)
+                old = self.bars.get(h.region)
+                self.bars[h.region] = (g.index, str(h.user), old[2] if old else start, now, h.region)
         while self.samples and self.samples[0][0] < now - self.keep:
             self.samples.popleft()
         for rid in [r for r, b in self.bars.items() if b[3] < now - self.keep]:
             del self.bars[rid]
 
-    def add_regions(self, reports: list[dict[str, Any]]) -> None:
+    def add_regions(self, reports: list[RegionReport]) -> None:
         """Finished regions with wall-clock times (history rows, or ``Regions`` reports that carry them)."""
-        for r in map(RegionReport.from_dict, reports):
+        for r in reports:
             end = r.released_at
             if not end or r.gpu < 0:
                 continue
@@ -156,37 +201,34 @@ class Telemetry:
             self.bars[r.region] = (r.gpu, r.user, start, end, r.region)
 
 
-def quota_use(table: dict[str, Any], quotas: Any | None) -> list[dict[str, Any]]:
+def quota_use(table: NodeStatus, quotas: Quotas | None) -> list[QuotaUse]:
     """Per user: sessions, queued requests, regions held, and the user's limits where known."""
-    users: dict[str, dict[str, Any]] = {}
+    users: dict[str, QuotaUse] = {}
 
-    def entry(user: str, uid: Any) -> dict[str, Any]:
-        return users.setdefault(user, {"user": user, "uid": uid, "sessions": 0, "queued": 0, "holding": 0})
+    def entry(user: str | None, uid: int | None) -> QuotaUse:
+        return users.setdefault(str(user), QuotaUse(user=str(user), uid=uid, limits=None))
 
-    for g in table.get("gpus", []):
-        for s in g.get("sessions", []):
-            entry(str(s.get("user")), s.get("uid"))["sessions"] += 1
-        for q in g.get("queue", []):
-            entry(str(q.get("user")), q.get("uid"))["queued"] += 1
-        if g.get("holder"):
-            entry(str(g["holder"].get("user")), g["holder"].get("uid"))["holding"] += 1
+    for g in table.gpus:
+        for s in g.sessions:
+            entry(s.user, s.uid).sessions += 1
+        for q in g.queue:
+            entry(q.user, q.uid).queued += 1
+        if g.holder:
+            entry(g.holder.user, g.holder.uid).holding += 1
     for u in users.values():
-        u["limits"] = None
-        if quotas is not None and isinstance(u["uid"], int):
+        if quotas is not None and u.uid is not None:
             try:
-                lim = quotas.limits_for(u["uid"])
-                u["limits"] = {
-                    "sessions_per_user": lim.sessions_per_user,
-                    "queued_per_user": lim.queued_per_user,
-                    "max_hold": lim.max_hold,
-                }
-                u["exempt"] = quotas.is_admin(u["uid"])
+                lim = quotas.limits_for(u.uid)
+                u.limits = QuotaLimits(
+                    sessions_per_user=lim.sessions_per_user, queued_per_user=lim.queued_per_user, max_hold=lim.max_hold
+                )
+                u.exempt = quotas.is_admin(u.uid)
             except (KeyError, OSError, ValueError):
                 pass
-    return sorted(users.values(), key=lambda u: u["user"])
+    return sorted(users.values(), key=lambda u: u.user)
 
 
-def load_quotas(config_file: str) -> Any | None:
+def load_quotas(config_file: str) -> Quotas | None:
     """The arbiter's ``Quotas`` as ``config_file`` (the hub's config: ``krex hub-config``) sets them."""
     if not config_file:
         return None
@@ -227,8 +269,8 @@ class AdminHandler(HubOAuthenticated, web.RequestHandler):
             self.current_user  # noqa: B018 - authenticates, marking a token-authenticated request
         super().check_xsrf_cookie()
 
-    def require_admin(self) -> dict[str, Any]:
-        user: dict[str, Any] | None = self.current_user
+    def require_admin(self) -> HubUser:
+        user: HubUser | None = self.current_user
         if user is None:
             raise web.HTTPError(403)
         if not is_krex_admin(user):
@@ -247,9 +289,9 @@ class PageHandler(AdminHandler):
     async def get(self) -> None:
         user = self.require_admin()
         error = ""
-        table: dict[str, Any] = {"gpus": [], "arbiter": {}}
-        regions: list[dict[str, Any]] = []
-        history: dict[str, Any] | None = None
+        table = NodeStatus()
+        regions: list[RegionReport] = []
+        history: PageHistory | None = None
         try:
             table = await self.blocking(self.arbiter.status)
             self.telemetry.record(table)
@@ -257,9 +299,9 @@ class PageHandler(AdminHandler):
             history = await self.blocking(self.arbiter.history)
         except KrexError as exc:
             error = str(exc)
-        recent = history["recent"] if history else regions
+        recent: list[RegionReport] = list(history.recent) if history else regions
         self.telemetry.add_regions(recent)
-        gpus = [g["index"] for g in table.get("gpus", [])]
+        gpus = [g.index for g in table.gpus]
         charts = await self.blocking(self._charts, gpus)
         self.render(
             "admin.html",
@@ -267,7 +309,7 @@ class PageHandler(AdminHandler):
             table=table,
             regions=list(reversed(recent))[:50],
             history_source="region history (SQLite)" if history else "recent regions (in memory)",
-            usage=(history or {}).get("usage"),
+            usage=history.usage if history else None,
             quotas=quota_use(table, self.settings.get("krex_quotas")),
             charts=charts,
             error=error,
@@ -297,7 +339,8 @@ class StatusHandler(AdminHandler):
         except KrexError as exc:
             raise web.HTTPError(503, str(exc)) from None
         self.telemetry.record(table)
-        self.write({"status": table, "quotas": quota_use(table, self.settings.get("krex_quotas"))})
+        quotas = quota_use(table, self.settings.get("krex_quotas"))
+        self.write({"status": msgspec.to_builtins(table), "quotas": msgspec.to_builtins(quotas)})
 
 
 class EndRegionHandler(AdminHandler):
@@ -337,7 +380,7 @@ class EndQueueHandler(EndRegionHandler):
 def make_app(
     prefix: str = "/",
     arbiter: Arbiter | None = None,
-    quotas: Any | None = None,
+    quotas: Quotas | None = None,
     cookie_secret: bytes | None = None,
 ) -> web.Application:
     prefix = prefix if prefix.endswith("/") else prefix + "/"

@@ -7,10 +7,17 @@ See :mod:`krex_lab.serverext.app` for the extension and its options,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 
-def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+class ExtensionPoint(TypedDict):
+    """What jupyter_server asks of an extension package: its module and its app class."""
+
+    module: str
+    app: type
+
+
+def _jupyter_server_extension_points() -> list[ExtensionPoint]:
     from .app import KrexExtensionApp
 
-    return [{"module": "krex_lab.serverext", "app": KrexExtensionApp}]
+    return [ExtensionPoint(module="krex_lab.serverext", app=KrexExtensionApp)]

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .. import protocol
 
 from ..discovery import NODE_ENDPOINT, NODE_ENDPOINT_ENV  # noqa: F401 - named here too
 
@@ -48,15 +51,15 @@ def describe(kind: str, endpoint: str) -> str:
     return f"arbiter of this user ({endpoint})"
 
 
-def using_line(description: str, endpoint: str, info: dict[str, Any], log: str = "") -> tuple[int, str]:
+def using_line(description: str, endpoint: str, info: protocol.Info | None, log: str = "") -> tuple[int, str]:
     """The server's one line on the arbiter it uses, and its log level: a warning for the fake
     backend (simulated GPUs), said with how to change their number."""
     from ..gpu import FAKE_GPUS
 
-    where = f"pid {info['pid']} at {endpoint}" + (f", log {log}" if log else "")
-    gpus = info.get("gpus")
-    if not info.get("simulated"):
-        return logging.INFO, f"using the {description}: {where}, backend {info.get('backend')}, {gpus} GPU(s)"
+    where = f"pid {info.pid if info else '?'} at {endpoint}" + (f", log {log}" if log else "")
+    gpus = info.gpus if info else "?"
+    if info is None or not info.simulated:
+        return logging.INFO, f"using the {description}: {where}, backend {info.backend if info else '?'}, {gpus} GPU(s)"
     default = " (the default; krex lab --fake-gpus N to change)" if gpus == FAKE_GPUS else ""
     return logging.WARNING, (
         f"using the {description}: {where}, no GPU found: the FAKE backend with {gpus} SIMULATED "

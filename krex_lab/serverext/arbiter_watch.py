@@ -24,9 +24,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import discovery
+
+if TYPE_CHECKING:
+    from .. import protocol
 
 
 def gone_message(description: str, endpoint: str, kind: str) -> str:
@@ -66,7 +69,7 @@ class ArbiterWatch:
     """Whether the arbiter at ``endpoint`` still listens; :meth:`check` returns what changed:
     ``"gone"``, ``"back"`` or None."""
 
-    def __init__(self, endpoint: str, probe: Callable[[str, float], dict[str, Any] | None]) -> None:
+    def __init__(self, endpoint: str, probe: Callable[[str, float], protocol.Info | None]) -> None:
         self.endpoint = endpoint
         self.probe = probe
         self.lost_since: float | None = None

@@ -14,17 +14,20 @@ tornado application's ``settings`` (``krex_services``, ``krex_region_stats``), p
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import msgspec
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
+from ..arbiter.sessions import SessionRow
+from ..arbiter.status import NodeStatus
 from ..errors import KrexError
+from ..region_report import RegionReport
 from . import metrics
 from .metrics import RegionStats
 from .processes import Services
@@ -37,27 +40,42 @@ SERVICES_SETTING = "krex_services"
 REGION_STATS_SETTING = "krex_region_stats"
 
 
-def handler_settings(services: Services, region_stats: RegionStats) -> dict[str, Any]:
+def handler_settings(services: Services, region_stats: RegionStats) -> dict[str, Services | RegionStats]:
     """What the extension puts in the tornado application's ``settings`` for these handlers."""
     return {SERVICES_SETTING: services, REGION_STATS_SETTING: region_stats}
 
 
-def fetch_regions(endpoint: str, limit: int) -> list[dict[str, Any]]:
+def fetch_regions(endpoint: str, limit: int) -> list[RegionReport]:
     from .. import protocol
     from ..client import Connection
 
     conn = Connection(endpoint)
     try:
-        result: list[dict[str, Any]] = conn.call(protocol.Regions(limit=limit, ticket=conn.ticket()), timeout=5.0)
-        return result
+        result = conn.call(protocol.Regions(limit=limit, ticket=conn.ticket()), timeout=5.0)
+        return msgspec.convert(result, list[RegionReport], strict=False)
     finally:
         conn.close()
 
 
-def fetch_status(endpoint: str) -> dict[str, Any]:
+def fetch_status(endpoint: str) -> NodeStatus:
     from ..client import status
 
-    return status(endpoint, timeout=5.0)
+    return NodeStatus.of(status(endpoint, timeout=5.0))
+
+
+class SessionEntry(SessionRow, kw_only=True):
+    """A session as ``/krex/api/sessions`` lists it: its status row, and whether it holds or
+    waits for its GPU."""
+
+    holding: bool
+    waiting: bool
+
+
+class SessionsAnswer(msgspec.Struct, kw_only=True):
+    """The body of ``/krex/api/sessions``: every session, and whether the GPUs are simulated."""
+
+    sessions: list[SessionEntry]
+    simulated: bool
 
 
 class KrexHandler(ExtensionHandlerMixin, APIHandler):
@@ -80,8 +98,9 @@ class KrexHandler(ExtensionHandlerMixin, APIHandler):
         except KrexError as exc:
             raise web.HTTPError(503, str(exc)) from None
 
-    def write_json(self, data: Any) -> None:
-        self.finish(json.dumps(data, default=str), set_content_type="application/json")
+    def write_json(self, data: object) -> None:
+        """``data`` (plain data or structs) as the JSON body."""
+        self.finish(msgspec.json.encode(data, enc_hook=str), set_content_type="application/json")
 
 
 class StatusHandler(KrexHandler):
@@ -89,7 +108,7 @@ class StatusHandler(KrexHandler):
     @authorized
     async def get(self) -> None:
         table = await self.arbiter_call(fetch_status, self.krex_services.endpoint)
-        self.write_json({**table, "server": self.krex_services.describe()})
+        self.write_json({**msgspec.to_builtins(table), "server": self.krex_services.describe()})
 
 
 class SessionsHandler(KrexHandler):
@@ -98,12 +117,13 @@ class SessionsHandler(KrexHandler):
     async def get(self) -> None:
         table = await self.arbiter_call(fetch_status, self.krex_services.endpoint)
         sessions = []
-        for g in table["gpus"]:
-            holder = (g.get("holder") or {}).get("session")
-            waiting = {q["session"] for q in g.get("queue", [])}
-            for s in g["sessions"]:
-                sessions.append({**s, "holding": s["id"] == holder, "waiting": s["id"] in waiting})
-        self.write_json({"sessions": sessions, "simulated": table["arbiter"].get("simulated", False)})
+        for g in table.gpus:
+            holder = g.holder.session if g.holder else None
+            waiting = {q.session for q in g.queue}
+            for s in g.sessions:
+                row = msgspec.structs.asdict(s)
+                sessions.append(SessionEntry(**row, holding=s.id == holder, waiting=s.id in waiting))
+        self.write_json(SessionsAnswer(sessions=sessions, simulated=table.arbiter.simulated))
 
 
 class RegionsHandler(KrexHandler):
@@ -116,7 +136,7 @@ class RegionsHandler(KrexHandler):
             raise web.HTTPError(400, "limit must be an integer") from None
         limit = max(1, min(limit, REGIONS_MAX))
         regions = await self.arbiter_call(fetch_regions, self.krex_services.endpoint, limit)
-        self.write_json({"regions": regions})
+        self.write_json({"regions": [r.to_dict() for r in regions]})
 
 
 class MetricsHandler(KrexHandler):
@@ -124,8 +144,8 @@ class MetricsHandler(KrexHandler):
     @authorized
     async def get(self) -> None:
         endpoint = self.krex_services.endpoint
-        status: dict[str, Any] | None
-        regions: list[dict[str, Any]] | None
+        status: NodeStatus | None
+        regions: list[RegionReport] | None
         try:
             status = await self.arbiter_call(fetch_status, endpoint)
             regions = await self.arbiter_call(fetch_regions, endpoint, REGIONS_MAX)

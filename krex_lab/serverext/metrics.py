@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..arbiter.status import ArbiterRow, NodeStatus
 from ..region_report import RegionReport
+from .processes import ServicesInfo
 
 #: wait for a region (queue): from sub-millisecond to minutes
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -61,16 +62,16 @@ class RegionStats(Collector):
         self.hold = Histogram(
             "krex_region_hold_seconds", "How long a region was held", labels, buckets=HOLD_BUCKETS, registry=None
         )
-        self._seen: set[tuple[Any, ...]] = set()
+        self._seen: set[tuple[int, float, str]] = set()
         self._lock = threading.Lock()
 
-    def observe(self, arbiter: dict[str, Any], reports: Iterable[dict[str, Any]]) -> int:
+    def observe(self, arbiter: ArbiterRow, reports: Iterable[RegionReport]) -> int:
         """Count the reports not seen before; returns how many were new."""
-        instance = (arbiter.get("pid"), arbiter.get("started"))
+        instance = (arbiter.pid, arbiter.started)
         new = 0
         with self._lock:
             current = set()
-            for r in map(RegionReport.from_dict, reports):
+            for r in reports:
                 key = (*instance, r.region)
                 current.add(key)
                 if key in self._seen:
@@ -97,7 +98,7 @@ class RegionStats(Collector):
 class Snapshot(Collector):
     """Gauges of one status snapshot (or ``krex_arbiter_up 0`` when none answered)."""
 
-    def __init__(self, status: dict[str, Any] | None, services: dict[str, Any]) -> None:
+    def __init__(self, status: NodeStatus | None, services: ServicesInfo) -> None:
         self.status = status
         self.services = services
 
@@ -106,11 +107,11 @@ class Snapshot(Collector):
         up.add_metric([], 1.0 if self.status else 0.0)
         yield up
         pool = GaugeMetricFamily("krex_pool_up", "1 when this server's pool service is running")
-        pool.add_metric([], 1.0 if self.services.get("pool") else 0.0)
+        pool.add_metric([], 1.0 if self.services.pool else 0.0)
         yield pool
         if not self.status:
             return
-        a = self.status["arbiter"]
+        a = self.status.arbiter
         info = GaugeMetricFamily(
             "krex_arbiter_info",
             "The arbiter's backend (simulated=true: fake backend, no real GPU)",
@@ -118,15 +119,15 @@ class Snapshot(Collector):
         )
         info.add_metric(
             [
-                str(a.get("backend")),
-                str(bool(a.get("simulated"))).lower(),
-                str(bool(a.get("capabilities", {}).get("lock"))).lower(),
+                str(a.backend),
+                str(a.simulated).lower(),
+                str(a.capabilities.lock).lower(),
             ],
             1.0,
         )
         yield info
         sessions_total = GaugeMetricFamily("krex_sessions", "Sessions registered with the arbiter")
-        sessions_total.add_metric([], float(a.get("sessions", 0)))
+        sessions_total.add_metric([], float(a.sessions))
         yield sessions_total
         labels = ("gpu", "name")
         fams = {
@@ -146,28 +147,28 @@ class Snapshot(Collector):
                 "krex_gpu_utilization_ratio", "GPU utilisation (0..1), where the backend reports it", labels=labels
             ),
         }
-        for g in self.status["gpus"]:
-            lv = [str(g["index"]), str(g.get("name", ""))]
-            holder = g.get("holder")
-            fams["sessions"].add_metric(lv, float(len(g.get("sessions", []))))
-            fams["kernels"].add_metric(lv, float(sum(1 for s in g.get("sessions", []) if s.get("role") == "kernel")))
-            fams["queue"].add_metric(lv, float(len(g.get("queue", []))))
+        for g in self.status.gpus:
+            lv = [str(g.index), g.name]
+            holder = g.holder
+            fams["sessions"].add_metric(lv, float(len(g.sessions)))
+            fams["kernels"].add_metric(lv, float(sum(1 for s in g.sessions if s.role == "kernel")))
+            fams["queue"].add_metric(lv, float(len(g.queue)))
             fams["holder"].add_metric(lv, 1.0 if holder else 0.0)
-            fams["held"].add_metric(lv, float(holder["held_s"]) if holder else 0.0)
-            fams["gate"].add_metric(lv, 1.0 if g.get("gate") == "closed" else 0.0)
-            fams["mem_used"].add_metric(lv, float(g.get("memory_used") or 0))
-            fams["mem_total"].add_metric(lv, float(g.get("memory_total") or 0))
-            if g.get("utilization_gpu") is not None:
-                fams["util"].add_metric(lv, float(g["utilization_gpu"]) / 100.0)
+            fams["held"].add_metric(lv, float(holder.held_s or 0.0) if holder else 0.0)
+            fams["gate"].add_metric(lv, 1.0 if g.gate == "closed" else 0.0)
+            fams["mem_used"].add_metric(lv, float(g.memory_used))
+            fams["mem_total"].add_metric(lv, float(g.memory_total))
+            if g.utilization_gpu is not None:
+                fams["util"].add_metric(lv, g.utilization_gpu / 100.0)
         yield from fams.values()
 
 
 def render(
-    stats: RegionStats, status: dict[str, Any] | None, regions: list[dict[str, Any]] | None, services: dict[str, Any]
+    stats: RegionStats, status: NodeStatus | None, regions: list[RegionReport] | None, services: ServicesInfo
 ) -> bytes:
     """The Prometheus text exposition of one scrape."""
     if status is not None and regions is not None:
-        stats.observe(status["arbiter"], regions)
+        stats.observe(status.arbiter, regions)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Snapshot(status, services))
     registry.register(stats)

@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
 import psutil
 
-from .. import discovery, paths
+from .. import discovery, paths, protocol
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from . import arbiter_kind
@@ -157,6 +158,22 @@ def pool_available() -> bool:
         return False
 
 
+class ServicesInfo(msgspec.Struct, kw_only=True):
+    """This server's KREX services, as ``/krex/api/status`` shows them (``server``)."""
+
+    endpoint: str
+    #: which arbiter: "node", "embedded" or "user" (see arbiter_kind)
+    arbiter: str
+    arbiter_description: str
+    pool_endpoint: str
+    #: the embedded arbiter's pid while it runs
+    embedded_arbiter: int | None
+    #: the pool's pid while it runs
+    pool: int | None
+    pool_installed: bool
+    problems: list[str]
+
+
 class Services:
     """Finds or starts the arbiter, starts the pool, exports the endpoints; :meth:`stop` undoes it."""
 
@@ -164,7 +181,7 @@ class Services:
         self,
         options: Options,
         logger: Logger | None = None,
-        hello: Callable[[str, float], dict[str, Any]] | None = None,
+        hello: Callable[[str, float], object] | None = None,
     ) -> None:
         from ..client import hello as client_hello
 
@@ -177,7 +194,8 @@ class Services:
         self.private_runtime: Path | None = None
         self.arbiter: ManagedProcess | None = None
         self.pool: ManagedProcess | None = None
-        self.info: dict[str, Any] = {}
+        #: who the arbiter in use is (None: none answered)
+        self.info: protocol.Info | None = None
         #: which arbiter this server uses: "node", "embedded" or "user" (see arbiter_kind)
         self.kind = "user"
         self.problems: list[str] = []
@@ -261,9 +279,9 @@ class Services:
         """A root-owned listener seen by a non-root server: the node's arbiter."""
         return os.geteuid() != 0 and arbiter_kind.listener_uid(endpoint) == 0
 
-    def _probe(self, endpoint: str, timeout: float) -> dict[str, Any] | None:
+    def _probe(self, endpoint: str, timeout: float) -> protocol.Info | None:
         try:
-            return self._hello(endpoint, timeout)
+            return msgspec.convert(self._hello(endpoint, timeout), protocol.Info, strict=False)
         except KrexError:
             return None
 
@@ -428,20 +446,20 @@ class Services:
             self.log.warning(
                 "KREX: the %s is back (pid %s): regions are granted again",
                 self.arbiter_description,
-                info["pid"] if info else "?",
+                info.pid if info else "?",
             )
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "endpoint": self.endpoint,
-            "arbiter": self.kind,
-            "arbiter_description": self.arbiter_description,
-            "pool_endpoint": self.pool_endpoint,
-            "embedded_arbiter": self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
-            "pool": self.pool.pid if self.pool and self.pool.alive() else None,
-            "pool_installed": pool_available(),
-            "problems": list(self.problems),
-        }
+    def describe(self) -> ServicesInfo:
+        return ServicesInfo(
+            endpoint=self.endpoint,
+            arbiter=self.kind,
+            arbiter_description=self.arbiter_description,
+            pool_endpoint=self.pool_endpoint,
+            embedded_arbiter=self.arbiter.pid if self.arbiter and self.arbiter.alive() else None,
+            pool=self.pool.pid if self.pool and self.pool.alive() else None,
+            pool_installed=pool_available(),
+            problems=list(self.problems),
+        )
 
     @property
     def stopped(self) -> bool:

@@ -63,11 +63,11 @@ def test_rows_keep_the_report(db: RegionHistory) -> None:
     assert db.add(_report("alice", 1, now - 10, 5.0))
     assert db.flush()
     (row,) = db.recent()
-    assert (row["user"], row["uid"], row["gpu"], row["hold_s"], row["outcome"]) == ("alice", 1000, 1, 5.0, "completed")
-    assert row["frozen"] == [11, 12]
-    assert row["not_drained"] == {"13": "did not answer drain"}
-    assert row["degraded"] is True and row["simulated"] is True and row["expired"] is False
-    assert row["granted_at"] == pytest.approx(now - 15)
+    assert (row.user, row.uid, row.gpu, row.hold_s, row.outcome) == ("alice", 1000, 1, 5.0, "completed")
+    assert row.frozen == [11, 12]
+    assert row.not_drained == {"13": "did not answer drain"}
+    assert row.degraded is True and row.simulated is True and row.expired is False
+    assert row.granted_at == pytest.approx(now - 15)
     assert stat.S_IMODE(os.stat(db.path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(db.path.parent).st_mode) == 0o700
 
@@ -78,7 +78,7 @@ def test_retention_deletes_old_rows(db: RegionHistory) -> None:
     db.add(_report("bob", 0, now - 3600, 1.0))
     assert db.flush() and db.count() == 2, "rows are written whatever their age; pruning deletes them"
     assert db.prune_now()
-    assert [r["user"] for r in db.recent()] == ["bob"]
+    assert [r.user for r in db.recent()] == ["bob"]
 
 
 def test_usage_sums_hold_per_user_and_gpu_within_the_window(db: RegionHistory) -> None:
@@ -90,17 +90,17 @@ def test_usage_sums_hold_per_user_and_gpu_within_the_window(db: RegionHistory) -
     db.add(_report("carol", 0, since - 60, 50.0))  # entirely before the window
     db.add(_report("carol", 0, since + 60, 0.0, acquire_s=None))  # withdrawn: held nothing
     assert db.flush()
-    users = {u["user"]: u for u in db.usage(since)}
+    users = {u.user: u for u in db.usage(since)}
     assert set(users) == {"alice", "bob"}
-    assert users["alice"]["gpu_hours"] == pytest.approx(1.5)
-    assert users["bob"]["gpu_hours"] == pytest.approx((900 + 600) / 3600)
-    assert users["alice"]["regions"] == 2
-    gpus = {g["gpu"]: g["gpu_hours"] for g in db.usage(since, by="gpu")}
+    assert users["alice"].gpu_hours == pytest.approx(1.5)
+    assert users["bob"].gpu_hours == pytest.approx((900 + 600) / 3600)
+    assert users["alice"].regions == 2
+    gpus = {g.gpu: g.gpu_hours for g in db.usage(since, by="gpu")}
     assert gpus == {0: pytest.approx(1 + 600 / 3600), 1: pytest.approx(0.75)}
-    pairs = {(r["user"], r["gpu"]): r["gpu_hours"] for r in db.usage(since, by="user,gpu")}
+    pairs = {(r.user, r.gpu): r.gpu_hours for r in db.usage(since, by="user,gpu")}
     assert pairs[("alice", 1)] == pytest.approx(0.5)
-    assert db.usage(since, user="bob")[0]["user"] == "bob"
-    assert db.usage(since, until=since + 1800)[0]["gpu_hours"] == pytest.approx(600 / 3600)
+    assert db.usage(since, user="bob")[0].user == "bob"
+    assert db.usage(since, until=since + 1800)[0].gpu_hours == pytest.approx(600 / 3600)
 
 
 def test_recent_filters_and_orders_newest_last(db: RegionHistory) -> None:
@@ -108,8 +108,8 @@ def test_recent_filters_and_orders_newest_last(db: RegionHistory) -> None:
     for i in range(5):
         db.add(_report("alice" if i % 2 else "bob", 0, now - 100 + i, 1.0))
     assert db.flush()
-    assert [r["released_at"] for r in db.recent(3)] == [now - 98, now - 97, now - 96]
-    assert {r["user"] for r in db.recent(user="alice")} == {"alice"}
+    assert [r.released_at for r in db.recent(3)] == [now - 98, now - 97, now - 96]
+    assert {r.user for r in db.recent(user="alice")} == {"alice"}
     assert len(db.recent(since=now - 97.5)) == 2
 
 

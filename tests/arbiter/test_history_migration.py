@@ -47,23 +47,23 @@ def test_a_version_1_file_is_migrated_with_every_row_kept(tmp_path: Path) -> Non
         assert version == SCHEMA_VERSION == 2
         assert cols == ["id", "arbiter", "outcome", *(name for name, _, _ in columns())]
         rows = db.recent()
-        assert [(r["region"], r["user"], r["gpu"], r["outcome"]) for r in rows] == [
+        assert [(r.region, r.user, r.gpu, r.outcome) for r in rows] == [
             ("r1", "alice", 0, "completed"),
             ("r2", "bob", 1, "completed"),
             ("r3", "alice", 1, "expired"),
             ("r4", "bob", 0, "revoked"),
             ("r5", "carol", 0, "withdrawn"),
         ]
-        assert {r["arbiter"] for r in rows} == {"node1-4242"}
+        assert {r.arbiter for r in rows} == {"node1-4242"}
         first, degraded, _, revoked, withdrawn = rows
-        assert first["hold_s"] == 2.5 and first["frozen"] == [5002, 5003] and first["drained"] == [5001]
-        assert first["granted_at"] == pytest.approx(BASE + 100.01) and first["simulated"] is True
-        assert degraded["degraded"] is True and degraded["not_drained"] == {"5010": "did not answer drain"}
-        assert revoked["released_by"] == "ended by admin uid 0"
-        assert "hold_s" not in withdrawn and "acquire_s" not in withdrawn, "never held: no hold, not 0"
+        assert first.hold_s == 2.5 and first.frozen == [5002, 5003] and first.drained == [5001]
+        assert first.granted_at == pytest.approx(BASE + 100.01) and first.simulated is True
+        assert degraded.degraded is True and degraded.not_drained == {"5010": "did not answer drain"}
+        assert revoked.released_by == "ended by admin uid 0"
+        assert withdrawn.hold_s is None and withdrawn.acquire_s is None, "never held: no hold, not 0"
         # Fields the old file never had read as their defaults; the reports read back whole.
-        assert RegionReport.from_dict(first).shield.mode == "sessions" and first["cores"] == []
-        hours = {u["user"]: u["gpu_hours"] for u in db.usage(BASE, BASE + 1000)}
+        assert RegionReport.from_dict(first).shield.mode == "sessions" and first.cores == []
+        hours = {u.user: u.gpu_hours for u in db.usage(BASE, BASE + 1000)}
         assert hours == {"alice": pytest.approx(62.5 / 3600), "bob": pytest.approx(31.0 / 3600)}
         late = RegionReport(region="r6", user="dave", gpu=1, acquire_s=0.001, hold_s=1.0, released_at=BASE + 900)
         assert db.add(late)
@@ -79,7 +79,7 @@ def test_a_version_1_file_reads_offline_without_being_changed(tmp_path: Path) ->
     before = path.read_bytes()
     db = RegionHistory(path).open_readonly()
     try:
-        assert [r["user"] for r in db.recent()] == ["alice", "bob", "alice", "bob", "carol"]
+        assert [r.user for r in db.recent()] == ["alice", "bob", "alice", "bob", "carol"]
         assert db.recent()[1]["not_drained"] == {"5010": "did not answer drain"}
     finally:
         db.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
+from krex_lab.arbiter.journal import Journal, Stop, read_outstanding, undo_outstanding
 from krex_lab.paths import UnsafePath
 from krex_lab.procutil import proc_state, start_time
 from krex_lab.pytest_plugin import wait_for
@@ -61,9 +61,9 @@ def test_a_malformed_entry_is_skipped_and_the_good_ones_undone(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     os.write(fd, text.encode(errors="surrogateescape"))
     os.close(fd)
-    assert [e["t"] for e in read_outstanding(path)] == ["stop"]
+    assert [type(e) for e in read_outstanding(path)] == [Stop]
     summary = undo_outstanding(path)
-    assert summary["thawed"] == 1, summary
+    assert summary.thawed == 1, summary
     wait_for(lambda: proc_state(stopped.pid) in ("S", "R"), timeout=2.0)
     assert "skipped" in caplog.text
     assert path.stat().st_size == 0
@@ -92,7 +92,7 @@ def test_a_journal_full_of_bad_data_still_undoes_what_it_can(tmp_path: Path, sto
         if len(original) > 1:
             os.sched_setaffinity(pinned.pid, {original[0]})
         summary = undo_outstanding(path)
-        assert summary["thawed"] == 1 and summary["restored"] == 1, summary
+        assert summary.thawed == 1 and summary.restored == 1, summary
         assert sorted(os.sched_getaffinity(pinned.pid)) == original
         wait_for(lambda: proc_state(stopped.pid) in ("S", "R"), timeout=2.0)
         assert (victim / "cgroup.freeze").read_text() == "1", "only cgroups KREX manages are thawed"
@@ -156,7 +156,7 @@ def test_undo_waits_for_no_live_arbiter(tmp_path: Path, stopped: subprocess.Pope
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
         summary = undo_outstanding(path, lock_path=lock, wait=0.2)
-        assert summary["thawed"] == 0 and "live arbiter" in summary["errors"][0]
+        assert summary.thawed == 0 and "live arbiter" in summary.errors[0]
         assert proc_state(stopped.pid) == "T"
     finally:
         holder.kill()

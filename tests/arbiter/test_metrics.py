@@ -132,6 +132,7 @@ def test_degraded_regions_are_counted_by_user_and_gpu() -> None:
     from prometheus_client import generate_latest
 
     from krex_lab.arbiter.metrics import ArbiterMetrics
+    from krex_lab.arbiter.status import ArbiterRow
     from krex_lab.region_report import RegionReport
     from krex_lab.serverext.metrics import RegionStats
 
@@ -150,7 +151,8 @@ def test_degraded_regions_are_counted_by_user_and_gpu() -> None:
     }
     assert _get(samples, "krex_degraded_regions_total", user="alice", gpu="1") == 2.0
     stats = RegionStats()
-    reports = [report("r1", True).to_dict(), report("r2", False).to_dict()]
-    assert stats.observe({"pid": 1, "started": 0.0}, reports) == 2
-    assert stats.observe({"pid": 1, "started": 0.0}, reports) == 0, "a report seen before is not counted again"
+    reports = [report("r1", True), report("r2", False)]
+    arbiter = ArbiterRow(pid=1, started=0.0)
+    assert stats.observe(arbiter, reports) == 2
+    assert stats.observe(arbiter, reports) == 0, "a report seen before is not counted again"
     assert stats.degraded.labels("1")._value.get() == 1.0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from krex_lab.arbiter.history import OWN_COLUMNS, RegionHistory, columns
-from krex_lab.arbiter.slurm_jobs import JOBS_DIR, SlurmJobs
+from krex_lab.arbiter.slurm_jobs import JOBS_DIR, SlurmJob, SlurmJobs
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from krex_lab.region_report import RegionReport
 
@@ -46,17 +46,17 @@ def test_a_claim_counts_only_with_the_prologs_record_of_that_user(
     jobs = SlurmJobs(tmp_path)
     me = os.getuid()
     wait_for(lambda: jobs.claimed(in_job.pid) == ("77", "0"))
-    assert jobs.job_of(in_job.pid, me) == {}  # no record: the prolog did not admit job 77
+    assert jobs.job_of(in_job.pid, me) == SlurmJob()  # no record: the prolog did not admit job 77
     record = _record(tmp_path, "77", me + 1)
-    assert jobs.job_of(in_job.pid, me) == {}  # another user's job
+    assert jobs.job_of(in_job.pid, me) == SlurmJob()  # another user's job
     record.unlink()
     _record(tmp_path, "77", me)
-    assert jobs.job_of(in_job.pid, me) == {"slurm_job": "77", "slurm_step": "0", "account": "physics"}
-    assert jobs.job_of(os.getpid(), me) == {}  # no record of whatever this process claims
+    assert jobs.job_of(in_job.pid, me) == SlurmJob(slurm_job="77", slurm_step="0", account="physics")
+    assert jobs.job_of(os.getpid(), me) == SlurmJob()  # no record of whatever this process claims
     # a record that is a link (someone's planted file) is not read
     (tmp_path / JOBS_DIR / "77.json").rename(tmp_path / "elsewhere.json")
     (tmp_path / JOBS_DIR / "77.json").symlink_to(tmp_path / "elsewhere.json")
-    assert jobs.job_of(in_job.pid, me) == {}
+    assert jobs.job_of(in_job.pid, me) == SlurmJob()
 
 
 def test_a_batch_script_is_the_batch_step_and_bad_ids_are_no_job(tmp_path: Path) -> None:
@@ -111,12 +111,12 @@ def test_history_by_job_and_account_and_an_older_database_gains_the_columns(tmp_
         for i, (job, account, hold) in enumerate([("11", "physics", 2.0), ("11", "physics", 1.0), ("12", "chem", 4.0)]):
             h.add(_report(f"r{i + 1}", i % 2, job, account, hold, now - 10 + i))
         assert h.flush()
-        assert [r["region"] for r in h.recent(slurm_job="11")] == ["r1", "r2"]
-        assert next(r for r in h.recent() if r["region"] == "r0").get("slurm_job") is None  # the old row: no job
-        jobs = {g["slurm_job"]: g for g in h.usage(now - 3600, by="job")}
-        assert (jobs["11"]["hold_s"], jobs["11"]["regions"], jobs["11"]["account"]) == (3.0, 2, "physics")
-        assert jobs["12"]["hold_s"] == 4.0 and jobs[None]["hold_s"] == 5.0  # regions outside Slurm: one group
-        accounts = {g["account"]: g["hold_s"] for g in h.usage(now - 3600, by="account")}
+        assert [r.region for r in h.recent(slurm_job="11")] == ["r1", "r2"]
+        assert next(r for r in h.recent() if r.region == "r0").slurm_job is None  # the old row: no job
+        jobs = {g.slurm_job: g for g in h.usage(now - 3600, by="job")}
+        assert (jobs["11"].hold_s, jobs["11"].regions, jobs["11"].account) == (3.0, 2, "physics")
+        assert jobs["12"].hold_s == 4.0 and jobs[None].hold_s == 5.0  # regions outside Slurm: one group
+        accounts = {g.account: g.hold_s for g in h.usage(now - 3600, by="account")}
         assert accounts == {"physics": 3.0, "chem": 4.0, None: 5.0}
     finally:
         h.close()

@@ -7,13 +7,18 @@ from __future__ import annotations
 from typing import Any
 
 from krex_lab.arbiter.privacy import status_view
-from krex_lab.arbiter.status import format_table, gpu_rows, who
+from krex_lab.arbiter.status import NodeStatus, QueueRow, format_table, gpu_rows, who
 
 ALICE, BOB = 1001, 1002
 
 
-def _table() -> dict[str, Any]:
+def _table() -> NodeStatus:
     """A node where alice holds GPU 0 and bob waits behind her (the arbiter's full view)."""
+    return NodeStatus.of(_json())
+
+
+def _json() -> dict[str, Any]:
+    """:func:`_table` as the arbiter's Status request answers it."""
 
     def session(sid: str, pid: int, uid: int, user: str, name: str) -> dict[str, Any]:
         return {"id": sid, "pid": pid, "uid": uid, "user": user, "name": name, "role": "kernel", "gpu": 0}
@@ -91,7 +96,7 @@ def test_a_user_sees_another_users_holder_and_waiter_by_name_only() -> None:
 
 def test_the_full_view_names_every_process() -> None:
     """An admin's (or an open arbiter's) table: no privacy view, every name and pid."""
-    rows = gpu_rows(_table()["gpus"][0])
+    rows = gpu_rows(_table().gpus[0])
     assert rows[0] == "holder: alice-notebook (pid 4242, alice) region r4 held 2.5/20 s"
     assert rows[2] == "waiting 2: alice-2 (pid 4343, alice) 0.5 s"
     assert not any(r.startswith("other users") for r in rows)
@@ -99,17 +104,17 @@ def test_the_full_view_names_every_process() -> None:
 
 def test_the_anonymous_view_renders_too() -> None:
     view = status_view(_table(), None)
-    rows = gpu_rows(view["gpus"][0])
+    rows = gpu_rows(view.gpus[0])
     assert rows[:3] == [
         "holder: user alice region r4 held 2.5/20 s",
         "waiting 1: user bob 1.2 s",
         "waiting 2: user alice 0.5 s",
     ]
     assert rows[-1] == "other users' sessions: alice (2), bob (1)"
-    assert who({"user": "carol"}) == "user carol"
+    assert who(QueueRow(region="r9", user="carol")) == "user carol"
 
 
 def test_a_gpu_nobody_holds() -> None:
-    table = _table()
+    table = _json()
     g = {**table["gpus"][0], "holder": None, "queue": []}
-    assert gpu_rows(status_view({**table, "gpus": [g]}, ALICE)["gpus"][0])[0] == "holder: -"
+    assert gpu_rows(status_view(NodeStatus.of({**table, "gpus": [g]}), ALICE).gpus[0])[0] == "holder: -"

@@ -247,10 +247,10 @@ def test_the_page_reads_the_region_history(arbiter: ArbiterProc) -> None:
 
     def recorded() -> bool:
         seen[:] = [page.history()]
-        return seen[0] is not None and granted.region in [r["region"] for r in seen[0]["recent"]]
+        return seen[0] is not None and granted.region in [r.region for r in seen[0].recent]
 
     wait_for(recorded, 10, 0.1)
-    assert seen[0]["usage"] is not None, seen
+    assert seen[0].usage.users, seen
 
 
 def test_the_quota_table_shows_each_users_limits() -> None:
@@ -261,22 +261,21 @@ def test_the_quota_table_shows_each_users_limits() -> None:
     from tornado.template import Loader
 
     from krex_lab.arbiter.quotas import Quotas
-    from krex_lab.arbiter.status import holder_row, queue_row
-    from krex_lab.hub.admin_page import TEMPLATES, quota_use
+    from krex_lab.arbiter.sessions import SessionRow
+    from krex_lab.arbiter.status import GpuRow, NodeStatus, holder_row, queue_row
+    from krex_lab.hub.admin_page import TEMPLATES, QuotaLimits, quota_use
 
     nobody = pwd.getpwnam("nobody")
-    table = {
-        "arbiter": {},
-        "gpus": [{"index": 0, "holder": None, "queue": [], "sessions": [{"user": "nobody", "uid": nobody.pw_uid}]}],
-    }
+    session = SessionRow(id="s1", pid=1, uid=nobody.pw_uid, user="nobody", role="kernel", name="k", gpu=0)
+    table = NodeStatus(gpus=[GpuRow(index=0, sessions=[session])])
     rows = quota_use(table, Quotas(max_hold=20.0, queued_per_user=3))
-    assert rows[0]["limits"] == {"sessions_per_user": 128, "queued_per_user": 3, "max_hold": 20.0}
+    assert rows[0].limits == QuotaLimits(sessions_per_user=128, queued_per_user=3, max_hold=20.0)
     html = (
         Loader(str(TEMPLATES))
         .load("admin.html")
         .generate(
             user={"name": "admin"},
-            table={"gpus": [], "arbiter": {}},
+            table=NodeStatus(),
             regions=[],
             history_source="",
             usage=None,

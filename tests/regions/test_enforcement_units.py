@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.arbiter.journal import Journal, read_outstanding, undo_outstanding
+from krex_lab.arbiter.journal import Journal, Stop, read_outstanding, undo_outstanding
 from krex_lab.procutil import proc_state, start_time, tree
 from krex_lab.pytest_plugin import cpu_gain, wait_for
 from krex_lab.regions.corelock import NodeCoreLock
@@ -50,9 +50,9 @@ def test_freezer_journals_before_it_stops_and_replay_thaws(tmp_path: Path, spinn
     wait_for(lambda: not freezer.pending(result), timeout=2.0)
     assert cpu_gain(spinner.pid) == pytest.approx(0.0, abs=0.02)
     outstanding = read_outstanding(path)
-    assert outstanding and outstanding[0]["t"] == "stop"
+    assert outstanding and isinstance(outstanding[0], Stop)
     summary = undo_outstanding(path)
-    assert summary["thawed"] == 2
+    assert summary.thawed == 2
     assert cpu_gain(spinner.pid) > 0.05
     assert read_outstanding(path) == []
 
@@ -71,7 +71,7 @@ def test_replay_ignores_reused_pids(tmp_path: Path, spinner: subprocess.Popen[by
     wait_for(lambda: proc_state(spinner.pid) == "T")
     path = tmp_path / "journal.jsonl"
     Journal(path).record("stop", "r1", procs=[[spinner.pid, (start_time(spinner.pid) or 0) + 1]])
-    assert undo_outstanding(path)["thawed"] == 0
+    assert undo_outstanding(path).thawed == 0
     assert proc_state(spinner.pid) == "T", "a different start time means another process: not touched"
     os.kill(spinner.pid, signal.SIGCONT)
 
@@ -169,7 +169,7 @@ def test_replay_restores_a_process_threads_and_nothing_it_cannot_name(
     journal.record("threads", "r3", threads=[[tids[0], threaded.pid, (start or 0) + 1, cpus]])
     journal.close()
     summary = undo_outstanding(path)
-    assert summary["restored"] == len(tids) - 1, summary
+    assert summary.restored == len(tids) - 1, summary
     assert all(os.sched_getaffinity(tid) == set(cpus) for tid in tids[1:])
     assert os.sched_getaffinity(stranger) == {cpus[0]}, "another process's thread was touched"
     assert os.sched_getaffinity(tids[0]) == {cpus[0]}, "a thread of a process with another start time was touched"

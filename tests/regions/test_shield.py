@@ -359,7 +359,7 @@ def test_cpuset_partition_takes_the_core_from_every_cgroup_and_the_journal_gives
         _assert_shielded(busy, {CPUS[-1]})
         # the arbiter dies here: the journal alone undoes the partition
         summary = undo_outstanding(tmp_path / "journal.jsonl")
-        assert summary["unshielded"] >= 1 and not summary["errors"], summary
+        assert summary.unshielded >= 1 and not summary.errors, summary
         assert not Path(result.partition).exists()
         wait_for(lambda: [_affinities(p.pid) for p in busy] == before, timeout=2.0)
         assert os.sched_getaffinity(holder.pid) == set(CPUS)

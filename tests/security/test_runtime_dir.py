@@ -111,7 +111,7 @@ def test_a_crafted_journal_is_never_replayed_as_root(
     with pytest.raises(UnsafePath):
         prepare_runtime_dir(tmp_name, multi_user=True)
     summary = supervisor.undo(tmp_name)  # the supervisor (and systemd's ExecStopPost) replays nothing
-    assert summary["thawed"] == 0 and "not replayed" in summary["errors"][0]
+    assert summary.thawed == 0 and "not replayed" in summary.errors[0]
     with pytest.raises(UnsafePath):  # nor does the guardian
         paths.check_private_dir(tmp_name)
     guardian = subprocess.run(
