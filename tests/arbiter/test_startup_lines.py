@@ -91,9 +91,20 @@ def test_lab_says_the_simulated_default() -> None:
     """`krex lab`'s one line on the arbiter it uses names the simulated GPUs' default, loudly."""
     import logging
 
+    from krex_lab.protocol import Info
     from krex_lab.serverext.arbiter_kind import using_line
 
-    info = {"pid": 42, "gpus": gpu.FAKE_GPUS, "simulated": True, "backend": "fake"}
+    info = Info(
+        version="0",
+        protocol=1,
+        pid=42,
+        gpus=gpu.FAKE_GPUS,
+        identity="",
+        events="",
+        backend="fake",
+        simulated=True,
+        capabilities={},
+    )
     level, line = using_line("embedded arbiter (this server's own)", "ipc:///x/arbiter.sock", info)
     assert level == logging.WARNING
     assert f"{gpu.FAKE_GPUS} SIMULATED GPU(s) (the default" in line and "--fake-gpus" in line, line

@@ -164,7 +164,7 @@ def test_a_joined_arbiter_that_goes_away_is_said_loudly_and_picked_up_again(
             gone = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
             assert len(gone) == 1 and "node arbiter" in gone[0] and "GONE" in gone[0], gone
             assert "administrator" in gone[0] and "picks it up again" in gone[0], gone
-            assert services.describe()["problems"] == [gone[0][len("KREX: ") :]]
+            assert services.describe().problems == [gone[0][len("KREX: ") :]]
             # Not replaced by an arbiter of its own: two would each give the GPUs away.
             assert services.arbiter is None
             assert not [p for p in psutil.Process().children(recursive=True) if "arbiter" in " ".join(p.cmdline())]
@@ -173,7 +173,7 @@ def test_a_joined_arbiter_that_goes_away_is_said_loudly_and_picked_up_again(
             services.check()
             back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
             assert len(back) == 1 and f"pid {node.proc.pid if node.proc else '?'}" in back[0], caplog.text
-            assert services.describe()["problems"] == []
+            assert services.describe().problems == []
     finally:
         asyncio.run(services.stop())
         node.stop()
@@ -203,8 +203,9 @@ def test_a_joined_arbiter_of_ones_own_that_goes_away_is_replaced_by_the_embedded
         assert services.kind == "embedded" and services.arbiter is not None and services.arbiter.alive()
         # At the same endpoint: the kernels, which were given it, find the new one there.
         assert services.endpoint == mine.endpoint
-        assert client.hello(mine.endpoint)["pid"] == services.info["pid"] == services.arbiter.pid
-        assert services.describe()["problems"] == []
+        assert services.info is not None
+        assert client.hello(mine.endpoint)["pid"] == services.info.pid == services.arbiter.pid
+        assert services.describe().problems == []
     finally:
         asyncio.run(services.stop())
         mine.stop()
