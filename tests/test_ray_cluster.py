@@ -219,7 +219,8 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
         back = next(i for i in infos if i.runtime_dir == str(runtimes[2]))
         assert back.owned["arbiter"], "a new arbiter on the lost node's runtime dir"
         view = {n.runtime_dir: n for n in kr.cluster_status(resource="krex_gpu")}
-        assert all(g["holder"] is None for g in (view[str(runtimes[2])].arbiter or {})["gpus"])
+        table = view[str(runtimes[2])].arbiter
+        assert table is not None and all(g.holder is None for g in table.gpus)
         print(f"whole test {time.monotonic() - t_start:.0f} s")
     finally:
         try:

@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+import msgspec
+
 from .. import protocol
 from ..gpu import GpuBackend
 from ..region_report import RegionReport
@@ -20,6 +22,7 @@ from ..rpc_server import Service
 from .privacy import public_event
 from .region import Region
 from .sessions import Session
+from .status import GpuProcessRow, NodeStatus, Telemetry
 
 log = logging.getLogger("krex.arbiter")
 
@@ -56,7 +59,7 @@ class EventNotifier:
 async def publish_telemetry(
     notify: EventNotifier,
     interval: float,
-    table: Callable[[], dict[str, object]],
+    table: Callable[[], NodeStatus],
     backend: GpuBackend,
     gpu_count: int,
     finished: Callable[[], Iterable[RegionReport]],
@@ -73,7 +76,7 @@ async def publish_telemetry(
             procs = await loop.run_in_executor(
                 None,
                 lambda: [
-                    {"gpu": g, "pid": p.pid, "used_memory": p.used_memory}
+                    GpuProcessRow(gpu=g, pid=p.pid, used_memory=p.used_memory)
                     for g in range(gpu_count)
                     for p in backend.processes(g)
                 ],
@@ -81,13 +84,11 @@ async def publish_telemetry(
         except Exception:
             log.exception("telemetry failed")
             continue
-        notify.publish(
-            "telemetry",
-            {
-                **data,
-                "seq": seq,
-                "interval": interval,
-                "processes": procs,
-                "regions": list(finished())[-TELEMETRY_REGIONS:],
-            },
+        event = Telemetry(
+            **msgspec.structs.asdict(data),
+            seq=seq,
+            interval=interval,
+            processes=procs,
+            regions=list(finished())[-TELEMETRY_REGIONS:],
         )
+        notify.publish("telemetry", msgspec.to_builtins(event))

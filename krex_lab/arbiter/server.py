@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
@@ -48,7 +49,7 @@ from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
 from .sessions import SessionTable
 from .slurm_jobs import SlurmJobs
-from .status import node_status
+from .status import ArbiterRow, NodeStatus, node_table
 
 log = logging.getLogger("krex.arbiter")
 
@@ -451,22 +452,22 @@ class Arbiter(LoggingConfigurable):
     def stop(self) -> None:
         self.service.stop()
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> NodeStatus:
         """The node table (``krex status``)."""
-        me = {
-            "pid": os.getpid(),
-            "endpoint": self.bound,
-            "events": self.events,
-            "started": self.started,
-            "shield": self.shielding.describe(),
-            "shield_linger_s": self.scheduler.steps.linger,
-            #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
-            "cgroups": self.placer.reason,
-            #: the last SIGHUP's quota reload (empty: the quotas it started with)
-            "quotas": self.quotas_note,
-            **self.backend_info,
-        }
-        return node_status(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
+        # the backend's describe() gives backend, simulated, capabilities and driver
+        described = msgspec.convert(msgspec.to_builtins(self.backend_info), ArbiterRow, strict=False)
+        me = msgspec.structs.replace(
+            described,
+            pid=os.getpid(),
+            endpoint=self.bound,
+            events=self.events,
+            started=self.started,
+            shield=self.shielding.describe(),
+            shield_linger_s=self.scheduler.steps.linger,
+            cgroups=self.placer.reason,
+            quotas=self.quotas_note,
+        )
+        return node_table(self.backend.inventory(), self.scheduler, self.gate, self.sessions, me)
 
     # -- requests -------------------------------------------------------------------------
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:

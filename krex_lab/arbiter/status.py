@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -197,16 +197,6 @@ def node_table(
         gpus=gpus,
         fair_share=table() if table is not None else [],
     )
-
-
-def node_status(
-    inventory: list[GpuInfo], scheduler: Scheduler, gate: Gate, sessions: SessionTable, arbiter: dict[str, Any]
-) -> dict[str, Any]:
-    """:func:`node_table` in its JSON form, for the arbiter's server, which builds ``arbiter`` as
-    JSON beside the backend's ``describe()`` and merges the table into its telemetry events."""
-    row = msgspec.convert(arbiter, ArbiterRow, strict=False)
-    encoded: dict[str, Any] = msgspec.to_builtins(node_table(inventory, scheduler, gate, sessions, row))
-    return encoded
 
 
 def format_table(status: object) -> str:

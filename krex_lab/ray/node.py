@@ -26,6 +26,8 @@ from typing import Any
 
 import msgspec
 
+from ..arbiter.history import HistoryRow, Recent
+from ..arbiter.status import NodeStatus as ArbiterStatus
 from ..gpu.vendors import vendor
 
 #: the Ray namespace of the node actors
@@ -58,7 +60,7 @@ class NodeStatus(NodeInfo, kw_only=True, omit_defaults=True):
     arbiter's status table and the pool's status as their replies give them (or why each did not
     answer)."""
 
-    arbiter: dict[str, Any] | None = None
+    arbiter: ArbiterStatus | None = None
     arbiter_error: str | None = None
     pool: dict[str, Any] | None = None
     pool_error: str | None = None
@@ -219,7 +221,7 @@ class NodeService:
 
         out = NodeStatus(**msgspec.structs.asdict(self.info()))
         try:
-            out.arbiter = client.status(self.arbiter_endpoint, timeout=5.0)
+            out.arbiter = ArbiterStatus.of(client.status(self.arbiter_endpoint, timeout=5.0))
         except Exception as exc:
             out.arbiter_error = f"{type(exc).__name__}: {exc}"
         try:
@@ -229,7 +231,7 @@ class NodeService:
             out.pool_error = f"{type(exc).__name__}: {exc}"
         return out
 
-    def history(self, since: float | None = None, limit: int = 100000) -> list[dict[str, Any]]:
+    def history(self, since: float | None = None, limit: int = 100000) -> list[HistoryRow]:
         """Finished regions of this node's arbiter (its history database), oldest first."""
         from krex_lab import client, protocol
 
@@ -238,8 +240,7 @@ class NodeService:
             reply = conn.call(protocol.History(limit=limit, since=since, ticket=conn.ticket()), timeout=30.0)
         finally:
             conn.close()
-        rows: list[dict[str, Any]] = reply.get("rows", [])
-        return rows
+        return msgspec.convert(reply, Recent, strict=False).rows
 
     def stop(self) -> None:
         """Stop what this service started (SIGTERM: the pool ends its jobs, the arbiter undoes its regions)."""
