@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from ..gpu.vendors import vendor
+from ..workers.wire import PoolTable
 
 #: the Ray namespace of the node actors
 NAMESPACE = "krex"
@@ -60,7 +61,7 @@ class NodeStatus(NodeInfo, kw_only=True, omit_defaults=True):
 
     arbiter: dict[str, Any] | None = None
     arbiter_error: str | None = None
-    pool: dict[str, Any] | None = None
+    pool: PoolTable | None = None
     pool_error: str | None = None
 
 
