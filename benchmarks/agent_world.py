@@ -75,7 +75,7 @@ class World:
                     st = c.status()
             except Exception:
                 return False
-            idle = [w for g in st["gpus"] for w in g["workers"] if w.get("state") == "idle"]
+            idle = [w for g in st.gpus for w in g.workers if w.state == "idle"]
             return len(idle) >= workers * self.args.gpus
 
         wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")

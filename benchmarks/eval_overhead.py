@@ -86,7 +86,7 @@ def main() -> None:
 
         wait_until(lambda: (runtime / "pool.sock").exists() or pool.poll() is not None, 60, "no pool socket")
         client = PoolClient.connect(start=False)
-        wait_until(lambda: client.status()["ready"], 300, "the pool's workers were not ready")
+        wait_until(lambda: client.status().ready, 300, "the pool's workers were not ready")
         for _ in range(3):  # the first evaluations import and warm up what the later ones find
             first = evaluate(args.reference, args.candidate, pool=client)
         print(f"warm-up: {first.summary}", flush=True)

@@ -155,14 +155,14 @@ def main() -> None:
 
         wait_until(lambda: (runtime / "pool.sock").exists() or pool.poll() is not None, 60, "no pool socket")
         client = PoolClient.connect(start=False)
-        wait_until(lambda: client.status()["ready"], 300, "the pool's workers were not ready")
+        wait_until(lambda: client.status().ready, 300, "the pool's workers were not ready")
         pool_ready_s = time.perf_counter() - t_pool
         status = client.status()
-        if not status["pool"]["arbiter"]:
+        if not status.pool.arbiter:
             raise SystemExit(f"warm_vs_cold: the arbiter did not answer: {(runtime / 'arbiter.log').read_text()}")
         print(
-            f"pool ready in {pool_ready_s:.1f} s: backend {status['pool']['backend']}, GPUs "
-            f"{[g['index'] for g in status['gpus']]}, preloaded {status['gpus'][0]['workers'][0]['preloaded']}",
+            f"pool ready in {pool_ready_s:.1f} s: backend {status.pool.backend}, GPUs "
+            f"{[g.index for g in status.gpus]}, preloaded {status.gpus[0].workers[0].preloaded}",
             flush=True,
         )
 
@@ -196,7 +196,7 @@ def main() -> None:
             flush=True,
         )
         final = client.status()
-        resets = [w["last_reset_s"] for g in final["gpus"] for w in g["workers"] if w["last_reset_s"]]
+        resets = [w.last_reset_s for g in final.gpus for w in g.workers if w.last_reset_s]
         client.close()
     finally:
         for proc in (pool, arbiter):
@@ -220,8 +220,8 @@ def main() -> None:
                 "workers_per_gpu": args.workers,
                 "spares_per_gpu": 1,
                 "ready_s": round(pool_ready_s, 2),
-                "backend": final["pool"]["backend"],
-                "counters": final["counters"],
+                "backend": final.pool.backend,
+                "counters": final.counters,
                 "last_resets_s": resets,
             },
             "latency": {

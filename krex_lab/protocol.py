@@ -21,7 +21,7 @@ Every failure to decode (bad bytes, a wrong type, a wrong version, nesting too d
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 import msgspec
 
@@ -65,6 +65,32 @@ def error_reply(rid: int | None, error: KrexError) -> Reply:
     return Reply(id=rid, ok=False, error=ErrorBody(type(error).__name__, message, tb))
 
 
+# -- what a GPU backend says of itself (krex_lab.gpu.base's Capabilities, as data) ---------------
+class DriverDetail(TypedDict, total=False):
+    """What a backend learnt of its driver while deciding whether it can lock (the NVIDIA backend's;
+    empty elsewhere): shown by ``krex status --json`` and ``hello``, read by the tests."""
+
+    #: the arbiter's effective uid (root may lock any user's processes)
+    euid: int
+    #: the driver has cuCheckpointProcessLock
+    checkpoint_api: bool
+    #: cuDriverGetVersion's number (13000) and as text ("13.0")
+    cuda_driver_version: int
+    cuda: str
+    #: "all-users" (root) or "same-user"
+    lock_scope: str
+
+
+class CapabilitiesDict(TypedDict):
+    """A backend's :class:`~krex_lab.gpu.base.Capabilities` as plain data: ``GpuBackend.describe`` makes
+    it; ``hello``, ``register`` and the status table carry it."""
+
+    lock: bool
+    reason: str
+    driver: str
+    extra: DriverDetail
+
+
 # -- the arbiter's requests -------------------------------------------------------------------------
 class SessionRequest(Request, kw_only=True):
     """A request of a registered session (the client's ``Session.call`` fills both in)."""
@@ -84,7 +110,7 @@ class Info(msgspec.Struct, kw_only=True):
     events: str
     backend: str
     simulated: bool
-    capabilities: dict[str, Any]
+    capabilities: CapabilitiesDict
     driver: str = ""  # the GPU driver's version, where the backend knows it (NVIDIA)
 
 
@@ -94,7 +120,7 @@ class Registered(msgspec.Struct, kw_only=True):
     gpu: int
     backend: str
     simulated: bool
-    capabilities: dict[str, Any]
+    capabilities: CapabilitiesDict
     driver: str = ""
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from krex_lab.gpu import make_backend
 from krex_lab.gpu.vendors import AMD, NVIDIA, backend_names, place, placement_variables
-from krex_lab.workers.pool.spawn import PLACEMENT, worker_launch
+from krex_lab.workers.pool.spawn import PLACEMENT, NodeBackend, worker_launch
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def _launch_env(backend: str, gpu: int, uuid: str, monkeypatch: pytest.MonkeyPat
         gpu,
         python="",
         worker_env={},
-        backend={"backend": backend, "simulated": False},
+        backend=NodeBackend(backend, simulated=False),
         gpu_uuids={gpu: uuid},
         arbiter_endpoint="ipc:///nonexistent",
         arbiter_connected=False,

@@ -17,14 +17,15 @@ from .throttle import DEFAULT_THRESHOLD, ClockLog, nvml_index, open_clocks
 from .timing import HeldSampler, HostSampler, Sampler, batch_size, collect, warm_up
 
 #: defaults when the call runs in numba's CUDA simulator (a smoke test: its times mean nothing)
-SIMULATOR_DEFAULTS: dict[str, Any] = {
+SIMULATOR_DEFAULTS: dict[str, float] = {
     "min_samples": 3,
     "min_time": 0.0,
     "timeout": 2.0,
     "max_samples": 10,
     "warmup": 0.0,
 }
-DEFAULTS: dict[str, Any] = {
+#: option name -> its default (numbers all)
+DEFAULTS: dict[str, float] = {
     "min_samples": 10,
     "min_time": 0.5,
     "max_noise": 0.005,
@@ -220,6 +221,8 @@ def bench(
         )
     if held.report is not None and held.report.simulated:
         notes.append("the arbiter runs a simulated (fake) backend: the region did not stop real GPU work")
+    measured_by = criterion.to_dict()
+    measured_by["warmup"] = opts["warmup"]
     return Measurement.from_samples(
         label,
         adapter.name if not simulated else "numba (simulator)",
@@ -239,7 +242,7 @@ def bench(
         clocks=clocks.summary(),
         device=adapter.info.to_dict(),
         region=held.report,
-        criterion={**criterion.to_dict(), "warmup": opts["warmup"]},
+        criterion=measured_by,
         warnings=notes,
     )
 

@@ -24,8 +24,8 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 FRAMEWORKS = ("torch", "cupy", "numba", "host")
 FLUSH_MIN_BYTES = 8 << 20
@@ -40,8 +40,20 @@ class DeviceInfo:
     l2_bytes: int | None = None
     nvml_index: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DeviceDict:
+        return DeviceDict(
+            name=self.name, uuid=self.uuid, ordinal=self.ordinal, l2_bytes=self.l2_bytes, nvml_index=self.nvml_index
+        )
+
+
+class DeviceDict(TypedDict):
+    """A :class:`DeviceInfo` as plain data: a measurement's ``device`` (``Measurement.to_dict``, result files)."""
+
+    name: str
+    uuid: str | None
+    ordinal: int | None
+    l2_bytes: int | None
+    nvml_index: int | None
 
 
 def _module_of(obj: Any) -> str:

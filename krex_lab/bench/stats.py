@@ -21,8 +21,8 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 #: why a measurement stopped; only NOISE is a convergence: STABLE stops (as nvbench does) because
 #: more samples would not lower a noise that settled above ``max_noise``, but the criterion was not met
@@ -63,8 +63,37 @@ class Criterion:
         if self.min_time < 0 or self.timeout <= 0 or self.max_noise < 0:
             raise ValueError("min_time and max_noise must be >= 0 and timeout > 0")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CriterionDict:
+        return CriterionDict(
+            min_samples=self.min_samples,
+            min_time=self.min_time,
+            max_noise=self.max_noise,
+            timeout=self.timeout,
+            max_samples=self.max_samples,
+            stable_spread=self.stable_spread,
+            stable_after=self.stable_after,
+            stable_every=self.stable_every,
+            noise_window=self.noise_window,
+        )
+
+
+class _CriterionFields(TypedDict):
+    min_samples: int
+    min_time: float
+    max_noise: float
+    timeout: float
+    max_samples: int
+    stable_spread: float
+    stable_after: int
+    stable_every: int
+    noise_window: int
+
+
+class CriterionDict(_CriterionFields, total=False):
+    """A :class:`Criterion` as plain data: a measurement's ``criterion`` (``Measurement.to_dict``,
+    result files), with the warm-up seconds :func:`krex_lab.bench` used beside it."""
+
+    warmup: float
 
 
 @dataclass(frozen=True)
@@ -80,9 +109,6 @@ class Summary:
     rel_stdev: float
     min: float
     max: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

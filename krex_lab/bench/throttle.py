@@ -18,7 +18,7 @@ import collections
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from ..gpu.nvml import CLOCK_EVENT_REASONS, decode_throttle_reasons
 
@@ -59,6 +59,27 @@ def throttle_cause(
     return None
 
 
+class _ClockSource(TypedDict):
+    #: "nvml", or None where NVML was not usable (then nothing else is said)
+    source: str | None
+
+
+class ClockSummary(_ClockSource, total=False):
+    """What the clocks did during a measurement (its ``clocks``): made by :meth:`ClockLog.summary`,
+    shown by ``Measurement.to_dict`` and the result files."""
+
+    readings: int
+    reference_sm_mhz: float | None
+    throttle_threshold: float
+    #: clocks-event reason -> readings that showed it
+    reasons_seen: dict[str, int]
+    sm_mhz_min: int
+    sm_mhz_median: int
+    sm_mhz_max: int
+    mem_mhz_min: int
+    mem_mhz_max: int
+
+
 class ClockLog:
     """Every reading of one measurement, summarised for :class:`~krex_lab.bench.Measurement.clocks`."""
 
@@ -96,22 +117,22 @@ class ClockLog:
                     return why
         return None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ClockSummary:
         if self.source is None:
-            return {"source": None}
+            return ClockSummary(source=None)
         sm = sorted(r.sm_mhz for r in self.readings if r.sm_mhz is not None)
         mem = sorted(r.mem_mhz for r in self.readings if r.mem_mhz is not None)
-        out: dict[str, Any] = {
-            "source": "nvml",
-            "readings": len(self.readings),
-            "reference_sm_mhz": self.reference_mhz,
-            "throttle_threshold": self.threshold,
-            "reasons_seen": dict(self.reasons_seen),
-        }
+        out = ClockSummary(
+            source="nvml",
+            readings=len(self.readings),
+            reference_sm_mhz=self.reference_mhz,
+            throttle_threshold=self.threshold,
+            reasons_seen=dict(self.reasons_seen),
+        )
         if sm:
-            out.update(sm_mhz_min=sm[0], sm_mhz_median=sm[len(sm) // 2], sm_mhz_max=sm[-1])
+            out["sm_mhz_min"], out["sm_mhz_median"], out["sm_mhz_max"] = sm[0], sm[len(sm) // 2], sm[-1]
         if mem:
-            out.update(mem_mhz_min=mem[0], mem_mhz_max=mem[-1])
+            out["mem_mhz_min"], out["mem_mhz_max"] = mem[0], mem[-1]
         return out
 
     def close(self) -> None:

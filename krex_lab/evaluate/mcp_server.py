@@ -1,10 +1,10 @@
 """``krex mcp``: KREX as a Model Context Protocol server on stdio, for LLM agents.
 
-Tools: ``evaluate_kernel`` (:func:`krex_lab.evaluate` on a reference and a candidate, paths or
-source text: the :class:`~krex_lab.evaluate.result.Evaluation` as a JSON object),
-``gpu_status`` (the node's GPUs, holders, queues and sessions) and ``region_history`` (finished
-regions). Built on the ``mcp`` SDK (``pip install 'krex-lab[eval]'``): ``MCPServer`` of mcp 2,
-``FastMCP`` of mcp 1.
+Tools (:mod:`.mcp_tools`): ``evaluate_kernel`` (:func:`krex_lab.evaluate` on a reference and a
+candidate, paths or source text: the :class:`~krex_lab.evaluate.result.Evaluation` as a JSON
+object, its schema the tool's output schema), ``gpu_status`` (the node's GPUs, holders, queues and
+sessions) and ``region_history`` (finished regions). Built on the ``mcp`` SDK (``pip install
+'krex-lab[eval]'``): ``MCPServer`` of mcp 2, ``FastMCP`` of mcp 1.
 
 stdout is the protocol's: the server keeps the real one for it and points fd 1 at stderr, so a
 stray print (a library's, a pool started on demand) can never corrupt a message.
@@ -52,71 +52,11 @@ def _server_class() -> Any:
         ) from None
 
 
-def evaluate_kernel(
-    reference: str,
-    candidate: str,
-    format: str = "auto",
-    gpu: int | None = None,
-    timing: str = "format",
-    measure: bool = True,
-    trials: int | None = None,
-    mode: str = "benchmark",
-    tests: str | None = None,
-    benchmarks: str | None = None,
-) -> dict[str, Any]:
-    """Compile, check and time a candidate kernel against its reference; returns the verdict.
-
-    reference / candidate: file paths, or the programs' source text. format: auto, kernelbench or
-    gpumode. timing: format (the format's own method) or bench. measure=False: check only.
-    GPU MODE: mode (test, benchmark, leaderboard), tests / benchmarks ('key: value; ...' lines).
-    The result's verdict is one of correct, incorrect, compile_error, runtime_error, crashed,
-    timeout, out_of_memory, rejected, error; runtime and ref_runtime are microseconds."""
-    from .api import evaluate
-
-    try:
-        ev = evaluate(
-            reference,
-            candidate,
-            format=format,
-            gpu=gpu,
-            timing=timing,
-            measure=measure,
-            trials=trials,
-            mode=mode,
-            tests=tests,
-            benchmarks=benchmarks,
-        )
-    except (FileNotFoundError, ValueError, TypeError) as exc:
-        return {"verdict": "error", "summary": f"error: {exc}", "metadata": {"evaluation_error": str(exc)}}
-    return ev.to_dict()
-
-
-def gpu_status() -> dict[str, Any]:
-    """The node's GPUs: who holds each, the queues, the sessions (the arbiter's status)."""
-    from ..connection import status
-
-    return status()
-
-
-def region_history(user: str = "", since_hours: float = 24.0, limit: int = 50) -> dict[str, Any]:
-    """Finished regions (newest last): the last ``limit`` of ``user`` (all: "") of the last ``since_hours``."""
-    import time
-
-    from .. import protocol
-    from ..connection import Connection
-
-    conn = Connection()
-    try:
-        request = protocol.History(limit=limit, user=user, since=time.time() - since_hours * 3600, ticket=conn.ticket())
-        result: dict[str, Any] = conn.call(request)
-    finally:
-        conn.close()
-    return result
-
-
 def build_server(name: str = "krex") -> Any:
     server = _server_class()(name, instructions=INSTRUCTIONS)
-    for tool in (evaluate_kernel, gpu_status, region_history):
+    from .mcp_tools import TOOLS  # pydantic: there with the mcp SDK
+
+    for tool in TOOLS:
         server.tool()(tool)
     return server
 

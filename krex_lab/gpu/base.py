@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..procutil import GONE
+from ..protocol import CapabilitiesDict, DriverDetail
 
 
 @dataclass
@@ -46,13 +47,15 @@ class GpuProcess:
 
 @dataclass
 class Capabilities:
+    """Whether the backend can drain another process's GPU work by a driver lock, and why (not)."""
+
     lock: bool = False
     reason: str = ""
     driver: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: DriverDetail = field(default_factory=lambda: DriverDetail())
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CapabilitiesDict:
+        return CapabilitiesDict(lock=self.lock, reason=self.reason, driver=self.driver, extra=self.extra.copy())
 
 
 class GpuBackend(abc.ABC):
@@ -111,8 +114,6 @@ class GpuBackend(abc.ABC):
         """Release library handles."""
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "backend": self.name,
-            "simulated": self.simulated,
-            "capabilities": self.capabilities.to_dict(),
-        }
+        """``backend``, ``simulated``, ``capabilities`` (and ``driver``, NVIDIA): the JSON body the arbiter
+        spreads into its ``hello`` and ``register`` replies and its status table."""
+        return {"backend": self.name, "simulated": self.simulated, "capabilities": self.capabilities.to_dict()}

@@ -29,6 +29,7 @@ from typing import Any
 from ..errors import BackendError
 from ..procfiles import KEPT
 from ..procutil import GONE, STOPPED, proc_state, proc_uid
+from ..protocol import DriverDetail
 from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
     CUDA_ERROR_OPERATING_SYSTEM,
@@ -208,7 +209,7 @@ class NvidiaBackend(GpuBackend):
 
     def _detect_capabilities(self) -> Capabilities:
         euid = os.geteuid()
-        extra: dict[str, object] = {"euid": euid, "checkpoint_api": False}
+        extra = DriverDetail(euid=euid, checkpoint_api=False)
         if self._driver is None:
             return Capabilities(
                 lock=False,

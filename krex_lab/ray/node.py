@@ -29,6 +29,7 @@ import msgspec
 from ..arbiter.history import HistoryRow, Recent
 from ..arbiter.status import NodeStatus as ArbiterStatus
 from ..gpu.vendors import vendor
+from ..workers.wire import PoolTable
 
 #: the Ray namespace of the node actors
 NAMESPACE = "krex"
@@ -62,7 +63,7 @@ class NodeStatus(NodeInfo, kw_only=True, omit_defaults=True):
 
     arbiter: ArbiterStatus | None = None
     arbiter_error: str | None = None
-    pool: dict[str, Any] | None = None
+    pool: PoolTable | None = None
     pool_error: str | None = None
 
 

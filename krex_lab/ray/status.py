@@ -33,11 +33,9 @@ def format_cluster(nodes: list[ClusterNode]) -> str:
         if pool is None:
             lines.append(f"  pool: {n.pool_error or 'no answer'}")
             continue
-        workers = pool.get("workers", [])
-        busy = sum(1 for w in workers if w.get("state") not in ("idle", "ready", "spare"))
-        queued = pool.get("queue", pool.get("queued", []))
-        qn = len(queued) if isinstance(queued, list) else int(queued or 0)
-        lines.append(f"  pool pid {pool.get('pool', {}).get('pid')}: {len(workers)} workers, {busy} busy, {qn} queued")
+        workers = [w for g in pool.gpus for w in g.workers]
+        busy = sum(1 for w in workers if w.state not in ("idle", "ready", "spare"))
+        lines.append(f"  pool pid {pool.pool.pid}: {len(workers)} workers, {busy} busy, {len(pool.queue)} queued")
     return "\n".join(lines)
 
 

@@ -12,13 +12,29 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 log = logging.getLogger("krex.gate")
+
+
+class GateEvent(msgspec.Struct, kw_only=True):
+    """A ``krex.gate`` event: :class:`Gate` publishes it when a GPU's gate closes or opens; the pool
+    (:mod:`krex_lab.workers.pool.gates`) and dashboards read it. A private arbiter leaves
+    ``holder_pid`` out of what it publishes; the publisher adds ``time`` (epoch seconds)."""
+
+    gpu: int
+    closed: bool = False
+    #: the region that closed the gate (or, opening it, the one that ended)
+    region: str | None = None
+    holder_pid: int | None = None
+
 
 Hook = Callable[[int, bool, "str | None"], None]
 
 
 class Gate:
     def __init__(self, publish: Callable[[str, dict[str, Any]], None]) -> None:
+        """``publish(topic, body)``: the arbiter's event socket, which takes an event's JSON body."""
         self._publish = publish
         self._closed: dict[int, str] = {}
         self._hooks: list[Hook] = []
@@ -40,7 +56,8 @@ class Gate:
             self._notify(gpu, False, region, None)
 
     def _notify(self, gpu: int, closed: bool, region: str, holder_pid: int | None) -> None:
-        self._publish("gate", {"gpu": gpu, "closed": closed, "region": region, "holder_pid": holder_pid})
+        event = GateEvent(gpu=gpu, closed=closed, region=region, holder_pid=holder_pid)
+        self._publish("gate", msgspec.to_builtins(event))
         for hook in self._hooks:
             try:
                 hook(gpu, closed, region)

@@ -34,6 +34,121 @@ MAX_MESSAGE = 256 << 20
 JobKind = Literal["code", "call", "script"]
 
 
+# -- the pool's status table (the ``status`` reply) ------------------------------------------------
+class WorkerRow(msgspec.Struct, kw_only=True):
+    """One context worker: made by ``WorkerHandle.public``, read by ``krex pool`` users' tools, the
+    benchmarks and the tests (its pid, state, what it preloaded)."""
+
+    id: int
+    pid: int | None
+    gpu: int
+    #: starting, idle, busy, resetting, dead
+    state: str
+    #: "active" (takes jobs), "spare", or "region job" (started for one job inside a region)
+    role: str
+    #: its arbiter session (None: unregistered)
+    session: str | None
+    lease: str | None
+    job: str | None
+    jobs_run: int
+    #: when it was started (epoch seconds)
+    since: float
+    preloaded: list[str]
+    #: module -> why it was not preloaded
+    skipped: dict[str, str]
+    start_s: float | None
+    #: module -> seconds its import took
+    import_s: dict[str, float]
+    #: the last reset's parts -> seconds
+    last_reset_s: dict[str, float]
+
+
+class PoolGpuRow(msgspec.Struct, kw_only=True):
+    """One GPU the pool serves: its gate as the arbiter published it, its workers, its queue length."""
+
+    index: int
+    #: "open" or "closed" (a region holds the GPU: no job starts there)
+    gate: str
+    holder_pid: int | None
+    #: the exclusive job running there, if any
+    exclusive_job: str | None
+    workers: list[WorkerRow]
+    queued: int
+
+
+class QueuedRow(msgspec.Struct, kw_only=True):
+    """A job waiting for a worker."""
+
+    job: str
+    kind: str
+    gpu: int | None
+    lease: str | None
+    waiting_s: float
+
+
+class RunningRow(msgspec.Struct, kw_only=True):
+    """A job on a worker."""
+
+    job: str
+    kind: str
+    worker: int
+    pid: int | None
+    gpu: int
+    lease: str | None
+    running_s: float
+
+
+class LeaseRow(msgspec.Struct, kw_only=True):
+    """A lease: jobs of one key run on one worker, one after another."""
+
+    lease: str
+    owner_pid: int | None
+    worker: int | None
+    gpu: int | None
+    #: jobs queued or running
+    pending: int
+
+
+class DispatcherTable(msgspec.Struct, kw_only=True):
+    """The dispatcher's part of the table (``Dispatcher.status`` makes it)."""
+
+    gpus: list[PoolGpuRow]
+    queue: list[QueuedRow]
+    running: list[RunningRow]
+    leases: list[LeaseRow]
+    #: submitted, ok, died, recycled, deaths ... -> how many
+    counters: dict[str, int]
+    #: every GPU has its workers up, none starting
+    ready: bool
+
+
+class PoolRow(msgspec.Struct, kw_only=True):
+    """The pool process itself and its settings."""
+
+    pid: int
+    uid: int
+    endpoint: str
+    started: float
+    on_demand: bool
+    #: seconds without work after which it exits (0: never)
+    idle_exit_s: float
+    #: the arbiter's endpoint while it answers, else None
+    arbiter: str | None
+    preload: list[str]
+    workers_per_gpu: int
+    spares_per_gpu: int
+    #: the GPU backend ("unknown" until the arbiter or the node answered)
+    backend: str
+    simulated: bool
+
+
+class PoolTable(DispatcherTable, kw_only=True):
+    """The ``status`` reply: made by ``Pool.status``, read by ``PoolClient.status`` callers (``krex
+    run``'s idle-exit check, the benchmarks, the tests)."""
+
+    pool: PoolRow
+
+
 # -- client -> pool --------------------------------------------------------------------------------
 class PoolInfo(msgspec.Struct, kw_only=True):
     """Who the pool is (the ``ping`` reply)."""
@@ -73,9 +188,9 @@ class Ping(Request, tag="ping"):
 
 
 class PoolStatus(Request, tag="status"):
-    """Workers per GPU, gates, queue, running jobs, leases, counters (a plain table)."""
+    """Workers per GPU, gates, queue, running jobs, leases, counters (:class:`PoolTable`)."""
 
-    reply = dict
+    reply = PoolTable
 
 
 class ReleaseLease(Request, tag="release"):

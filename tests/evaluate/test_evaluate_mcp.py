@@ -27,14 +27,22 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
     server = StdioServerParameters(command=sys.executable, args=["-m", "krex_lab.cli", "mcp"], env=env)
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        tools = {t.name for t in (await session.list_tools()).tools}
-        assert tools == {"evaluate_kernel", "gpu_status", "region_history"}
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert set(tools) == {"evaluate_kernel", "gpu_status", "region_history"}
+        # the output schema is the Evaluation's, field by field (not a bare "object")
+        schema = tools["evaluate_kernel"].output_schema or {}
+        assert schema.get("type") == "object" and {"verdict", "summary", "reference"} <= set(schema["required"])
+        assert schema["properties"]["runtime_stats"]["anyOf"][0]["properties"]["mean"]["type"] == "number"
         result = await session.call_tool(
             "evaluate_kernel",
             {"reference": str(problem("kb_softmax")), "candidate": str(problem("kb_softmax", "correct.py"))},
         )
         verdict = _payload(result)
         assert verdict["verdict"] == "correct" and verdict["correctness"] is True and verdict["runtime"] > 0
+        assert result.structured_content == verdict, "the output stays structured"
+        missing = await session.call_tool("evaluate_kernel", {"reference": "/nonexistent/ref.py", "candidate": "x"})
+        assert not missing.is_error and (missing.structured_content or {})["verdict"] == "error"
+        assert "evaluation_error" in _payload(missing)["metadata"]
         wrong = _payload(
             await session.call_tool(
                 "evaluate_kernel",

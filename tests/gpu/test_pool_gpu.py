@@ -23,8 +23,8 @@ def gpu_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
 
 
 def test_workers_are_warm_on_their_gpu(gpu_pool: PoolProc) -> None:
-    worker = gpu_pool.status()["gpus"][0]["workers"][0]
-    assert worker["preloaded"] == ["torch", "numba.cuda"], worker
+    worker = gpu_pool.status().gpus[0].workers[0]
+    assert worker.preloaded == ["torch", "numba.cuda"], worker
     code = (
         "import os, torch\nwarm = torch.cuda.is_initialized()\nx = torch.ones(256, 256, device='cuda')\n"
         "(warm, os.environ['CUDA_VISIBLE_DEVICES'][:4], torch.cuda.device_count(), float((x @ x)[0, 0]))"
@@ -39,18 +39,18 @@ def test_workers_are_warm_on_their_gpu(gpu_pool: PoolProc) -> None:
 
 def test_gpu_memory_back_to_baseline_or_recycled(gpu_pool: PoolProc) -> None:
     client = gpu_pool.client
-    recycled = gpu_pool.status()["counters"].get("recycled", 0)
+    recycled = gpu_pool.status().counters.get("recycled", 0)
     tmp = client.run_code("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\nx.numel()")
     assert tmp.ok and tmp.value == str(1 << 30)
     time.sleep(1.0)  # the reset runs after the result
     assert alive(tmp.worker_pid or 0)  # memory freed with the namespace: the worker stays
-    assert gpu_pool.status()["counters"].get("recycled", 0) == recycled
+    assert gpu_pool.status().counters.get("recycled", 0) == recycled
     leak = client.run_code(
         "import torch\ntorch._krex_test_leak = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')"
     )
     assert leak.ok
     wait_for(lambda: not alive(leak.worker_pid or 0), timeout=20)  # a leak: the worker is recycled
-    assert gpu_pool.status()["counters"].get("recycled", 0) == recycled + 1
+    assert gpu_pool.status().counters.get("recycled", 0) == recycled + 1
     gpu_pool.wait_ready(120)
 
 
@@ -59,7 +59,7 @@ def test_numba_memory_freed_by_a_job_keeps_the_worker(gpu_pool: PoolProc) -> Non
     # the pool recycled the worker after most of them: the freed memory still counted.
     client = gpu_pool.client
     gpu_pool.wait_ready(120)
-    recycled = gpu_pool.status()["counters"].get("recycled", 0)
+    recycled = gpu_pool.status().counters.get("recycled", 0)
     code = (
         "import numpy as np\nnp.row_stack = getattr(np, 'row_stack', np.vstack)  # kernels/spec.py says why\n"
         "from numba import cuda\n"
@@ -69,7 +69,7 @@ def test_numba_memory_freed_by_a_job_keeps_the_worker(gpu_pool: PoolProc) -> Non
     assert r.ok and r.value == str(600 << 18), r
     time.sleep(1.5)  # the reset runs after the result
     assert alive(r.worker_pid or 0)
-    assert gpu_pool.status()["counters"].get("recycled", 0) == recycled
+    assert gpu_pool.status().counters.get("recycled", 0) == recycled
 
 
 def test_sticky_cuda_error_recycles_the_worker(gpu_pool: PoolProc) -> None:

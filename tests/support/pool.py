@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from krex_lab.workers.client import PoolClient
+from krex_lab.workers.wire import PoolTable
 from tests.support import ROOT
 
 
@@ -50,28 +50,28 @@ class PoolProc:
         assert self._client is not None
         return self._client
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PoolTable:
         return self.client.status()
 
-    def wait_ready(self, timeout: float = 30) -> dict[str, Any]:
+    def wait_ready(self, timeout: float = 30) -> PoolTable:
         """Until every GPU has its full complement of workers, none starting."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.status()
-            if status["ready"] and not status["running"] and not status["queue"]:
+            if status.ready and not status.running and not status.queue:
                 return status
             if time.monotonic() > deadline:
                 raise AssertionError(f"pool not back to full size within {timeout} s: {status}\n{self.log()}")
             time.sleep(0.05)
 
-    def worker_pids(self, gpu: int | None = None, status: dict[str, Any] | None = None) -> list[int]:
+    def worker_pids(self, gpu: int | None = None, status: PoolTable | None = None) -> list[int]:
         status = status or self.status()
         return [
-            w["pid"]
-            for g in status["gpus"]
-            if gpu is None or g["index"] == gpu
-            for w in g["workers"]
-            if w["state"] != "dead"
+            w.pid
+            for g in status.gpus
+            if gpu is None or g.index == gpu
+            for w in g.workers
+            if w.state != "dead" and w.pid is not None
         ]
 
     def log(self) -> str:

@@ -25,6 +25,7 @@ from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, running_arbiter, wait_for
 from krex_lab.workers.client import PoolClient
 from krex_lab.workers.results import JobResult, RemoteTraceback
+from krex_lab.workers.wire import PoolTable
 from tests.support.pool import PoolProc, alive, krex_run, python_run, shell_code
 from tests.support.procs import Procs
 
@@ -174,8 +175,8 @@ def test_edited_modules_are_reloaded_between_runs(env: dict[str, str], client: P
 # -- crashes ------------------------------------------------------------------------------------------
 
 
-def _deaths(status: dict[str, Any]) -> int:
-    return int(status["counters"].get("deaths", 0))
+def _deaths(status: PoolTable) -> int:
+    return status.counters.get("deaths", 0)
 
 
 @pytest.mark.parametrize(
@@ -297,7 +298,7 @@ def test_a_worker_that_cannot_be_reset_is_recycled(pool: PoolProc, client: PoolC
     assert s.status == "exception"
     wait_for(lambda: not alive(s.worker_pid or 0), timeout=10)
     status = pool.wait_ready()
-    assert status["counters"]["recycled"] >= 2
+    assert status.counters["recycled"] >= 2
 
 
 # -- interrupts and timeouts --------------------------------------------------------------------------
@@ -317,9 +318,9 @@ def test_interrupt_stops_the_job_and_the_worker_survives(
         text=True,
     )
     assert proc.stdout is not None and proc.stdout.readline() == "sleeping\n"
-    running = pool.status()["running"]
+    running = pool.status().running
     assert len(running) == 1
-    worker = running[0]["pid"]
+    worker = running[0].pid
     time.sleep(0.3)  # into time.sleep (line 3): right after the print it may still be flushing
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
@@ -348,11 +349,11 @@ def test_a_client_that_dies_takes_its_jobs_and_leases_with_it(
     assert proc.stdout.readline() == "True\n"
     assert proc.stdout.readline() == "busy\n"
     status = pool.status()
-    assert [le["lease"] for le in status["leases"]] == ["dying"] and len(status["running"]) == 1
-    worker = status["running"][0]["pid"]
+    assert [le.lease for le in status.leases] == ["dying"] and len(status.running) == 1
+    worker = status.running[0].pid
     proc.kill()
     proc.wait()
-    wait_for(lambda: not (s := pool.status())["running"] and not s["leases"], timeout=10)
+    wait_for(lambda: not (s := pool.status()).running and not s.leases, timeout=10)
     assert alive(worker)  # interrupted, not killed
     pool.wait_ready()
 
@@ -439,7 +440,7 @@ def test_exclusive_in_a_job_freezes_gpu0_and_holds_its_jobs(
         assert len(others) == 2
         assert all(proc_state(p) in ("T", "t") for p in others)  # the other workers of GPU 0: frozen
         assert cpu_gain(sibling.pid, 0.3) < 0.03  # another session of GPU 0: frozen
-        assert pool.status()["gpus"][0]["gate"] == "closed"
+        assert pool.status().gpus[0].gate == "closed"
         waiting = [
             threading.Thread(target=run, args=(f"gpu0-{i}",), kwargs={"code": "import time\ntime.time()", "gpu": 0})
             for i in range(2)

@@ -60,9 +60,9 @@ def test_numba_kernel_runs_on_a_preloaded_worker(arb: ArbiterProc) -> None:
     )
     pool.start(timeout=90)
     try:
-        worker = pool.status()["gpus"][0]["workers"][0]
-        assert worker["preloaded"] == ["numba.cuda"]
-        assert "not_a_module_xyz" in worker["skipped"]  # optional: skipped, the worker still serves
+        worker = pool.status().gpus[0].workers[0]
+        assert worker.preloaded == ["numba.cuda"]
+        assert "not_a_module_xyz" in worker.skipped  # optional: skipped, the worker still serves
         result = pool.client.run_code(NUMBA_KERNEL)
         assert result.ok, result
         assert result.value == repr(3.0 * sum(range(64)))
@@ -161,15 +161,15 @@ def test_krex_run_starts_a_pool_on_demand_that_exits_when_idle(arb: ArbiterProc,
     assert [out for out, _ in outputs] == ["hello from 1\n"] * 3
     wait_for(lambda: len(_pools_serving(endpoint)) == 1, timeout=10)
     status = PoolClient.connect(endpoint, start=False).status()
-    assert status["pool"]["on_demand"] is True and status["pool"]["preload"] == []
-    pool_pid = status["pool"]["pid"]
+    assert status.pool.on_demand is True and status.pool.preload == []
+    pool_pid = status.pool.pid
     # The one that started it says so, once, on stderr: where it runs, how long it stays, how to stop it.
     said = [line for _, err in outputs for line in err.splitlines() if "started a pool" in line]
     assert said == [
         f"krex: started a pool of warm workers in the background (pid {pool_pid}, log {arb.runtime / 'pool.log'}) "
         f"for this and later runs; it exits after 4 idle seconds, or stop it now with `kill {pool_pid}`"
     ], outputs
-    workers = [w["pid"] for g in status["gpus"] for w in g["workers"]]
+    workers = [w.pid for g in status.gpus for w in g.workers]
     again = krex_run(env, str(script))
     assert again.returncode == 0 and "started a pool" not in again.stderr  # still there between commands
     t0 = time.monotonic()

@@ -53,6 +53,7 @@ from ..wire import (
     Ping,
     PoolInfo,
     PoolStatus,
+    PoolTable,
     ReleaseLease,
     Submit,
     decode_incoming,
@@ -263,7 +264,7 @@ class PoolClient:
         if paths.quiet():
             return
         try:
-            idle = float(self.status()["pool"]["idle_exit_s"])
+            idle = self.status().pool.idle_exit_s
         except (KrexError, KeyError, TypeError, ValueError):
             idle = 0.0
         after = f"{idle / 60:g} idle minutes" if idle >= 120 else f"{idle:g} idle seconds"
@@ -407,9 +408,9 @@ class PoolClient:
             return cloudpickle.loads(result.value)
         raise exception_of(result)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PoolTable:
         """Workers per GPU (state, pid, lease, jobs run), gates, queue, leases, counters."""
-        status: dict[str, Any] = self._request(PoolStatus())
+        status: PoolTable = self._request(PoolStatus())
         return status
 
     def close(self) -> None:

@@ -19,10 +19,9 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ..results import INTERRUPT_EXIT, JobResult, describe_exit
-from ..wire import Done, FromWorker, Output, Ready, Reset
+from ..wire import DispatcherTable, Done, FromWorker, Output, Ready, Reset
 from .handle import WorkerHandle
 from .jobs import DispatchConfig, Emit, Gates, Job, Lease, SpawnArgs, cancelled, completed, worker_lost
 from .status import dispatcher_status
@@ -484,7 +483,7 @@ class Dispatcher:
             for g in self.gpus
         )
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DispatcherTable:
         return dispatcher_status(
             gpus=self.gpus,
             gates=self.gates,

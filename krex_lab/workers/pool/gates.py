@@ -18,13 +18,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from ... import client, discovery
+from ... import client, discovery, protocol
+from ...regions.gate import GateEvent
 
 log = logging.getLogger("krex.pool")
 
@@ -34,8 +34,10 @@ class GateWatcher:
         self.endpoint = endpoint or discovery.default_endpoint()
         self.on_change = on_change
         self.resync = resync
-        self.info: dict[str, Any] | None = None
-        self.gpus: list[dict[str, Any]] = []
+        #: the arbiter's ``hello`` (None: none has answered yet)
+        self.info: protocol.Info | None = None
+        #: gpu -> its UUID, as the arbiter's status lists them
+        self.uuids: dict[int, str] = {}
         #: gpu -> (region, holder pid) for closed gates
         self.closed: dict[int, tuple[str | None, int | None]] = {}
         self._sub: zmq.asyncio.Socket | None = None
@@ -50,7 +52,7 @@ class GateWatcher:
 
     @property
     def arbiter_pid(self) -> int | None:
-        return self.info.get("pid") if self.info is not None else None
+        return self.info.pid if self.info is not None else None
 
     def is_open(self, gpu: int) -> bool:
         return gpu not in self.closed
@@ -71,7 +73,7 @@ class GateWatcher:
 
     async def _connect(self) -> bool:
         try:
-            info = await asyncio.to_thread(client.hello, self.endpoint, 2.0)
+            info = msgspec.convert(await asyncio.to_thread(client.hello, self.endpoint, 2.0), protocol.Info)
         except Exception as exc:
             log.debug("arbiter at %s: %s", self.endpoint, exc)
             return False
@@ -79,7 +81,7 @@ class GateWatcher:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"krex.gate")
-        sub.connect(info["events"])
+        sub.connect(info.events)
         self._sub = sub
         self.info = info
         self._tasks.append(asyncio.ensure_future(self._event_loop(sub)))
@@ -92,11 +94,11 @@ class GateWatcher:
         except Exception as exc:
             log.debug("arbiter status: %s", exc)
             return False
-        self.gpus = [{"index": g["index"], "uuid": g.get("uuid", ""), "name": g.get("name", "")} for g in table["gpus"]]
+        self.uuids = {g["index"]: g.get("uuid", "") for g in table["gpus"]}
         pid = table.get("arbiter", {}).get("pid")
-        if self.info is not None and pid is not None and pid != self.info.get("pid"):
-            log.warning("the arbiter restarted (pid %s, was %s): workers register anew", pid, self.info.get("pid"))
-            self.info["pid"] = pid
+        if self.info is not None and pid is not None and pid != self.info.pid:
+            log.warning("the arbiter restarted (pid %s, was %s): workers register anew", pid, self.info.pid)
+            self.info.pid = pid
             self.on_change()
         closed: dict[int, tuple[str | None, int | None]] = {}
         for g in table["gpus"]:
@@ -113,20 +115,19 @@ class GateWatcher:
             self.on_change()
 
     async def _event_loop(self, sub: zmq.asyncio.Socket) -> None:
-        decoder = msgspec.msgpack.Decoder(dict)
+        decoder = msgspec.msgpack.Decoder(GateEvent)
         while True:
             _topic, data = await sub.recv_multipart()
             try:
                 event = decoder.decode(data)
-                gpu = int(event["gpu"])
-            except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+            except msgspec.DecodeError:  # ValidationError included
                 continue
             closed = dict(self.closed)
-            if event.get("closed"):
-                closed[gpu] = (event.get("region"), event.get("holder_pid"))
+            if event.closed:
+                closed[event.gpu] = (event.region, event.holder_pid)
             else:
-                closed.pop(gpu, None)
-            log.debug("gate of GPU %d %s", gpu, "closed" if event.get("closed") else "open")
+                closed.pop(event.gpu, None)
+            log.debug("gate of GPU %d %s", event.gpu, "closed" if event.closed else "open")
             self._apply(closed)
 
     async def _resync_loop(self) -> None:

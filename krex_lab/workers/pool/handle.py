@@ -29,7 +29,7 @@ from ...errors import ProtocolError
 from ...procutil import tree
 from ..contain import ProcId, sweep_until_clean
 from ..contain import sweep_orphans as _sweep
-from ..wire import HEADER, FromWorker, Init, ToWorker, decode_from_worker, pack
+from ..wire import HEADER, FromWorker, Init, ToWorker, WorkerRow, decode_from_worker, pack
 
 log = logging.getLogger("krex.pool")
 
@@ -296,21 +296,22 @@ class WorkerHandle:
         while self.state != "dead" and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    def public(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "pid": self.pid,
-            "gpu": self.gpu,
-            "state": self.state,
-            "role": "region job" if self.for_job is not None else "active" if self.active else "spare",
-            "session": self.session,
-            "lease": getattr(self.lease, "key", None),
-            "job": getattr(self.job, "id", None),
-            "jobs_run": self.jobs_run,
-            "since": self.created,
-            "preloaded": self.info.preloaded if self.info else [],
-            "skipped": self.info.skipped if self.info else {},
-            "start_s": self.info.start_s if self.info else None,
-            "import_s": self.info.import_s if self.info else {},
-            "last_reset_s": self.last_reset,
-        }
+    def public(self) -> WorkerRow:
+        """This worker's row of the pool's status table."""
+        return WorkerRow(
+            id=self.id,
+            pid=self.pid,
+            gpu=self.gpu,
+            state=self.state,
+            role="region job" if self.for_job is not None else "active" if self.active else "spare",
+            session=self.session,
+            lease=getattr(self.lease, "key", None),
+            job=getattr(self.job, "id", None),
+            jobs_run=self.jobs_run,
+            since=self.created,
+            preloaded=self.info.preloaded if self.info else [],
+            skipped=self.info.skipped if self.info else {},
+            start_s=self.info.start_s if self.info else None,
+            import_s=self.info.import_s if self.info else {},
+            last_reset_s=self.last_reset,
+        )

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
@@ -49,7 +50,9 @@ from ..wire import (
     Output,
     Ping,
     PoolInfo,
+    PoolRow,
     PoolStatus,
+    PoolTable,
     Released,
     ReleaseLease,
     Submit,
@@ -61,7 +64,7 @@ from .dispatcher import DispatchConfig, Dispatcher
 from .gates import GateWatcher
 from .handle import WorkerHandle
 from .jobs import Job, job_of
-from .spawn import PLACEMENT, WORKER_MODULE, worker_launch
+from .spawn import PLACEMENT, WORKER_MODULE, NodeBackend, worker_launch
 
 __all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "PoolApp", "main"]
 
@@ -159,7 +162,7 @@ class Pool(LoggingConfigurable):
         self.bound = self.endpoint or default_endpoint()
         self.arbiter_endpoint = self.arbiter or discovery.default_endpoint()
         self.started = time.time()
-        self.backend: dict[str, Any] = {"backend": "unknown", "simulated": True}
+        self.backend = NodeBackend()
         self.gpu_uuids: dict[int, str] = {}
         self._last_busy = time.monotonic()
         self._arbiter_known = False
@@ -231,14 +234,14 @@ class Pool(LoggingConfigurable):
     def _learn_arbiter(self) -> None:
         assert self.gates.info is not None
         self._arbiter_known = True
-        self.backend = {k: self.gates.info.get(k) for k in ("backend", "simulated")}
-        self.gpu_uuids = {g["index"]: g["uuid"] for g in self.gates.gpus}
+        self.backend = NodeBackend(self.gates.info.backend, self.gates.info.simulated)
+        self.gpu_uuids = dict(self.gates.uuids)
 
     async def _discover(self) -> list[int]:
         if await self.gates.start(self.arbiter_wait):
             assert self.gates.info is not None
             self._learn_arbiter()
-            count = int(self.gates.info["gpus"])
+            count = self.gates.info.gpus
         else:
             log.warning(
                 "no arbiter answers at %s: workers run unregistered, regions are unavailable and "
@@ -257,7 +260,7 @@ class Pool(LoggingConfigurable):
 
             backend = make_backend("auto", self.fallback_gpus)
             try:
-                self.backend = {"backend": backend.name, "simulated": backend.simulated}
+                self.backend = NodeBackend(backend.name, backend.simulated)
                 self.gpu_uuids = {g.index: g.uuid for g in backend.inventory()}
                 return backend.gpu_count()
             finally:
@@ -318,10 +321,10 @@ class Pool(LoggingConfigurable):
     def serving_line(self, gpus: list[int]) -> str:
         """``krex pool <version> serving on <endpoint> (GPUs [...], arbiter <endpoint>; ...)``."""
         arbiter = self.arbiter_endpoint if self.gates.connected else "none answers yet"
-        sim = " [SIMULATED GPUs: fake backend]" if self.backend.get("simulated") else ""
+        sim = " [SIMULATED GPUs: fake backend]" if self.backend.simulated else ""
         return (
             f"krex pool {__version__} serving on {self.bound} (GPUs {gpus}, arbiter {arbiter}; "
-            f"pid {os.getpid()}, backend {self.backend.get('backend')}{sim})"
+            f"pid {os.getpid()}, backend {self.backend.name}{sim})"
         )
 
     def stop(self) -> None:
@@ -419,11 +422,11 @@ class Pool(LoggingConfigurable):
             version=__version__,
             endpoint=self.bound,
             gpus=list(self.dispatcher.gpus),
-            backend=self.backend.get("backend"),
-            simulated=self.backend.get("simulated"),
+            backend=self.backend.name,
+            simulated=self.backend.simulated,
         )
 
-    def _status(self, request: PoolStatus, peer: Peer) -> dict[str, Any]:
+    def _status(self, request: PoolStatus, peer: Peer) -> PoolTable:
         return self.status()
 
     def _release(self, request: ReleaseLease, peer: Peer) -> Released:
@@ -444,23 +447,22 @@ class Pool(LoggingConfigurable):
         d.submit(job)
         return DEFERRED  # the reply is the job's result (Dispatcher.finish -> _emit)
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "pool": {
-                "pid": os.getpid(),
-                "uid": os.getuid(),
-                "endpoint": self.bound,
-                "started": self.started,
-                "on_demand": self.on_demand,
-                "idle_exit_s": self.on_demand_idle_exit if self.on_demand else self.idle_exit,
-                "arbiter": self.arbiter_endpoint if self.gates.connected else None,
-                "preload": list(self.preload),
-                "workers_per_gpu": self.workers_per_gpu,
-                "spares_per_gpu": self.spares_per_gpu,
-                **self.backend,
-            },
-            **self.dispatcher.status(),
-        }
+    def status(self) -> PoolTable:
+        pool = PoolRow(
+            pid=os.getpid(),
+            uid=os.getuid(),
+            endpoint=self.bound,
+            started=self.started,
+            on_demand=self.on_demand,
+            idle_exit_s=self.on_demand_idle_exit if self.on_demand else self.idle_exit,
+            arbiter=self.arbiter_endpoint if self.gates.connected else None,
+            preload=list(self.preload),
+            workers_per_gpu=self.workers_per_gpu,
+            spares_per_gpu=self.spares_per_gpu,
+            backend=self.backend.name,
+            simulated=self.backend.simulated,
+        )
+        return PoolTable(pool=pool, **msgspec.structs.asdict(self.dispatcher.status()))
 
 
 class PoolApp(KrexApplication):

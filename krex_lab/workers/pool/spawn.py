@@ -8,6 +8,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from ... import paths
 from ...gpu.vendors import place, placement_variables
 from ..wire import Init
@@ -21,6 +23,16 @@ PLACEMENT = (
     "KREX_WORKER_REAL",
     "NUMBA_ENABLE_CUDASIM",
 )
+
+
+class NodeBackend(msgspec.Struct, frozen=True):
+    """The node's GPU backend as the pool learnt it (the arbiter's ``hello``, else its own look at
+    the node): made by ``Pool``, read by :func:`worker_launch` (placement) and the status table."""
+
+    name: str = "unknown"
+    simulated: bool = True
+
+
 #: what a worker process runs (``python -u -m WORKER_MODULE FD``)
 WORKER_MODULE = "krex_lab.workers.context"
 
@@ -31,7 +43,7 @@ def worker_launch(
     *,
     python: str,
     worker_env: Mapping[Any, Any],
-    backend: Mapping[str, Any],
+    backend: NodeBackend,
     gpu_uuids: Mapping[int, str],
     arbiter_endpoint: str,
     arbiter_connected: bool,
@@ -46,7 +58,7 @@ def worker_launch(
     ``backend``: the arbiter's (or the local) backend name and whether it is simulated;
     ``arbiter_connected``/``arbiter_pid``: whether an arbiter answers now, and which (the worker
     registers with it)."""
-    real = not backend.get("simulated", True)
+    real = not backend.simulated
     env = {**os.environ, **{str(k): str(v) for k, v in worker_env.items()}}
     # A pool started inside a region (krex run under krex exclusive) must not make every
     # worker claim it: only a worker started for a region job joins one (Init.within).
@@ -61,7 +73,7 @@ def worker_launch(
     )
     for var in placement_variables():  # the pool's own placement must not narrow the worker's
         env.pop(var, None)
-    env.update(place(str(backend.get("backend", "")), gpu, gpu_uuids.get(gpu, ""), simulated=not real))
+    env.update(place(backend.name, gpu, gpu_uuids.get(gpu, ""), simulated=not real))
     init = Init(
         gpu=gpu,
         parent=os.getpid(),
