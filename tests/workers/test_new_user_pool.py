@@ -208,6 +208,9 @@ def test_on_demand_pool_exits_soon_after_its_arbiter_stops(tmp_path: Path) -> No
         wait_for(lambda: pool.proc is not None and pool.proc.poll() is not None, 15)
         assert time.monotonic() - t0 < 10, pool.log()
         assert pool.proc.returncode == 0
+        # Its log (at the default level) says why it exited, in one line.
+        said = [line for line in pool.log().splitlines() if "exiting" in line]
+        assert len(said) == 1 and "has stopped answering" in said[0], pool.log()
     finally:
         arb.stop()
         pool.stop()

@@ -66,8 +66,8 @@ from .spawn import PLACEMENT, WORKER_MODULE, worker_launch
 __all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "PoolApp", "main"]
 
 log = logging.getLogger("krex.pool")
-#: the start-up line's own logger: ``krex pool`` shows it at its default level (WARNING), at
-#: which the rest of ``krex.pool`` stays quiet (:meth:`PoolApp.initialize`)
+#: the start-up line's and the exit reason's own logger: ``krex pool`` shows them at its default
+#: level (WARNING), at which the rest of ``krex.pool`` stays quiet (:meth:`PoolApp.initialize`)
 serving_log = logging.getLogger("krex.pool.serving")
 
 
@@ -362,10 +362,10 @@ class Pool(LoggingConfigurable):
             if d.busy():
                 self._last_busy = time.monotonic()
             elif limit > 0 and time.monotonic() - self._last_busy > limit:
-                log.info("idle for %.0f s: exiting", limit)
+                serving_log.info("idle for %.0f s: exiting", limit)
                 self.stop()
             elif self._arbiter_gone():
-                log.info(
+                serving_log.info(
                     "the arbiter at %s has stopped answering and this pool (started on demand) is idle: exiting",
                     self.arbiter_endpoint,
                 )
