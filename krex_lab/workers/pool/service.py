@@ -401,12 +401,21 @@ class Pool(LoggingConfigurable):
             peer.send(message)
 
     def _unregistered(self, job: Job) -> str | None:
-        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it)."""
+        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it),
+        where that changed something: the arbiter this pool knew has gone, or would not register
+        the worker, so that others' regions on its GPU did not pause it. With no arbiter on the node
+        at all there are no regions to miss (the pool's log says so once, at start; ``--exclusive``
+        fails with its own error)."""
         w = job.worker
         if w is None or w.session is not None or w.info is None:
             return None
         if w.init.arbiter is None:
-            return f"no arbiter answers at {self.arbiter_endpoint}: the job ran without GPU exclusivity"
+            if not self._arbiter_known:
+                return None
+            return (
+                f"the arbiter at {self.arbiter_endpoint} stopped answering: the job ran unregistered, "
+                "not paused by others' regions on its GPU"
+            )
         return (
             f"the worker could not register with the arbiter at {self.arbiter_endpoint} "
             f"({w.info.session_error}): the job ran without GPU exclusivity"
