@@ -80,7 +80,8 @@ def format_table(status: dict[str, Any]) -> str:
     if a.get("cgroups"):
         cgroup = str(a["cgroups"])
         placed = cgroup.startswith("sessions placed")
-        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({cgroup})")
+        freezer = f"cgroup v2 (cgroup.freeze; {cgroup})" if placed else f"SIGSTOP (cgroups: {cgroup})"
+        lines.append(f"  freezer: {freezer}")
     shares = status.get("fair_share") or []
     if shares:
         lines.append(
