@@ -22,18 +22,40 @@ from typing import Any
 SHIPPED = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+#: the kernelspecs the notebooks name, with the display name Jupyter writes for each on a save
+#: (the installed kernelspec's), so that the stored one is what any save leaves
+KERNEL_DISPLAY_NAMES = {"krex": "Python 3 (KREX)", "python3": "Python 3 (ipykernel)"}
+
+#: cell metadata a run or the view leaves: timings, trust, how the (stripped) outputs were shown
+RUN_CELL_METADATA = ("execution", "trusted", "scrolled", "collapsed")
+
+
+def _is_empty_code(cell: dict[str, Any]) -> bool:
+    source = cell.get("source", "")
+    return cell.get("cell_type") == "code" and not "".join(source).strip()
+
+
 def strip(nb: dict[str, Any]) -> dict[str, Any]:
-    """``nb`` (a notebook's JSON, changed in place) without what a run adds: outputs, execution
-    counts, cell timings, widget state and the kernel's version details."""
-    for cell in nb.get("cells", []):
+    """``nb`` (a notebook's JSON, changed in place) without what a run and a save add: outputs,
+    execution counts, cell timings, widget state, the kernel's version details, the empty code cells
+    JupyterLab appends when the last cell is run (Shift+Enter), and the kernelspec's display name as
+    the installed kernelspec spells it."""
+    cells = nb.get("cells", [])
+    while cells and _is_empty_code(cells[-1]):
+        cells.pop()
+    for cell in cells:
         if cell.get("cell_type") == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
-        cell.get("metadata", {}).pop("execution", None)
+        for key in RUN_CELL_METADATA:
+            cell.get("metadata", {}).pop(key, None)
     meta = nb.get("metadata", {})
     meta.pop("widgets", None)
     if "language_info" in meta:
         meta["language_info"] = {"name": meta["language_info"].get("name", "python")}
+    spec = meta.get("kernelspec")
+    if isinstance(spec, dict) and spec.get("name") in KERNEL_DISPLAY_NAMES:
+        spec["display_name"] = KERNEL_DISPLAY_NAMES[spec["name"]]
     return nb
 
 

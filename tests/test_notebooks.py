@@ -74,8 +74,12 @@ def test_the_notebooks_are_kept_without_outputs() -> None:
 
 
 def test_a_commit_never_takes_a_notebook_run_outputs(tmp_path: Path) -> None:
-    """A shipped notebook saved by another editor, outputs and all: git's clean filter (set up by
-    ``make``) shows no change, and a commit takes none; an edit of the notebook itself still shows."""
+    """A shipped notebook run and saved, outputs and all, by another editor or by JupyterLab (which
+    appends an empty code cell when the last cell is run with Shift+Enter and writes the installed
+    kernelspec's display name): git's clean filter (set up by ``make``) shows no change, and a commit
+    takes none; an edit of the notebook itself still shows."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
     repo = tmp_path / "clone"
     repo.mkdir()
     for name in ("Makefile", "pyproject.toml", ".gitattributes", "notebooks", "krex_lab"):
@@ -89,16 +93,28 @@ def test_a_commit_never_takes_a_notebook_run_outputs(tmp_path: Path) -> None:
     _git(repo, *who, "add", "-A")
     _git(repo, *who, "commit", "-qm", "shipped")
     subprocess.run(["make", "-s", "notebook-filter"], cwd=repo, capture_output=True, timeout=60, check=True)
-    path = repo / "notebooks" / "01_quickstart.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):  # as a run and a save leave it
-        cell.execution_count = n + 1
-        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {n}\n")]
-        cell.metadata["execution"] = {"iopub.status.idle": "2026-12-03T08:00:00Z"}
-    nbformat.write(nb, path)
-    assert _git(repo, "diff") == ""
+    specs = KernelSpecManager()
+    paths = sorted((repo / "notebooks").glob("*.ipynb"))
+    assert len(paths) >= 4
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):  # as a run and a save leave it
+            cell.execution_count = n + 1
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {n}\n")]
+            cell.metadata["execution"] = {"iopub.status.idle": "2026-12-03T08:00:00Z"}
+        nb.cells += [nbformat.v4.new_code_cell(""), nbformat.v4.new_code_cell("\n")]  # Shift+Enter on the last
+        spec = nb.metadata["kernelspec"]
+        spec["display_name"] = specs.get_kernel_spec(spec["name"]).display_name  # what Jupyter writes
+        nb.metadata["language_info"] = {"name": "python", "version": "3.99.0", "file_extension": ".py"}
+        nbformat.write(nb, path)
+        assert _git(repo, "diff") == "", path.name
     _git(repo, *who, "add", "-A")
     assert _git(repo, "status", "--porcelain") == "" and _git(repo, "diff", "--cached") == ""
+    path = repo / "notebooks" / "01_quickstart.ipynb"
+    nb = nbformat.read(path, as_version=4)
     nb.cells[0].source += "\n"  # an edit of the notebook itself still shows
     nbformat.write(nb, path)
     assert _git(repo, "status", "--porcelain").split() == ["M", "notebooks/01_quickstart.ipynb"]
+    nb.cells.append(nbformat.v4.new_code_cell("print('mine')"))  # so does a cell of one's own at the end
+    nbformat.write(nb, path)
+    assert "print('mine')" in _git(repo, "diff")

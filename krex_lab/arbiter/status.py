@@ -214,7 +214,8 @@ def format_table(status: object) -> str:
         lines.append(f"  quotas: {a.quotas}")
     if a.cgroups:
         placed = a.cgroups.startswith("sessions placed")
-        lines.append(f"  freezer: {'cgroup v2 (cgroup.freeze)' if placed else 'SIGSTOP'} ({a.cgroups})")
+        freezer = f"cgroup v2 (cgroup.freeze; {a.cgroups})" if placed else f"SIGSTOP (cgroups: {a.cgroups})"
+        lines.append(f"  freezer: {freezer}")
     if table.fair_share:
         lines.append(
             "  fair share (hold + each region's cost, decaying; while others wait the last holder goes after them): "

@@ -175,7 +175,10 @@ def _summary(ev: Evaluation) -> str:
         return f"{ev.verdict}: {first}" if first else ev.verdict
     if ev.runtime < 0:
         return f"correct ({ev.metadata.get('correctness_trials', '')} trials; not timed)"
-    clock = "GPU" if ev.gpu_timed else "host clock, no GPU timed"
+    # the method's name says "host-clock" where no GPU was timed: the clock is not said twice
+    clock = "GPU" if ev.gpu_timed else "no GPU timed"
+    if not ev.gpu_timed and "host-clock" not in (ev.timing_method or ""):
+        clock = "host clock, no GPU timed"
     line = f"correct: {ev.runtime:.2f} us"
     if ev.ref_runtime > 0 and ev.speedup is not None:
         line += f" vs reference {ev.ref_runtime:.2f} us ({ev.speedup:.2f}x)"

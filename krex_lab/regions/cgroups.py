@@ -120,7 +120,7 @@ class CgroupPlacer:
     def __init__(self, enabled: bool, name: str = "krex") -> None:
         self.base: Path | None = None
         self.root: Path | None = None
-        self.reason = "disabled (--cgroups off)"
+        self.reason = "disabled by --cgroups off"
         #: where a process is now (tests point it elsewhere: this machine's may be the root)
         self.cgroup_of = cgroup_of
         if not enabled:

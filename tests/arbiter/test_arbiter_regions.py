@@ -209,6 +209,11 @@ def test_krex_exclusive_cli_propagates_exit_code(arbiter: ArbiterProc) -> None:
 
     table = json.loads(status.stdout)
     assert table["arbiter"]["simulated"] is True and len(table["gpus"]) == 2
-    assert table["arbiter"]["cgroups"] == "disabled (--cgroups off)"  # how sessions are frozen: SIGSTOP
+    assert table["arbiter"]["cgroups"] == "disabled by --cgroups off"  # how sessions are frozen: SIGSTOP
+    text = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "status"], env=arbiter.env(), capture_output=True, text=True, timeout=30
+    ).stdout
+    said = [line.strip() for line in text.splitlines() if "freezer:" in line]
+    assert said == ["freezer: SIGSTOP (cgroups: disabled by --cgroups off)"], text
     # the fixtures shield KREX sessions only: no node-wide shield, so none lingers after a region
     assert table["arbiter"]["shield"] == "sessions" and table["arbiter"]["shield_linger_s"] == 0.0

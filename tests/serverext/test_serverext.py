@@ -333,6 +333,9 @@ def test_a_shipped_notebook_is_saved_without_outputs(
         cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": f"ran {n}\n"}]
         cell["metadata"]["execution"] = {"iopub.status.idle": "2026-12-03T08:00:00Z"}
     nb["metadata"]["language_info"] = {"name": "python", "version": "3.99.0", "file_extension": ".py"}
+    # Shift+Enter on the last cell: JupyterLab appends an empty code cell
+    empty = {"cell_type": "code", "execution_count": None, "id": "e0", "metadata": {}, "outputs": [], "source": ""}
+    nb["cells"].append(empty)
     saved = json.dumps({"type": "notebook", "format": "json", "content": nb})
     for where in ("notebooks/01_quickstart.ipynb", "mine.ipynb"):
         code, _, body = get(f"api/contents/{where}", method="PUT", body=saved)
@@ -341,3 +344,4 @@ def test_a_shipped_notebook_is_saved_without_outputs(
     mine = json.loads((jp_root_dir / "mine.ipynb").read_text())  # anyone else's notebook keeps its outputs
     first = next(c for c in mine["cells"] if c["cell_type"] == "code")
     assert "".join(first["outputs"][0]["text"]) == "ran 0\n"
+    assert mine["cells"][-1]["id"] == "e0"

@@ -170,7 +170,9 @@ def test_a_late_pipe_is_said_on_stderr(arb: ArbiterProc, pool: PoolProc, tmp_pat
     assert on_time.stdout == repr("now\n") + "\n" and "stdin" not in on_time.stderr, on_time.stderr
 
 
-def test_no_arbiter_is_said_on_stderr(tmp_path: Path) -> None:
+def test_without_an_arbiter_only_exclusive_says_so(tmp_path: Path) -> None:
+    """No arbiter on the node: a plain ``krex run`` prints nothing of KREX's (there is no region to
+    miss); ``--exclusive``, which needs one, says so in one line and runs nothing."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     nobody = f"ipc://{runtime / 'nobody.sock'}"
@@ -179,11 +181,13 @@ def test_no_arbiter_is_said_on_stderr(tmp_path: Path) -> None:
     pool.start(timeout=90)
     try:
         (tmp_path / "s.py").write_text("print('ok')\n")
-        r = krex_run(pool.env, str(tmp_path / "s.py"))
-        assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
-        # one line (run_cli's prefix: "krex:" or "krex run:")
-        line = f"no arbiter answers at {nobody}: the job ran without GPU exclusivity"
-        assert re.fullmatch(rf"krex( run)?: {re.escape(line)}\n", r.stderr), r.stderr
+        for _ in range(2):  # every run, not only the first
+            r = krex_run(pool.env, str(tmp_path / "s.py"))
+            assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr
+        r = krex_run(pool.env, "--exclusive", str(tmp_path / "s.py"))
+        assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("krex run: --exclusive: "), r.stderr
+        assert nobody in r.stderr, r.stderr
         # without an arbiter the pool asks the node's GPU library itself (the fake backend here)
         assert "no GPU backend either" not in pool.log(), pool.log()
         assert pool.client.info is not None and pool.client.info.backend == "fake"
@@ -208,6 +212,9 @@ def test_on_demand_pool_exits_soon_after_its_arbiter_stops(tmp_path: Path) -> No
         wait_for(lambda: pool.proc is not None and pool.proc.poll() is not None, 15)
         assert time.monotonic() - t0 < 10, pool.log()
         assert pool.proc.returncode == 0
+        # Its log (at the default level) says why it exited, in one line.
+        said = [line for line in pool.log().splitlines() if "exiting" in line]
+        assert len(said) == 1 and "has stopped answering" in said[0], pool.log()
     finally:
         arb.stop()
         pool.stop()

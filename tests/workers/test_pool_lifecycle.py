@@ -177,6 +177,8 @@ def test_krex_run_starts_a_pool_on_demand_that_exits_when_idle(arb: ArbiterProc,
     assert time.monotonic() - t0 > 1.0
     for pid in workers:
         wait_for(lambda pid=pid: not alive(pid), timeout=5)  # type: ignore[misc]
+    said = [line for line in (arb.runtime / "pool.log").read_text().splitlines() if "exiting" in line]
+    assert len(said) == 1 and "idle for 4 s" in said[0], said  # its log says why it exited
 
 
 def test_tcp_endpoints_are_refused(arb: ArbiterProc) -> None:

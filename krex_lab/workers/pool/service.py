@@ -69,8 +69,8 @@ from .spawn import PLACEMENT, WORKER_MODULE, NodeBackend, worker_launch
 __all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "PoolApp", "main"]
 
 log = logging.getLogger("krex.pool")
-#: the start-up line's own logger: ``krex pool`` shows it at its default level (WARNING), at
-#: which the rest of ``krex.pool`` stays quiet (:meth:`PoolApp.initialize`)
+#: the start-up line's and the exit reason's own logger: ``krex pool`` shows them at its default
+#: level (WARNING), at which the rest of ``krex.pool`` stays quiet (:meth:`PoolApp.initialize`)
 serving_log = logging.getLogger("krex.pool.serving")
 
 
@@ -365,10 +365,10 @@ class Pool(LoggingConfigurable):
             if d.busy():
                 self._last_busy = time.monotonic()
             elif limit > 0 and time.monotonic() - self._last_busy > limit:
-                log.info("idle for %.0f s: exiting", limit)
+                serving_log.info("idle for %.0f s: exiting", limit)
                 self.stop()
             elif self._arbiter_gone():
-                log.info(
+                serving_log.info(
                     "the arbiter at %s has stopped answering and this pool (started on demand) is idle: exiting",
                     self.arbiter_endpoint,
                 )
@@ -404,12 +404,21 @@ class Pool(LoggingConfigurable):
             peer.send(message)
 
     def _unregistered(self, job: Job) -> str | None:
-        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it)."""
+        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it),
+        where that changed something: the arbiter this pool knew has gone, or would not register
+        the worker, so that others' regions on its GPU did not pause it. With no arbiter on the node
+        at all there are no regions to miss (the pool's log says so once, at start; ``--exclusive``
+        fails with its own error)."""
         w = job.worker
         if w is None or w.session is not None or w.info is None:
             return None
         if w.init.arbiter is None:
-            return f"no arbiter answers at {self.arbiter_endpoint}: the job ran without GPU exclusivity"
+            if not self._arbiter_known:
+                return None
+            return (
+                f"the arbiter at {self.arbiter_endpoint} stopped answering: the job ran unregistered, "
+                "not paused by others' regions on its GPU"
+            )
         return (
             f"the worker could not register with the arbiter at {self.arbiter_endpoint} "
             f"({w.info.session_error}): the job ran without GPU exclusivity"
