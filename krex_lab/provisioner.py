@@ -67,12 +67,18 @@ class Placements:
             self.pending[kernel_id] = _Pending(gpu, now)
             return gpu
 
-    def _choose_with_pending(self, status: dict[str, Any]) -> int:
-        registered = {s["pid"] for g in status["gpus"] for s in g["sessions"]}
+    def _choose_with_pending(self, status: object) -> int:
+        """The GPU with the fewest sessions, counting the kernels placed but not yet registered
+        (``status``: the arbiter's ``Status`` answer), then the most free memory."""
+        from .arbiter.status import NodeStatus
+
+        gpus = NodeStatus.of(status).gpus
+        registered = {s.pid for g in gpus for s in g.sessions}
         self.pending = {k: p for k, p in self.pending.items() if p.pid is None or p.pid not in registered}
         # Every user's sessions count (other users' appear only as counts on a private node).
-        counts = {g["index"]: len(g["sessions"]) + sum(g.get("other_sessions", {}).values()) for g in status["gpus"]}
-        free = {g["index"]: (g.get("memory_total") or 0) - (g.get("memory_used") or 0) for g in status["gpus"]}
+        others = {g.index: sum(g.other_sessions.values()) if g.other_sessions else 0 for g in gpus}
+        counts = {g.index: len(g.sessions) + others[g.index] for g in gpus}
+        free = {g.index: g.memory_total - g.memory_used for g in gpus}
         for p in self.pending.values():
             if p.gpu in counts:
                 counts[p.gpu] += 1

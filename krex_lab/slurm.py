@@ -27,10 +27,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import paths
 from .errors import KrexError
+
+if TYPE_CHECKING:
+    from .arbiter.sessions import SessionRow
 
 #: Slurm keeps a node's reason short in its listings; ours says what and where first
 REASON_MAX = 200
@@ -136,8 +139,11 @@ def prolog(args: argparse.Namespace) -> int:
     return 0
 
 
-def _job_sessions(table: dict[str, Any], job: str) -> list[dict[str, Any]]:
-    return [s for g in table["gpus"] for s in g["sessions"] if str(s.get("slurm_job", "")) == job]
+def _job_sessions(table: object, job: str) -> list[SessionRow]:
+    """The sessions of Slurm job ``job`` in ``table`` (the arbiter's status answer)."""
+    from .arbiter.status import NodeStatus
+
+    return [s for g in NodeStatus.of(table).gpus for s in g.sessions if (s.slurm_job or "") == job]
 
 
 def _kill_tree(pid: int, uid: int | None) -> None:
@@ -173,7 +179,7 @@ def epilog(args: argparse.Namespace) -> int:
         if left:
             _log(f"job {job['job']}: {len(left)} session(s) outlived the job: killed")
             for s in left:
-                _kill_tree(int(s["pid"]), uid)
+                _kill_tree(s.pid, uid)
         deadline = time.monotonic() + 10.0
         while left and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -182,7 +188,7 @@ def epilog(args: argparse.Namespace) -> int:
             except KrexError:
                 break
         if left:
-            _log(f"job {job['job']}: sessions still registered after 10 s: {[s['id'] for s in left]}")
+            _log(f"job {job['job']}: sessions still registered after 10 s: {[s.id for s in left]}")
     finally:
         from .arbiter.slurm_jobs import record_path
 

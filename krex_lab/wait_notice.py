@@ -46,9 +46,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .paths import quiet
+
+if TYPE_CHECKING:
+    from .arbiter.status import HolderRow
 
 #: set by a notebook's kernel for the processes it starts: the identity (``st_dev:st_ino``) of its
 #: stderr, the pipe ipykernel forwards into the running cell
@@ -65,35 +68,37 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def holder_text(holder: dict[str, Any] | None) -> str:
+def holder_text(holder: HolderRow | None) -> str:
     """``held by bob (pid 4242, "train", region r7, 3.1 of 60 s)``; only the fields the status gave."""
-    if not holder:
+    if holder is None:
         return "free (being granted)"
     details = []
-    if holder.get("pid") is not None:
-        details.append(f"pid {holder['pid']}")
-    if holder.get("name"):
-        details.append(f'"{holder["name"]}"')
-    if holder.get("region"):
-        details.append(f"region {holder['region']}")
-    if holder.get("held_s") is not None and holder.get("max_hold_s") is not None:
-        details.append(f"{float(holder['held_s']):.1f} of {float(holder['max_hold_s']):g} s")
-    who = holder.get("user") or "another session"
+    if holder.pid is not None:
+        details.append(f"pid {holder.pid}")
+    if holder.name:
+        details.append(f'"{holder.name}"')
+    if holder.region:
+        details.append(f"region {holder.region}")
+    if holder.held_s is not None and holder.max_hold_s is not None:
+        details.append(f"{holder.held_s:.1f} of {holder.max_hold_s:g} s")
+    who = holder.user or "another session"
     return f"held by {who}" + (f" ({', '.join(details)})" if details else "")
 
 
-def wait_line(status: dict[str, Any], gpu: int, session: str) -> tuple[tuple[Any, ...], str] | None:
-    """What to say of ``session``'s wait for ``gpu`` in ``status``: a key that changes only when the
-    holder or the place changes, and the line; None when the session is not (or no longer) queued."""
-    entry = next((g for g in status.get("gpus", []) if g.get("index") == gpu), None)
+def wait_line(status: object, gpu: int, session: str) -> tuple[tuple[object, ...], str] | None:
+    """What to say of ``session``'s wait for ``gpu`` in ``status`` (the arbiter's ``Status`` answer, or
+    its JSON form): a key that changes only when the holder or the place changes, and the line; None
+    when the session is not (or no longer) queued."""
+    from .arbiter.status import NodeStatus  # only while a request waits
+
+    entry = next((g for g in NodeStatus.of(status).gpus if g.index == gpu), None)
     if entry is None:
         return None
-    queue = entry.get("queue") or []
-    place = next((i for i, q in enumerate(queue, 1) if q.get("session") == session), None)
+    place = next((i for i, q in enumerate(entry.queue, 1) if q.session == session), None)
     if place is None:
         return None
-    holder = entry.get("holder")
-    who = (holder.get("region"), holder.get("user"), holder.get("pid")) if holder else None
+    holder = entry.holder
+    who = (holder.region, holder.user, holder.pid) if holder else None
     line = f"krex: waiting for GPU {gpu}: {holder_text(holder)}; you are {_ordinal(place)} in the queue"
     return (who, place), line
 
@@ -232,7 +237,7 @@ class WaitNotice:
 
     def __init__(
         self,
-        fetch: Callable[[], dict[str, Any]],
+        fetch: Callable[[], object],
         gpu: int,
         session: str,
         write: Callable[[str], None] | None = None,
