@@ -337,12 +337,14 @@ class Exclusive:
 
     def _withdraw(self, session: Session, conn: Connection) -> None:
         # We do not know the region id before the grant; releasing by session withdraws it.
-        status_ = conn.call(protocol.Status(ticket=conn.ticket()), timeout=2.0)
-        for g in status_["gpus"]:
-            for r in ([g["holder"]] if g["holder"] else []) + g["queue"]:
-                if r.get("session") == session.id:
+        from .arbiter.status import NodeStatus
+
+        table = NodeStatus.of(conn.call(protocol.Status(ticket=conn.ticket()), timeout=2.0))
+        for g in table.gpus:
+            for r in ([g.holder] if g.holder else []) + g.queue:
+                if r.session == session.id:
                     try:
-                        session.call(protocol.Release(region=r["region"]), timeout=5.0)
+                        session.call(protocol.Release(region=r.region), timeout=5.0)
                     except KrexError:
                         pass
 

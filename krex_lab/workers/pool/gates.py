@@ -24,6 +24,7 @@ import zmq
 import zmq.asyncio
 
 from ... import client, discovery, protocol
+from ...arbiter.status import NodeStatus
 from ...regions.gate import GateEvent
 
 log = logging.getLogger("krex.pool")
@@ -94,17 +95,17 @@ class GateWatcher:
         except Exception as exc:
             log.debug("arbiter status: %s", exc)
             return False
-        self.uuids = {g["index"]: g.get("uuid", "") for g in table["gpus"]}
-        pid = table.get("arbiter", {}).get("pid")
+        node = NodeStatus.of(table)
+        self.uuids = {g.index: g.uuid for g in node.gpus}
+        pid = node.arbiter.pid or None
         if self.info is not None and pid is not None and pid != self.info.pid:
             log.warning("the arbiter restarted (pid %s, was %s): workers register anew", pid, self.info.pid)
             self.info.pid = pid
             self.on_change()
         closed: dict[int, tuple[str | None, int | None]] = {}
-        for g in table["gpus"]:
-            if g.get("gate") == "closed":
-                holder = g.get("holder") or {}
-                closed[g["index"]] = (holder.get("region"), holder.get("pid"))
+        for g in node.gpus:
+            if g.gate == "closed":
+                closed[g.index] = (g.holder.region, g.holder.pid) if g.holder else (None, None)
         self._apply(closed)
         return True
 
