@@ -145,7 +145,7 @@ class Hello(Request, tag="hello"):
 
 
 class Status(Request, tag="status"):
-    """The node's table: GPUs, holders, queues, sessions (:func:`krex_lab.arbiter.status.node_status`).
+    """The node's table: GPUs, holders, queues, sessions (:func:`krex_lab.arbiter.status.node_table`).
     ``ticket`` (an identity ticket) shows the caller's own sessions in full; others' appear as the
     arbiter's privacy setting allows."""
 
