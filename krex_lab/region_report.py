@@ -109,7 +109,10 @@ class RegionReport(msgspec.Struct, kw_only=True):
     intruders: Annotated[list[int], Meta(description="processes that began GPU work during the region")] = []
     frozen: Annotated[list[int], Meta(description="pids stopped (SIGSTOP or a frozen cgroup) for the region")] = []
     frozen_cgroups: Annotated[list[str], Meta(description="cgroups frozen for the region")] = []
-    skipped_stopped: Annotated[list[int], Meta(description="pids already stopped by someone else: left alone")] = []
+    skipped_stopped: Annotated[
+        list[int],
+        Meta(description="pids already stopped (by someone, or another GPU's region): not asked to drain, left alone"),
+    ] = []
     moved: Annotated[
         list[int], Meta(description="pids of other sessions whose threads were moved off the reserved cores")
     ] = []

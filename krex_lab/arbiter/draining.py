@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..procutil import exited_or_exiting, state_and_start, tree
+from ..procutil import STOPPED, exited_or_exiting, proc_state, state_and_start, tree
 from .enforcement import Enforcement
 from .region import Region, RegionState
 from .scheduler_config import Notifier, SchedulerConfig
@@ -40,6 +40,7 @@ class Draining:
         notify: Notifier,
         config: SchedulerConfig,
         other_sessions: Callable[[Region], set[int]],
+        frozen_elsewhere: Callable[[Region], set[int]] = lambda region: set(),
     ) -> None:
         self.steps = steps
         self.sessions = sessions
@@ -47,6 +48,8 @@ class Draining:
         self.config = config
         #: pids of the sessions that are not part of a region (see Scheduler._other_session_pids)
         self._other_sessions = other_sessions
+        #: pids the other regions hold frozen (SIGSTOP or a frozen cgroup, whose tasks show state S)
+        self._frozen_elsewhere = frozen_elsewhere
 
     async def drain(self, region: Region, siblings: list[Session]) -> None:
         """Lock what the driver can lock; ask the other KREX-aware sessions to synchronise.
@@ -69,13 +72,23 @@ class Draining:
                 self.steps.locker.lock_all(sorted(targets), region.drain, self.steps.lock_journal(region.id)),
             )
         cooperative = [s for s in siblings if s.control is not None and s.pid not in targets]
+        # A session whose process is stopped (another region's freeze, a user's Ctrl-Z, a
+        # debugger) can neither answer nor submit GPU work: it is not asked, and the freeze
+        # leaves it as it found it (skipped_stopped) instead of the drain waiting out its timeout.
+        stopped = self._stopped(region, cooperative)
+        cooperative = [s for s in cooperative if s.pid not in stopped]
         # Without driver locks nothing can be stopped before it is locked, so a session is
         # frozen the moment it has synchronised: drain and freeze overlap instead of adding up.
         freeze_on_ack = region.freeze and not self.steps.locker.can_lock
+        # The sessions still to answer: an answer's freeze walks the answering session's whole
+        # tree, and must not stop a session of its own inside it (a loop a notebook started)
+        # before that one has answered too (it is frozen at its own answer, or after the wait).
+        unanswered: dict[str, int] = {s.id: s.pid for s in cooperative}
         for s in cooperative:
             ack = region.acks[s.id] = loop.create_future()
             if freeze_on_ack:
-                ack.add_done_callback(functools.partial(self._freeze_acked, region, s.pid))
+                ack.add_done_callback(functools.partial(self._freeze_acked, region, s.pid, unanswered))
+            ack.add_done_callback(functools.partial(lambda sid, _: unanswered.pop(sid, None), s.id))
             self.notify.control(s, "drain", region)
         for s in siblings:
             if s.control is None and s.pid not in targets:
@@ -137,9 +150,32 @@ class Draining:
             else:
                 region.drain.not_drained[pid] = "on the GPU and not locked: the lock was not attempted"
 
-    def _freeze_acked(self, region: Region, pid: int, fut: asyncio.Future[None]) -> None:
+    def _freeze_acked(self, region: Region, pid: int, unanswered: dict[str, int], fut: asyncio.Future[None]) -> None:
         if not fut.cancelled() and fut.exception() is None and region.state is RegionState.GRANTING:
-            self.steps.freezer.extend(region.id, region.frozen, [pid], region.exempt, passes=1)
+            waiting = {p for p in unanswered.values() if p != pid}
+            self.steps.freezer.extend(region.id, region.frozen, [pid], region.exempt | waiting, passes=1)
+
+    def _stopped(self, region: Region, sessions: list[Session]) -> set[int]:
+        """The pids of ``sessions`` that are stopped now, noted as skipped by the freeze with
+        those of their descendants another region holds frozen (a frozen cgroup's tasks show
+        state S: stopping them again would only wait for stops that cannot land)."""
+        elsewhere: set[int] | None = None
+        stopped: set[int] = set()
+        for s in sessions:
+            state = proc_state(s.pid, kept=True)
+            if state not in STOPPED:
+                if elsewhere is None:
+                    elsewhere = self._frozen_elsewhere(region)
+                if s.pid not in elsewhere:
+                    continue
+            stopped.add(s.pid)
+        if stopped:
+            elsewhere = self._frozen_elsewhere(region) if elsewhere is None else elsewhere
+            skipped = region.frozen.skipped
+            for pid in stopped:
+                skipped.extend(p for p in tree(pid) if (p == pid or p in elsewhere) and p not in skipped)
+            log.info("region %s: sessions %s are stopped: not asked to drain", region.id, sorted(stopped))
+        return stopped
 
     async def watch_intruders(self, region: Region) -> None:
         """Lock processes that appear on the GPU while the region is held."""

@@ -105,7 +105,7 @@ class Scheduler:
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
         #: a lingering shield being ended (see enforcement.py): a grant waits for its cores
         self._ending_linger: asyncio.Future[Any] | None = None
-        self.draining = Draining(steps, sessions, notify, config, self._other_session_pids)
+        self.draining = Draining(steps, sessions, notify, config, self._other_session_pids, self._frozen_elsewhere)
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         # Keep a reference: the loop holds tasks only weakly.
@@ -374,6 +374,10 @@ class Scheduler:
 
     def _other_session_pids(self, region: Region) -> set[int]:
         return {s.pid for s in self.sessions if s.id != region.session.id and s.within != region.id}
+
+    def _frozen_elsewhere(self, region: Region) -> set[int]:
+        """The processes the regions on the other GPUs hold frozen (stopped or in a frozen cgroup)."""
+        return {p for r in self.active.values() if r is not None and r is not region for p in r.frozen.all_pids()}
 
     def _expire(self, region: Region) -> None:
         if region.state is not RegionState.HELD:

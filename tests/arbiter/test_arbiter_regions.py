@@ -129,6 +129,8 @@ def test_stopped_process_is_left_stopped(arbiter: ArbiterProc, procs: Procs) -> 
     holder = procs.start("holder", "0", "--hold", "0.1", wait_line="granted")
     released = procs.report(procs.readline(holder))
     assert sib.pid in released["skipped_stopped"] and sib.pid not in released["frozen"]
+    # It cannot answer a drain: not waited for (the drain timeout is 1 s), not a degradation.
+    assert released["not_drained"] == {} and released["drain_s"] < 0.5, released
     time.sleep(0.1)  # nothing resumes it afterwards either: the wait is the point
     assert proc_state(sib.pid) == "T", "KREX never resumes what it did not stop"
 

@@ -155,3 +155,23 @@ def test_a_process_with_sessions_on_two_gpus_is_frozen_by_a_region_on_the_first(
     finally:
         twice.kill()
         twice.wait()
+
+
+def test_a_process_in_a_cgroup_frozen_for_gpu1_costs_a_gpu0_region_no_drain_timeout(
+    cg_arbiter: ArbiterProc, cg_procs: Procs
+) -> None:
+    # It sits in its GPU 1 session's cgroup; GPU 1's region freezes it (by SIGSTOP or with that
+    # cgroup, as the placement goes): its GPU 0 session can neither answer GPU 0's drain nor
+    # submit work. Regions ask for no core (two at once on 2 cores would find none).
+    both = cg_procs.start("sibling", "0", "--sleep", "--also-gpu", "1")
+    gpu1 = next(
+        s["cgroup"] for g in cg_arbiter.status()["gpus"] for s in g["sessions"] if (s["pid"], s["gpu"]) == (both.pid, 1)
+    )
+    cg_procs.start("holder", "1", "--cores", "0", wait_line="granted")
+    wait_for(lambda: is_frozen(gpu1) or proc_state(both.pid) == "T")
+    holder = cg_procs.start("holder", "0", "--cores", "0", "--hold", "0.2", wait_line=None)
+    line = cg_procs.readline(holder)
+    assert line.startswith("granted"), line
+    g0 = cg_procs.report(line)
+    assert g0["not_drained"] == {} and g0["degraded"] is False, g0
+    assert both.pid in g0["skipped_stopped"] and g0["drain_s"] < 0.5, g0
