@@ -55,7 +55,7 @@ def _masks() -> dict[int, set[int]]:
 def _other_arbiter_shields() -> bool:
     """A region of an arbiter outside the tests (a lab, a benchmark) holds cores: its shield moves
     these processes too, and gives them back at its release, not ours."""
-    from krex_lab.regions.corelock import NodeCoreLock
+    from krex_lab.enforcement.corelock import NodeCoreLock
 
     probe = NodeCoreLock()
     try:

@@ -130,7 +130,7 @@ def _wait_held(node: Node, job: str, timeout: float = 60) -> dict[str, Any]:
 def _affinities_back(sessions: dict[str, int], timeout: float = 3.0) -> None:
     """``sessions`` (name: pid) have every CPU again. On a shared machine another arbiter's region
     (its shield moves every process of the node) may keep them narrowed a while: then only said."""
-    from krex_lab.regions.corelock import NodeCoreLock
+    from krex_lab.enforcement.corelock import NodeCoreLock
 
     everything = set(range(os.cpu_count() or 1))
 

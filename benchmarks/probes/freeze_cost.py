@@ -29,7 +29,7 @@ from common import REPO, machine, write_result
 CYCLES = """
 import json, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from krex_lab.regions.freeze import Freezer, FreezeResult, thaw
+from krex_lab.enforcement.freeze import Freezer, FreezeResult, thaw
 n, cycles = int(sys.argv[2]), int(sys.argv[3])
 kids = [subprocess.Popen(["sleep", "3600"]) for _ in range(n)]
 pids = [k.pid for k in kids]

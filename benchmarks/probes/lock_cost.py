@@ -42,11 +42,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import machine, percentile, write_result
 
+from krex_lab.enforcement.drain import DrainResult, Locker
 from krex_lab.gpu.cuda_driver import CtypesCudaDriver
 from krex_lab.gpu.nvidia import NvidiaBackend, cgroup_frozen
 from krex_lab.gpu.pid_mapping import holds_nvidia_device, local_pid
 from krex_lab.procutil import proc_state
-from krex_lab.regions.drain import DrainResult, Locker
 
 SIBLING = r"""
 import ctypes, sys, time

@@ -16,7 +16,7 @@ each primitive the region sequence is made of, so that a change can be chosen fr
   descriptors; ``kill0`` and, where pidfds are given, ``pidfd0`` (signal 0 through a pidfd);
 * ``stop_land``: SIGSTOP to every sibling and the wait until every stop shows, then SIGCONT;
 * ``affinity``: sched_getaffinity and sched_setaffinity (to the same mask) of every thread;
-* ``node_walk``: the shield's walk of the node (:func:`krex_lab.regions.shield.node_pids`).
+* ``node_walk``: the shield's walk of the node (:func:`krex_lab.enforcement.shield.node_pids`).
 
 Siblings are torch processes with a CUDA tensor (``--plain``: plain ``sleep`` processes, for a
 machine without a GPU). The JSON holds p50/p99 of each figure for all siblings together.
@@ -37,9 +37,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 from common import machine, percentile, write_result
 
+from krex_lab.enforcement.shield import node_pids
 from krex_lab.procfiles import read_proc
 from krex_lab.procutil import open_stat, read_stat, read_state, state_and_start, tree
-from krex_lab.regions.shield import node_pids
 
 SIBLING = """
 import time, torch

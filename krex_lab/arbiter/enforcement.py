@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..enforcement.drain import Locker
+from ..enforcement.freeze import Freezer
+from ..enforcement.gate import Gate
+from ..enforcement.isolate import CoreBook, IsolateResult
+from ..enforcement.shield import Shield, ShieldResult, node_pids
 from ..gpu.base import GpuProcess
 from ..procutil import boot_ticks, tree, tree_until
-from ..regions.drain import Locker
-from ..regions.freeze import Freezer
-from ..regions.gate import Gate
-from ..regions.isolate import CoreBook, IsolateResult
-from ..regions.shield import Shield, ShieldResult, node_pids
 from .journal import Journal
 from .region import Region
 

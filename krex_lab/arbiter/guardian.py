@@ -33,13 +33,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..enforcement import freeze as _freeze  # noqa: F401 - loaded before they are needed
+from ..enforcement.corelock import let_go
 from ..errors import KrexError
 from ..gpu import GpuBackend, make_backend
 from ..gpu.vendors import vendors
 from ..paths import check_private_dir
 from ..procutil import same_process
-from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
-from ..regions.corelock import let_go
 from .journal import read_outstanding, undo_outstanding
 
 log = logging.getLogger("krex.guardian")

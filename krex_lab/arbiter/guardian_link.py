@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..regions.corelock import NodeCoreLock
+from ..enforcement.corelock import NodeCoreLock
 
 log = logging.getLogger("krex.arbiter")
 
@@ -48,7 +48,7 @@ class GuardianLink:
             self.backend,
         ]
         # The guardian holds the core lock's open file too: a lock this arbiter dies holding stays
-        # held until the guardian has undone the region (see regions/corelock.py).
+        # held until the guardian has undone the region (see enforcement/corelock.py).
         fds = (self.core_lock.fd,) if self.core_lock.fd is not None else ()
         if fds:
             cmd += ["--core-lock-fd", str(fds[0])]

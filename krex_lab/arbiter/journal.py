@@ -23,7 +23,7 @@ The journal is opened without following links (:func:`krex_lab.paths.open_privat
 0600) and every line is validated against the schema below: a malformed line (torn, not an
 object, an unknown kind, a missing or wrongly typed field) is skipped with a warning, and
 undo never raises on bad data. A ``cgfreeze`` path is written only if it is a cgroup KREX
-manages (:func:`krex_lab.regions.cgroups.krex_cgroup_fd`).
+manages (:func:`krex_lab.enforcement.cgroups.krex_cgroup_fd`).
 """
 
 from __future__ import annotations
@@ -218,10 +218,10 @@ def undo_outstanding(
     journal and is never undone under its feet. Journal readers also serialize on the
     journal's own lock, so two undoers never interleave.
     """
+    from ..enforcement.freeze import thaw_cgroups, thaw_procs
+    from ..enforcement.isolate import restore_threads
+    from ..enforcement.shield import restore_irqs, undo_partitions
     from ..procutil import same_process
-    from ..regions.freeze import thaw_cgroups, thaw_procs
-    from ..regions.isolate import restore_threads
-    from ..regions.shield import restore_irqs, undo_partitions
 
     summary = UndoSummary()
     with contextlib.ExitStack() as stack:

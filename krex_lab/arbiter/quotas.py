@@ -36,7 +36,7 @@ log = logging.getLogger("krex.arbiter")
 #: file descriptors kept free for sockets, the journal, NVML and the like
 FD_RESERVE = 256
 #: descriptors one session costs: its pidfd and its control connection (and, placed in a cgroup,
-#: the freeze, events and procs files the region sequence keeps of it: regions/freeze.FreezeFiles)
+#: the freeze, events and procs files the region sequence keeps of it: enforcement/freeze.FreezeFiles)
 FDS_PER_SESSION = 2
 FDS_PER_PLACED_SESSION = FDS_PER_SESSION + 3
 

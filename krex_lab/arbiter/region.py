@@ -21,14 +21,14 @@ from typing import Any
 
 import msgspec
 
+from ..enforcement.drain import DrainResult
+from ..enforcement.freeze import FreezeResult
+from ..enforcement.isolate import IsolateResult
+from ..enforcement.shield import ShieldResult
 from ..errors import KrexError
 from ..procutil import ancestors
 from ..protocol import RegionSpec
 from ..region_report import REVOKED, RegionReport
-from ..regions.drain import DrainResult
-from ..regions.freeze import FreezeResult
-from ..regions.isolate import IsolateResult
-from ..regions.shield import ShieldResult
 from .sessions import Session
 
 Reply = Callable[[Any, "KrexError | None"], None]

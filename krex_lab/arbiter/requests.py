@@ -14,12 +14,12 @@ from typing import Any, Protocol
 import msgspec
 
 from .. import protocol
+from ..enforcement.cgroups import CgroupPlacer
+from ..enforcement.freeze import FREEZE_FILES
 from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
 from ..procutil import ancestors, proc_uid
 from ..region_report import REVOKED
-from ..regions.cgroups import CgroupPlacer
-from ..regions.freeze import FREEZE_FILES
 from ..rpc_server import DEFERRED, Peer
 from .identity import Tickets
 from .quotas import Quotas

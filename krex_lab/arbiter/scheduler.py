@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..enforcement.freeze import continue_kin, thaw
 from ..errors import KrexError, RegionCancelled
 from ..procfiles import KEPT
 from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
 from ..protocol import Granted, RegionSpec
 from ..region_report import RegionReport
-from ..regions.freeze import continue_kin, thaw
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
 from .region import BackendInfo, Region, RegionState, Reply

@@ -23,18 +23,18 @@ from traitlets.config import LoggingConfigurable
 
 from .. import __version__, paths, protocol
 from ..connguard import ConnectionLimits, raise_fd_limit
+from ..enforcement.cgroups import CgroupPlacer
+from ..enforcement.corelock import NodeCoreLock
+from ..enforcement.drain import Locker
+from ..enforcement.freeze import Freezer
+from ..enforcement.gate import Gate
+from ..enforcement.isolate import CoreBook
+from ..enforcement.shield import MODES as SHIELD_MODES
+from ..enforcement.shield import Shield
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
 from ..procfiles import KEPT
-from ..regions.cgroups import CgroupPlacer
-from ..regions.corelock import NodeCoreLock
-from ..regions.drain import Locker
-from ..regions.freeze import Freezer
-from ..regions.gate import Gate
-from ..regions.isolate import CoreBook
-from ..regions.shield import MODES as SHIELD_MODES
-from ..regions.shield import Shield
 from ..rpc_server import Peer, Service, lock_holder
 from .enforcement import Enforcement
 from .events import EventNotifier, publish_telemetry
@@ -119,7 +119,7 @@ class Arbiter(LoggingConfigurable):
         "",
         help="The node-wide lock under which regions reserve cores (default: /run/krex-cores.lock for "
         "root, else in $XDG_RUNTIME_DIR or the temporary directory). Arbiters on one node must share "
-        "it: a region of one that finds it taken gets no cores and says so (see regions/corelock.py).",
+        "it: a region of one that finds it taken gets no cores and says so (see enforcement/corelock.py).",
     ).tag(config=True)
     shield_irqs = Bool(
         False,

@@ -14,8 +14,8 @@ from .sessions import SessionRow
 from .slurm_jobs import SlurmJob
 
 if TYPE_CHECKING:
+    from ..enforcement.gate import Gate
     from ..gpu.base import GpuInfo
-    from ..regions.gate import Gate
     from .scheduler import Scheduler
     from .sessions import SessionTable
 

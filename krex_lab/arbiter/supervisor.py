@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
+from ..enforcement import freeze as _freeze  # noqa: F401 - loaded before they are needed
+from ..enforcement import isolate as _isolate  # noqa: F401
 from ..errors import KrexError
-from ..regions import freeze as _freeze  # noqa: F401 - loaded before they are needed
-from ..regions import isolate as _isolate  # noqa: F401
 from .guardian import _Unlocker
 from .journal import UndoSummary, undo_outstanding
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from krex_lab.enforcement.isolate import CoreBook
 from krex_lab.errors import BackendError
 from krex_lab.gpu.base import Capabilities, GpuProcess
 from krex_lab.gpu.fake import FakeBackend
 from krex_lab.procutil import exited_or_exiting, proc_state
 from krex_lab.protocol import RegionSpec
-from krex_lab.regions.isolate import CoreBook
 
 from .test_scheduler import Replies, running_world
 

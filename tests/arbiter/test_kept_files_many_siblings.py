@@ -62,6 +62,6 @@ def test_the_kept_files_limit_and_the_session_capacity_share_the_descriptor_limi
         assert kept >= KeptFiles.LIMIT
         # what sessions cost (a pidfd and a connection each) and what is kept fit in the limit
         assert 256 + kept + 2 * node_session_capacity(fd_limit) <= max(fd_limit, 256 + kept + 32)
-        # placed in cgroups, a session keeps three more (regions/freeze.FreezeFiles)
+        # placed in cgroups, a session keeps three more (enforcement/freeze.FreezeFiles)
         assert 256 + kept + 5 * node_session_capacity(fd_limit, placed=True) <= max(fd_limit, 256 + kept + 80)
     assert kept_files_limit(20000) == 5000

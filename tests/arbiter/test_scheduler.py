@@ -21,15 +21,15 @@ from krex_lab.arbiter.journal import Journal, read_outstanding
 from krex_lab.arbiter.region import Region, RegionState
 from krex_lab.arbiter.scheduler import Enforcement, Scheduler, SchedulerConfig
 from krex_lab.arbiter.sessions import Session, SessionTable
+from krex_lab.enforcement.drain import Locker
+from krex_lab.enforcement.freeze import Freezer
+from krex_lab.enforcement.gate import Gate
+from krex_lab.enforcement.isolate import CoreBook
 from krex_lab.errors import KrexError, RegionCancelled
 from krex_lab.gpu import make_backend
 from krex_lab.gpu.base import GpuBackend, GpuProcess
 from krex_lab.procutil import proc_state
 from krex_lab.protocol import RegionSpec
-from krex_lab.regions.drain import Locker
-from krex_lab.regions.freeze import Freezer
-from krex_lab.regions.gate import Gate
-from krex_lab.regions.isolate import CoreBook
 
 
 @dataclass

@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import pytest
 
+from krex_lab.enforcement.drain import DrainResult, Locker
 from krex_lab.errors import BackendError
 from krex_lab.gpu import cuda_driver
 from krex_lab.gpu.cuda_driver import (
@@ -46,7 +47,6 @@ from krex_lab.gpu.nvml import NvmlApi, decode_throttle_reasons
 from krex_lab.gpu.pid_mapping import PidMap, holds_nvidia_device, local_pid, parse_nspid
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import subprocess_pythonpath
-from krex_lab.regions.drain import DrainResult, Locker
 from tests.support.procs import kill_tree
 
 REPO = Path(__file__).resolve().parents[2]

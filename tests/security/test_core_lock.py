@@ -5,7 +5,7 @@ every process of every user). Any user could ask for ``cores=1024``: all but one
 for the whole hold. A multi-user arbiter now caps it per user (``Quotas.max_cores``, an eighth
 of the node by default).
 
-A root arbiter reserves a region's cores under one ``flock`` on the node (``regions/corelock.py``);
+A root arbiter reserves a region's cores under one ``flock`` on the node (``enforcement/corelock.py``);
 whoever holds it keeps every region of the node from reserving cores (each gets none, degraded).
 The lock file is root's, 0600: ``mallory`` cannot open it. A lock file that others may open (an
 admin's ``touch`` under umask 022, an older install) was used as it was: mallory opened it and

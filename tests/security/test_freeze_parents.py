@@ -21,9 +21,9 @@ import time
 import psutil
 import pytest
 
+from krex_lab.enforcement.cgroups import CgroupPlacer
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import wait_for
-from krex_lab.regions.cgroups import CgroupPlacer
 
 from .helpers_arbiter import Agent, agents, assert_healthy, kill_tree, multi_user_arbiter
 from .users import User

@@ -20,8 +20,8 @@ ME = pwd.getpwuid(os.geteuid()).pw_name
 def frozen(pid: int) -> bool:
     """Stopped (SIGSTOP), or in a frozen cgroup (the cgroup freezer, a root multi-user arbiter's
     default where the machine has cgroup v2: a frozen task shows as sleeping, not stopped)."""
+    from krex_lab.enforcement.cgroups import cgroup_of, is_frozen, v2_root
     from krex_lab.procutil import proc_state
-    from krex_lab.regions.cgroups import cgroup_of, is_frozen, v2_root
 
     if proc_state(pid) == "T":
         return True

@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from ... import client, discovery, protocol
 from ...arbiter.status import NodeStatus
-from ...regions.gate import GateEvent
+from ...enforcement.gate import GateEvent
 
 log = logging.getLogger("krex.pool")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from krex_lab.enforcement.corelock import NodeCoreLock, default_path
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
-from krex_lab.regions.corelock import NodeCoreLock, default_path
 from tests.support.procs import Procs
 
 CPUS = set(os.sched_getaffinity(0))
@@ -84,7 +84,7 @@ def test_overlapping_regions_of_two_arbiters_restore_every_affinity(
 def test_the_lock_names_its_holder_and_is_dropped_when_it_dies(tmp_path: Path) -> None:
     path = tmp_path / "cores.lock"
     code = (
-        "import sys, time; from pathlib import Path; from krex_lab.regions.corelock import NodeCoreLock\n"
+        "import sys, time; from pathlib import Path; from krex_lab.enforcement.corelock import NodeCoreLock\n"
         f"assert NodeCoreLock(Path({str(path)!r})).acquire() == ''\nprint('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

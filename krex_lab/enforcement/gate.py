@@ -2,7 +2,7 @@
 
 While the gate of a GPU is closed, KREX-aware processes start no new GPU job there: the
 arbiter publishes a ``gate`` event (the pool service and dashboards subscribe), sends
-``drain`` to each KREX-aware session of that GPU (:mod:`krex_lab.regions.drain`), and calls
+``drain`` to each KREX-aware session of that GPU (:mod:`krex_lab.enforcement.drain`), and calls
 the in-process hooks registered with :meth:`Gate.add_hook`.
 """
 

@@ -1,6 +1,6 @@
 """Step 5, node-wide: a region's reserved cores run its holder and nothing else that can move.
 
-:class:`~krex_lab.regions.isolate.CoreBook` pins the holder's threads to the reserved cores. What
+:class:`~krex_lab.enforcement.isolate.CoreBook` pins the holder's threads to the reserved cores. What
 keeps *everyone else* off them is chosen once, when the arbiter starts (``Arbiter.shield``):
 
 * ``cpuset`` -- one operation: the holder's processes move into ``<v2 root>/krex-shield-<region>``,

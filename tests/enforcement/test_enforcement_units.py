@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from krex_lab.arbiter.journal import Journal, Stop, read_outstanding, undo_outstanding
+from krex_lab.enforcement.corelock import NodeCoreLock
+from krex_lab.enforcement.freeze import Freezer
+from krex_lab.enforcement.isolate import CoreBook
 from krex_lab.procutil import proc_state, start_time, tree
 from krex_lab.pytest_plugin import cpu_gain, wait_for
-from krex_lab.regions.corelock import NodeCoreLock
-from krex_lab.regions.freeze import Freezer
-from krex_lab.regions.isolate import CoreBook
 
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 

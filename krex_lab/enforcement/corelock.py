@@ -1,6 +1,6 @@
 """One arbiter at a time reserves cores on a node.
 
-A :class:`~krex_lab.regions.isolate.CoreBook` remembers each thread's original affinity the first
+A :class:`~krex_lab.enforcement.isolate.CoreBook` remembers each thread's original affinity the first
 time one of *its* regions moves it, and restores it at release. Two arbiters on one node (two
 runtime directories, a Ray cluster simulated on one machine, a developer's lab beside the test
 suite) each keep a book, and their regions can overlap: the second records as "original" what the

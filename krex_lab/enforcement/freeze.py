@@ -3,7 +3,7 @@
 Two mechanisms:
 
 * **cgroup v2** (``cgroup.freeze``) for sessions the arbiter placed in a cgroup it manages
-  (:mod:`krex_lab.regions.cgroups`); the kernel catches forks for us. Processes of such a
+  (:mod:`krex_lab.enforcement.cgroups`); the kernel catches forks for us. Processes of such a
   tree that live outside the cgroup (children from before the session was placed) still get
   SIGSTOP.
 * **SIGSTOP** otherwise. A process may fork while its tree is being stopped, so the tree is
@@ -115,7 +115,7 @@ class FreezeResult:
 class FreezeFiles:
     """Kept descriptors of the ``cgroup.freeze``, ``cgroup.events`` and ``cgroup.procs`` files of
     the cgroups KREX manages: a region writes and reads them for every sibling session, and a
-    path opened component by component (:func:`krex_lab.regions.cgroups.krex_cgroup_fd`) costs eight
+    path opened component by component (:func:`krex_lab.enforcement.cgroups.krex_cgroup_fd`) costs eight
     syscalls. Each is opened that safe way once and kept until its session ends
     (:meth:`forget`). Any other path is refused as it is by that function."""
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from krex_lab.regions.cgroups import CgroupPlacer, limits_on
+from krex_lab.enforcement.cgroups import CgroupPlacer, limits_on
 
 
 def _cgroup(root: Path, rel: str, **files: str) -> None:

@@ -19,8 +19,16 @@ import psutil
 import pytest
 
 from krex_lab.arbiter.journal import Journal, undo_outstanding
+from krex_lab.enforcement.shield import (
+    CpusetPartition,
+    IrqShield,
+    Shield,
+    cgroup_of,
+    limits_on,
+    node_pids,
+    undo_partition,
+)
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
-from krex_lab.regions.shield import CpusetPartition, IrqShield, Shield, cgroup_of, limits_on, node_pids, undo_partition
 from tests.support.procs import Procs
 
 CPUS = sorted(os.sched_getaffinity(0))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from krex_lab.enforcement.cgroups import CgroupPlacer, cgroup_of, is_frozen
 from krex_lab.procutil import proc_state, tree
 from krex_lab.pytest_plugin import ArbiterProc, cpu_gain, running_arbiter, wait_for
-from krex_lab.regions.cgroups import CgroupPlacer, cgroup_of, is_frozen
 from tests.support.procs import Procs, session_processes
 
 if not CgroupPlacer(True).enabled:
@@ -111,9 +111,9 @@ def test_a_regions_cgroup_files_are_kept_until_the_session_ends(cg_arbiter: Arbi
 
 
 def test_kept_cgroup_files_refuse_a_cgroup_krex_does_not_manage() -> None:
+    from krex_lab.enforcement.cgroups import v2_root
+    from krex_lab.enforcement.freeze import FREEZE_FILES
     from krex_lab.paths import UnsafePath
-    from krex_lab.regions.cgroups import v2_root
-    from krex_lab.regions.freeze import FREEZE_FILES
 
     root = v2_root()
     assert root is not None
