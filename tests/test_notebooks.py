@@ -82,7 +82,7 @@ def test_a_commit_never_takes_a_notebook_run_outputs(tmp_path: Path) -> None:
 
     repo = tmp_path / "clone"
     repo.mkdir()
-    for name in ("Makefile", "pyproject.toml", ".gitattributes", "notebooks", "krex_lab"):
+    for name in ("Makefile", "pyproject.toml", ".gitattributes", ".gitignore", "notebooks", "krex_lab"):
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))

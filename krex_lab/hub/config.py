@@ -339,16 +339,28 @@ def run(args: argparse.Namespace) -> int:
 
 def _unrunnable_by_others(python: str) -> str:
     """The first directory (or the file) on the way to ``python``'s real file that a user other
-    than its owner cannot pass or run ("" when none): students' servers run that Python."""
-    real = Path(os.path.realpath(python))
-    for part in [*reversed(real.parents), real]:
-        try:
-            mode = part.stat().st_mode
-        except OSError:
-            return str(part)
-        if not mode & stat.S_IXOTH:
-            return str(part)
-    return ""
+    than its owner cannot pass or run ("" when none): students' servers run that Python. Each
+    link of the way counts, not only the real file's directories: a venv's link into a private
+    directory (root's pyenv in /root) stops them at that link."""
+    path = Path(os.path.abspath(python))
+    for _ in range(40):  # the kernel's own bound on a chain of links
+        where = Path(os.path.realpath(path.parent))
+        for part in [*reversed(where.parents), where]:
+            closed = _closed_to_others(part)
+            if closed:
+                return closed
+        if not path.is_symlink():
+            return _closed_to_others(path)
+        path = Path(os.path.normpath(path.parent / os.readlink(path)))
+    return str(path)
+
+
+def _closed_to_others(path: Path) -> str:
+    """``path`` when a user other than its owner cannot pass (a directory) or run (a file) it."""
+    try:
+        return "" if path.stat().st_mode & stat.S_IXOTH else str(path)
+    except OSError:
+        return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
