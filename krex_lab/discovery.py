@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import paths
@@ -57,7 +58,8 @@ def default_endpoint() -> str:
     explicit = os.environ.get(paths.ENDPOINT_ENV)
     if explicit:
         return explicit
-    for record in lab_records():
+    record = next(lab_records(), None)
+    if record is not None:
         return str(record["endpoint"])
     node = node_endpoint()
     if node and listened(node):
@@ -110,8 +112,9 @@ def write_lab_record(directory: Path, endpoint: str, kind: str) -> Path:
     return path
 
 
-def lab_records() -> list[dict[str, object]]:
-    """The records of this user's running labs whose arbiter is listened to, newest first."""
+def lab_records() -> Iterator[dict[str, object]]:
+    """The records of this user's running labs whose arbiter is listened to, newest first (each
+    arbiter asked only as the records are read: the first one found is usually all a caller needs)."""
     entries: list[os.DirEntry[str]] = []
     for where in record_dirs():
         try:
@@ -125,16 +128,17 @@ def lab_records() -> list[dict[str, object]]:
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 continue
             record = json.loads(Path(entry.path).read_text())
-            pid, endpoint = int(record["pid"]), str(record["endpoint"])
+            pid, _ = int(record["pid"]), str(record["endpoint"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if not _alive(pid):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)  # its lab was killed before it could remove it
             continue
-        if listened(endpoint):
-            found.append((st.st_mtime, record))
-    return [record for _, record in sorted(found, key=lambda item: -item[0])]
+        found.append((st.st_mtime, record))
+    for _, record in sorted(found, key=lambda item: -item[0]):
+        if listened(str(record["endpoint"])):
+            yield record
 
 
 def _alive(pid: int) -> bool:
