@@ -32,7 +32,8 @@ def evaluate(
     benchmarks: Cases | None = None,
     atol: float | None = None,
     rtol: float | None = None,
-    seed: int = 42,
+    seed: int | None = None,
+    strict: bool = False,
     retime_reference: bool = False,
     time_reference: bool = True,
     timeouts: Mapping[str, float] | None = None,
@@ -51,7 +52,8 @@ def evaluate(
     (``test``, ``benchmark``, ``leaderboard``), ``tests`` / ``benchmarks`` (a file of
     ``key: value; key: value`` lines, that text, or a list of dicts or lines; default: the
     reference's ``TESTS`` / ``BENCHMARKS``, else ``tests.txt`` / ``benchmarks.txt`` beside it).
-    ``atol`` / ``rtol``: default by the output's precision. ``retime_reference``: time the
+    ``atol`` / ``rtol``: default by the output's precision. ``seed``: the inputs' seed (None: a
+    secret one, said in the result); ``strict``: re-check every timed call's output. ``retime_reference``: time the
     reference again even when its time is cached for this GPU model and method;
     ``time_reference=False``: no reference time, no speedup. ``timeouts``: seconds per phase
     (``load``, ``check``, ``time``). ``memory_limit_mb``: host memory the candidate may add;
@@ -80,6 +82,7 @@ def evaluate(
         atol=atol,
         rtol=rtol,
         seed=seed,
+        strict=strict,
         retime_reference=retime_reference,
         time_reference=time_reference,
         timeouts=timeouts,

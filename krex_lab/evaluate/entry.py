@@ -9,9 +9,9 @@ __all__ = ["run_on_worker"]
 
 
 def run_on_worker(job: Job, reference_cache: str | None) -> bytes:
-    """:func:`krex_lab.evaluate.phases.run`, imported in the worker; its results msgpack-encoded
+    """:func:`krex_lab.evaluate.judge.session.run`, imported in the worker (the judge); its results msgpack-encoded
     (:func:`krex_lab.evaluate.outcomes.decode` reads them)."""
     from .outcomes import encode
-    from .phases import run
+    from .judge.session import run
 
     return encode(run(job, reference_cache))

@@ -70,7 +70,13 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     #: tolerances; None: by the output's precision (fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7)
     atol: float | None = None
     rtol: float | None = None
-    seed: int = 42
+    #: the inputs' seed: None draws a secret one (said in the result afterwards); a number makes a
+    #: run reproducible. The candidate never sees it.
+    seed: int | None = None
+    #: KernelBench's seed before both models are built (public: the parameters must match)
+    init_seed: int = 42
+    #: re-check every timed call's output (default: two drawn at random per round)
+    strict: bool = False
     #: time the reference again even when the cache has its time
     retime_reference: bool = False
     #: time the reference at all (False: no speedup)
@@ -101,6 +107,8 @@ class Job(msgspec.Struct, kw_only=True):
     """One evaluation as its worker sees it."""
 
     id: str
+    #: what the judge's phase markers carry: the candidate never sees it, so no line it prints is one
+    nonce: str = ""
     format: str
     reference: ProgramSource
     candidate: ProgramSource

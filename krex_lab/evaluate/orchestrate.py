@@ -58,6 +58,7 @@ def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
     options = Options(limits=limits, **fields)
     return Job(
         id=secrets.token_hex(8),
+        nonce=secrets.token_hex(16),
         format=fmt,
         reference=_program(ref),
         candidate=_program(cand),
@@ -76,8 +77,9 @@ class _Watch:
 
     GRACE = 2.0  # seconds after the interrupt before the worker is killed
 
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, nonce: str) -> None:
         self.marker = MARKER
+        self.nonce = nonce
         self.options = options
         self.phase: str | None = None
         self.pid: int | None = None
@@ -97,8 +99,9 @@ class _Watch:
             if not text.endswith("\n"):
                 text, _, self.partial = text.rpartition("\n")
         for line in text.split("\n"):  # not splitlines(): it splits on control characters too
-            if line.startswith(self.marker) and stream == "stdout":
-                _, phase, pid = line.split(" ")
+            parts = line.split(" ")
+            if stream == "stdout" and len(parts) == 4 and parts[0] == self.marker and parts[3] == self.nonce:
+                _, phase, pid, _nonce = parts
                 self._tick()
                 self.phase, self.pid, self.used = phase, int(pid), 0.0
                 self.seen.append(phase)
@@ -219,7 +222,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
         simulated=bool(getattr(pool.info, "simulated", False)),
         metadata={},
     )
-    watch = _Watch(opts)
+    watch = _Watch(opts, job.nonce)
     backstop = sum(opts.limit(p) for p in ("load", "check", "time")) + 60.0  # the pool's own limit, should ours fail
     spec = JobSpec(
         kind="call",
@@ -261,7 +264,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
 
 
 def _judge(ev: Evaluation, job: Job, out: PhaseResults) -> None:
-    """The verdict from the phases' results (see :func:`krex_lab.evaluate.phases.run`)."""
+    """The verdict from the phases' results (see :func:`krex_lab.evaluate.judge.session.run`)."""
     loaded = out.load
     ev.phases["load"] = loaded.seconds
     ev.device, ev.gpu_timed = loaded.device, loaded.gpu_timed

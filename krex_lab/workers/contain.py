@@ -36,6 +36,36 @@ PR_SET_CHILD_SUBREAPER = 36
 ProcId = tuple[int, int | None]
 
 
+#: processes this worker keeps across jobs besides its own start-up's (an evaluation judge's zygote
+#: and spare): :func:`keep`, read by the worker's end-of-job sweep
+_KEPT: set[ProcId] = set()
+
+
+def keep(proc: ProcId) -> None:
+    """Spare ``proc`` (and its descendants) from the end-of-job sweep until :func:`unkeep`."""
+    _KEPT.add(proc)
+
+
+def unkeep(pid: int) -> None:
+    for proc in [p for p in _KEPT if p[0] == pid]:
+        _KEPT.discard(proc)
+
+
+def kept() -> list[ProcId]:
+    """What :func:`keep` spares, those that still exist."""
+    for proc in [p for p in _KEPT if start_time(p[0]) != p[1]]:
+        _KEPT.discard(proc)
+    return sorted(_KEPT)
+
+
+def reap_any_except(skip: Collection[int]) -> None:
+    """Reap this process's exited children, except ``skip`` (children a ``Popen`` waits for)."""
+    for pid in children(os.getpid()):
+        if pid not in skip and proc_state(pid) == "Z":
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+
+
 def become_subreaper() -> bool:
     """Make this process the reaper of its descendants' orphans; False where the kernel refuses."""
     try:

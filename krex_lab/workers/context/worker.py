@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from ..contain import ProcId, become_subreaper, end_descendants, ident, live
+from ..contain import ProcId, become_subreaper, end_descendants, ident, kept, live
 from ..results import JobResult
 from ..wire import Done, EncodeError, Exit, FromWorker, Init, Ready, Reset, Run, pack, recv_to_worker
 
@@ -99,6 +99,11 @@ class Worker:
         from ...procutil import tree
 
         self.own_children = [ident(p) for p in tree(os.getpid())[1:] if live(p)]
+        if "torch" in loaded:
+            # an evaluation's candidates fork from a clean zygote made now, off any job's clock
+            from ...evaluate.judge.spares import prestart
+
+            prestart("cuda" if self.init.real else "cpu")
         self.send(ready)
 
     def serve(self) -> None:
@@ -118,7 +123,7 @@ class Worker:
         ran = self.runner.run(msg)
         recycle = ran.recycle
         # The job has ended: so has every process it started, daemons included.
-        left = end_descendants(self.own_children)
+        left = end_descendants(self.own_children + kept())
         if left and not recycle:
             recycle = f"processes of the job could not be killed: {left[:5]}"
         try:

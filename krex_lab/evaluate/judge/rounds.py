@@ -1,0 +1,328 @@
+"""The time phase, driven by the judge: rounds of fresh inputs, re-checked outputs, a bound from
+outside the candidate's process, and the reference timed here.
+
+Per case, inside one region:
+
+* K distinct input sets are made (as many as the calls to time, within a memory budget) and
+  shared once. A *round* calls the candidate once per set, each call timed in its process by the
+  format's method (``kernelbench-events`` / ``gpumode-events``; ``host-clock`` without a GPU).
+* After each round the judge re-checks outputs of the round (two drawn at random after the round,
+  or every one in strict / leaderboard mode) against the reference on the same inputs, then
+  refills every set in place with new values (new secret seeds): a result kept by pointer,
+  ``_version`` or content meets new inputs, and a stale answer fails the re-check.
+* The judge's clock runs from each round sent to its answer (the candidate synchronises before it
+  answers and its outputs are read after): their sum, less the harness's own cost calibrated on
+  the same process before the candidate was loaded, bounds the candidate's time from outside. An
+  in-process figure below a third of the bound (and further below it than the harness's noise) is not believed: the result
+  says so (``metadata.timing_bound``) and the bound is the runtime.
+
+Reference times are kept in this judge's memory only (per problem, GPU model, method, settings):
+no file the candidate's user can write holds a time that a verdict uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ...region_report import RegionReport
+from ..channel import Shared, share_input
+from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
+from ..tensors import arrays, clone, synchronize
+from ..timers import TimingError, stats, time_calls
+from .compare import compare, tolerances
+from .problems import nbytes
+
+if TYPE_CHECKING:
+    from ..options import Options
+    from .session import Judge
+
+__all__ = ["method_name", "timing"]
+
+#: memory the input sets (and their pristine copies) of one case may take
+_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}
+#: reference times measured in this judge, by problem and settings
+_REFERENCE_TIMES: dict[str, ReferenceEntry] = {}
+#: input sets of a case at most (a round's calls)
+MAX_SETS = 128
+
+
+def method_name(device: str, what: str) -> str:
+    """What the candidate process times with: an event pair on a GPU, else the host clock."""
+    if what == "warmup":
+        return "warmup"
+    return "events" if device == "cuda" else "host"
+
+
+def _label(judge: Judge) -> str:
+    fmt = "gpumode" if judge.job.format == "gpumode" else "kernelbench"
+    return f"{fmt}-events" if judge.device == "cuda" else "host-clock"
+
+
+def _reference_key(judge: Judge, case: str | None) -> str:
+    o = judge.opts
+    return "|".join(
+        str(x)
+        for x in (judge.job.reference.sha256, judge.job.format, judge.device_name, o.timing, o.perf_trials,
+                  o.warmup_calls, o.warmup_s, o.min_runs, o.max_runs, o.max_rel_err, o.max_case_s, o.mode,
+                  o.exclusive, case)
+    )
+
+
+def _target_calls(o: Options, fmt: str) -> int:
+    if o.timing == "converge" or fmt == "gpumode":
+        return max(1, o.max_runs)
+    return max(1, o.perf_trials)
+
+
+def _done(samples: list[float], o: Options, fmt: str, started: float) -> bool:
+    n = len(samples)
+    if o.timing != "converge" and fmt != "gpumode":
+        return n >= max(1, o.perf_trials)
+    target = 0.001 if o.timing == "converge" else o.max_rel_err
+    if n >= max(2, o.min_runs):
+        mean = statistics.fmean(samples)
+        err = statistics.stdev(samples) / math.sqrt(n)
+        if mean > 0 and err / mean <= target:
+            return True
+    return n >= max(1, o.max_runs) or time.perf_counter() - started > o.max_case_s
+
+
+def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
+    """Every timed case of the problem (see the module's docstring)."""
+    from .session import CandidateFailed
+
+    judge.phase = "time"
+    result = TimeResult()
+    t0 = time.perf_counter()
+    assert judge.problem is not None
+    cached_any = False
+    try:
+        for case in judge.problem.time_cases:
+            part, cached = _time_case(judge, case, result)
+            cached_any = cached_any or cached
+            result.parts.append(part)
+            if result.verdict is not None:
+                break
+    except CandidateFailed as exc:
+        result.fail(exc.verdict, exc.key, exc.message)
+    except TimingError as exc:
+        result.fail("error", "reference_error", f"the reference failed while timed: {exc}")
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result.reference_cached = cached_any
+    result.reference_timed_at = now
+    result.seconds = round(time.perf_counter() - t0, 6)
+    return result
+
+
+def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int) -> tuple[list[Any], list[Any], Shared, list[Any]]:
+    """K input sets: (the judge's arrays per set, their pristine copies, the message, every array)."""
+    assert judge.problem is not None
+    shared = Shared()
+    sets, pristine, mine = [], [], []
+    trees = []
+    for _ in range(k):
+        data = judge.problem.make(case, judge.seed())
+        synchronize()
+        pristine.append(clone(data))
+        from .session import _replace_arrays, _tree_of
+
+        first = len(mine)
+        own = []
+        for x in arrays(data):
+            d, arr = share_input(x, shared)
+            shared.arrays.append(d)
+            own.append(arr)
+        mine += own
+        sets.append(_replace_arrays(judge.problem.args(data), iter(own)))
+        trees.append(_tree_of(judge.problem.args(data), iter(range(first, first + len(own)))))
+    judge_sets_tree = trees
+    shared.keep.append(judge_sets_tree)
+    return sets, pristine, shared, mine
+
+
+def _refill(judge: Judge, case: dict[str, Any] | None, sets: list[Any], pristine: list[Any]) -> None:
+    assert judge.problem is not None
+    for j, target in enumerate(sets):
+        fresh = judge.problem.make(case, judge.seed())
+        for dst, src in zip(arrays(target), arrays(fresh)):
+            if hasattr(dst, "copy_"):
+                dst.copy_(src)
+            else:
+                dst[...] = src
+        pristine[j] = clone(fresh)
+    synchronize()
+
+
+def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
+    assert judge.problem is not None
+    if judge.problem.checker is not None:
+        return judge.problem.checker(clone(pristine), out)
+    expected = judge.problem.reference(clone(pristine))
+    exp = list(arrays(expected))
+    a, r = tolerances(exp, judge.opts.atol, judge.opts.rtol)
+    cmp = compare(list(arrays(out)) if out is not None else [], exp, a, r)
+    return cmp.ok, cmp.issue
+
+
+def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) -> tuple[TimedCase, bool]:
+    assert judge.problem is not None and judge.proc is not None
+    o, fmt = judge.opts, judge.job.format
+    name = judge.problem.case_name(case)
+    target = _target_calls(o, fmt)
+    sample_data = judge.problem.make(case, judge.seed())
+    per_set = 2 * max(1, nbytes(sample_data)) + max(1, nbytes(judge.problem.reference(clone(sample_data))))
+    k = max(1, min(target, _BUDGET.get(judge.device, _BUDGET["cpu"]) // per_set, MAX_SETS))
+    sets, pristine, shared, mine = _make_sets(judge, case, k)
+    del sample_data
+    trees = shared.keep[-1]
+    judge.ask("sets", {"ids": list(range(k)), "trees": trees}, shared)
+    warm = o.warmup_calls if fmt == "kernelbench" and o.timing != "converge" else max(1, o.warmup_calls)
+    if warm:
+        judge.ask("round", {"order": [0] * warm, "method": "warmup", "keep": False}, inputs=mine)
+    strict = o.strict or o.mode == "leaderboard"
+    samples: list[float] = []
+    bound = 0.0
+    rounds = 0
+    rng = random.Random()
+    label = _label(judge)
+    with _region(o) as region:
+        started = time.perf_counter()
+        while not _done(samples, o, fmt, started):
+            left = target - len(samples) if (fmt == "kernelbench" and o.timing != "converge") else k
+            order = list(range(min(k, max(1, left))))
+            t0 = time.perf_counter()
+            body, outs = judge.ask("round", {"order": order, "method": method_name(judge.device, "timed"), "keep": True}, inputs=mine)
+            bound += time.perf_counter() - t0
+            rounds += 1
+            got = [float(s) for s in body.get("samples", [])]
+            if len(got) != len(order) or len(outs) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
+                result.fail("rejected", "rejected", "")
+                result.metadata["rejected"] = {"protocol": "the candidate's process answered a timed round with the wrong number of samples or outputs"}
+                break
+            samples += got
+            picks = range(len(order)) if strict else rng.sample(range(len(order)), min(2, len(order)))
+            for i in picks:
+                ok, issue = _recheck(judge, pristine[order[i]], outs[i])
+                if not ok:
+                    result.fail("incorrect", "correctness_issue", f"a timed call's output was wrong (call {len(samples) - len(order) + i + 1}{f', case {name}' if name else ''}): {issue}")
+                    break
+            del outs
+            if result.verdict is not None:
+                break
+            _refill(judge, case, sets, pristine)
+        ref_part, cached = _reference(judge, case, name, pristine[0], region)
+    judge.ask("drop", {})
+    cal = judge.proc.calibration
+    overhead = rounds * cal.get("per_round_s", 0.0) + len(samples) * cal.get("per_call_s", 0.0)
+    st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
+    part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)
+    part.reference = ref_part
+    if samples:
+        honest_us = max(0.0, (bound - overhead) / len(samples) * 1e6)
+        result.metadata.setdefault("timing_bound_us", [])
+        result.metadata["timing_bound_us"].append(round(honest_us, 4))  # type: ignore[union-attr]
+        slack = max(5.0, 0.5 * overhead / len(samples) * 1e6)  # the harness's noise on a busy host
+        if st.mean < honest_us / 3 and honest_us - st.mean > slack:
+            result.metadata["timing_bound"] = (
+                f"{name or 'forward'}: the candidate's process reported {st.mean:.3f} us a call; from outside it "
+                f"took at least {honest_us:.3f} us a call: the outside figure is used"
+            )
+            part.stats = SampleStats(mean=round(honest_us, 4), std=0.0, min=round(honest_us, 4), max=round(honest_us, 4), num_trials=len(samples))
+            part.method = f"outside-bound (the {label} figure was below it)"
+        result.metadata["input_sets"] = str(k)
+        result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
+        result.metadata["timed_rounds"] = str(rounds)
+        if o.timing == "converge" or fmt == "gpumode":
+            result.metadata["converged"] = str(st.mean > 0 and st.err / st.mean <= (0.001 if o.timing == "converge" else o.max_rel_err))
+    return part, cached
+
+
+def _reference(judge: Judge, case: dict[str, Any] | None, name: str | None, pristine: Any, region: _Region) -> tuple[ReferenceTime | None, bool]:
+    """The reference's time on this case: measured here, in the same region, unless this judge
+    measured it before with the same settings on the same GPU model."""
+    o = judge.opts
+    if not o.time_reference:
+        return None, False
+    key = _reference_key(judge, name)
+    entry = _REFERENCE_TIMES.get(key)
+    if entry is not None and not o.retime_reference:
+        return entry.parts.get(str(name)), True
+    assert judge.problem is not None
+    data = clone(pristine)
+    args = judge.problem.args(data)
+    ref = judge.problem.reference
+    method = "gpumode" if judge.job.format == "gpumode" else "kernelbench"
+    ref(args)
+    label, samples = time_calls(lambda: ref(args), method, o)
+    part = ReferenceTime(method=label, stats=stats(samples), region=None)
+    _REFERENCE_TIMES[key] = ReferenceEntry(
+        parts={str(name): part},
+        timed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        device=judge.device_name,
+        key=_dummy_key(judge),
+    )
+    return part, False
+
+
+def _dummy_key(judge: Judge) -> Any:
+    from ..outcomes import ReferenceKey
+
+    o = judge.opts
+    return ReferenceKey(reference=judge.job.reference.sha256, format=judge.job.format, device=judge.device_name,
+                        timing=o.timing, settings=[], seed=0, benchmarks=judge.job.benchmarks, mode=o.mode,
+                        exclusive=o.exclusive)
+
+
+class _Region:
+    """A timed case's region: its report once released (None: timed without one, ``notice`` says why)."""
+
+    def __init__(self) -> None:
+        self.report: RegionReport | None = None
+        self.notice: str | None = None
+
+
+@contextlib.contextmanager
+def _region(opts: Options) -> Iterator[_Region]:
+    holder = _Region()
+    if not opts.exclusive:
+        holder.notice = "timed without a region (exclusive=False): other work may have shared the GPU"
+        yield holder
+        return
+    from ...client import exclusive
+
+    region = exclusive(max_hold=opts.limit("time"))
+    try:
+        region.acquire()
+    except Exception as exc:
+        holder.notice = f"timed without a region ({type(exc).__name__}: {exc})"
+        yield holder
+        return
+    threads = _fit_threads()
+    try:
+        yield holder
+    finally:
+        holder.report = region.release()
+        if threads is not None:
+            sys.modules["torch"].set_num_threads(threads)
+
+
+def _fit_threads() -> int | None:
+    """On the CPU, torch's threads to the cores the region left this process."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.cuda.is_available():
+        return None
+    before = int(torch.get_num_threads())
+    cores = len(os.sched_getaffinity(0))
+    if cores >= before:
+        return None
+    torch.set_num_threads(max(1, cores))
+    return before

@@ -1,0 +1,496 @@
+"""The judge: one evaluation's phases, deciding everything from outside the candidate's process.
+
+``run(job)`` is the evaluation job on a pool worker. It never executes candidate code: the
+candidate runs in a one-shot process (:mod:`.spares`) reached through :mod:`..channel`.
+
+1. **load**: the reference imported here (once per problem and worker), the problem's first
+   inputs and answer made, a spare taken and its timing harness calibrated on a no-op (before any
+   candidate code is in it), then the candidate compiled and imported *there*.
+2. **check**: per trial, fresh inputs drawn on the device under a secret seed, shared with the
+   candidate; its output read back into the judge's own memory and compared here on the device
+   (:mod:`.compare`); its inputs compared with a private pristine copy (written into: rejected).
+   Then the same buffers refilled with new values must give the new answer.
+3. **time**: per case, in a region: rounds over K distinct input sets, refilled between rounds
+   (:mod:`.rounds`); the reference timed here, in this clean process.
+
+Phase markers carry the job's nonce; the candidate's output is its file's, never this stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import secrets
+import sys
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_arrays, share_input
+from ..options import Job, ProgramSource
+from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
+from ..result import CaseResult
+from ..tensors import arrays, clone, identical, synchronize
+from .compare import compare, tolerances
+from .problems import MissingDefinition, Problem, problem_for
+from .spares import CandidateProc, spares_for
+
+__all__ = ["CandidateFailed", "Judge", "run"]
+
+#: reference modules by source hash: imported once per problem in this judge
+_REFERENCES: dict[str, types.ModuleType] = {}
+#: files a compiler of the load phase may write (RLIMIT_FSIZE bounds every file)
+LOAD_FILE_LIMIT = 1 << 30
+_OOM = ("out of memory", "can't allocate memory", "cannot allocate memory", "outofmemory")
+_PR_SET_DUMPABLE = 4
+
+
+class CandidateFailed(Exception):
+    """The candidate's process raised, died or broke the protocol: ``verdict`` and ``key`` say how."""
+
+    def __init__(self, verdict: str, key: str, message: str) -> None:
+        super().__init__(message)
+        self.verdict, self.key, self.message = verdict, key, message
+
+
+def _nondumpable() -> None:
+    """No process of this user may ptrace the judge or read its memory (``/proc/PID/mem``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def mark(phase: str, nonce: str) -> None:
+    from ..options import MARKER
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.write(1, f"{MARKER} {phase} {os.getpid()} {nonce}\n".encode())
+
+
+def _filename(src: ProgramSource, what: str) -> str:
+    return src.path or f"<krex-{what}-{src.sha256[:12]}>"
+
+
+def _module(src: ProgramSource, what: str) -> types.ModuleType:
+    name = f"krex_{what}_{src.sha256[:12]}"
+    module = types.ModuleType(name)
+    module.__file__ = _filename(src, what)
+    code = compile(src.text, module.__file__, "exec")
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _device() -> tuple[str, str]:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_name()
+    model = "cpu"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = f"cpu: {line.split(':', 1)[1].strip()}"
+                break
+    return "cpu", model
+
+
+def trim_compiler_message(text: str, limit: int = 3000) -> str:
+    """The compiler's errors out of a build log: lines saying ``error`` and the two after each."""
+    lines = text.splitlines()
+    keep: list[str] = []
+    for i, line in enumerate(lines):
+        if "error" in line.lower():
+            keep += [ln for ln in lines[i : i + 3] if ln not in keep[-3:]]
+    body = "\n".join(keep or lines[-40:])
+    return body if len(body) <= limit else body[:limit] + f"\n[... {len(body) - limit} more characters]"
+
+
+class Judge:
+    """One evaluation, judged here; the candidate reached only through ``self.proc``."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.opts = job.options
+        self.device, self.device_name = _device()
+        self.salt = self.opts.seed if self.opts.seed is not None else secrets.randbelow(1 << 30)
+        self.seeds = iter(range(self.salt * 7919 % (1 << 30), 1 << 31))
+        self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
+        self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
+        self.proc: CandidateProc | None = None
+        self.problem: Problem | None = None
+        self.failed_here: CandidateFailed | None = None
+
+    def seed(self) -> int:
+        return next(self.seeds)
+
+    # -- talking to the candidate ----------------------------------------------------------------
+
+    def ask(self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
+        """Send, and read the answer: (its body, its outputs as the judge's own copies)."""
+        assert self.proc is not None
+        try:
+            self.proc.chan.send(op, body, shared)
+            env, fds = self.proc.chan.recv()
+        except (ChannelError, OSError) as exc:
+            raise self._died(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if shared is not None:
+                shared.close()
+        try:
+            if env.op == "failed":
+                raise self._raised(env.body)
+            received = open_arrays(env.arrays, fds, inputs)
+            outputs = [decode_tree(t, received) for t in env.body.get("outputs", [])]
+            outputs = [_own(o) for o in outputs]
+        except ChannelError as exc:
+            raise CandidateFailed("rejected", "rejected", f"protocol: {exc}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return env.body, outputs
+
+    def _died(self, why: str) -> CandidateFailed:
+        assert self.proc is not None
+        status = self.proc.status(timeout=2.0)
+        if status is not None and os.WIFSIGNALED(status):
+            import signal
+
+            sig = signal.Signals(os.WTERMSIG(status)).name
+            return CandidateFailed("crashed", "worker_died", f"the candidate's process died of {sig}")
+        if status is not None:
+            return CandidateFailed("crashed", "worker_died", f"the candidate's process exited ({os.WEXITSTATUS(status)})")
+        return CandidateFailed("crashed", "worker_died", f"the candidate's process stopped answering ({why})")
+
+    def _raised(self, body: dict[str, Any]) -> CandidateFailed:
+        kind, message = str(body.get("kind", "Error")), str(body.get("message", ""))
+        text = f"{kind}: {message}"
+        tb = str(body.get("traceback", ""))
+        if body.get("sticky"):
+            return CandidateFailed("crashed", "cuda_error", f"{body['sticky']} (a sticky CUDA error)")
+        if body.get("oom") or any(s in text.lower() for s in _OOM):
+            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
+        if kind == "OSError" and "File too large" in message or f"[Errno {errno.EFBIG}]" in message:
+            return CandidateFailed("rejected", "output_limit", f"the candidate wrote more than its output limit ({text})")
+        if self.phase == "load" and (
+            kind in ("SyntaxError", "ImportError", "ModuleNotFoundError", "LookupError", "IndentationError")
+            or "error building extension" in text.lower()
+        ):
+            return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
+        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{tb[-1500:]}"[:3000])
+
+    phase = "load"
+
+    # -- load --------------------------------------------------------------------------------------
+
+    def load(self) -> LoadResult:
+        job = self.job
+        result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
+        os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
+        reference = _REFERENCES.get(job.reference.sha256)
+        try:
+            if reference is None:
+                for d in (job.reference.path,):
+                    if d and os.path.dirname(d) not in sys.path:
+                        sys.path.insert(0, os.path.dirname(d))
+                reference = _REFERENCES[job.reference.sha256] = _module(job.reference, "reference")
+            self.problem = problem_for(job, reference, self.device, self.salt)
+            self.first = self._trial_data(self.problem.check_cases[0][1])
+        except Exception as exc:
+            result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
+            return result
+        t0 = time.perf_counter()
+        self.proc = spares_for(self.device).take()
+        result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
+        self._calibrate()
+        init_shared = Shared()
+        init = encode_tree(self.problem.init_tree(), init_shared)
+        body = {
+            "format": job.format,
+            "source": job.candidate.text,
+            "filename": _filename(job.candidate, "candidate"),
+            "module": f"krex_candidate_{job.candidate.sha256[:12]}",
+            "build_dir": self.build_dir,
+            "path": [os.path.dirname(p) for p in (job.candidate.path, job.reference.path) if p],
+            "init": init,
+            "init_seed": self.opts.init_seed,
+            "output_path": self.output_path,
+            "output_limit": self.opts.output_limit_mb << 20,
+            "load_file_limit": max(LOAD_FILE_LIMIT, self.opts.output_limit_mb << 20),
+            "memory_limit_mb": self.opts.memory_limit_mb,
+        }
+        try:
+            self.ask("load", body, init_shared)
+            result.compiled = True
+        except CandidateFailed as exc:
+            result.fail(exc.verdict, exc.key, exc.message)
+            result.compiled = exc.key != "compilation_error"
+        return result
+
+    def _calibrate(self) -> None:
+        """The harness's own cost on this spare, before any candidate code is in it: rounds of a
+        no-op that returns an array like the expected output, of 1 call and of as many calls as a
+        round may have, the best of three each (the first rounds of a fresh process are slow)."""
+        from .rounds import MAX_SETS, method_name
+
+        assert self.proc is not None and self.problem is not None
+        sample = next(iter(arrays(self.first[2])), None)
+        best: dict[int, float] = {}
+        for calls in (1, MAX_SETS, 1, MAX_SETS, 1, MAX_SETS):
+            shared = Shared()
+            if sample is not None:
+                shared.arrays.append(share_input(sample, shared)[0])
+            t0 = time.perf_counter()
+            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
+            best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
+        per_call = max(0.0, (best[MAX_SETS] - best[1]) / (MAX_SETS - 1))
+        self.proc.calibration = {"per_call_s": per_call, "per_round_s": max(0.0, best[1] - per_call)}
+
+    # -- check -------------------------------------------------------------------------------------
+
+    def _trial_data(self, case: dict[str, Any] | None) -> tuple[Any, Any, Any, set[int]]:
+        """(the data, its pristine copy, the reference's answer, the arrays the reference writes)."""
+        assert self.problem is not None
+        data = self.problem.make(case, self.seed())
+        synchronize()
+        pristine = clone(data)
+        ref_data = clone(pristine)
+        expected = self.problem.reference(ref_data)
+        synchronize()
+        written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not identical(a, b)}
+        return data, pristine, expected, written
+
+    def _call(self, data: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The candidate on ``data``, shared: (the shared data as the judge sees it, its output, body)."""
+        assert self.problem is not None
+        shared = Shared()
+        mine: list[Any] = []
+        descs = []
+        for x in arrays(data):
+            d, arr = share_input(x, shared)
+            descs.append(d)
+            mine.append(arr)
+        shared.arrays = descs
+        args = _replace_arrays(self.problem.args(data), iter(mine))
+        tree = _tree_of(self.problem.args(data), iter(range(len(mine))))
+        self._last_inputs = mine
+        body, outs = self.ask("call", {"args": tree}, shared, inputs=mine)
+        return args, outs, body
+
+    def check_one(self, kind: str, case: dict[str, Any] | None, first: bool = False) -> tuple[bool, str, dict[str, str], Any]:
+        assert self.problem is not None
+        data, pristine, expected, written = self.first if first else self._trial_data(case)
+        shared_data, outs, body = self._call(data)
+        out = outs[0] if outs else None
+        rejected: dict[str, str] = {}
+        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(shared_data))) if not identical(a, b)}
+        wrote = sorted(changed - written)
+        if wrote:
+            rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
+        self.threads = body.get("threads") or []
+        if self.problem.checker is not None:
+            ok, issue = self.problem.checker(clone(pristine), out)
+            self.last_cmp = None
+            return ok and not rejected, issue or ("" if ok else "the reference's check_implementation failed"), rejected, shared_data
+        exp = list(arrays(expected)) if not _scalar(expected) else []
+        got = list(arrays(out)) if out is not None else []
+        if not exp:
+            ok = out == expected
+            self.last_cmp = None
+            return ok and not rejected, "" if ok else f"got {out!r}, expected {expected!r}", rejected, shared_data
+        a, r = tolerances(exp, self.opts.atol, self.opts.rtol)
+        cmp = compare(got, exp, a, r)
+        self.last_cmp = cmp
+        return cmp.ok and not rejected, cmp.issue, rejected, shared_data
+
+    def check(self) -> CheckResult:
+        self.phase = "check"
+        assert self.problem is not None
+        result = CheckResult()
+        t0 = time.perf_counter()
+        cases = self.problem.check_cases
+        passed = 0
+        outcome = CheckOutcome(correct=True, trials="")
+        results: list[CaseResult] = []
+        shared_data: Any = None
+        last_case: dict[str, Any] | None = None
+        try:
+            for i, (kind, case) in enumerate(cases):
+                ok, issue, rejected, shared_data = self.check_one(kind, case, first=i == 0)
+                last_case = case
+                if self.problem.format == "gpumode" and case is not None:
+                    results.append(CaseResult(spec=self.problem.case_name(case) or "", kind=kind, passed=ok, message=issue or None))
+                self._absorb_cmp(outcome)
+                if rejected:
+                    outcome.rejected = rejected
+                if not ok:
+                    outcome.correct = False
+                    name = self.problem.case_name(case)
+                    outcome.issue = f"{kind} case {name}: {issue}" if name else issue
+                    break
+                passed += 1
+            if outcome.correct:
+                self._refilled_trial(outcome, last_case)
+        except CandidateFailed as exc:
+            result.fail(exc.verdict, exc.key, exc.message)
+        result.seconds = round(time.perf_counter() - t0, 6)
+        outcome.trials = f"({passed} / {len(cases)})"
+        outcome.cases = results
+        meta = result.metadata
+        meta["correctness_trials"] = outcome.trials
+        if outcome.max_difference is not None:
+            meta["max_difference"] = outcome.max_difference
+        if outcome.avg_difference is not None:
+            meta["avg_difference"] = outcome.avg_difference
+        if outcome.issue:
+            meta["correctness_issue"] = outcome.issue
+        if getattr(self, "rule", None):
+            meta["correctness_rule"] = self.rule
+        if getattr(self, "threads", None):
+            meta["threads_reported"] = ", ".join(self.threads)
+        result.cases = outcome.cases
+        if result.verdict is None:
+            if outcome.rejected:
+                result.verdict = "rejected"
+                meta["rejected"] = outcome.rejected
+            elif not outcome.correct:
+                result.verdict = "incorrect"
+        return result
+
+    def _absorb_cmp(self, outcome: CheckOutcome) -> None:
+        cmp = getattr(self, "last_cmp", None)
+        if cmp is not None:
+            outcome.max_difference, outcome.avg_difference = cmp.max_difference, cmp.avg_difference
+            if cmp.rule:
+                self.rule = cmp.rule
+
+    def _refilled_trial(self, outcome: CheckOutcome, case: dict[str, Any] | None) -> None:
+        """The last trial's buffers, refilled in place with new values, must give the new answer:
+        a result kept by address, ``_version`` or call count is stale there."""
+        assert self.problem is not None
+        data = self.problem.make(case, self.seed())
+        mine, _outs, _ = self._call(data)
+        del _outs
+        # the same memory, new values (the candidate still holds the arrays of its last call)
+        fresh, fresh_pristine, fresh_expected, _ = self._trial_data(case)
+        for dst, src in zip(arrays(mine), arrays(fresh)):
+            if hasattr(dst, "copy_"):
+                dst.copy_(src)
+            else:
+                dst[...] = src
+        synchronize()
+        _, outs2 = self.ask("call_again", {}, inputs=self._last_inputs)
+        out = outs2[0] if outs2 else None
+        if self.problem.checker is not None:
+            ok, issue = self.problem.checker(clone(fresh_pristine), out)
+        else:
+            exp = list(arrays(fresh_expected))
+            a, r = tolerances(exp, self.opts.atol, self.opts.rtol)
+            cmp = compare(list(arrays(out)) if out is not None else [], exp, a, r)
+            ok, issue = cmp.ok, cmp.issue
+        if not ok:
+            outcome.correct = False
+            outcome.rejected = {
+                "cached_results": "the candidate returned a stale result when its input buffers were refilled "
+                "with new values (it caches results across calls)"
+            }
+            outcome.issue = issue
+
+    # -- the end -----------------------------------------------------------------------------------
+
+    def end(self, last: PhaseResult | None) -> None:
+        """Whatever the candidate left running is a verdict (on the last phase that ran); then it
+        is killed, whole."""
+        if self.proc is None:
+            return
+        left = self.proc.left_behind()
+        if left and last is not None and last.verdict is None:
+            last.fail("rejected", "rejected", "")
+            last.metadata["rejected"] = {
+                "processes_left": f"the candidate left process(es) running: {', '.join(left[:5])}"
+            }
+        self.proc.end()
+        self.proc = None
+
+
+def _scalar(x: Any) -> bool:
+    return not list(arrays(x))
+
+
+def _own(value: Any) -> Any:
+    """The judge's own copy of an output it received (the candidate's memory is let go)."""
+    def copy(x: Any) -> Any:
+        return x.clone() if hasattr(x, "clone") else x.copy()
+
+    from ..tensors import _map
+
+    return _map(value, copy)
+
+
+def _tree_of(value: Any, ids: Iterator[int]) -> Any:
+    """``value``'s tree for the channel, its arrays numbered in order (the shared message's)."""
+    from ..tensors import _is_array
+
+    if _is_array(value):
+        return ["a", next(ids)]
+    if isinstance(value, tuple):
+        return ["t", [_tree_of(v, ids) for v in value]]
+    if isinstance(value, list):
+        return ["l", [_tree_of(v, ids) for v in value]]
+    if isinstance(value, dict):
+        return ["d", {str(k): _tree_of(v, ids) for k, v in value.items()}]
+    return encode_tree(value, Shared())
+
+
+def _replace_arrays(value: Any, mine: Iterator[Any]) -> Any:
+    from ..tensors import _map
+
+    return _map(value, lambda _x: next(mine))
+
+
+def run(job: Job, reference_cache: str | None) -> PhaseResults:
+    """Every phase of ``job``, as far as the candidate gets."""
+    _nondumpable()
+    nonce = job.nonce
+    mark("load", nonce)
+    judge = Judge(job)
+    last: PhaseResult
+    loaded = judge.load()
+    out = PhaseResults(load=loaded)
+    last = loaded
+    try:
+        if loaded.verdict is None:
+            mark("check", nonce)
+            out.check = last = judge.check()
+            if out.check.verdict is None and job.options.measure:
+                mark("time", nonce)
+                from .rounds import timing
+
+                out.time = last = timing(judge, reference_cache)
+    finally:
+        judge.end(last)
+        _collect_output(judge, last)
+    mark("done", nonce)
+    return out
+
+
+def _collect_output(judge: Judge, last: PhaseResult) -> None:
+    """How much the candidate printed (its file, read by the client afterwards), and whether it
+    went past its limit."""
+    try:
+        size = os.path.getsize(judge.output_path)
+    except OSError:
+        return
+    last.output_bytes = size
+    if size > judge.opts.output_limit_mb << 20 and last.verdict in (None, "runtime_error", "incorrect"):
+        last.fail("rejected", "output_limit", f"the candidate wrote {size} bytes to stdout/stderr: its limit is {judge.opts.output_limit_mb} MiB")
+
+
+__all__ += ["MissingDefinition", "mark", "trim_compiler_message"]

@@ -1,0 +1,234 @@
+"""The judge's candidate processes: a zygote kept across evaluations, one spare forked ahead.
+
+The zygote (:mod:`..candidate.zygote`) is a child of the judge's worker, kept by the worker's
+end-of-job sweep (:func:`krex_lab.workers.contain.keep`) with the spares it forked. A spare taken
+for a candidate is no longer kept: it is killed with every process it started when its evaluation
+ends (:meth:`CandidateProc.end`), and what it left behind is reported. The next spare is forked
+at once, so it makes its CUDA context while the current candidate compiles and is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from ...procutil import children, proc_state, tree
+from ...workers import contain
+from ..channel import Channel, ChannelError
+
+__all__ = ["CandidateProc", "Spares", "spares_for"]
+
+#: what a framework starts for its own sake, never the candidate's work: torch.compile's pool
+_FRAMEWORK_HELPERS = ("torch._inductor.compile_worker", "compile_worker", "triton")
+
+
+class CandidateProc:
+    """One candidate's process: its channel, and its end."""
+
+    def __init__(self, pid: int, chan: Channel, zygote: Spares) -> None:
+        self.pid = pid
+        self.chan = chan
+        self.zygote = zygote
+        self.calibration: dict[str, float] = {}
+
+    def status(self, timeout: float = 1.0) -> int | None:
+        """Its wait status once it has exited (read from the zygote), else None."""
+        return self.zygote.exit_status(self.pid, timeout)
+
+    def left_behind(self) -> list[str]:
+        """Processes it started that are still running, frameworks' helpers left out."""
+        out: list[str] = []
+        for pid in tree(self.pid)[1:]:
+            if proc_state(pid) in (None, "Z"):
+                continue
+            cmd = _cmdline(pid)
+            if any(h in cmd for h in _FRAMEWORK_HELPERS):
+                continue
+            out.append(f"{pid} ({cmd[:80] or '?'})")
+        # daemons that left its tree (setsid and a double fork) were re-parented to the worker
+        known = {self.zygote.pid, os.getpid()}
+        for pid in children(os.getpid()):
+            if pid not in known and proc_state(pid) not in (None, "Z") and not self.zygote.is_own(pid):
+                cmd = _cmdline(pid)
+                if not any(h in cmd for h in _FRAMEWORK_HELPERS):
+                    out.append(f"{pid} ({cmd[:80] or '?'})")
+        return out
+
+    def end(self) -> None:
+        """Kill it and everything it started (deepest first), daemons that left its tree included."""
+        with _quiet():
+            self.chan.sock.close()
+        for _ in range(50):
+            pids = [p for p in tree(self.pid) if proc_state(p) not in (None, "Z")]
+            pids += [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+            pids = [p for p in pids if proc_state(p) not in (None, "Z")]
+            if not pids:
+                break
+            for p in reversed(pids):
+                with _quiet():
+                    os.kill(p, signal.SIGKILL)
+            with _quiet():
+                os.killpg(self.pid, signal.SIGKILL)
+            contain.reap_any_except(self.zygote.popen_pids())
+            time.sleep(0.002)
+        self.zygote.forget(self.pid)
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class Spares:
+    """The zygote of one judge and its spare."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "krex_lab.evaluate.candidate.zygote", str(theirs.fileno()), device],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=_clean_env(),
+        )
+        theirs.close()
+        self.pid = self.popen.pid
+        self.ctl = ctl
+        self.lock = threading.Lock()
+        self.exits: dict[int, int] = {}
+        self.spare: tuple[int, socket.socket] | None = None
+        self.forked: set[int] = set()
+        self.buf = b""
+        self._expect("ready", timeout=120.0)
+        contain.keep(contain.ident(self.pid))
+        self.fork_spare()
+
+    def popen_pids(self) -> set[int]:
+        return {self.pid}
+
+    def is_own(self, pid: int) -> bool:
+        return self.spare is not None and pid == self.spare[0]
+
+    def alive(self) -> bool:
+        return proc_state(self.pid) not in (None, "Z")
+
+    def _line(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the candidate zygote did not answer")
+            self.ctl.settimeout(left)
+            part = self.ctl.recv(4096)
+            if not part:
+                raise ChannelError("the candidate zygote is gone")
+            self.buf += part
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+    def _expect(self, word: str, timeout: float) -> str:
+        while True:
+            line = self._line(timeout)
+            if line.startswith("exit "):
+                _, pid, status = line.split()
+                self.exits[int(pid)] = int(status)
+                continue
+            if line.startswith(word):
+                return line
+
+    def fork_spare(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with self.lock:
+            socket.send_fds(self.ctl, [b"fork"], [theirs.fileno()])
+            theirs.close()
+            pid = int(self._expect("forked", timeout=30.0).split()[1])
+        self.forked.add(pid)
+        self.spare = (pid, mine)
+        contain.keep(contain.ident(pid))
+
+    def take(self, timeout: float = 300.0) -> CandidateProc:
+        """The spare, once its context is made; the next one is forked at once."""
+        if self.spare is None:
+            self.fork_spare()
+        assert self.spare is not None
+        pid, sock = self.spare
+        self.spare = None
+        contain.unkeep(pid)
+        chan = Channel(sock)
+        sock.settimeout(timeout)
+        try:
+            env, _ = chan.recv()
+        finally:
+            sock.settimeout(None)
+        if env.op != "ready":
+            raise ChannelError(f"a spare said {env.op!r} before it was ready")
+        proc = CandidateProc(pid, chan, self)
+        self.fork_spare()
+        return proc
+
+    def exit_status(self, pid: int, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while pid not in self.exits:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    self._expect("exit", left)
+                except (TimeoutError, OSError, ChannelError):
+                    return self.exits.get(pid)
+            return self.exits[pid]
+
+    def forget(self, pid: int) -> None:
+        self.forked.discard(pid)
+
+    def close(self) -> None:
+        with _quiet():
+            self.ctl.close()
+        with _quiet():
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+def _clean_env() -> dict[str, str]:
+    """The zygote's environment: the worker's, less what only the worker may know."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("KREX_JUDGE")}
+
+
+_SPARES: dict[str, Spares] = {}
+
+
+def spares_for(device: str) -> Spares:
+    """This judge's zygote for ``device`` (started on first use, kept across evaluations)."""
+    current = _SPARES.get(device)
+    if current is None or not current.alive():
+        if current is not None:
+            current.close()
+        current = _SPARES[device] = Spares(device)
+    return current
+
+
+def prestart(device: str) -> Any:
+    """Start the zygote ahead of the first evaluation (a worker that preloads torch)."""
+    try:
+        return spares_for(device)
+    except Exception:
+        return None
