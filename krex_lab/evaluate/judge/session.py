@@ -242,16 +242,26 @@ class Judge:
 
         assert self.proc is not None and self.problem is not None
         sample = next(iter(arrays(self.first[2])), None)
+        from .rounds import cpu_seconds
+
         best: dict[int, float] = {}
+        cpu: dict[int, float] = {}
         for calls in (1, MAX_SETS, 1, MAX_SETS, 1, MAX_SETS):
             shared = Shared()
             if sample is not None:
                 shared.arrays.append(share_input(sample, shared)[0])
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(self.proc.pid), time.perf_counter()
             self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
             best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
+            cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
         per_call = max(0.0, (best[MAX_SETS] - best[1]) / (MAX_SETS - 1))
-        self.proc.calibration = {"per_call_s": per_call, "per_round_s": max(0.0, best[1] - per_call)}
+        cpu_call = max(0.0, (cpu[MAX_SETS] - cpu[1]) / (MAX_SETS - 1))
+        self.proc.calibration = {
+            "per_call_s": per_call,
+            "per_round_s": max(0.0, best[1] - per_call),
+            "cpu_per_call_s": cpu_call,
+            "cpu_per_round_s": max(0.0, cpu[1] - cpu_call),
+        }
 
     # -- check -------------------------------------------------------------------------------------
 
