@@ -35,7 +35,7 @@ __all__ = [
 
 #: the dtypes an array may have on either side (by name, torch's and numpy's alike)
 ALLOWED_DTYPES = frozenset(
-    "float16 bfloat16 float32 float64 int8 int16 int32 int64 uint8 bool complex64 complex128".split()
+    ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool", "complex64", "complex128"]
 )
 _MAX_MESSAGE = 64 << 20
 _MAX_FDS = 256
@@ -193,14 +193,22 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
     for lo, hi, k in inputs or ():
         if lo <= start < hi:
             elem = _itemsize(lib, dtype)
-            return ArrayDesc(lib=lib, dtype=dtype, shape=shape, strides=strides, offset=(start - lo) // elem,
-                             where="input", ref=k)
+            return ArrayDesc(
+                lib=lib, dtype=dtype, shape=shape, strides=strides, offset=(start - lo) // elem, where="input", ref=k
+            )
     if lib == "torch" and x.is_cuda:
         storage = x.untyped_storage()
         fields = list(storage._share_cuda_())
         shared.keep.append(x)
-        return ArrayDesc(lib=lib, dtype=dtype, shape=shape, strides=strides, offset=int(x.storage_offset()),
-                         where="cuda", cuda=[_plain(f) for f in fields])
+        return ArrayDesc(
+            lib=lib,
+            dtype=dtype,
+            shape=shape,
+            strides=strides,
+            offset=int(x.storage_offset()),
+            where="cuda",
+            cuda=[_plain(f) for f in fields],
+        )
     contiguous = x.detach().cpu().contiguous() if lib == "torch" else __import__("numpy").ascontiguousarray(x)
     desc = ArrayDesc(lib=lib, dtype=dtype, shape=shape, strides=_contiguous_strides(shape), offset=0, where="memfd")
     shared.pack(desc, contiguous)
@@ -218,8 +226,16 @@ def share_input(x: Any, shared: Shared) -> tuple[ArrayDesc, Any]:
     arr, fd, mm = memfd_array(lib, _dtype_name(x), shape, x)
     shared.keep += [arr, mm]
     shared.fds.append(fd)
-    desc = ArrayDesc(lib=lib, dtype=_dtype_name(x), shape=shape, strides=_contiguous_strides(shape), offset=0,
-                     where="memfd", nbytes=mm.size(), fd=len(shared.fds) - 1)
+    desc = ArrayDesc(
+        lib=lib,
+        dtype=_dtype_name(x),
+        shape=shape,
+        strides=_contiguous_strides(shape),
+        offset=0,
+        where="memfd",
+        nbytes=mm.size(),
+        fd=len(shared.fds) - 1,
+    )
     return desc, arr
 
 
@@ -262,7 +278,9 @@ def open_arrays(descs: list[ArrayDesc], fds: list[int], inputs: list[Any] | None
     return [open_array(d, fds, inputs, maps) for d in descs]
 
 
-def open_array(d: ArrayDesc, fds: list[int], inputs: list[Any] | None = None, maps: dict[int, mmap.mmap] | None = None) -> Any:
+def open_array(
+    d: ArrayDesc, fds: list[int], inputs: list[Any] | None = None, maps: dict[int, mmap.mmap] | None = None
+) -> Any:
     """The receiver's own array for ``d``, over the memory it names. Checks every field: a
     descriptor that does not fit its memory is a :class:`ChannelError`."""
     if d.lib not in ("torch", "numpy") or d.dtype not in ALLOWED_DTYPES:
@@ -288,7 +306,9 @@ def open_array(d: ArrayDesc, fds: list[int], inputs: list[Any] | None = None, ma
         import numpy as np
 
         flat = base.reshape(-1)
-        return np.lib.stride_tricks.as_strided(flat[d.offset :], shape=d.shape, strides=[s * itemsize for s in d.strides])
+        return np.lib.stride_tricks.as_strided(
+            flat[d.offset :], shape=d.shape, strides=[s * itemsize for s in d.strides]
+        )
     if d.where == "memfd":
         if not 0 <= d.fd < len(fds):
             raise ChannelError("an array names a file descriptor the message did not carry")
@@ -311,9 +331,21 @@ def open_array(d: ArrayDesc, fds: list[int], inputs: list[Any] | None = None, ma
         if not (isinstance(handle, bytes) and isinstance(size, int) and size >= span * itemsize):
             raise ChannelError("a CUDA array runs past its memory")
         return rebuild_cuda_tensor(
-            torch.Tensor, torch.Size(d.shape), tuple(d.strides), d.offset, torch.storage.TypedStorage,
-            getattr(torch, d.dtype), int(dev), handle, size, int(off), False, rc_handle, int(rc_off),
-            ev_handle, bool(ev_sync),
+            torch.Tensor,
+            torch.Size(d.shape),
+            tuple(d.strides),
+            d.offset,
+            torch.storage.TypedStorage,
+            getattr(torch, d.dtype),
+            int(dev),
+            handle,
+            size,
+            int(off),
+            False,
+            rc_handle,
+            int(rc_off),
+            ev_handle,
+            bool(ev_sync),
         )
     raise ChannelError(f"an array's memory is of an unknown kind {d.where!r}")
 

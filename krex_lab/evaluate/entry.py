@@ -11,7 +11,7 @@ __all__ = ["run_on_worker"]
 def run_on_worker(job: Job, reference_cache: str | None) -> bytes:
     """:func:`krex_lab.evaluate.judge.session.run`, imported in the worker (the judge); its results msgpack-encoded
     (:func:`krex_lab.evaluate.outcomes.decode` reads them)."""
-    from .outcomes import encode
     from .judge.session import run
+    from .outcomes import encode
 
     return encode(run(job, reference_cache))

@@ -116,7 +116,7 @@ def end_descendants(spare: Collection[ProcId] = (), timeout: float = 2.0) -> lis
     while True:
         reap_any()
         kept = {pid for pid, st in keep if start_time(pid) == st}
-        found = [p for p in _tree_without(me, kept) if p != me]
+        found = [p for p in tree_without(me, kept) if p != me]
         alive = [p for p in found if live(p)]
         if not alive:
             return []
@@ -126,7 +126,7 @@ def end_descendants(spare: Collection[ProcId] = (), timeout: float = 2.0) -> lis
         time.sleep(0.001)
 
 
-def _tree_without(root: int, skip: Collection[int]) -> list[int]:
+def tree_without(root: int, skip: Collection[int]) -> list[int]:
     """``root`` and its descendants, not descending into ``skip``."""
     found = [root]
     seen = {root}

@@ -71,16 +71,18 @@ def test_a_cuda_load_inline_candidate_is_timed_with_event_pairs(gpu_pool: PoolPr
     assert ev.verdict == "correct", ev.summary + str(ev.metadata)
     assert ev.gpu_timed and ev.timing_method == "kernelbench-events" and "NVIDIA" in (ev.device or "")
     assert ev.runtime_stats is not None and ev.runtime_stats.num_trials == 100
-    assert ev.timing_check is not None and all(c.agrees for c in ev.timing_check.cases)
+    # the judge's bound from outside the candidate's process confirms the event figure
+    assert "timing_bound" not in ev.metadata and ev.metadata.get("timing_bound_us"), ev.metadata
     assert ev.regions[0].region is not None and not ev.regions[0].region.get("simulated")
 
 
-def test_an_illegal_address_recycles_the_worker(gpu_pool: PoolProc) -> None:
+def test_an_illegal_address_costs_its_candidate_process_not_the_judge(gpu_pool: PoolProc) -> None:
     ev = run(gpu_pool, cuda_candidate("krex_gpu_illegal", "((float*)0x10)[i] = a[i];"))
     assert ev.verdict == "crashed", ev.summary
     assert "illegal" in (ev.metadata.get("cuda_error", "") + ev.metadata.get("worker_died", "")).lower()
     gpu_pool.wait_ready(120)
-    assert ev.worker_pid not in gpu_pool.worker_pids()
+    # the sticky error poisoned the candidate's own context only: the judge's worker serves on
+    assert ev.worker_pid in gpu_pool.worker_pids()
     again = run(gpu_pool, cuda_candidate("krex_gpu_scaled_add", "if (i < n) out[i] = alpha * a[i] + b[i];"))
     assert again.verdict == "correct"
 
@@ -124,8 +126,8 @@ class ModelNew(nn.Module):
 def test_work_on_a_side_stream_shows_as_a_disagreement(gpu_pool: PoolProc) -> None:
     ev = run(gpu_pool, SIDE_STREAM)
     assert ev.verdict == "correct"
-    assert "timing_disagreement" in ev.metadata and ev.timing_method.startswith("device-sync")
-    assert any("disagree" in w for w in ev.warnings)
+    # the event pair misses the side stream; the judge's clock, outside the candidate, does not
+    assert "timing_bound" in ev.metadata and ev.timing_method.startswith("outside-bound"), ev.metadata
 
 
 def test_device_memory_exhaustion_is_a_verdict(gpu_pool: PoolProc) -> None:

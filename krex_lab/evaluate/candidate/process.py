@@ -41,6 +41,17 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _fit_threads() -> None:
+    """On a CPU, torch's threads to the cores this process may use now (a region's shield narrows
+    them): more threads than cores spin-wait on each other, and a 10 us call takes milliseconds."""
+    torch = sys.modules.get("torch")
+    if torch is None or torch.cuda.is_available():
+        return
+    cores = max(1, len(os.sched_getaffinity(0)))
+    if torch.get_num_threads() != cores:
+        torch.set_num_threads(cores)
+
+
 def _cuda() -> bool:
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available())
@@ -177,6 +188,7 @@ class Candidate:
         self.chan.send("ok", {})
 
     def op_round(self, body: dict[str, Any], arrays: list[Any]) -> None:
+        _fit_threads()
         self._round(body, self.fn)
 
     def _round(self, body: dict[str, Any], fn: Any) -> None:

@@ -133,7 +133,9 @@ class GpuModeProblem(Problem):
         tests = list(job.tests) or [dict(c) for c in getattr(reference, "TESTS", [])]
         benchmarks = list(job.benchmarks) or [dict(c) for c in getattr(reference, "BENCHMARKS", [])]
         if not tests and not benchmarks:
-            raise MissingDefinition("no test or benchmark cases: pass tests=/benchmarks=, or define TESTS in the reference")
+            raise MissingDefinition(
+                "no test or benchmark cases: pass tests=/benchmarks=, or define TESTS in the reference"
+            )
         self.check_cases = [("test", c) for c in tests]
         if job.options.mode != "test":
             self.check_cases += [("benchmark", c) for c in benchmarks]

@@ -84,9 +84,22 @@ def _reference_key(judge: Judge, case: str | None) -> str:
     o = judge.opts
     return "|".join(
         str(x)
-        for x in (judge.job.reference.sha256, judge.job.format, judge.device_name, o.timing, o.perf_trials,
-                  o.warmup_calls, o.warmup_s, o.min_runs, o.max_runs, o.max_rel_err, o.max_case_s, o.mode,
-                  o.exclusive, case)
+        for x in (
+            judge.job.reference.sha256,
+            judge.job.format,
+            judge.device_name,
+            o.timing,
+            o.perf_trials,
+            o.warmup_calls,
+            o.warmup_s,
+            o.min_runs,
+            o.max_runs,
+            o.max_rel_err,
+            o.max_case_s,
+            o.mode,
+            o.exclusive,
+            case,
+        )
     )
 
 
@@ -213,21 +226,29 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             left = target - len(samples) if (fmt == "kernelbench" and o.timing != "converge") else k
             order = list(range(min(k, max(1, left))))
             c0, t0 = cpu_seconds(judge.proc.pid), time.perf_counter()
-            body, outs = judge.ask("round", {"order": order, "method": method_name(judge.device, "timed"), "keep": True}, inputs=mine)
+            body, outs = judge.ask(
+                "round", {"order": order, "method": method_name(judge.device, "timed"), "keep": True}, inputs=mine
+            )
             bound += time.perf_counter() - t0
             cpu_bound += cpu_seconds(judge.proc.pid) - c0
             rounds += 1
             got = [float(s) for s in body.get("samples", [])]
             if len(got) != len(order) or len(outs) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
                 result.fail("rejected", "rejected", "")
-                result.metadata["rejected"] = {"protocol": "the candidate's process answered a timed round with the wrong number of samples or outputs"}
+                result.metadata["rejected"] = {
+                    "protocol": "the candidate's process answered a timed round with the wrong number of samples or outputs"
+                }
                 break
             samples += got
             picks = range(len(order)) if strict else rng.sample(range(len(order)), min(2, len(order)))
             for i in picks:
                 ok, issue = _recheck(judge, pristine[order[i]], outs[i])
                 if not ok:
-                    result.fail("incorrect", "correctness_issue", f"a timed call's output was wrong (call {len(samples) - len(order) + i + 1}{f', case {name}' if name else ''}): {issue}")
+                    result.fail(
+                        "incorrect",
+                        "correctness_issue",
+                        f"a timed call's output was wrong (call {len(samples) - len(order) + i + 1}{f', case {name}' if name else ''}): {issue}",
+                    )
                     break
             del outs
             if result.verdict is not None:
@@ -256,17 +277,27 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 f"{name or 'forward'}: the candidate's process reported {st.mean:.3f} us a call; from outside it "
                 f"took at least {honest_us:.3f} us a call: the outside figure is used"
             )
-            part.stats = SampleStats(mean=round(honest_us, 4), std=0.0, min=round(honest_us, 4), max=round(honest_us, 4), num_trials=len(samples))
+            part.stats = SampleStats(
+                mean=round(honest_us, 4),
+                std=0.0,
+                min=round(honest_us, 4),
+                max=round(honest_us, 4),
+                num_trials=len(samples),
+            )
             part.method = f"outside-bound (the {label} figure was below it)"
         result.metadata["input_sets"] = str(k)
         result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
         result.metadata["timed_rounds"] = str(rounds)
         if o.timing == "converge" or fmt == "gpumode":
-            result.metadata["converged"] = str(st.mean > 0 and st.err / st.mean <= (0.001 if o.timing == "converge" else o.max_rel_err))
+            result.metadata["converged"] = str(
+                st.mean > 0 and st.err / st.mean <= (0.001 if o.timing == "converge" else o.max_rel_err)
+            )
     return part, cached
 
 
-def _reference(judge: Judge, case: dict[str, Any] | None, name: str | None, pristine: Any, region: _Region) -> tuple[ReferenceTime | None, bool]:
+def _reference(
+    judge: Judge, case: dict[str, Any] | None, name: str | None, pristine: Any, region: _Region
+) -> tuple[ReferenceTime | None, bool]:
     """The reference's time on this case: measured here, in the same region, unless this judge
     measured it before with the same settings on the same GPU model."""
     o = judge.opts
@@ -297,9 +328,17 @@ def _dummy_key(judge: Judge) -> Any:
     from ..outcomes import ReferenceKey
 
     o = judge.opts
-    return ReferenceKey(reference=judge.job.reference.sha256, format=judge.job.format, device=judge.device_name,
-                        timing=o.timing, settings=[], seed=0, benchmarks=judge.job.benchmarks, mode=o.mode,
-                        exclusive=o.exclusive)
+    return ReferenceKey(
+        reference=judge.job.reference.sha256,
+        format=judge.job.format,
+        device=judge.device_name,
+        timing=o.timing,
+        settings=[],
+        seed=0,
+        benchmarks=judge.job.benchmarks,
+        mode=o.mode,
+        exclusive=o.exclusive,
+    )
 
 
 class _Region:

@@ -133,7 +133,9 @@ class Judge:
 
     # -- talking to the candidate ----------------------------------------------------------------
 
-    def ask(self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None) -> tuple[dict[str, Any], list[Any]]:
+    def ask(
+        self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None
+    ) -> tuple[dict[str, Any], list[Any]]:
         """Send, and read the answer: (its body, its outputs as the judge's own copies)."""
         assert self.proc is not None
         try:
@@ -166,7 +168,9 @@ class Judge:
             sig = signal.Signals(os.WTERMSIG(status)).name
             return CandidateFailed("crashed", "worker_died", f"the candidate's process died of {sig}")
         if status is not None:
-            return CandidateFailed("crashed", "worker_died", f"the candidate's process exited ({os.WEXITSTATUS(status)})")
+            return CandidateFailed(
+                "crashed", "worker_died", f"the candidate's process exited ({os.WEXITSTATUS(status)})"
+            )
         return CandidateFailed("crashed", "worker_died", f"the candidate's process stopped answering ({why})")
 
     def _raised(self, body: dict[str, Any]) -> CandidateFailed:
@@ -177,8 +181,10 @@ class Judge:
             return CandidateFailed("crashed", "cuda_error", f"{body['sticky']} (a sticky CUDA error)")
         if body.get("oom") or any(s in text.lower() for s in _OOM):
             return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
-        if kind == "OSError" and "File too large" in message or f"[Errno {errno.EFBIG}]" in message:
-            return CandidateFailed("rejected", "output_limit", f"the candidate wrote more than its output limit ({text})")
+        if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
+            return CandidateFailed(
+                "rejected", "output_limit", f"the candidate wrote more than its output limit ({text})"
+            )
         if self.phase == "load" and (
             kind in ("SyntaxError", "ImportError", "ModuleNotFoundError", "LookupError", "IndentationError")
             or "error building extension" in text.lower()
@@ -227,8 +233,10 @@ class Judge:
             "memory_limit_mb": self.opts.memory_limit_mb,
         }
         try:
+            t_load = time.perf_counter()
             self.ask("load", body, init_shared)
             result.compiled = True
+            result.seconds = round(time.perf_counter() - t_load, 6)
         except CandidateFailed as exc:
             result.fail(exc.verdict, exc.key, exc.message)
             result.compiled = exc.key != "compilation_error"
@@ -294,7 +302,9 @@ class Judge:
         body, outs = self.ask("call", {"args": tree}, shared, inputs=mine)
         return args, outs, body
 
-    def check_one(self, kind: str, case: dict[str, Any] | None, first: bool = False) -> tuple[bool, str, dict[str, str], Any]:
+    def check_one(
+        self, kind: str, case: dict[str, Any] | None, first: bool = False
+    ) -> tuple[bool, str, dict[str, str], Any]:
         assert self.problem is not None
         data, pristine, expected, written = self.first if first else self._trial_data(case)
         shared_data, outs, body = self._call(data)
@@ -308,7 +318,12 @@ class Judge:
         if self.problem.checker is not None:
             ok, issue = self.problem.checker(clone(pristine), out)
             self.last_cmp = None
-            return ok and not rejected, issue or ("" if ok else "the reference's check_implementation failed"), rejected, shared_data
+            return (
+                ok and not rejected,
+                issue or ("" if ok else "the reference's check_implementation failed"),
+                rejected,
+                shared_data,
+            )
         exp = list(arrays(expected)) if not _scalar(expected) else []
         got = list(arrays(out)) if out is not None else []
         if not exp:
@@ -336,7 +351,9 @@ class Judge:
                 ok, issue, rejected, shared_data = self.check_one(kind, case, first=i == 0)
                 last_case = case
                 if self.problem.format == "gpumode" and case is not None:
-                    results.append(CaseResult(spec=self.problem.case_name(case) or "", kind=kind, passed=ok, message=issue or None))
+                    results.append(
+                        CaseResult(spec=self.problem.case_name(case) or "", kind=kind, passed=ok, message=issue or None)
+                    )
                 self._absorb_cmp(outcome)
                 if rejected:
                     outcome.rejected = rejected
@@ -436,6 +453,7 @@ def _scalar(x: Any) -> bool:
 
 def _own(value: Any) -> Any:
     """The judge's own copy of an output it received (the candidate's memory is let go)."""
+
     def copy(x: Any) -> Any:
         return x.clone() if hasattr(x, "clone") else x.copy()
 
@@ -500,7 +518,11 @@ def _collect_output(judge: Judge, last: PhaseResult) -> None:
         return
     last.output_bytes = size
     if size > judge.opts.output_limit_mb << 20 and last.verdict in (None, "runtime_error", "incorrect"):
-        last.fail("rejected", "output_limit", f"the candidate wrote {size} bytes to stdout/stderr: its limit is {judge.opts.output_limit_mb} MiB")
+        last.fail(
+            "rejected",
+            "output_limit",
+            f"the candidate wrote {size} bytes to stdout/stderr: its limit is {judge.opts.output_limit_mb} MiB",
+        )
 
 
 __all__ += ["MissingDefinition", "mark", "trim_compiler_message"]

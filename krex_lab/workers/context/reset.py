@@ -438,7 +438,11 @@ class Baseline:
                 pass
         except ChildProcessError:
             pass
-        live = [p for p in tree(os.getpid())[1:] if proc_state(p) not in (None, "Z")]
+        from ..contain import kept, tree_without
+
+        # an evaluation judge's zygote and spare are kept on purpose (krex_lab.evaluate.judge.spares)
+        spared = {pid for pid, _ in kept()}
+        live = [p for p in tree_without(os.getpid(), spared)[1:] if proc_state(p) not in (None, "Z")]
         return [f"child processes left running: {live[:5]}"] if live else []
 
     def _grown(self, now: dict[str, int]) -> dict[str, int]:
