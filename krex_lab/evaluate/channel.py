@@ -35,7 +35,20 @@ __all__ = [
 
 #: the dtypes an array may have on either side (by name, torch's and numpy's alike)
 ALLOWED_DTYPES = frozenset(
-    ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool", "complex64", "complex128"]
+    [
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "complex64",
+        "complex128",
+    ]
 )
 _MAX_MESSAGE = 64 << 20
 _MAX_FDS = 256
@@ -185,10 +198,7 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
     lib = "torch" if _is_torch(x) else "numpy"
     dtype = _dtype_name(x)
     shape = [int(s) for s in x.shape]
-    if lib == "torch":
-        strides = [int(s) for s in x.stride()]
-    else:
-        strides = [int(s) // max(1, x.itemsize) for s in x.strides]
+    strides = [int(s) for s in x.stride()] if lib == "torch" else [int(s) // max(1, x.itemsize) for s in x.strides]
     start = _data_ptr(x) if inputs else 0
     for lo, hi, k in inputs or ():
         if lo <= start < hi:

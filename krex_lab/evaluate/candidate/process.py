@@ -67,6 +67,7 @@ class Candidate:
         self.set_arrays: list[Any] = []
         self.kept: Shared | None = None
         self.call: tuple[Any, list[Any]] = ((), [])
+        self.warm: list[Any] | None = None
         self.threads_before = set(threading.enumerate())
 
     # -- the messages ----------------------------------------------------------------------------
@@ -196,6 +197,9 @@ class Candidate:
         go back (``keep``) for the judge's re-check."""
         method = body["method"]
         timed = method != "warmup"
+        # the judge has read the last round's outputs: their memory goes back to the allocator
+        # now, so this round's calls reuse it instead of allocating inside their timed interval
+        self.kept = self.warm = None
         samples: list[float] = []
         outs: list[Any] = []
         if _cuda() and method != "host":
@@ -219,7 +223,9 @@ class Candidate:
                 _sync()
                 samples.append((time.perf_counter() - t0) * 1e6)
                 outs.append(out)
-        if not timed or not body.get("keep", True):
+        if not timed:  # held until the next round starts: its outputs then find cached memory
+            self.warm, outs = outs, []
+        elif not body.get("keep", True):
             outs = []
         self._reply_outputs("timed", outs, self.set_arrays, {"samples": samples if timed else []})
 

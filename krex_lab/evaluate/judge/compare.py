@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Comparison", "compare", "tolerances"]
+__all__ = ["Comparison", "compare", "same", "tolerances"]
 
 #: elements per chunk: the temporaries of one chunk stay a few hundred MiB
 _CHUNK = 1 << 25
@@ -169,3 +169,17 @@ def compare(actual: list[Any], expected: list[Any], atol: float, rtol: float) ->
         if out.rule:
             out.issue = "; ".join(problems)
     return out
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bitwise the same values (NaN equal to NaN), compared where the arrays are (no host copy)."""
+    import torch
+
+    x, y = _torch(a), _torch(b)
+    if tuple(x.shape) != tuple(y.shape) or x.dtype != y.dtype:
+        return False
+    if x.device != y.device:
+        y = y.to(x.device)
+    if x.is_floating_point() or x.is_complex():
+        return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
+    return bool(torch.equal(x, y))

@@ -33,8 +33,8 @@ from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_array
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
-from ..tensors import arrays, clone, identical, synchronize
-from .compare import compare, tolerances
+from ..tensors import arrays, clone, synchronize
+from .compare import compare, same, tolerances
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, spares_for
 
@@ -245,7 +245,7 @@ class Judge:
     def _calibrate(self) -> None:
         """The harness's own cost on this spare, before any candidate code is in it: rounds of a
         no-op that returns an array like the expected output, of 1 call and of as many calls as a
-        round may have, the best of three each (the first rounds of a fresh process are slow)."""
+        round may have, the best of two each (the first rounds of a fresh process are slow)."""
         from .rounds import MAX_SETS, method_name
 
         assert self.proc is not None and self.problem is not None
@@ -254,7 +254,7 @@ class Judge:
 
         best: dict[int, float] = {}
         cpu: dict[int, float] = {}
-        for calls in (1, MAX_SETS, 1, MAX_SETS, 1, MAX_SETS):
+        for calls in (1, MAX_SETS, 1, MAX_SETS):
             shared = Shared()
             if sample is not None:
                 shared.arrays.append(share_input(sample, shared)[0])
@@ -282,7 +282,7 @@ class Judge:
         ref_data = clone(pristine)
         expected = self.problem.reference(ref_data)
         synchronize()
-        written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not identical(a, b)}
+        written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not same(a, b)}
         return data, pristine, expected, written
 
     def _call(self, data: Any) -> tuple[Any, list[Any], dict[str, Any]]:
@@ -310,7 +310,7 @@ class Judge:
         shared_data, outs, body = self._call(data)
         out = outs[0] if outs else None
         rejected: dict[str, str] = {}
-        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(shared_data))) if not identical(a, b)}
+        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(shared_data))) if not same(a, b)}
         wrote = sorted(changed - written)
         if wrote:
             rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
@@ -445,6 +445,12 @@ class Judge:
             }
         self.proc.end()
         self.proc = None
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            # the candidate's memory this judge mapped (CUDA IPC) goes back with it
+            with contextlib.suppress(Exception):
+                torch.cuda.ipc_collect()
+                torch.cuda.empty_cache()
 
 
 def _scalar(x: Any) -> bool:
