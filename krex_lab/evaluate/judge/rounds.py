@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["method_name", "timing"]
 
 #: memory the input sets (and their pristine copies) of one case may take
-_BUDGET = {"cuda": 4 << 30, "cpu": 256 << 20}
+#: (a GPU is shared by all its workers' judges: 16 of them must fit beside their candidates)
+_BUDGET = {"cuda": 512 << 20, "cpu": 256 << 20}
 #: reference times measured in this judge, by problem and settings
 _REFERENCE_TIMES: dict[str, ReferenceEntry] = {}
 #: input sets of a case at most (a round's calls)
@@ -342,7 +343,7 @@ def _reference(
         return entry.parts.get(str(name)), True
     assert judge.problem is not None
     ref = judge.problem.reference
-    sets = [judge.problem.args(clone(p)) for p in pristine]
+    sets = [judge.problem.args(p) for p in pristine]  # the case's last use of them
     label, samples = _time_rotating(judge, ref, sets)
     part = ReferenceTime(method=label, stats=stats(samples), region=None)
     _REFERENCE_TIMES[key] = ReferenceEntry(

@@ -213,9 +213,15 @@ class Judge:
             result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
             return result
         t0 = time.perf_counter()
-        self.proc = spares_for(self.device).take()
-        result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
-        self._calibrate()
+        try:
+            self.proc = spares_for(self.device).take()
+            result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
+            self._calibrate()
+        except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
+            # before any candidate code ran: the evaluation's failure, not the candidate's
+            message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
+            result.fail("error", "evaluation_error", f"no candidate process could be made ready: {message}")
+            return result
         init_shared = Shared()
         init = encode_tree(self.problem.init_tree(), init_shared)
         body = {

@@ -165,7 +165,15 @@ class Spares:
         contain.keep(contain.ident(pid))
 
     def take(self, timeout: float = 300.0) -> CandidateProc:
-        """The spare, once its context is made; the next one is forked at once."""
+        """The spare, once its context is made; the next one is forked at once. A spare that died
+        before it was ready (its context could not be made) is replaced once."""
+        try:
+            return self._take(timeout)
+        except (ChannelError, OSError):
+            self.spare = None
+            return self._take(timeout)
+
+    def _take(self, timeout: float) -> CandidateProc:
         if self.spare is None:
             self.fork_spare()
         assert self.spare is not None
