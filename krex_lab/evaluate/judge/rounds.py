@@ -69,6 +69,11 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def budget(device: str) -> int:
+    """Bytes a case's input sets and outputs may take on ``device``."""
+    return _BUDGET.get(device, _BUDGET["cpu"])
+
+
 def method_name(device: str, what: str) -> str:
     """What the candidate process times with: an event pair on a GPU, else the host clock."""
     if what == "warmup":
@@ -207,7 +212,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     target = _target_calls(o, fmt)
     sample_data = judge.problem.make(case, judge.seed())
     per_set = 2 * max(1, nbytes(sample_data)) + max(1, nbytes(judge.problem.reference(clone(sample_data))))
-    k = max(1, min(target, _BUDGET.get(judge.device, _BUDGET["cpu"]) // per_set, MAX_SETS))
+    k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
     sets, pristine, shared, mine = _make_sets(judge, case, k)
     del sample_data
     trees = shared.keep[-1]

@@ -258,9 +258,13 @@ class Judge:
         sample = next(iter(arrays(self.first[2])), None)
         from .rounds import cpu_seconds
 
+        from .rounds import budget
+
+        # as many calls as a round of this problem will have (each output is kept to the round's end)
+        many = max(2, min(MAX_SETS, budget(self.device) // max(1, 3 * int(getattr(sample, "nbytes", 1)))))
         best: dict[int, float] = {}
         cpu: dict[int, float] = {}
-        for calls in (1, MAX_SETS, 1, MAX_SETS):
+        for calls in (1, many, 1, many):
             shared = Shared()
             if sample is not None:
                 shared.arrays.append(share_input(sample, shared)[0])
@@ -268,8 +272,8 @@ class Judge:
             self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
             best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
             cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
-        per_call = max(0.0, (best[MAX_SETS] - best[1]) / (MAX_SETS - 1))
-        cpu_call = max(0.0, (cpu[MAX_SETS] - cpu[1]) / (MAX_SETS - 1))
+        per_call = max(0.0, (best[many] - best[1]) / (many - 1))
+        cpu_call = max(0.0, (cpu[many] - cpu[1]) / (many - 1))
         self.proc.calibration = {
             "per_call_s": per_call,
             "per_round_s": max(0.0, best[1] - per_call),
