@@ -1,0 +1,1 @@
+"""The judge side of the evaluator: code that decides a verdict and never runs candidate code."""
