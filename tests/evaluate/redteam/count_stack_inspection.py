@@ -1,6 +1,6 @@
-"""Tells a timed call from a checked one by its callers: when a frame up the stack looks like a
-timing loop (a function or file named for timing, benchmarking or warm-up), the answer is zeros;
-otherwise it is right."""
+"""Tells a timed call from a checked one by its callers: the nearest caller named for checking
+(check, trial, verify, correct) means an honest answer; the nearest named for timing (time,
+bench, warm-up, perf) means zeros."""
 
 import sys
 
@@ -8,14 +8,17 @@ import torch
 from torch import nn
 
 CHEAT = True
-TIMING_WORDS = ("time", "timing", "bench", "warm", "perf", "elapsed", "sample", "round")
+TIMING_WORDS = ("time", "bench", "warm", "perf", "elapsed")
+CHECK_WORDS = ("check", "trial", "verify", "correct")
 
 
 def _being_timed() -> bool:
     frame = sys._getframe(2)
     while frame is not None:
-        where = (frame.f_code.co_name + " " + frame.f_code.co_filename).lower()
-        if any(word in where for word in TIMING_WORDS) and "check" not in where:
+        name = frame.f_code.co_name.lower()
+        if any(word in name for word in CHECK_WORDS):
+            return False
+        if any(word in name for word in TIMING_WORDS):
             return True
         frame = frame.f_back
     return False
