@@ -1,0 +1,9 @@
+"""The plain honest candidate."""
+
+import torch
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(torch.mm(a, b)) * 1e-5
