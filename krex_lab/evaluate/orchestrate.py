@@ -188,6 +188,17 @@ def _summary(ev: Evaluation) -> str:
     return line + f" [{ev.timing_method}, {clock}, {ev.device}]"
 
 
+def _flags(ev: Evaluation) -> list[str]:
+    meta = ev.metadata
+    out = [f"static:{k.split('@')[0]}" for k in meta.get("static_flags", {})]
+    if "timing_bound" in meta:
+        out.append("timing_bound")
+    if "correctness_rule" in meta:
+        out.append(f"correctness_rule:{meta['correctness_rule']}")
+    out += [f"rejected:{k}" for k in meta.get("rejected", {})]
+    return sorted(set(out))
+
+
 def _geomean(values: list[float]) -> float:
     good = [v for v in values if v and v > 0]
     return math.exp(sum(math.log(v) for v in good) / len(good)) if good else -1.0
@@ -259,6 +270,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
             ev.metadata["worker_output"] = "\n".join(watch.stray)[-4096:]
         ev.wall_s = round(time.perf_counter() - t0, 6)
         ev.phases["total"] = round(sum(ev.phases.get(k, 0.0) for k in ("load", "check", "time")), 6)
+        ev.flags = _flags(ev)
         ev.summary = _summary(ev)
     return ev
 
@@ -297,7 +309,7 @@ def _absorb(ev: Evaluation, phase: PhaseResult) -> None:
 
 def _candidate_output(job: Job, ev: Evaluation) -> str | None:
     """What the candidate printed (head and tail), read where its phases wrote it; then removed."""
-    from .guards import read_output
+    from .output import read_output
 
     path = os.path.join(job.build_root, job.candidate.sha256[:32], f"output-{job.id}.txt")
     if not os.path.exists(path):

@@ -171,6 +171,10 @@ class Evaluation(msgspec.Struct, kw_only=True):
     candidate_hash: str | None = None
     worker_pid: int | None = None
     warnings: list[str] = []
+    #: what the judge noticed beside the verdict, by name: the static pre-check's rules
+    #: (``static:<rule>``), ``timing_bound`` (an in-process time below the judge's bound),
+    #: ``correctness_rule:<rule>`` (a constant, zero or NaN output), ``processes_left``
+    flags: list[str] = []
     #: what the candidate wrote to stdout/stderr (head and tail; ``metadata["output_bytes"]`` counts it all)
     output: str | None = None
 

@@ -150,8 +150,6 @@ class Candidate:
                 raise LookupError("the candidate defines no 'custom_kernel' (GPU MODE: a submission needs it)")
             kernel = module.custom_kernel
             self.fn = kernel
-        # compilers may write large files; past the load, only the candidate's output limit stands
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(body["output_limit"]), resource.RLIM_INFINITY))
         self.chan.send("loaded", {})
 
     def _limits(self, body: dict[str, Any]) -> None:

@@ -214,9 +214,15 @@ class Judge:
             return result
         t0 = time.perf_counter()
         try:
-            self.proc = spares_for(self.device).take()
+            try:
+                self.proc = spares_for(self.device).take()
+                self._calibrate()
+            except (CandidateFailed, ChannelError, OSError):  # a spare killed while it waited: once more
+                if self.proc is not None:
+                    self.proc.end()
+                self.proc = spares_for(self.device).take()
+                self._calibrate()
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
-            self._calibrate()
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -234,7 +240,6 @@ class Judge:
             "init": init,
             "init_seed": self.opts.init_seed,
             "output_path": self.output_path,
-            "output_limit": self.opts.output_limit_mb << 20,
             "load_file_limit": max(LOAD_FILE_LIMIT, self.opts.output_limit_mb << 20),
             "memory_limit_mb": self.opts.memory_limit_mb,
         }
@@ -507,6 +512,7 @@ def run(job: Job, reference_cache: str | None) -> PhaseResults:
     judge = Judge(job)
     last: PhaseResult
     loaded = judge.load()
+    _static_flags(job, loaded)
     out = PhaseResults(load=loaded)
     last = loaded
     try:
@@ -523,6 +529,17 @@ def run(job: Job, reference_cache: str | None) -> PhaseResults:
         _collect_output(judge, last)
     mark("done", nonce)
     return out
+
+
+def _static_flags(job: Job, loaded: LoadResult) -> None:
+    """The static pre-check's advisory flags (a second layer: they never decide a verdict)."""
+    from .static_rules import scan
+
+    flags = scan(job.candidate.text, filename=_filename(job.candidate, "candidate"))
+    if flags:
+        loaded.metadata["static_flags"] = {
+            f"{f.rule}" + (f"@{f.line}" if f.line else ""): f"{f.origin}: {f.message}" for f in flags[:20]
+        }
 
 
 def _collect_output(judge: Judge, last: PhaseResult) -> None:

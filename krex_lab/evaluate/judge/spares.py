@@ -64,18 +64,17 @@ class CandidateProc:
         """Kill it and everything it started (deepest first), daemons that left its tree included."""
         with _quiet():
             self.chan.sock.close()
-        for _ in range(50):
-            pids = [p for p in tree(self.pid) if proc_state(p) not in (None, "Z")]
-            pids += [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
-            pids = [p for p in pids if proc_state(p) not in (None, "Z")]
-            if not pids:
-                break
+        for _ in range(200):
+            strays = [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+            pids = [p for p in tree(self.pid) + strays if proc_state(p) not in (None, "Z")]
             for p in reversed(pids):
                 with _quiet():
                     os.kill(p, signal.SIGKILL)
             with _quiet():
                 os.killpg(self.pid, signal.SIGKILL)
             contain.reap_any_except(self.zygote.popen_pids())
+            if not pids and not any(proc_state(p) == "Z" for p in strays) and proc_state(self.pid) is None:
+                break
             time.sleep(0.002)
         self.zygote.forget(self.pid)
 
@@ -102,8 +101,9 @@ class Spares:
     def __init__(self, device: str) -> None:
         self.device = device
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # -S: no sitecustomize/usercustomize (see krex_lab.workers.pool.spawn.import_path)
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "krex_lab.evaluate.candidate.zygote", str(theirs.fileno()), device],
+            [sys.executable, "-S", "-m", "krex_lab.evaluate.candidate.zygote", str(theirs.fileno()), device],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -217,8 +217,10 @@ class Spares:
 
 
 def _clean_env() -> dict[str, str]:
-    """The zygote's environment: the worker's, less what only the worker may know."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("KREX_JUDGE")}
+    """The zygote's environment: the worker's, with this process's import path."""
+    from ...workers.pool.spawn import import_path
+
+    return {**os.environ, "PYTHONPATH": import_path()}
 
 
 _SPARES: dict[str, Spares] = {}

@@ -85,4 +85,16 @@ def worker_launch(
         arbiter_pid=arbiter_pid,
         name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})",
     )
-    return [python or sys.executable, "-u", "-m", WORKER_MODULE], env, init
+    if python:
+        return [python, "-u", "-m", WORKER_MODULE], env, init
+    # The pool's own interpreter without the site module (-S): no sitecustomize/usercustomize, which
+    # any process of this user (a candidate being evaluated, say) could plant to patch the next
+    # worker, and with it the judge of later evaluations. The pool's import path travels instead.
+    env["PYTHONPATH"] = import_path()
+    return [sys.executable, "-S", "-u", "-m", WORKER_MODULE], env, init
+
+
+def import_path() -> str:
+    """This process's import path, for a child started without the site module."""
+    here = os.getcwd()
+    return os.pathsep.join(p for p in sys.path if p and p != here)
