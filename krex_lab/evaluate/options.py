@@ -40,7 +40,7 @@ class EvaluateArgs(TypedDict, total=False):
     timeouts: Mapping[str, float] | None
 
 
-#: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <worker pid>``
+#: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <judge pid> <nonce> [candidate pid]``
 MARKER = "@krex-evaluate-phase@"
 
 #: seconds per phase: compiling CUDA with load_inline takes a minute or more

@@ -92,6 +92,7 @@ class _Watch:
         self.seen: list[str] = []
         self.partial = ""
         self.killed = False
+        self.candidate: int | None = None
 
     def output(self, stream: str, text: str) -> None:
         if stream == "stdout":  # a marker line may come in two pieces
@@ -100,21 +101,33 @@ class _Watch:
                 text, _, self.partial = text.rpartition("\n")
         for line in text.split("\n"):  # not splitlines(): it splits on control characters too
             parts = line.split(" ")
-            if stream == "stdout" and len(parts) == 4 and parts[0] == self.marker and parts[3] == self.nonce:
-                _, phase, pid, _nonce = parts
+            if stream == "stdout" and len(parts) in (4, 5) and parts[0] == self.marker and parts[3] == self.nonce:
+                phase, pid = parts[1], int(parts[2])
                 self._tick()
-                self.phase, self.pid, self.used = phase, int(pid), 0.0
-                self.seen.append(phase)
+                if phase != self.phase:
+                    self.used = 0.0
+                    self.seen.append(phase)
+                self.phase, self.pid = phase, pid
+                if len(parts) == 5:  # the candidate's process, once the judge has one
+                    self.candidate = int(parts[4])
             elif self.size < _STRAY_OUTPUT:
                 self.stray.append(line[: _STRAY_OUTPUT - self.size])
                 self.size += len(line)
 
-    def _stopped(self) -> bool:
+    @staticmethod
+    def _state(pid: int | None) -> str | None:
         try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
+            return None
+
+    def _stopped(self) -> bool:
+        """The judge is stopped, and so is its candidate: a region's freeze stops the whole tree. A
+        candidate that runs on while its judge is stopped (it stopped the judge itself) is timed."""
+        if self._state(self.pid) not in ("T", "t"):
             return False
+        return self.candidate is None or self._state(self.candidate) in ("T", "t", None)
 
     def _tick(self) -> None:
         now = time.monotonic()

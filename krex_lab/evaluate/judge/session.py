@@ -62,13 +62,16 @@ def _nondumpable() -> None:
         ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
-def mark(phase: str, nonce: str) -> None:
+def mark(phase: str, nonce: str, candidate: int | None = None) -> None:
+    """Say on the job's stdout that ``phase`` begins (the client's clock for its limit starts),
+    and which process runs the candidate (the client counts its time while the judge is stopped)."""
     from ..options import MARKER
 
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os.write(1, f"{MARKER} {phase} {os.getpid()} {nonce}\n".encode())
+    tail = f" {candidate}" if candidate else ""
+    os.write(1, f"{MARKER} {phase} {os.getpid()} {nonce}{tail}\n".encode())
 
 
 def _filename(src: ProgramSource, what: str) -> str:
@@ -216,11 +219,13 @@ class Judge:
         try:
             try:
                 self.proc = spares_for(self.device).take()
+                mark("load", self.job.nonce, self.proc.pid)
                 self._calibrate()
             except (CandidateFailed, ChannelError, OSError):  # a spare killed while it waited: once more
                 if self.proc is not None:
                     self.proc.end()
                 self.proc = spares_for(self.device).take()
+                mark("load", self.job.nonce, self.proc.pid)
                 self._calibrate()
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
@@ -517,10 +522,10 @@ def run(job: Job, reference_cache: str | None) -> PhaseResults:
     last = loaded
     try:
         if loaded.verdict is None:
-            mark("check", nonce)
+            mark("check", nonce, judge.proc.pid if judge.proc else None)
             out.check = last = judge.check()
             if out.check.verdict is None and job.options.measure:
-                mark("time", nonce)
+                mark("time", nonce, judge.proc.pid if judge.proc else None)
                 from .rounds import timing
 
                 out.time = last = timing(judge, reference_cache)
