@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	# torch: a build already there (a CUDA one) is kept; none, a CPU build (.ci/install_torch.py)
+	$(BIN)/python .ci/install_torch.py
 	$(BIN)/python -m pip install -q -e '.[test]'
 	rm -f $(VENV)/.installed-* && touch $@
 

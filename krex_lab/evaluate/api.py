@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .options import Cases
+from .progress import Progress
 from .result import Evaluation
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ def evaluate(
     rtol: float | None = None,
     seed: int | None = None,
     strict: bool = False,
+    max_case_s: float | None = None,
     retime_reference: bool = False,
     time_reference: bool = True,
     timeouts: Mapping[str, float] | None = None,
@@ -41,14 +43,19 @@ def evaluate(
     output_limit_mb: int | None = None,
     exclusive: bool = True,
     pool: PoolClient | None = None,
+    progress: Progress | None = None,
 ) -> Evaluation:
     """Compile, check and time ``candidate`` against ``reference`` on a warm context worker.
 
-    ``reference`` and ``candidate`` are file paths or source text. ``format``: ``auto`` (told by
+    ``reference`` and ``candidate`` are file paths or source text; the reference may also be a
+    published GPU MODE problem: its directory, or a file beside its ``task.yml`` (its files laid
+    out beside the submission, its cases, its time limit per mode). ``format``: ``auto`` (told by
     the names the files define), ``kernelbench`` or ``gpumode``. ``gpu``: the GPU (default: the
     pool picks). ``timing``: ``format`` (the format's own method) or ``bench``
-    (:func:`krex_lab.bench`'s); ``measure=False`` checks only. ``trials``: correctness trials
-    (KernelBench: 5); ``perf_trials``: KernelBench's timed calls (100). GPU MODE: ``mode``
+    (:func:`krex_lab.bench`'s) or ``converge`` (GPU MODE's, until the mean's relative standard
+    error is 0.1 % or ``max_case_s`` seconds pass per case); ``measure=False`` checks only.
+    ``trials``: correctness trials (KernelBench: 5); ``perf_trials``: KernelBench's timed calls
+    (100). ``max_case_s``: GPU MODE's timing seconds per case at most (10). GPU MODE: ``mode``
     (``test``, ``benchmark``, ``leaderboard``), ``tests`` / ``benchmarks`` (a file of
     ``key: value; key: value`` lines, that text, or a list of dicts or lines; default: the
     reference's ``TESTS`` / ``BENCHMARKS``, else ``tests.txt`` / ``benchmarks.txt`` beside it).
@@ -59,14 +66,17 @@ def evaluate(
     (``load``, ``check``, ``time``). ``memory_limit_mb``: host memory the candidate may add;
     ``output_limit_mb``: what it may print per phase. ``exclusive=False`` times without a
     region (the result says so). ``pool``: a :class:`~krex_lab.workers.client.PoolClient`
-    (default: this user's, started on demand).
+    (default: this user's, started on demand). ``progress``: called with ``(phase, detail)`` as
+    the evaluation moves (``queued``, ``load``, ``check``, ``time``, ``done``; :mod:`.progress`).
 
     Returns an :class:`Evaluation` whatever the candidate does (compile error, crash, hang,
     cheat: each is a verdict). Raises only for a bad call: a missing file, an unknown format or
     option, a reference that is not of the format (ValueError, FileNotFoundError), or no pool
     (:class:`~krex_lab.errors.PoolUnavailable`).
     """
-    from .orchestrate import build_job, run_job
+    from .job import build_job
+    from .orchestrate import run_job
+    from .progress import phase_started, reporting
 
     job = build_job(
         reference,
@@ -83,6 +93,7 @@ def evaluate(
         rtol=rtol,
         seed=seed,
         strict=strict,
+        max_case_s=max_case_s,
         retime_reference=retime_reference,
         time_reference=time_reference,
         timeouts=timeouts,
@@ -90,4 +101,8 @@ def evaluate(
         output_limit_mb=output_limit_mb,
         exclusive=exclusive,
     )
-    return run_job(job, gpu=gpu, pool=pool)
+    with reporting(progress):
+        phase_started("queued", job.task.path if job.task is not None else job.reference.label)
+        ev = run_job(job, gpu=gpu, pool=pool)
+        phase_started("done", ev.summary)
+    return ev

@@ -37,7 +37,22 @@ if TYPE_CHECKING:
 __all__ = ["BatchRecord", "Pair", "parse_manifest", "run_batch"]
 
 #: what a JSON manifest line may set for its pair
-PAIR_OPTIONS = ("format", "gpu", "timing", "mode", "tests", "benchmarks", "trials", "perf_trials", "measure")
+PAIR_OPTIONS = (
+    "format",
+    "gpu",
+    "timing",
+    "mode",
+    "tests",
+    "benchmarks",
+    "trials",
+    "perf_trials",
+    "measure",
+    "seed",
+    "strict",
+    "atol",
+    "rtol",
+    "max_case_s",
+)
 
 #: GPU MODE cases on a manifest line: their text, or a list of lines or argument objects
 _ManifestCases = str | list[str | dict[str, Any]]
@@ -58,6 +73,11 @@ class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trials: int | UnsetType | None = UNSET
     perf_trials: int | UnsetType | None = UNSET
     measure: bool | UnsetType = UNSET
+    seed: int | UnsetType | None = UNSET
+    strict: bool | UnsetType = UNSET
+    atol: float | UnsetType | None = UNSET
+    rtol: float | UnsetType | None = UNSET
+    max_case_s: float | UnsetType | None = UNSET
 
     def options(self) -> EvaluateArgs:
         """The options the line sets (checked by type on decoding)."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .task import Task
 
 __all__ = ["MODES", "format_case", "load_cases", "parse_cases"]
 
@@ -56,27 +59,21 @@ def format_case(case: Mapping[str, Any]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in case.items())
 
 
-def load_cases(value: Any, beside: str | None, name: str) -> list[dict[str, Any]]:
+def load_cases(
+    value: Any, beside: str | None, name: str, task: Task | None = None, mode: str = "benchmark"
+) -> list[dict[str, Any]]:
     """Cases from a file, its text, a list of dicts or lines; None: ``<name>.txt`` beside the
-    reference, else its ``task.yml``'s list (where PyYAML is installed), else none (the worker
-    then reads the reference's ``TESTS`` / ``BENCHMARKS``). A case is ``generate_input``'s keyword
+    reference, else the problem's ``task.yml`` (``task``: its lists; in a timing mode, ranked by
+    ``last``, its last benchmark alone, as GPU MODE's runner runs them), else none (the worker then
+    reads the reference's ``TESTS`` / ``BENCHMARKS``). A case is ``generate_input``'s keyword
     arguments: a list's dicts and a ``task.yml``'s pass through as the user wrote them."""
     if value is None:
-        if beside is None:
-            return []
-        txt = Path(beside) / f"{name}.txt"
-        if txt.is_file():
+        txt = Path(beside) / f"{name}.txt" if beside is not None else None
+        if txt is not None and txt.is_file():
             return parse_cases(txt.read_text())
-        yml = Path(beside) / "task.yml"
-        if yml.is_file():
-            try:
-                import yaml
-
-                listed = (yaml.safe_load(yml.read_text()) or {}).get(name) or []
-                return [dict(c) for c in listed if isinstance(c, Mapping)]
-            except ImportError:
-                return []
-        return []
+        if task is None:
+            return []
+        return list(task.tests) if name == "tests" else task.timed_benchmarks(mode)
     if isinstance(value, (str, os.PathLike)):
         text = str(value)
         if isinstance(value, os.PathLike) or ("\n" not in text and ":" not in text):

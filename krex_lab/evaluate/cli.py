@@ -36,8 +36,33 @@ def _count(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid seed: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is >= 0, not {text!r}")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid tolerance: {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"a tolerance is >= 0, not {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("reference", nargs="?", help="the reference program (KernelBench Model, GPU MODE reference.py)")
+    p.add_argument(
+        "reference",
+        nargs="?",
+        help="the reference program (KernelBench Model, GPU MODE reference.py), or a GPU MODE problem's directory "
+        "(its task.yml)",
+    )
     p.add_argument("candidate", nargs="?", help="the candidate (KernelBench ModelNew, GPU MODE submission)")
     p.add_argument("--batch", metavar="MANIFEST", help="evaluate every pair of MANIFEST ('-': stdin); JSON lines out")
     p.add_argument("--jobs", "-j", type=_count, default=1, metavar="N", help="with --batch: N evaluations at once")
@@ -53,9 +78,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timing",
         default="format",
-        choices=["format", "bench"],
-        help="format: the format's own method (default); bench: krex_lab.bench's",
+        choices=["format", "bench", "converge"],
+        help="format: the format's own method (default); bench: krex_lab.bench's; converge: GPU MODE's until the "
+        "mean's relative standard error is 0.1 %% or --max-case-s",
     )
+    p.add_argument("--max-case-s", type=_positive, default=None, metavar="S", help="timing seconds per case at most")
+    p.add_argument("--strict", action="store_true", help="re-check the output of every timed call")
+    p.add_argument("--seed", type=_seed, default=None, help="the inputs' seed (default: a secret one, said in --json)")
+    p.add_argument("--atol", type=_tolerance, default=None, help="absolute tolerance (default: by the output's dtype)")
+    p.add_argument("--rtol", type=_tolerance, default=None, help="relative tolerance (default: by the output's dtype)")
     p.add_argument("--no-timing", dest="measure", action="store_false", help="compile and check only")
     p.add_argument("--trials", type=_count, default=None, help="correctness trials (KernelBench: 5)")
     p.add_argument("--perf-trials", type=_count, default=None, help="KernelBench's timed calls (100)")
@@ -94,7 +125,11 @@ def _options(args: argparse.Namespace) -> EvaluateArgs:
         "retime_reference": args.retime_reference,
         "time_reference": args.time_reference,
         "exclusive": args.exclusive,
+        "strict": args.strict,
     }
+    for name in ("seed", "atol", "rtol", "max_case_s"):  # given only: a batch line's own value stands
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)  # type: ignore[literal-required,unused-ignore]
     if timeouts:
         options["timeouts"] = timeouts
     return options

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_arguments", "build_server", "run"]
+__all__ = ["add_arguments", "build_server", "client_config", "run"]
 
 INSTRUCTIONS = (
     "KREX evaluates GPU kernels on shared GPUs, each timed with the GPU to itself. evaluate_kernel takes a "
@@ -31,6 +31,29 @@ INSTRUCTIONS = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="krex", help="the server's name, as clients list it")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the JSON an MCP client's configuration takes to start this server (absolute paths), and exit",
+    )
+
+
+def client_config(name: str = "krex") -> dict[str, Any]:
+    """An MCP client's ``mcpServers`` entry that starts this very installation's server: the
+    ``krex`` beside this Python (a virtualenv's ``bin/``), by its absolute path, else this Python
+    with ``-m krex_lab.cli``; ``KREX_RUNTIME_DIR`` where it is set (the lab to talk to)."""
+    python = os.path.abspath(sys.executable)  # not resolved: a virtualenv's python is a link out of it
+    krex = os.path.join(os.path.dirname(python), "krex")
+    if os.path.isfile(krex) and os.access(krex, os.X_OK):
+        entry: dict[str, Any] = {"command": krex, "args": ["mcp"]}
+    else:
+        entry = {"command": python, "args": ["-m", "krex_lab.cli", "mcp"]}
+    if name != "krex":
+        entry["args"] += ["--name", name]
+    runtime = os.environ.get("KREX_RUNTIME_DIR")
+    if runtime:
+        entry["env"] = {"KREX_RUNTIME_DIR": os.path.abspath(runtime)}
+    return {"mcpServers": {name: entry}}
 
 
 def _server_class() -> Any:
@@ -62,6 +85,11 @@ def build_server(name: str = "krex") -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.print_config:
+        import json
+
+        print(json.dumps(client_config(args.name), indent=2))
+        return 0
     server = build_server(args.name)
     protocol_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # anything written to fd 1 from now on goes to stderr, never into a message

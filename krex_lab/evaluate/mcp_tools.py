@@ -1,22 +1,36 @@
 """The tools ``krex mcp`` serves; :func:`krex_lab.evaluate.mcp_server.build_server` imports this
 module once the mcp SDK (which brings pydantic) is known to be there.
 
-The SDK reads a tool's output schema from its return annotation with pydantic, which cannot read a
-msgspec Struct: :class:`EvaluationOutput` is the pydantic model that stands for
-:class:`~krex_lab.evaluate.result.Evaluation`, with msgspec's own schema of it, so that
-``evaluate_kernel``'s output stays structured and described field by field.
+The SDK reads a tool's input schema from the signature (pydantic: each argument's type, range,
+enum and description) and its output schema from the return annotation, which cannot be a msgspec
+Struct: :class:`EvaluationOutput` is the pydantic model that stands for the compact verdict
+(:class:`~krex_lab.evaluate.compact.Compact`, the whole
+:class:`~krex_lab.evaluate.result.Evaluation` under ``evaluation`` on request), with msgspec's
+own schemas, so that ``evaluate_kernel``'s output stays structured and described field by field.
+
+``evaluate_kernel`` runs the evaluation in a thread of the server and reports its phases to the
+client as MCP progress notifications (when the client asked for them with a progress token).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import anyio
 import msgspec
 import pydantic
+from pydantic import Field
 from pydantic.json_schema import JsonSchemaValue
 
+from .compact import Compact, compact
+from .progress import PHASES
 from .result import Evaluation
+
+try:  # mcp 2
+    from mcp.server.mcpserver import Context
+except ImportError:  # mcp 1
+    from mcp.server.fastmcp import Context  # type: ignore[no-redef,attr-defined,unused-ignore]
 
 
 def _inlined(node: Any, defs: dict[str, JsonSchemaValue], seen: tuple[str, ...] = ()) -> Any:
@@ -35,67 +49,171 @@ def _inlined(node: Any, defs: dict[str, JsonSchemaValue], seen: tuple[str, ...] 
     return node
 
 
+def _schema_of(struct: Any) -> JsonSchemaValue:
+    schema = msgspec.json.schema(struct)
+    inlined: JsonSchemaValue = _inlined({"$ref": schema["$ref"]}, schema["$defs"])
+    return inlined
+
+
 class EvaluationOutput(pydantic.BaseModel):
-    """``evaluate_kernel``'s output: made from an :class:`Evaluation`'s JSON by the tool, read by
-    MCP clients. Its schema is msgspec's of :class:`Evaluation`; its fields pass as they are."""
+    """``evaluate_kernel``'s output: the compact verdict (:class:`~.compact.Compact`), with the
+    whole :class:`Evaluation` under ``evaluation`` on request. Its schema is msgspec's of both,
+    field by field; its fields pass as they are."""
 
     model_config = pydantic.ConfigDict(extra="allow")
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> JsonSchemaValue:
-        schema = msgspec.json.schema(Evaluation)
-        inlined: JsonSchemaValue = _inlined({"$ref": schema["$ref"]}, schema["$defs"])
-        return inlined
+        schema = _schema_of(Compact)
+        schema["properties"]["evaluation"] = {
+            "anyOf": [_schema_of(Evaluation), {"type": "null"}],
+            "description": 'the whole result (detail: "full")',
+        }
+        return schema
 
     @classmethod
-    def of(cls, evaluation: Evaluation) -> EvaluationOutput:
-        return cls.model_validate_json(evaluation.to_json())
+    def of(cls, evaluation: Evaluation, full: bool = False) -> EvaluationOutput:
+        return cls.model_validate_json(msgspec.json.encode(compact(evaluation, full=full)))
 
 
-def evaluate_kernel(
-    reference: str,
-    candidate: str,
-    format: str = "auto",
-    gpu: int | None = None,
-    timing: str = "format",
-    measure: bool = True,
-    trials: int | None = None,
-    mode: str = "benchmark",
-    tests: str | None = None,
-    benchmarks: str | None = None,
+_STEPS = {phase: n for n, phase in enumerate(PHASES)}
+
+_DEFAULT_LIMIT = "; default: a GPU MODE task's limit for the mode, else "
+LoadTimeout = Annotated[
+    float | None, Field(gt=0, description="seconds the load phase (compile, import) may take" + _DEFAULT_LIMIT + "600")
+]
+CheckTimeout = Annotated[
+    float | None,
+    Field(gt=0, description="seconds the check phase (correctness trials) may take" + _DEFAULT_LIMIT + "300"),
+]
+TimeTimeout = Annotated[
+    float | None, Field(gt=0, description="seconds the time phase (warm-up, timing) may take" + _DEFAULT_LIMIT + "300")
+]
+
+
+async def evaluate_kernel(
+    reference: Annotated[
+        str,
+        Field(
+            description="the reference: a file path, its source text, or a published GPU MODE problem "
+            "(its directory, or a file beside its task.yml)"
+        ),
+    ],
+    candidate: Annotated[
+        str, Field(description="the candidate (ModelNew, or custom_kernel): a file path or its source")
+    ],
+    format: Annotated[
+        Literal["auto", "kernelbench", "gpumode"], Field(description="auto: told by the names the files define")
+    ] = "auto",
+    detail: Annotated[
+        Literal["compact", "full"],
+        Field(
+            description='compact: the verdict and its reasons (under 1 KB); full: also the whole result ("evaluation")'
+        ),
+    ] = "compact",
+    gpu: Annotated[int | None, Field(ge=0, description="the GPU's index; default: the pool picks")] = None,
+    timing: Annotated[
+        Literal["format", "bench", "converge"],
+        Field(
+            description="format: the format's own method; bench: krex_lab.bench's (held stream, L2 flush); "
+            "converge: GPU MODE's until the mean's relative standard error is 0.1 % or max_case_s"
+        ),
+    ] = "format",
+    measure: Annotated[bool, Field(description="false: compile and check only, no timing")] = True,
+    trials: Annotated[int | None, Field(ge=1, description="correctness trials (KernelBench: 5)")] = None,
+    perf_trials: Annotated[int | None, Field(ge=1, description="KernelBench's timed calls (100)")] = None,
+    mode: Annotated[
+        Literal["test", "benchmark", "leaderboard"],
+        Field(description="GPU MODE: test (check only), benchmark, leaderboard (re-check every timed run)"),
+    ] = "benchmark",
+    tests: Annotated[
+        str | list[dict[str, Any]] | None,
+        Field(description="GPU MODE test cases: 'key: value; key: value' lines, a file of them, or a list of objects"),
+    ] = None,
+    benchmarks: Annotated[
+        str | list[dict[str, Any]] | None, Field(description="GPU MODE benchmark cases, as tests")
+    ] = None,
+    atol: Annotated[float | None, Field(ge=0, description="absolute tolerance; default by the output's dtype")] = None,
+    rtol: Annotated[float | None, Field(ge=0, description="relative tolerance; default by the output's dtype")] = None,
+    seed: Annotated[
+        int | None, Field(ge=0, description="the inputs' seed (default: a secret one, said in the result)")
+    ] = None,
+    strict: Annotated[bool, Field(description="re-check the output of every timed call")] = False,
+    max_case_s: Annotated[
+        float | None, Field(gt=0, description="seconds of timing per case at most (GPU MODE's methods; 10)")
+    ] = None,
+    load_timeout: LoadTimeout = None,
+    check_timeout: CheckTimeout = None,
+    time_timeout: TimeTimeout = None,
+    memory_limit_mb: Annotated[
+        int | None, Field(ge=0, description="host memory the candidate may add, MiB (16384; 0: no limit)")
+    ] = None,
+    output_limit_mb: Annotated[
+        int | None, Field(ge=1, description="what the candidate may print per phase, MiB (16)")
+    ] = None,
+    retime_reference: Annotated[bool, Field(description="time the reference again though its time is cached")] = False,
+    time_reference: Annotated[bool, Field(description="false: no reference time, no speedup")] = True,
+    exclusive: Annotated[bool, Field(description="false: time without a region (the GPU shared; said)")] = True,
+    ctx: Context | None = None,
 ) -> EvaluationOutput:
     """Compile, check and time a candidate kernel against its reference; returns the verdict.
 
-    reference / candidate: file paths, or the programs' source text. format: auto, kernelbench or
-    gpumode. timing: format (the format's own method) or bench. measure=False: check only.
-    GPU MODE: mode (test, benchmark, leaderboard), tests / benchmarks ('key: value; ...' lines).
-    The result's verdict is one of correct, incorrect, compile_error, runtime_error, crashed,
-    timeout, out_of_memory, rejected, error; runtime and ref_runtime are microseconds."""
+    KernelBench (Model / get_inputs / get_init_inputs against ModelNew) or GPU MODE
+    (generate_input / ref_kernel / check_implementation against custom_kernel; a problem's
+    directory with its task.yml). verdict: correct, incorrect, compile_error, runtime_error, crashed,
+    timeout, out_of_memory, rejected, error; reason_key and reason say why; runtime and
+    ref_runtime are microseconds. Progress is reported per phase (queued, load, check, time, done)."""
     from .api import evaluate
 
-    try:
-        ev = evaluate(
-            reference,
-            candidate,
-            format=format,
-            gpu=gpu,
-            timing=timing,
-            measure=measure,
-            trials=trials,
-            mode=mode,
-            tests=tests,
-            benchmarks=benchmarks,
-        )
-    except (FileNotFoundError, ValueError, TypeError) as exc:
-        ev = Evaluation(
-            format=format,
-            verdict="error",
-            summary=f"error: {exc}",
-            reference=reference,
-            candidate=candidate,
-            metadata={"evaluation_error": str(exc)},
-        )
-    return EvaluationOutput.of(ev)
+    timeouts = {
+        phase: s
+        for phase, s in (("load", load_timeout), ("check", check_timeout), ("time", time_timeout))
+        if s is not None
+    }
+    call: dict[str, Any] = dict(
+        format=format,
+        gpu=gpu,
+        timing=timing,
+        measure=measure,
+        trials=trials,
+        perf_trials=perf_trials,
+        mode=mode,
+        tests=tests,
+        benchmarks=benchmarks,
+        atol=atol,
+        rtol=rtol,
+        seed=seed,
+        strict=strict,
+        max_case_s=max_case_s,
+        timeouts=timeouts or None,
+        memory_limit_mb=memory_limit_mb,
+        output_limit_mb=output_limit_mb,
+        retime_reference=retime_reference,
+        time_reference=time_reference,
+        exclusive=exclusive,
+    )
+
+    def progress(phase: str, what: str) -> None:
+        if ctx is not None:
+            step = _STEPS.get(phase, 0)
+            anyio.from_thread.run(ctx.report_progress, step, len(PHASES) - 1, f"{phase}: {what}"[:200])
+
+    def run() -> Evaluation:
+        try:
+            return evaluate(reference, candidate, progress=progress, **call)
+        except Exception as exc:  # every failure is an answer saying why, never a bare protocol error
+            kind = "evaluation_error" if isinstance(exc, (FileNotFoundError, ValueError, TypeError)) else "pool_error"
+            return Evaluation(
+                format=format,
+                verdict="error",
+                summary=f"error: {type(exc).__name__}: {exc}",
+                reference=reference if "\n" not in reference else "<string>",
+                candidate=candidate if "\n" not in candidate else "<string>",
+                metadata={"evaluation_error": f"{kind}: {type(exc).__name__}: {exc}"},
+            )
+
+    ev = await anyio.to_thread.run_sync(run)
+    return EvaluationOutput.of(ev, full=detail == "full")
 
 
 def gpu_status() -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from .task import TaskInfo
+
 __all__ = ["DEFAULT_LIMITS", "MARKER", "Cases", "EvaluateArgs", "Job", "Options", "ProgramSource"]
 
 #: GPU MODE cases as a caller gives them: a file, its text, or a list of argument dicts or lines
@@ -34,6 +36,11 @@ class EvaluateArgs(TypedDict, total=False):
     mode: str
     tests: Cases | None
     benchmarks: Cases | None
+    atol: float | None
+    rtol: float | None
+    seed: int | None
+    strict: bool
+    max_case_s: float | None
     retime_reference: bool
     time_reference: bool
     exclusive: bool
@@ -50,7 +57,7 @@ DEFAULT_LIMITS: dict[str, float] = {"load": 600.0, "check": 300.0, "time": 300.0
 class Options(msgspec.Struct, kw_only=True, frozen=True):
     """Every knob of one evaluation (see :func:`krex_lab.evaluate`)."""
 
-    #: ``format`` or ``bench`` (see :data:`krex_lab.evaluate.result.METHODS`)
+    #: ``format``, ``bench`` or ``converge`` (see :data:`krex_lab.evaluate.result.METHODS`)
     timing: str = "format"
     #: time at all (False: compile and check only)
     measure: bool = True
@@ -65,6 +72,9 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     max_runs: int = 100
     max_rel_err: float = 0.01
     max_case_s: float = 10.0
+    #: ``timing="converge"``: GPU MODE's method run until the relative standard error of the mean
+    #: is at most this (0.1 %), with no cap on runs: ``max_case_s`` bounds each case instead
+    converge_rel_err: float = 0.001
     #: GPU MODE's modes: ``test`` (check only), ``benchmark``, ``leaderboard`` (check every timed run)
     mode: str = "benchmark"
     #: tolerances; None: by the output's precision (fp32 1e-4, fp16/bf16 1e-2, fp64 1e-7)
@@ -119,3 +129,10 @@ class Job(msgspec.Struct, kw_only=True):
     #: wrote them (any values the user's function takes)
     tests: list[dict[str, Any]] = []
     benchmarks: list[dict[str, Any]] = []
+    #: a published GPU MODE problem's files (name -> text), as its task.yml lays them out beside
+    #: the submission (the submission's own text under its name): the worker writes them into a
+    #: private directory first on ``sys.path`` (:func:`krex_lab.evaluate.task.lay_out`,
+    #: :func:`~krex_lab.evaluate.task.layout_on_path`). Empty: a lone reference file.
+    files: dict[str, str] = {}
+    #: the task those files come from (None: no task.yml)
+    task: TaskInfo | None = None

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ..region_report import RegionReport
-from .result import CaseResult, TimingCheck, TimingStats
+from .result import CaseResult, Reproducibility, TimingCheck, TimingStats
 
 __all__ = [
     "CheckOutcome",
@@ -114,6 +114,8 @@ class PhaseResults(msgspec.Struct, kw_only=True):
     load: LoadResult
     check: CheckResult | None = None
     time: TimeResult | None = None
+    #: :func:`krex_lab.evaluate.record.collect`'s record, made by the judge as it starts
+    reproducibility: Reproducibility | None = None
 
 
 class CheckOutcome(msgspec.Struct, kw_only=True):

@@ -24,6 +24,8 @@ __all__ = [
     "VERDICTS",
     "CaseResult",
     "Evaluation",
+    "Packages",
+    "Reproducibility",
     "TimedPart",
     "TimingCheck",
     "TimingChecks",
@@ -35,9 +37,11 @@ FORMATS: tuple[str, ...] = ("kernelbench", "gpumode")
 
 #: ``format``: the problem format's own timing method (KernelBench: an event pair around each of
 #: 100 forwards after a warm-up; GPU MODE: 0.2 s warm-up, then runs until the relative standard
-#: error of the mean is under 1 %, 3 to 100 runs); ``bench``: :func:`krex_lab.bench`'s
-Method = Literal["format", "bench"]
-METHODS: tuple[str, ...] = ("format", "bench")
+#: error of the mean is under 1 %, 3 to 100 runs); ``bench``: :func:`krex_lab.bench`'s;
+#: ``converge``: GPU MODE's method run until the relative standard error of the mean is at most
+#: 0.1 %, however many runs that takes, or ``max_case_s`` (the stats say whether it converged)
+Method = Literal["format", "bench", "converge"]
+METHODS: tuple[str, ...] = ("format", "bench", "converge")
 
 #: every verdict, worst news last. ``correct``: compiled, ran and matched the reference on every
 #: trial. ``incorrect``: ran, but its output differs (or its checker said no). ``compile_error``:
@@ -68,6 +72,9 @@ class TimingStats(msgspec.Struct, kw_only=True):
     min: float
     max: float
     num_trials: int
+    #: ``timing="converge"``: whether the relative standard error of the mean reached its target
+    #: before the time cap (None: a method with a fixed number of calls)
+    converged: bool | None = None
 
 
 class CaseResult(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -88,6 +95,8 @@ class CaseResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     best: float | None = None
     worst: float | None = None
     ref_mean: float | None = None
+    #: ``timing="converge"``: whether this case's mean converged before the time cap
+    converged: bool | None = None
 
 
 class TimingCheck(msgspec.Struct, kw_only=True):
@@ -123,6 +132,47 @@ class TimedPart(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached: bool = False
     timed_at: str | None = None
     notice: str | None = None
+
+
+class Packages(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Versions of what produced a result (None: not installed where the judge ran)."""
+
+    python: str
+    krex_lab: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    numpy: str | None = None
+    #: torch's CUDA (or ROCm) build, where torch is imported
+    torch_cuda: str | None = None
+
+
+class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What it takes to run an evaluation again and compare: made by the judge
+    (:func:`krex_lab.evaluate.record.collect`) as the evaluation starts.
+
+    ``seed``: the inputs' seed the judge used (drawn in secret unless the caller gave one:
+    ``seed_given``); ``init_seed``: KernelBench's public seed before both models are built.
+    ``sources``: sha256 of the reference, the candidate and every laid-out file (``files``).
+    ``timing``: the method asked for and every setting it ran under; ``tolerances``: atol and rtol
+    as given (None: by the output's precision). ``clocks_mhz``: the GPU's SM and memory clocks as
+    the evaluation started, where NVML gives them."""
+
+    packages: Packages
+    device: str
+    gpu_name: str | None = None
+    gpu_uuid: str | None = None
+    driver: str | None = None
+    clocks_mhz: dict[str, int] = {}
+    seed: int | None = None
+    seed_given: bool = False
+    init_seed: int | None = None
+    reference_sha256: str
+    candidate_sha256: str
+    files: dict[str, str] = {}
+    task: str | None = None
+    timing: dict[str, str | float | int | bool] = {}
+    tolerances: dict[str, float | None] = {}
+    hostname: str | None = None
 
 
 class Evaluation(msgspec.Struct, kw_only=True):
@@ -177,6 +227,8 @@ class Evaluation(msgspec.Struct, kw_only=True):
     flags: list[str] = []
     #: what the candidate wrote to stdout/stderr (head and tail; ``metadata["output_bytes"]`` counts it all)
     output: str | None = None
+    #: versions, GPU, driver, clocks, seeds, source hashes, timing settings, tolerances
+    reproducibility: Reproducibility | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = msgspec.to_builtins(self)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -29,28 +30,99 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
         await session.initialize()
         tools = {t.name: t for t in (await session.list_tools()).tools}
         assert set(tools) == {"evaluate_kernel", "gpu_status", "region_history"}
-        # the output schema is the Evaluation's, field by field (not a bare "object")
+        # every option evaluate() takes, each described, the closed ones as enums
+        inputs = tools["evaluate_kernel"].input_schema["properties"]
+        assert {"atol", "rtol", "seed", "strict", "timing", "mode", "trials", "load_timeout", "check_timeout"} <= set(
+            inputs
+        ) and {"time_timeout", "max_case_s", "detail", "memory_limit_mb", "output_limit_mb"} <= set(inputs)
+        assert all(prop.get("description") for prop in inputs.values()), [
+            n for n, p in inputs.items() if not p.get("description")
+        ]
+        assert inputs["timing"]["enum"] == ["format", "bench", "converge"]
+        assert inputs["mode"]["enum"] == ["test", "benchmark", "leaderboard"]
+        assert inputs["detail"]["enum"] == ["compact", "full"]
+        assert inputs["check_timeout"]["anyOf"][0]["exclusiveMinimum"] == 0
+        # the output schema is the compact verdict's, field by field, the whole result's under "evaluation"
         schema = tools["evaluate_kernel"].output_schema or {}
-        assert schema.get("type") == "object" and {"verdict", "summary", "reference"} <= set(schema["required"])
-        assert schema["properties"]["runtime_stats"]["anyOf"][0]["properties"]["mean"]["type"] == "number"
+        assert schema.get("type") == "object" and {"verdict", "summary", "format"} <= set(schema["required"])
+        full_schema = schema["properties"]["evaluation"]["anyOf"][0]
+        assert full_schema["properties"]["runtime_stats"]["anyOf"][0]["properties"]["mean"]["type"] == "number"
+        phases: list[str] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            phases.append((message or "").split(":")[0])
+
         result = await session.call_tool(
             "evaluate_kernel",
             {"reference": str(problem("kb_softmax")), "candidate": str(problem("kb_softmax", "correct.py"))},
+            progress_callback=on_progress,
         )
         verdict = _payload(result)
-        assert verdict["verdict"] == "correct" and verdict["correctness"] is True and verdict["runtime"] > 0
+        assert len(result.content[0].text.encode()) <= 1024, "compact by default"
+        assert verdict["verdict"] == "correct" and verdict["runtime"] > 0 and "evaluation" not in verdict
         assert result.structured_content == verdict, "the output stays structured"
+        assert phases[0] == "queued" and phases[-1] == "done", phases
         missing = await session.call_tool("evaluate_kernel", {"reference": "/nonexistent/ref.py", "candidate": "x"})
         assert not missing.is_error and (missing.structured_content or {})["verdict"] == "error"
-        assert "evaluation_error" in _payload(missing)["metadata"]
+        assert _payload(missing)["reason_key"] == "evaluation_error" and "not a file" in _payload(missing)["reason"]
+        bad = await session.call_tool("evaluate_kernel", {"reference": "r.py", "candidate": "c.py", "timing": "fast"})
+        assert bad.is_error and "timing" in bad.content[0].text  # the schema's enum refuses it, saying which
         wrong = _payload(
             await session.call_tool(
                 "evaluate_kernel",
-                {"reference": str(problem("kb_softmax")), "candidate": str(problem("kb_softmax", "wrong_dim.py"))},
+                {
+                    "reference": str(problem("kb_softmax")),
+                    "candidate": str(problem("kb_softmax", "wrong_dim.py")),
+                    "detail": "full",
+                    "seed": 3,
+                },
             )
         )
-        assert wrong["verdict"] == "incorrect" and "correctness_issue" in wrong["metadata"]
+        assert wrong["verdict"] == "incorrect" and wrong["reason_key"] == "correctness_issue"
+        assert wrong["first_mismatch"] and "correctness_issue" in wrong["evaluation"]["metadata"]
         status = _payload(await session.call_tool("gpu_status", {}))
         assert status["gpus"][0]["index"] == 0
         history = _payload(await session.call_tool("region_history", {"limit": 5}))
         assert history["rows"] and len(history["rows"]) <= 5  # the evaluation's regions among them
+
+
+@pytest.mark.xfail(
+    reason="the orchestrator does not report its phase markers to progress.phase_started yet", strict=True
+)
+@pytest.mark.timeout(300)
+async def test_an_mcp_client_is_told_each_phase(eval_pool: PoolProc) -> None:
+    env = {**os.environ, **eval_pool.env}
+    server = StdioServerParameters(command=sys.executable, args=["-m", "krex_lab.cli", "mcp"], env=env)
+    phases: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        phases.append((message or "").split(":")[0])
+
+    async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        await session.call_tool(
+            "evaluate_kernel",
+            {"reference": str(problem("kb_softmax")), "candidate": str(problem("kb_softmax", "correct.py"))},
+            progress_callback=on_progress,
+        )
+    assert phases == ["queued", "load", "check", "time", "done"]
+
+
+def test_print_config_names_this_installation_by_absolute_path(tmp_path: Any) -> None:
+    env = {**os.environ, "KREX_RUNTIME_DIR": "relative/rt"}
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "mcp", "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    entry = json.loads(out.stdout)["mcpServers"]["krex"]
+    command = entry["command"]
+    assert os.path.isabs(command) and os.access(command, os.X_OK)
+    assert entry["env"] == {"KREX_RUNTIME_DIR": str(tmp_path / "relative" / "rt")}
+    # the command it names starts this server: run it as a client would, from anywhere
+    ran = subprocess.run([command, *entry["args"], "--help"], capture_output=True, text=True, timeout=60, cwd="/")
+    assert ran.returncode == 0 and "--print-config" in ran.stdout

@@ -1,0 +1,188 @@
+"""Published GPU MODE problems: a directory with task.yml, its files laid out beside the submission.
+
+The problems of ``problems/gm_tasks/`` are in the published layout: each ``task.yml`` lists
+``../utils.py`` (shared), its ``task.py`` (the types), ``reference.py`` and the submission, with
+its cases, time limits and ranking. The job a call makes carries every file and case; the files
+laid out import as GPU MODE's runner would import them; the end-to-end verdicts run on the tests'
+pool once its worker lays the files out.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krex_lab.evaluate import Evaluation, evaluate
+from krex_lab.evaluate.job import build_job
+from krex_lab.evaluate.options import Job
+from krex_lab.evaluate.task import TaskError, files_digest, lay_out, layout_on_path, read_task
+from tests.support.pool import PoolProc
+
+from .conftest import LIMITS, PROBLEMS
+
+TASKS = PROBLEMS / "gm_tasks"
+SCALE, ROWSUM = TASKS / "gm_task_scale", TASKS / "gm_task_rowsum"
+
+
+def job(reference: Path | str, candidate: Path | str, **kw: Any) -> Job:
+    return build_job(str(reference), str(candidate), **kw)
+
+
+def test_a_problem_directory_makes_a_job_with_every_laid_out_file() -> None:
+    j = job(SCALE, SCALE / "correct.py")
+    assert j.format == "gpumode" and j.task is not None
+    assert set(j.files) == {"submission.py", "task.py", "utils.py", "reference.py"}
+    assert j.files["utils.py"] == (TASKS / "utils.py").read_text()  # "../utils.py", relative to the task
+    assert j.files["submission.py"] == (SCALE / "correct.py").read_text() == j.candidate.text
+    assert j.files["reference.py"] == j.reference.text == (SCALE / "reference.py").read_text()
+    assert j.reference.label == str(SCALE / "reference.py")
+    assert (j.task.submission, j.task.reference, j.task.ranking_by) == ("submission.py", "reference.py", "geom")
+    assert j.tests == [{"size": 127, "seed": 4242}, {"size": 1024, "seed": 5236}]
+    assert j.benchmarks == [{"size": 4096, "seed": 31232}, {"size": 65536, "seed": 4052}]  # geom: all of them
+    # the same job from the reference's own path, or from the task.yml
+    for ref in (SCALE / "reference.py", SCALE / "task.yml"):
+        other = job(ref, SCALE / "correct.py")
+        assert other.files == j.files and other.tests == j.tests and other.reference.sha256 == j.reference.sha256
+
+
+def test_the_task_time_limit_of_the_mode_bounds_each_phase_the_caller_left_open() -> None:
+    assert job(SCALE, SCALE / "correct.py").options.limits == {"load": 90.0, "check": 90.0, "time": 90.0}
+    assert job(SCALE, SCALE / "correct.py", mode="test").options.limit("check") == 60.0
+    leader = job(SCALE, SCALE / "correct.py", mode="leaderboard", timeouts={"load": 500})
+    assert leader.options.limits == {"load": 500.0, "check": 120.0, "time": 120.0}
+    # none given in the task: GPU MODE's 180 s
+    assert job(ROWSUM, ROWSUM / "correct.py").options.limits == {"load": 180.0, "check": 180.0, "time": 180.0}
+    # no task: the evaluator's own defaults
+    lone = job(PROBLEMS / "gm_vector_scale" / "reference.py", PROBLEMS / "gm_vector_scale" / "correct.py")
+    assert lone.options.limits == {} and lone.files == {} and lone.task is None
+
+
+def test_ranked_by_last_only_the_last_benchmark_is_timed_unless_the_caller_names_cases() -> None:
+    j = job(ROWSUM, ROWSUM / "correct.py")
+    assert j.task is not None and j.task.ranking_by == "last"
+    assert len(j.tests) == 3 and j.benchmarks == [{"rows": 1024, "cols": 512, "seed": 22}]
+    given = job(ROWSUM, ROWSUM / "correct.py", benchmarks="rows: 4; cols: 4; seed: 1\nrows: 8; cols: 8; seed: 2")
+    assert given.benchmarks == [{"rows": 4, "cols": 4, "seed": 1}, {"rows": 8, "cols": 8, "seed": 2}]
+    assert job(ROWSUM, ROWSUM / "correct.py", tests=[{"rows": 2, "cols": 2, "seed": 3}]).tests == [
+        {"rows": 2, "cols": 2, "seed": 3}
+    ]
+
+
+def test_a_laid_out_problem_imports_as_the_runner_lays_it_out(tmp_path: Path) -> None:
+    """In a fresh interpreter: the directory first on sys.path, the reference and each submission
+    import their task.py and utils.py; the right one passes the reference's check, the wrong one not."""
+    out = {}
+    for name in ("correct.py", "wrong.py", "uses_utils.py"):
+        j = job(SCALE, SCALE / name)
+        where = tmp_path / name
+        lay_out(j.files, where)
+        script = textwrap.dedent(
+            """
+            import sys
+            sys.path.insert(0, sys.argv[1])
+            from reference import check_implementation, generate_input
+            from submission import custom_kernel
+            data = generate_input(size=300, seed=7)
+            print(check_implementation(data, custom_kernel(data))[0])
+            """
+        )
+        res = subprocess.run([sys.executable, "-c", script, str(where)], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        out[name] = res.stdout.split()[-1]
+    assert out == {"correct.py": "True", "wrong.py": "False", "uses_utils.py": "True"}
+
+
+def test_lay_out_writes_privately_skips_and_refuses_names_outside(tmp_path: Path) -> None:
+    files = {"a.py": "A = 1\n", "pkg/b.py": "B = 2\n", "submission.py": "secret\n"}
+    where = tmp_path / "lay"
+    written = lay_out(files, where, skip=["submission.py"])
+    assert sorted(Path(p).relative_to(where).as_posix() for p in written) == ["a.py", "pkg/b.py"]
+    assert not (where / "submission.py").exists() and (where.stat().st_mode & 0o777) == 0o700
+    lay_out({"a.py": "A = 3\n"}, where)  # changed text replaces the file
+    assert (where / "a.py").read_text() == "A = 3\n"
+    for bad in ("../escape.py", "/abs.py", "x/../../y.py", ""):
+        with pytest.raises(ValueError, match="outside"):
+            lay_out({"fine.py": "", bad: "x"}, tmp_path / "refused")
+        assert not (tmp_path / "refused").exists(), "nothing is written for a layout refused"
+    assert files_digest(files) != files_digest({**files, "a.py": "A = 4\n"})
+
+
+def test_layout_on_path_finds_this_problems_utils_not_one_left_in_sys_modules(tmp_path: Path) -> None:
+    first, second = tmp_path / "one", tmp_path / "two"
+    lay_out({"utils.py": "WHO = 'one'\n"}, first)
+    lay_out({"utils.py": "WHO = 'two'\n"}, second)
+    with layout_on_path(first, ["utils.py"]):
+        import utils  # type: ignore[import-not-found]
+
+        assert utils.WHO == "one"
+    assert "utils" not in sys.modules and str(first) not in sys.path
+    with layout_on_path(second, ["utils.py"]):
+        import utils  # type: ignore[import-not-found, no-redef]
+
+        assert utils.WHO == "two"
+    assert "utils" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("files: [{name: s.py, source: '@SUBMISSION@'}]\nlang: cu\n", "only Python tasks"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}]\nmulti_gpu: true\n", "multi_gpu"),
+        ("files: [{name: r.py, source: r.py}]\n", "no entry has source @SUBMISSION@"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}, {name: s.py, source: '@SUBMISSION@'}]\n", "listed twice"),
+        ("files: [{name: ../s.py, source: '@SUBMISSION@'}]\n", "outside the problem's directory"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}]\ntest_timeout: -1\n", "test_timeout: seconds > 0"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}]\nranking_by: best\n", "ranking_by 'best'"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}]\ntests: [3]\n", "tests: a list of mappings"),
+        ("- just a list\n", "a task.yml is a mapping"),
+        ("files: [{name: s.py, source: '@SUBMISSION@'}, {name: u.py, source: ../nope.py}]\n", "not a file"),
+    ],
+)
+def test_a_task_yml_that_cannot_run_is_a_clear_error(tmp_path: Path, text: str, error: str) -> None:
+    (tmp_path / "task.yml").write_text(text)
+    (tmp_path / "r.py").write_text("")
+    with pytest.raises((TaskError, FileNotFoundError), match=error) as info:
+        read_task(tmp_path / "task.yml", "def custom_kernel(d): return d\n")
+    assert str(tmp_path / "task.yml") in str(info.value)
+
+
+def test_a_directory_without_task_yml_or_of_another_format_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"without a task\.yml"):
+        job(tmp_path, SCALE / "correct.py")
+    with pytest.raises(ValueError, match="is a GPU MODE task, but the format asked for is 'kernelbench'"):
+        job(SCALE, SCALE / "correct.py", format="kernelbench")
+
+
+# -- end to end, on the tests' pool ---------------------------------------------------------------
+
+#: the worker lays the files out (krex_lab.evaluate.task.lay_out) in the judge and the candidate
+_LAID_OUT = pytest.mark.xfail(
+    reason="the worker does not lay out a task's files yet (its judge imports the reference from its directory alone)",
+    strict=True,
+)
+
+
+def _evaluate(pool: PoolProc, reference: Path, candidate: Path, **kw: Any) -> Evaluation:
+    kw.setdefault("timeouts", LIMITS)
+    return evaluate(reference, candidate, pool=pool.client, **kw)
+
+
+@_LAID_OUT
+def test_a_published_problem_gets_its_verdicts(eval_pool: PoolProc) -> None:
+    ok = _evaluate(eval_pool, SCALE, SCALE / "correct.py", seed=5)
+    assert ok.verdict == "correct", ok.summary
+    assert [c.spec for c in ok.tests] == ["size: 127; seed: 4242", "size: 1024; seed: 5236"]
+    assert len(ok.benchmarks) == 2 and ok.runtime > 0 and ok.speedup is not None
+    assert _evaluate(eval_pool, SCALE, SCALE / "uses_utils.py", measure=False).verdict == "correct"
+    wrong = _evaluate(eval_pool, SCALE, SCALE / "wrong.py")
+    assert wrong.verdict == "incorrect" and any(c.passed is False for c in wrong.tests), wrong.summary
+    slow = _evaluate(eval_pool, SCALE, SCALE / "slow.py", seed=5)
+    assert slow.verdict == "correct" and slow.speedup is not None and slow.speedup < 0.5, slow.summary
+    last = _evaluate(eval_pool, ROWSUM / "reference.py", ROWSUM / "correct.py")
+    assert last.verdict == "correct" and [c.spec for c in last.benchmarks] == ["rows: 1024; cols: 512; seed: 22"]
+    assert _evaluate(eval_pool, ROWSUM, ROWSUM / "wrong.py").verdict == "incorrect"
