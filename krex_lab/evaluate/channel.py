@@ -175,11 +175,11 @@ def _view(lib: str, dtype: str, shape: list[int], strides: list[int] | None, off
     import numpy as np
 
     dt = np.dtype(dtype)
-    flat = np.frombuffer(mm, dtype=dt)
+    host = np.frombuffer(mm, dtype=dt)
     if strides is None:
-        return flat[offset : offset + numel].reshape(shape)
+        return host[offset : offset + numel].reshape(shape)
     return np.lib.stride_tricks.as_strided(
-        flat[offset:], shape=shape, strides=[s * dt.itemsize for s in strides], writeable=True
+        host[offset:], shape=shape, strides=[s * dt.itemsize for s in strides], writeable=True
     )
 
 

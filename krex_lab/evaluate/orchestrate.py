@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 import time
 from typing import Any
 
@@ -20,10 +19,12 @@ from . import cache
 from .entry import run_on_worker
 from .options import MARKER, Job, Options, ProgramSource
 from .outcomes import PhaseResult, PhaseResults, TimeResult, decode
-from .result import METHODS, CaseResult, Evaluation, TimedPart, TimingChecks, TimingStats
-from .source import Source, detect_format, read_source
+from .result import CaseResult, Evaluation, TimedPart, TimingChecks, TimingStats
+from .source import Source
 
 __all__ = ["build_job", "run_job"]
+
+from .job import build_job
 
 #: what a phase's pool output may keep (the candidate's own output is captured on the worker)
 _STRAY_OUTPUT = 16384
@@ -31,42 +32,6 @@ _STRAY_OUTPUT = 16384
 
 def _program(src: Source) -> ProgramSource:
     return ProgramSource(text=src.text, path=src.path, label=src.label, sha256=src.sha256)
-
-
-def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
-    """Read both programs, tell their format, check every option: a bad call raises here,
-    before any worker is asked anything."""
-    from .cases import MODES, load_cases
-
-    ref, cand = read_source(reference, "reference"), read_source(candidate, "candidate")
-    fmt = detect_format(ref, cand, kw.pop("format", "auto"))
-    if kw["timing"] not in METHODS:
-        raise ValueError(f"unknown timing {kw['timing']!r}: one of {', '.join(METHODS)}")
-    if kw["mode"] not in MODES:
-        raise ValueError(f"unknown mode {kw['mode']!r}: one of {', '.join(MODES)}")
-    limits = dict(kw.pop("timeouts") or {})
-    for phase, seconds in limits.items():
-        if phase not in ("load", "check", "time"):
-            raise ValueError(f"unknown phase {phase!r} in timeouts: load, check, time")
-        if not (isinstance(seconds, (int, float)) and seconds > 0):
-            raise ValueError(f"timeouts[{phase!r}] must be seconds > 0, not {seconds!r}")
-    tests, benchmarks = kw.pop("tests"), kw.pop("benchmarks")
-    fields = {k: v for k, v in kw.items() if v is not None}
-    for name in ("trials", "perf_trials"):
-        if name in fields and fields[name] < 1:
-            raise ValueError(f"{name} must be at least 1, not {fields[name]}")
-    options = Options(limits=limits, **fields)
-    return Job(
-        id=secrets.token_hex(8),
-        nonce=secrets.token_hex(16),
-        format=fmt,
-        reference=_program(ref),
-        candidate=_program(cand),
-        options=options,
-        build_root=str(cache.builds_dir()),
-        tests=load_cases(tests, ref.directory, "tests") if fmt == "gpumode" else [],
-        benchmarks=load_cases(benchmarks, ref.directory, "benchmarks") if fmt == "gpumode" else [],
-    )
 
 
 class _Watch:
@@ -107,6 +72,9 @@ class _Watch:
                 if phase != self.phase:
                     self.used = 0.0
                     self.seen.append(phase)
+                    from .progress import phase_started
+
+                    phase_started(phase, f"worker {pid}")
                 self.phase, self.pid = phase, pid
                 if len(parts) == 5:  # the candidate's process, once the judge has one
                     self.candidate = int(parts[4])
@@ -291,6 +259,7 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
 def _judge(ev: Evaluation, job: Job, out: PhaseResults) -> None:
     """The verdict from the phases' results (see :func:`krex_lab.evaluate.judge.session.run`)."""
     loaded = out.load
+    ev.reproducibility = out.reproducibility
     ev.phases["load"] = loaded.seconds
     ev.device, ev.gpu_timed = loaded.device, loaded.gpu_timed
     ev.metadata["hardware"] = ev.device

@@ -217,7 +217,6 @@ def test_cpu_timing_fits_torch_threads_to_the_cores_a_region_leaves() -> None:
     import os
 
     import torch
-
     from krex_lab.evaluate.phases import _fit_threads
 
     saved_mask, saved_threads = os.sched_getaffinity(0), torch.get_num_threads()

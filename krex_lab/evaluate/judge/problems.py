@@ -150,7 +150,7 @@ class GpuModeProblem(Problem):
     def reference(self, data: Any) -> Any:
         return self.ref_kernel(data)
 
-    def checker(self, data: Any, output: Any) -> tuple[bool, str]:  # type: ignore[override]
+    def checker(self, data: Any, output: Any) -> tuple[bool, str]:
         return _verdict(self.check_impl(data, output))
 
 

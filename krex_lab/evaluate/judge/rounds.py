@@ -13,8 +13,9 @@ Per case, inside one region:
 * The judge's clock runs from each round sent to its answer (the candidate synchronises before it
   answers and its outputs are read after): their sum, less the harness's own cost calibrated on
   the same process before the candidate was loaded, bounds the candidate's time from outside. An
-  in-process figure below a third of the bound (a tenth on a host without a GPU) (and further below it than the harness's noise) is not believed: the result
-  says so (``metadata.timing_bound``) and the bound is the runtime.
+  in-process figure below a third of the bound (a tenth on a host without a GPU), and further
+  below it than the harness's noise, is not believed: the result says so
+  (``metadata.timing_bound``) and the bound is the runtime.
 
 Reference times are kept in this judge's memory only (per problem, GPU model, method, settings):
 no file the candidate's user can write holds a time that a verdict uses.
@@ -159,8 +160,10 @@ def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int) -> tuple[list[
     """K input sets: (the judge's arrays per set, their pristine copies, the message, every array)."""
     assert judge.problem is not None
     shared = Shared()
-    sets, pristine, mine = [], [], []
-    trees = []
+    sets: list[Any] = []
+    pristine: list[Any] = []
+    mine: list[Any] = []
+    trees: list[Any] = []
     for _ in range(k):
         data = judge.problem.make(case, judge.seed())
         synchronize()
@@ -243,7 +246,8 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             if len(got) != len(order) or len(outs) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
                 result.fail("rejected", "rejected", "")
                 result.metadata["rejected"] = {
-                    "protocol": "the candidate's process answered a timed round with the wrong number of samples or outputs"
+                    "protocol": "the candidate's process answered a timed round with the wrong number "
+                    "of samples or outputs"
                 }
                 break
             samples += got
@@ -254,7 +258,9 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                     result.fail(
                         "incorrect",
                         "correctness_issue",
-                        f"a timed call's output was wrong (call {len(samples) - len(order) + i + 1}{f', case {name}' if name else ''}): {issue}",
+                        f"a timed call's output was wrong (call {len(samples) - len(order) + i + 1}"
+                        + (f", case {name}" if name else "")
+                        + f"): {issue}",
                     )
                     break
             del outs

@@ -130,6 +130,11 @@ class Judge:
         self.proc: CandidateProc | None = None
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
+        from ..task import files_digest
+
+        #: a published GPU MODE problem's files (task.yml's ``files:``), laid out for each side
+        self.files_digest = files_digest(job.files) if job.files else ""
+        self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}") if job.files else ""
 
     def seed(self) -> int:
         return next(self.seeds)
@@ -203,13 +208,18 @@ class Judge:
         job = self.job
         result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
         os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
-        reference = _REFERENCES.get(job.reference.sha256)
+        if job.files:
+            from ..task import lay_out
+
+            lay_out(job.files, self.candidate_layout)  # the candidate's copy: its to import (or spoil)
+        ref_key = f"{job.reference.sha256}:{self.files_digest}"
+        reference = _REFERENCES.get(ref_key)
         try:
             if reference is None:
                 for d in (job.reference.path,):
                     if d and os.path.dirname(d) not in sys.path:
                         sys.path.insert(0, os.path.dirname(d))
-                reference = _REFERENCES[job.reference.sha256] = _module(job.reference, "reference")
+                reference = _REFERENCES[ref_key] = _module(job.reference, "reference")
             self.problem = problem_for(job, reference, self.device, self.salt)
             self.first = self._trial_data(self.problem.check_cases[0][1])
         except Exception as exc:
@@ -241,7 +251,8 @@ class Judge:
             "filename": _filename(job.candidate, "candidate"),
             "module": f"krex_candidate_{job.candidate.sha256[:12]}",
             "build_dir": self.build_dir,
-            "path": [os.path.dirname(p) for p in (job.candidate.path, job.reference.path) if p],
+            "path": ([self.candidate_layout] if self.candidate_layout else [])
+            + [os.path.dirname(p) for p in (job.candidate.path, job.reference.path) if p],
             "init": init,
             "init_seed": self.opts.init_seed,
             "output_path": self.output_path,
@@ -266,9 +277,7 @@ class Judge:
 
         assert self.proc is not None and self.problem is not None
         sample = next(iter(arrays(self.first[2])), None)
-        from .rounds import cpu_seconds
-
-        from .rounds import budget
+        from .rounds import budget, cpu_seconds
 
         # as many calls as a round of this problem will have (each output is kept to the round's end)
         many = max(2, min(MAX_SETS, budget(self.device) // max(1, 3 * int(getattr(sample, "nbytes", 1)))))
@@ -364,15 +373,19 @@ class Judge:
         passed = 0
         outcome = CheckOutcome(correct=True, trials="")
         results: list[CaseResult] = []
-        shared_data: Any = None
         last_case: dict[str, Any] | None = None
         try:
             for i, (kind, case) in enumerate(cases):
-                ok, issue, rejected, shared_data = self.check_one(kind, case, first=i == 0)
+                ok, issue, rejected, _ = self.check_one(kind, case, first=i == 0)
                 last_case = case
                 if self.problem.format == "gpumode" and case is not None:
                     results.append(
-                        CaseResult(spec=self.problem.case_name(case) or "", kind=kind, passed=ok, message=issue or None)
+                        CaseResult(
+                            spec=self.problem.case_name(case) or "",
+                            kind="test" if kind == "test" else "benchmark",
+                            passed=ok,
+                            message=issue or None,
+                        )
                     )
                 self._absorb_cmp(outcome)
                 if rejected:
@@ -509,9 +522,32 @@ def _replace_arrays(value: Any, mine: Iterator[Any]) -> Any:
     return _map(value, lambda _x: next(mine))
 
 
-def run(job: Job, reference_cache: str | None) -> PhaseResults:
+def run(job: Job, reference_cache: str | None = None) -> PhaseResults:
     """Every phase of ``job``, as far as the candidate gets."""
     _nondumpable()
+    del reference_cache  # reference times live in the judge's memory (see .rounds)
+    with _judge_layout(job):
+        return _run(job)
+
+
+@contextlib.contextmanager
+def _judge_layout(job: Job) -> Iterator[None]:
+    """The problem's files for the judge's own imports, laid out again for every job (an earlier
+    candidate may have written over them: they are the user's files) and first on sys.path."""
+    if not job.files:
+        yield
+        return
+    from ..task import files_digest, lay_out, layout_on_path
+
+    where = os.path.join(
+        os.path.dirname(job.build_root), "judge-layouts", f"{os.getpid()}-{files_digest(job.files)[:16]}"
+    )
+    lay_out(job.files, where, skip=[job.task.submission] if job.task else [])
+    with layout_on_path(where, job.files):
+        yield
+
+
+def _run(job: Job) -> PhaseResults:
     nonce = job.nonce
     mark("load", nonce)
     judge = Judge(job)
@@ -519,6 +555,10 @@ def run(job: Job, reference_cache: str | None) -> PhaseResults:
     loaded = judge.load()
     _static_flags(job, loaded)
     out = PhaseResults(load=loaded)
+    with contextlib.suppress(Exception):  # the record never costs a verdict
+        from ..record import collect
+
+        out.reproducibility = collect(job, seed=judge.salt, device=judge.device_name)
     last = loaded
     try:
         if loaded.verdict is None:
@@ -528,7 +568,7 @@ def run(job: Job, reference_cache: str | None) -> PhaseResults:
                 mark("time", nonce, judge.proc.pid if judge.proc else None)
                 from .rounds import timing
 
-                out.time = last = timing(judge, reference_cache)
+                out.time = last = timing(judge)
     finally:
         judge.end(last)
         _collect_output(judge, last)

@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from ...devsync import numba_context, numba_free_pending
-from ...procutil import proc_state, tree
+from ...procutil import proc_state
 
 _SIGNALS = [
     s
