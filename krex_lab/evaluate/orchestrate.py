@@ -237,7 +237,8 @@ def run_job(job: Job, *, gpu: int | None = None, pool: Any = None) -> Evaluation
             )
             ev.compiled = phase != "load"
         elif not result.ok:
-            _failure(ev, watch.phase or "load", opts.limit(watch.phase or "load"), result)
+            phase = watch.phase if watch.phase in ("load", "check", "time") else "load"
+            _failure(ev, watch.phase or "load", opts.limit(phase), result)
             ev.compiled = watch.phase not in (None, "load")
         else:
             _judge(ev, job, decode(cloudpickle.loads(result.value)))

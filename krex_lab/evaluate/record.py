@@ -36,7 +36,7 @@ def _version(module: str) -> str | None:
     loaded = sys.modules.get(module)
     version = getattr(loaded, "__version__", None) if loaded is not None else None
     if isinstance(version, str):
-        return version
+        return str(version)  # torch's is a str subclass (TorchVersion) that msgpack will not take
     try:
         return importlib.metadata.version(_DISTRIBUTION.get(module, module))
     except importlib.metadata.PackageNotFoundError:

@@ -220,7 +220,9 @@ def _clean_env() -> dict[str, str]:
     """The zygote's environment: the worker's, with this process's import path."""
     from ...workers.pool.spawn import import_path
 
-    return {**os.environ, "PYTHONPATH": import_path()}
+    # OpenMP threads that spin between a candidate's calls would steal the core the harness and
+    # the judge's bound need (and count as the candidate's CPU time): they sleep instead
+    return {**os.environ, "PYTHONPATH": import_path(), "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 _SPARES: dict[str, Spares] = {}
