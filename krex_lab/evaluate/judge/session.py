@@ -547,9 +547,30 @@ def _judge_layout(job: Job) -> Iterator[None]:
         yield
 
 
+def _startup_code() -> str | None:
+    """A ``sitecustomize`` / ``usercustomize`` this interpreter ran at start: code in a file any
+    process of the user (a candidate, say) could have written, run before the judge's own."""
+    for name in ("sitecustomize", "usercustomize"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            return f"{name} ({module.__file__})"
+    return None
+
+
 def _run(job: Job) -> PhaseResults:
     nonce = job.nonce
     mark("load", nonce)
+    planted = _startup_code()
+    if planted is not None:  # the judge's own code may be patched: it decides nothing
+        loaded = LoadResult(device=_device()[1], gpu_timed=False)
+        loaded.fail(
+            "error",
+            "evaluation_error",
+            f"this worker ran {planted} at start, which any process of your user can write: the judge "
+            "refuses to decide (remove it and restart the pool; a shared node installs KREX root-owned)",
+        )
+        mark("done", nonce)
+        return PhaseResults(load=loaded)
     judge = Judge(job)
     last: PhaseResult
     loaded = judge.load()

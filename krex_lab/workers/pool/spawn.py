@@ -85,13 +85,7 @@ def worker_launch(
         arbiter_pid=arbiter_pid,
         name=f"pool worker {wid} (GPU {gpu}, pool pid {os.getpid()})",
     )
-    if python:
-        return [python, "-u", "-m", WORKER_MODULE], env, init
-    # The pool's own interpreter without the site module (-S): no sitecustomize/usercustomize, which
-    # any process of this user (a candidate being evaluated, say) could plant to patch the next
-    # worker, and with it the judge of later evaluations. The pool's import path travels instead.
-    env["PYTHONPATH"] = import_path()
-    return [sys.executable, "-S", "-u", "-m", WORKER_MODULE], env, init
+    return [python or sys.executable, "-u", "-m", WORKER_MODULE], env, init
 
 
 def import_path() -> str:

@@ -156,7 +156,9 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
                 rec.later.append((name, later))
                 if name == "wrong" and later.verdict == "correct":
                     rec.found.append(f"a wrong candidate evaluated next is correct: {later.summary}")
-                if name == "slow" and later.verdict != "correct":
+                # a judge that refuses to decide (it found planted start-up code) forges nothing
+                refused = later.verdict == "error" and "refuses to decide" in later.summary
+                if name == "slow" and later.verdict != "correct" and not refused:
                     rec.found.append(f"a slow honest candidate evaluated next: {later.summary}")
                 if name == "slow" and (why := forged_speed(later, slow)):
                     rec.found.append(f"a slow candidate evaluated next: {why}")
