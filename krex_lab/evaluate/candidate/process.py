@@ -187,6 +187,15 @@ class Candidate:
         self.kept = None
         self.chan.send("ok", {})
 
+    def op_release(self, body: dict[str, Any], arrays: list[Any]) -> None:
+        """Let go of every array the judge shared (before this process is killed): CUDA IPC
+        memory is freed in the judge only once each receiver has released it."""
+        import gc
+
+        self.sets, self.set_arrays, self.call, self.kept, self.warm = {}, [], ((), []), None, None
+        gc.collect()
+        self.chan.send("ok", {})
+
     def op_round(self, body: dict[str, Any], arrays: list[Any]) -> None:
         _fit_threads()
         self._round(body, self.fn)

@@ -36,7 +36,7 @@ from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
 from .compare import compare, same, tolerances
 from .problems import MissingDefinition, Problem, problem_for
-from .spares import CandidateProc, spares_for
+from .spares import CandidateProc, proc_alive, spares_for
 
 __all__ = ["CandidateFailed", "Judge", "run"]
 
@@ -471,6 +471,12 @@ class Judge:
         if self.proc is None:
             return
         left = self.proc.left_behind()
+        if self.device == "cuda" and proc_alive(self.proc.pid):
+            # its mappings of the judge's inputs released first, or torch keeps their memory for
+            # good (a receiver that dies never releases it) and the worker's reset finds it grown
+            with contextlib.suppress(Exception):
+                self.proc.chan.sock.settimeout(2.0)
+                self.ask("release", {})
         if left and last is not None and last.verdict is None:
             last.fail("rejected", "rejected", "")
             last.metadata["rejected"] = {
@@ -478,6 +484,10 @@ class Judge:
             }
         self.proc.end()
         self.proc = None
+        self.first = None
+        import gc
+
+        gc.collect()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
             # the candidate's memory this judge mapped (CUDA IPC) goes back with it
