@@ -153,7 +153,7 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
         result.fail("error", "reference_error", f"the reference failed while timed: {exc}")
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     result.reference_cached = cached_any
-    result.reference_timed_at = getattr(judge, "reference_timed_at", None) if cached_any else now
+    result.reference_timed_at = judge.reference_timed_at if cached_any else now
     result.seconds = round(time.perf_counter() - t0, 6)
     return result
 

@@ -130,6 +130,10 @@ class Judge:
         self.proc: CandidateProc | None = None
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
+        #: the first trial's (data, pristine copy, answer, arrays the reference writes), made at load
+        self.first: tuple[Any, Any, Any, set[int]] | None = None
+        #: when the reference's time this judge reuses was measured (None: measured now)
+        self.reference_timed_at: str | None = None
         from ..task import files_digest
 
         #: a published GPU MODE problem's files (task.yml's ``files:``), laid out for each side
@@ -276,6 +280,7 @@ class Judge:
         from .rounds import MAX_SETS, method_name
 
         assert self.proc is not None and self.problem is not None
+        assert self.first is not None
         sample = next(iter(arrays(self.first[2])), None)
         from .rounds import budget, cpu_seconds
 
@@ -335,7 +340,7 @@ class Judge:
         self, kind: str, case: dict[str, Any] | None, first: bool = False
     ) -> tuple[bool, str, dict[str, str], Any]:
         assert self.problem is not None
-        data, pristine, expected, written = self.first if first else self._trial_data(case)
+        data, pristine, expected, written = self.first if first and self.first else self._trial_data(case)
         shared_data, outs, body = self._call(data)
         out = outs[0] if outs else None
         rejected: dict[str, str] = {}
