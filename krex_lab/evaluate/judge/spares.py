@@ -28,6 +28,7 @@ __all__ = ["CandidateProc", "Spares", "proc_alive", "spares_for"]
 def proc_alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z")
 
+
 #: what a framework starts for its own sake, never the candidate's work: torch.compile's pool
 _FRAMEWORK_HELPERS = ("torch._inductor.compile_worker", "compile_worker", "triton")
 
