@@ -141,18 +141,9 @@ def _failure(ev: Evaluation, phase: str, limit: float, result: Any) -> None:
 def _summary(ev: Evaluation) -> str:
     if ev.verdict != "correct":
         why = next(iter(ev.metadata.get("rejected", {}).values()), None) if ev.verdict == "rejected" else None
-        for key in (
-            "compilation_error",
-            "runtime_error",
-            "correctness_issue",
-            "timeout",
-            "worker_died",
-            "cuda_error",
-            "out_of_memory",
-            "output_limit",
-            "reference_error",
-            "evaluation_error",
-        ):
+        from .compact import REASONS
+
+        for key in REASONS:
             if why is None and key in ev.metadata:
                 why = str(ev.metadata[key])
         first = (why or "").strip().splitlines()[0][:300] if why else ""
