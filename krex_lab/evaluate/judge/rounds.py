@@ -216,8 +216,13 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     name = judge.problem.case_name(case)
     target = _target_calls(o, fmt)
     sample_data = judge.problem.make(case, judge.seed())
-    per_set = 2 * max(1, nbytes(sample_data)) + max(1, nbytes(judge.problem.reference(clone(sample_data))))
+    out_bytes = max(1, nbytes(judge.problem.reference(clone(sample_data))))
+    per_set = 2 * max(1, nbytes(sample_data)) + out_bytes
     k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
+    if judge.device == "cpu" and o.memory_limit_mb > 0:
+        # the round's outputs live in the candidate's process until the judge has read them: they
+        # must fit in its allowance with room for its own work
+        k = max(1, min(k, (o.memory_limit_mb << 20) // 3 // out_bytes))
     sets, pristine, shared, mine = _make_sets(judge, case, k)
     del sample_data
     trees = shared.keep[-1]
