@@ -72,9 +72,10 @@ class _Watch:
                 if phase != self.phase:
                     self.used = 0.0
                     self.seen.append(phase)
-                    from .progress import phase_started
+                    if phase != "done":  # evaluate() says "done" itself, once the verdict is made
+                        from .progress import phase_started
 
-                    phase_started(phase, f"worker {pid}")
+                        phase_started(phase, f"worker {pid}")
                 self.phase, self.pid = phase, pid
                 if len(parts) == 5:  # the candidate's process, once the judge has one
                     self.candidate = int(parts[4])

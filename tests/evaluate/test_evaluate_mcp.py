@@ -86,9 +86,6 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
         assert history["rows"] and len(history["rows"]) <= 5  # the evaluation's regions among them
 
 
-@pytest.mark.xfail(
-    reason="the orchestrator does not report its phase markers to progress.phase_started yet", strict=True
-)
 @pytest.mark.timeout(300)
 async def test_an_mcp_client_is_told_each_phase(eval_pool: PoolProc) -> None:
     env = {**os.environ, **eval_pool.env}

@@ -160,19 +160,12 @@ def test_a_directory_without_task_yml_or_of_another_format_is_refused(tmp_path: 
 
 # -- end to end, on the tests' pool ---------------------------------------------------------------
 
-#: the worker lays the files out (krex_lab.evaluate.task.lay_out) in the judge and the candidate
-_LAID_OUT = pytest.mark.xfail(
-    reason="the worker does not lay out a task's files yet (its judge imports the reference from its directory alone)",
-    strict=True,
-)
-
 
 def _evaluate(pool: PoolProc, reference: Path, candidate: Path, **kw: Any) -> Evaluation:
     kw.setdefault("timeouts", LIMITS)
     return evaluate(reference, candidate, pool=pool.client, **kw)
 
 
-@_LAID_OUT
 def test_a_published_problem_gets_its_verdicts(eval_pool: PoolProc) -> None:
     ok = _evaluate(eval_pool, SCALE, SCALE / "correct.py", seed=5)
     assert ok.verdict == "correct", ok.summary
