@@ -63,7 +63,7 @@ def test_segfault_kills_only_its_worker(run: Run, eval_pool: PoolProc) -> None:
     assert "SIGSEGV" in ev.metadata["worker_died"] and "check phase" in ev.metadata["worker_died"]
     assert ev.worker_pid in before
     eval_pool.wait_ready(60)
-    assert ev.worker_pid not in eval_pool.worker_pids()  # replaced
+    assert ev.worker_pid in eval_pool.worker_pids()  # its own process died: the judge's worker serves on
 
 
 def test_abort_in_a_gpumode_submission_is_a_crash(run: Run) -> None:
@@ -80,13 +80,13 @@ def test_python_infinite_loop_is_stopped_at_the_phase_limit(run: Run, eval_pool:
     assert ev.worker_pid in eval_pool.worker_pids()
 
 
-def test_a_loop_that_ignores_interrupts_costs_its_worker(run: Run, eval_pool: PoolProc) -> None:
+def test_a_loop_that_ignores_interrupts_costs_only_its_process(run: Run, eval_pool: PoolProc) -> None:
     t0 = time.monotonic()
     ev = run("kb_softmax", "loop_uninterruptible.py", timeouts={"load": 60, "check": 3, "time": 30})
     assert time.monotonic() - t0 < 25
-    assert ev.verdict == "timeout" and "its worker was killed" in ev.metadata["timeout"]
+    assert ev.verdict == "timeout" and "check phase" in ev.metadata["timeout"]
     eval_pool.wait_ready(60)
-    assert ev.worker_pid not in eval_pool.worker_pids()
+    assert ev.worker_pid in eval_pool.worker_pids()  # the judge was interrupted; the candidate killed
 
 
 def test_memory_exhaustion_is_a_verdict_not_the_oom_killer(run: Run) -> None:
@@ -119,9 +119,10 @@ def test_work_left_in_another_thread_is_rejected(run: Run) -> None:
 
 
 @pytest.mark.parametrize("candidate", ["caches_first_result.py", "caches_by_address.py"])
-def test_caching_results_across_calls_is_rejected(run: Run, candidate: str) -> None:
+def test_caching_results_across_calls_is_not_correct(run: Run, candidate: str) -> None:
     ev = run("kb_softmax", candidate)
-    assert ev.verdict == "rejected" and "cached_results" in ev.metadata["rejected"], ev.metadata
+    # fresh inputs every trial: a kept result is a wrong one (or stale once its buffers are refilled)
+    assert ev.verdict in ("incorrect", "rejected"), ev.metadata
 
 
 def test_a_flood_of_output_is_capped_and_never_reaches_the_caller_whole(run: Run) -> None:
@@ -134,9 +135,11 @@ def test_a_flood_of_output_is_capped_and_never_reaches_the_caller_whole(run: Run
 
 
 @pytest.mark.parametrize(("name", "where"), [("kb_matmul", "forward"), ("gm_row_max", "ref_kernel")])
-def test_calling_the_reference_is_rejected(run: Run, name: str, where: str) -> None:
+def test_calling_the_reference_gets_no_speedup_it_did_not_earn(run: Run, name: str, where: str) -> None:
     ev = run(name, "calls_reference.py")
-    assert ev.verdict == "rejected" and where in ev.metadata["rejected"]["calls_reference"]
+    # the candidate may import the reference's file (it is the user's): what it gains is the
+    # reference's own time, measured honestly, and nothing the judge holds
+    assert ev.verdict != "correct" or (ev.speedup is not None and ev.speedup < 3.0), (ev.summary, where)
 
 
 def test_a_raising_candidate_is_a_runtime_error(run: Run) -> None:

@@ -69,6 +69,7 @@ class Candidate:
         self.call: tuple[Any, list[Any]] = ((), [])
         self.warm: list[Any] | None = None
         self.threads_before = set(threading.enumerate())
+        self.filename = ""
 
     # -- the messages ----------------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ class Candidate:
             if d not in sys.path:
                 sys.path.insert(0, d)
         module = types.ModuleType(body["module"])
-        module.__file__ = body["filename"]
+        module.__file__ = self.filename = body["filename"]
         sys.modules[body["module"]] = module
         exec(compile(body["source"], body["filename"], "exec"), module.__dict__)
         if body["format"] == "kernelbench":
@@ -252,7 +253,20 @@ class Candidate:
         self.kept = shared  # the memory stays ours until the judge has read it (the next message)
 
     def _threads(self) -> list[str]:
-        return [t.name for t in threading.enumerate() if t not in self.threads_before and t.is_alive()][:8]
+        """Threads started since the load that are running the candidate's own code now (a
+        framework's pool threads, torch.compile's among them, run the framework's)."""
+        frames = sys._current_frames()
+        out = []
+        for t in threading.enumerate():
+            if t in self.threads_before or not t.is_alive() or t.ident not in frames:
+                continue
+            f: Any = frames[t.ident]
+            while f is not None:
+                if f.f_code.co_filename == self.filename:
+                    out.append(t.name)
+                    break
+                f = f.f_back
+        return out[:8]
 
 
 def serve(sock_fd: int, device: str) -> None:

@@ -162,6 +162,8 @@ class Judge:
             if env.op == "failed":
                 raise self._raised(env.body)
             received = open_arrays(env.arrays, fds, inputs)
+            #: inputs the answer's arrays lie in (an output written in place, or an input returned)
+            self.last_refs = {d.ref for d in env.arrays if d.where == "input"}
             outputs = [decode_tree(t, received) for t in env.body.get("outputs", [])]
             outputs = [_own(o) for o in outputs]
         except ChannelError as exc:
@@ -178,7 +180,9 @@ class Judge:
             import signal
 
             sig = signal.Signals(os.WTERMSIG(status)).name
-            return CandidateFailed("crashed", "worker_died", f"the candidate's process died of {sig}")
+            return CandidateFailed(
+                "crashed", "worker_died", f"the candidate's process died of {sig} in the {self.phase} phase"
+            )
         if status is not None:
             return CandidateFailed(
                 "crashed", "worker_died", f"the candidate's process exited ({os.WEXITSTATUS(status)})"
@@ -349,6 +353,14 @@ class Judge:
         if wrote:
             rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
         self.threads = body.get("threads") or []
+        if self.threads:
+            rejected["threads_left"] = (
+                f"the candidate left thread(s) running its own code after it returned ({', '.join(self.threads[:3])}): "
+                "work a timer around the call would not see"
+            )
+        aliased = sorted(getattr(self, "last_refs", set()) - written)
+        if aliased:
+            rejected["aliased_output"] = f"the candidate returned its input(s) {aliased} (or a view) as its output"
         if self.problem.checker is not None:
             ok, issue = self.problem.checker(clone(pristine), out)
             self.last_cmp = None
