@@ -32,19 +32,20 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...region_report import RegionReport
 from ..channel import Shared, share_input
+from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
 from .compare import compare, tolerances
 from .problems import nbytes
+from .values import CandidateFailed, replace_arrays, tree_of
 
-if TYPE_CHECKING:
-    from ..options import Options
-    from .session import Judge
+#: the judge of :mod:`.session` (not imported: the session imports this module)
+Judge = Any
 
 __all__ = ["method_name", "timing"]
 
@@ -133,8 +134,6 @@ def _done(samples: list[float], o: Options, fmt: str, started: float) -> bool:
 
 def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
     """Every timed case of the problem (see the module's docstring)."""
-    from .session import CandidateFailed
-
     judge.phase = "time"
     result = TimeResult()
     t0 = time.perf_counter()
@@ -170,8 +169,6 @@ def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int) -> tuple[list[
         data = judge.problem.make(case, judge.seed())
         synchronize()
         pristine.append(clone(data))
-        from .session import _replace_arrays, _tree_of
-
         first = len(mine)
         own = []
         for x in arrays(data):
@@ -179,8 +176,8 @@ def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int) -> tuple[list[
             shared.arrays.append(d)
             own.append(arr)
         mine += own
-        sets.append(_replace_arrays(judge.problem.args(data), iter(own)))
-        trees.append(_tree_of(judge.problem.args(data), iter(range(first, first + len(own)))))
+        sets.append(replace_arrays(judge.problem.args(data), iter(own)))
+        trees.append(tree_of(judge.problem.args(data), iter(range(first, first + len(own)))))
     judge_sets_tree = trees
     shared.keep.append(judge_sets_tree)
     return sets, pristine, shared, mine

@@ -37,6 +37,7 @@ from ..tensors import arrays, clone, synchronize
 from .compare import compare, same, tolerances
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
+from .values import CandidateFailed, own, replace_arrays, tree_of
 
 __all__ = ["CandidateFailed", "Judge", "run"]
 
@@ -46,14 +47,6 @@ _REFERENCES: dict[str, types.ModuleType] = {}
 LOAD_FILE_LIMIT = 1 << 30
 _OOM = ("out of memory", "can't allocate memory", "cannot allocate memory", "outofmemory")
 _PR_SET_DUMPABLE = 4
-
-
-class CandidateFailed(Exception):
-    """The candidate's process raised, died or broke the protocol: ``verdict`` and ``key`` say how."""
-
-    def __init__(self, verdict: str, key: str, message: str) -> None:
-        super().__init__(message)
-        self.verdict, self.key, self.message = verdict, key, message
 
 
 def _nondumpable() -> None:
@@ -165,7 +158,7 @@ class Judge:
             #: inputs the answer's arrays lie in (an output written in place, or an input returned)
             self.last_refs = {d.ref for d in env.arrays if d.where == "input"}
             outputs = [decode_tree(t, received) for t in env.body.get("outputs", [])]
-            outputs = [_own(o) for o in outputs]
+            outputs = [own(o) for o in outputs]
         except ChannelError as exc:
             raise CandidateFailed("rejected", "rejected", f"protocol: {exc}") from None
         finally:
@@ -334,8 +327,8 @@ class Judge:
             descs.append(d)
             mine.append(arr)
         shared.arrays = descs
-        args = _replace_arrays(self.problem.args(data), iter(mine))
-        tree = _tree_of(self.problem.args(data), iter(range(len(mine))))
+        args = replace_arrays(self.problem.args(data), iter(mine))
+        tree = tree_of(self.problem.args(data), iter(range(len(mine))))
         self._last_inputs = mine
         body, outs = self.ask("call", {"args": tree}, shared, inputs=mine)
         return args, outs, body
@@ -515,38 +508,6 @@ class Judge:
 
 def _scalar(x: Any) -> bool:
     return not list(arrays(x))
-
-
-def _own(value: Any) -> Any:
-    """The judge's own copy of an output it received (the candidate's memory is let go)."""
-
-    def copy(x: Any) -> Any:
-        return x.clone() if hasattr(x, "clone") else x.copy()
-
-    from ..tensors import _map
-
-    return _map(value, copy)
-
-
-def _tree_of(value: Any, ids: Iterator[int]) -> Any:
-    """``value``'s tree for the channel, its arrays numbered in order (the shared message's)."""
-    from ..tensors import _is_array
-
-    if _is_array(value):
-        return ["a", next(ids)]
-    if isinstance(value, tuple):
-        return ["t", [_tree_of(v, ids) for v in value]]
-    if isinstance(value, list):
-        return ["l", [_tree_of(v, ids) for v in value]]
-    if isinstance(value, dict):
-        return ["d", {str(k): _tree_of(v, ids) for k, v in value.items()}]
-    return encode_tree(value, Shared())
-
-
-def _replace_arrays(value: Any, mine: Iterator[Any]) -> Any:
-    from ..tensors import _map
-
-    return _map(value, lambda _x: next(mine))
 
 
 def run(job: Job, reference_cache: str | None = None) -> PhaseResults:
