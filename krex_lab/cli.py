@@ -205,6 +205,49 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _run_in_region(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` to its end and return its exit code, as a shell reports it. Ctrl-C, SIGTERM
+    and SIGHUP go to the command (as ``timeout`` and ``env`` pass them on), from before it is
+    forked: one that arrives while it starts is noted, and passed on once it runs. Caught only
+    after ``Popen`` returned, SIGTERM killed krex in that gap and the command ran on outside the
+    region; a Ctrl-C there escaped as a KeyboardInterrupt with no handle on the child."""
+    proc: subprocess.Popen[bytes] | None = None
+    noted: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc is None:
+            noted.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    if ctrl_c is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as exc:  # removed or changed since the check before the region
+            print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        finally:
+            signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except below
+        try:
+            for signum in noted:
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                proc.send_signal(signum)
+            return _exit_code(proc.wait())
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            return 130
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
+
+
 def _exclusive(args: argparse.Namespace) -> int:
     from .client import attach, exclusive
     from .errors import LeaseExpired, RegionRevoked
@@ -231,39 +274,7 @@ def _exclusive(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     print(region.report.summary(), file=sys.stderr)
                 env = dict(os.environ, KREX_REGION=region.id or "")
-                # A Ctrl-C between the command's fork and its exec would escape Popen as a
-                # KeyboardInterrupt with no handle on the child, which then ran on outside the
-                # region: while it starts, Ctrl-C is only noted, and acted on below.
-                noted: list[int] = []
-                ctrl_c = signal.getsignal(signal.SIGINT)
-                if ctrl_c is signal.default_int_handler:
-                    signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
-                try:
-                    proc = subprocess.Popen(cmd, env=env)
-                except OSError as exc:  # removed or changed since the check above
-                    signal.signal(signal.SIGINT, ctrl_c)
-                    print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
-                    code = 127 if isinstance(exc, FileNotFoundError) else 126
-                else:
-                    # SIGTERM and SIGHUP go to the command too, as `timeout` and `env` pass them on:
-                    # it must not run on, outside the region, after krex has gone.
-                    def forward(signum: int, _frame: object) -> None:
-                        with contextlib.suppress(ProcessLookupError):
-                            proc.send_signal(signum)
-
-                    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-                    try:
-                        signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except
-                        if noted:
-                            raise KeyboardInterrupt
-                        code = _exit_code(proc.wait())
-                    except KeyboardInterrupt:
-                        proc.send_signal(signal.SIGINT)
-                        proc.wait()
-                        code = 130
-                    finally:
-                        for s, handler in kept.items():
-                            signal.signal(s, handler)
+                code = _run_in_region(cmd, env)
         except (LeaseExpired, RegionRevoked) as exc:
             print(f"krex exclusive: {exc}", file=sys.stderr)
             cut_short = True
