@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from .errors import KrexError, fail_as_json
+from .errors import BAD_CALL, FAILED, KrexError, exit_code, fail_as_json
 
 #: an application subcommand's entry point: ``main(argv)`` of a traitlets application
 AppMain = Callable[[list[str]], None]
@@ -255,7 +255,7 @@ def _exclusive(args: argparse.Namespace) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         print("krex exclusive: give a command after --", file=sys.stderr)
-        return 2
+        return BAD_CALL
     problem = _command_problem(cmd[0])
     if problem is not None:  # said before the GPU is taken, as a shell says it
         print(f"krex exclusive: {cmd[0]}: {problem[1]}", file=sys.stderr)
@@ -447,8 +447,9 @@ DEBUG_ENV = "KREX_DEBUG"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 (2 for usage errors,
-    130 on Ctrl-C, 141 when stdout's reader has gone)."""
+    """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 when the work failed,
+    2 when the call was wrong (:func:`krex_lab.errors.exit_code`; argparse's usage errors too),
+    130 on Ctrl-C, 141 when stdout's reader has gone."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     prog = f"krex {args.cmd}"
     try:
@@ -456,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except KrexError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        code = 1
+        code = exit_code(exc)  # 2 for a value the node cannot serve (a GPU it lacks), else 1
     except BrokenPipeError:  # `krex status | head -1`, `krex run big.py | head`
         _quiet_stdout()
         code = 141
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get(DEBUG_ENV) or args.cmd == "pool":  # the pool's crashes keep their traceback
             raise
         print(f"{prog}: {type(exc).__name__}: {exc} (unexpected; {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
-        code = 1
+        code = FAILED
     sys.exit(code)
 
 
