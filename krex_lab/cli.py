@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import BAD_CALL, FAILED, KrexError, exit_code, fail_as_json
+
+if TYPE_CHECKING:
+    import subprocess
+
+# json, shutil and subprocess are imported by the subcommands that use them: every `krex run`
+# pays for what this module imports.
 
 #: an application subcommand's entry point: ``main(argv)`` of a traitlets application
 AppMain = Callable[[list[str]], None]
@@ -164,6 +167,8 @@ def _status(args: argparse.Namespace) -> int:
         from .ray.status import run
 
         return int(run(args))
+    import json
+
     from .arbiter.status import format_table
     from .client import status
 
@@ -186,6 +191,8 @@ STRICT_EXIT = 3
 def _command_problem(name: str) -> tuple[int, str] | None:
     """What a shell would say before running ``name``: (127, "command not found"),
     (126, "Permission denied" / "Is a directory"), or None when it can be run."""
+    import shutil
+
     if os.sep not in name:
         found = shutil.which(name)
         if found is None:
@@ -211,6 +218,8 @@ def _run_in_region(cmd: list[str], env: dict[str, str]) -> int:
     forked: one that arrives while it starts is noted, and passed on once it runs. Caught only
     after ``Popen`` returned, SIGTERM killed krex in that gap and the command ran on outside the
     region; a Ctrl-C there escaped as a KeyboardInterrupt with no handle on the child."""
+    import subprocess
+
     proc: subprocess.Popen[bytes] | None = None
     noted: list[int] = []
 
