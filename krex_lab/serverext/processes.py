@@ -375,17 +375,18 @@ class Services:
         if not self._wait_ready(self.pool, lambda: _pool_answers(self.pool_endpoint)):
             self._problem(f"the pool service did not answer at {self.pool_endpoint}:\n{self.pool.log_tail()}")
 
-    def _reuse_pool(self, served: list[int]) -> bool:
+    def _reuse_pool(self, found: tuple[list[int], bool]) -> bool:
         """Whether the pool already serving (a second `krex lab`, one after `krex run`) serves every
-        GPU this lab places kernels on; said in one line either way. A pool started before this
-        lab's arbiter assumed the GPUs it found alone: it serves the arbiter's once it finds it
-        (within its resync, waited for here), else this lab starts a pool of its own."""
+        GPU this lab places kernels on; said in one line either way. A pool started before any
+        arbiter answered assumed the GPUs it found alone: it serves the arbiter's once it finds it
+        (within its resync, waited for here); one that follows an arbiter already keeps what it
+        serves, and this lab starts a pool of its own."""
         wanted = list(range(self.info.gpus)) if self.info is not None else []
         deadline = time.monotonic() + min(self.options.startup_timeout, 5.0)
-        first = served
-        while not set(wanted) <= set(served) and time.monotonic() < deadline:
+        first, (served, follows) = found[0], found
+        while not set(wanted) <= set(served) and not follows and time.monotonic() < deadline:
             time.sleep(0.1)
-            served = _pool_gpus(self.pool_endpoint) or []
+            served, follows = _pool_gpus(self.pool_endpoint) or ([], True)
         if set(wanted) <= set(served):
             resized = f" (it served GPUs {first}; it now serves this lab's arbiter's)" if served != first else ""
             self.log.info("KREX: using the pool already serving at %s, GPUs %s%s", self.pool_endpoint, served, resized)
@@ -561,16 +562,20 @@ def _lock_held(path: Path) -> bool:
         return False
 
 
-def _pool_gpus(endpoint: str) -> list[int] | None:
-    """The GPUs the pool at ``endpoint`` serves (None: no pool of this user answers there)."""
+def _pool_gpus(endpoint: str) -> tuple[list[int], bool] | None:
+    """The GPUs the pool at ``endpoint`` serves, and whether it follows an arbiter already (None:
+    no pool of this user answers there)."""
     try:
         from ..workers.client import PoolClient
 
-        client = PoolClient.connect(endpoint, start=False)  # asks who the pool is (its GPUs too)
+        client = PoolClient.connect(endpoint, start=False)
     except Exception:
         return None
     try:
-        return list(client.info.gpus) if client.info is not None else None
+        table = client.status()
+        return [g.index for g in table.gpus], table.pool.arbiter is not None
+    except Exception:
+        return None
     finally:
         client.close()
 

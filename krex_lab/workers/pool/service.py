@@ -482,7 +482,8 @@ class Pool(LoggingConfigurable):
             started=self.started,
             on_demand=self.on_demand,
             idle_exit_s=self.on_demand_idle_exit if self.on_demand else self.idle_exit,
-            arbiter=self.arbiter_endpoint if self.gates.connected else None,
+            # said once learnt, GPUs and all: a lab that finds it then knows what it will serve
+            arbiter=self.arbiter_endpoint if self.gates.connected and self._arbiter_known else None,
             preload=list(self.preload),
             workers_per_gpu=self.workers_per_gpu,
             spares_per_gpu=self.spares_per_gpu,
