@@ -64,6 +64,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -490,6 +491,7 @@ def main(argv: list[str] | None = None) -> Path:
             result["arbiter_history"] = {"error": str(exc)}
     finally:
         world.stop()
+        shutil.rmtree(runtime, ignore_errors=True)  # sockets, journals, the agents' files: nothing kept
     result["wall_s"] = round(time.time() - t_start, 1)
     result["ratios_region_over_command"] = agent_reference.ratios(result["points"])
     for r in result["ratios_region_over_command"]:

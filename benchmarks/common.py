@@ -28,6 +28,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        # what else ran meanwhile: on a shared machine it moves every figure (1, 5, 15 min averages)
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     gpus = nvidia_smi("name,driver_version")
     if gpus:

@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm quickstart lag modes study studylong study0 multigpu bench evalbatch redteam (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -56,6 +56,11 @@ for stage in "${stages[@]}"; do
       # imports (about 90 ms on the H200, 2026-12-01: the startup being measured).
       python3 -m compileall -q krex_lab ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout 240 python3 benchmarks/warm_vs_cold.py 2>&1 | tail -30 | tee "$OUT/warm.log" ;;
+    warmcpu)  # the same harness on the fake backend with a NumPy script: the CLI's own start-up and
+      # round trip on a quiet 16-core host, comparable with the CPU machine's figure (~1 min)
+      python3 -m compileall -q krex_lab ${PYTHONPATH%%:*} > /dev/null 2>&1
+      timeout 240 python3 benchmarks/warm_vs_cold.py --framework numpy --backend fake --runs 31 2>&1 | tail -30 \
+        | tee "$OUT/warmcpu.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
     lag)  # probe: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)

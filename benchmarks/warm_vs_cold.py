@@ -1,7 +1,7 @@
 """Cold ``python script.py`` versus warm ``krex run script.py`` for a one-small-matmul script.
 
     python benchmarks/warm_vs_cold.py                     # torch on CUDA (the README's figure)
-    python benchmarks/warm_vs_cold.py --framework numpy   # harness check on a machine without GPU
+    python benchmarks/warm_vs_cold.py --framework numpy --backend fake   # a machine without GPU
 
 Starts its own arbiter and pool (private runtime dir; the pool preloads torch and creates its
 workers' contexts), then measures, for the same script:
@@ -11,9 +11,10 @@ workers' contexts), then measures, for the same script:
 * throughput: 16 (``--concurrent``) commands started at once, each way: commands per second
   until the last one ends (median of ``--rounds`` rounds).
 
-Also the floor of ``krex run`` (an empty script) and the in-process API (PoolClient.run_script,
-no CLI start-up). Needs torch with a CUDA GPU for the default; exits with a clear message (status
-0, nothing written) where they are missing. JSON goes to benchmarks/results/ and $OUT.
+Also the floor of ``krex run`` (an empty script), what of it is the CLI's own start-up (a fresh
+interpreter's start, and its imports of what ``krex run`` loads, timed apart), and the in-process
+API (PoolClient.run_script, no CLI start-up). Needs torch with a CUDA GPU for the default; exits
+with a clear message (status 0, nothing written) where they are missing. JSON goes to benchmarks/results/ and $OUT.
 """
 
 from __future__ import annotations
@@ -77,6 +78,28 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return dt
+
+
+#: what ``krex run SCRIPT`` imports before it sends the job, timed in a fresh interpreter
+CLI_IMPORTS = (
+    "import time\n"
+    "t0 = time.perf_counter()\n"
+    "from krex_lab.cli import build_parser\n"
+    "build_parser().parse_args(['run', 'script.py'])\n"
+    "import krex_lab.workers.client.pool_client, krex_lab.workers.client.stdin\n"
+    "print(time.perf_counter() - t0)\n"
+)
+
+
+def cli_start(runs: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
+    """The CLI's start-up apart from the job: the interpreter's own start (``python -c pass``) and
+    the imports of ``krex run`` (in-process clock, a fresh interpreter each time)."""
+    start = [timed([sys.executable, "-c", "pass"], env) for _ in range(runs)]
+    imports = []
+    for _ in range(runs):
+        r = subprocess.run([sys.executable, "-c", CLI_IMPORTS], env=env, capture_output=True, text=True, check=True)
+        imports.append(float(r.stdout))
+    return {"python_start": stats(start), "krex_run_imports": stats(imports)}
 
 
 def concurrent(cmd: list[str], env: dict[str, str], n: int) -> float:
@@ -185,6 +208,12 @@ def main() -> None:
             f"{stats(api)['p50_ms']:.1f} ms",
             flush=True,
         )
+        start = cli_start(args.runs, env)
+        print(
+            f"CLI start-up: python -c pass p50 {start['python_start']['p50_ms']:.1f} ms; krex run's imports "
+            f"p50 {start['krex_run_imports']['p50_ms']:.1f} ms",
+            flush=True,
+        )
 
         n = args.concurrent
         cold_tp = [concurrent(cold_cmd, env, n) for _ in range(args.rounds)]
@@ -229,6 +258,7 @@ def main() -> None:
                 "warm_krex_run": stats(warm),
                 "krex_run_empty_script": stats(floor),
                 "warm_api_run_script": stats(api),
+                "cli_start": start,
                 "p50_ratio_cold_over_warm": round(ratio, 1),
             },
             "throughput": {

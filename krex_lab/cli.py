@@ -15,16 +15,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import KrexError, fail_as_json
+from .errors import BAD_CALL, FAILED, KrexError, exit_code, fail_as_json
+
+if TYPE_CHECKING:
+    import subprocess
+
+# json, shutil and subprocess are imported by the subcommands that use them: every `krex run`
+# pays for what this module imports.
 
 #: an application subcommand's entry point: ``main(argv)`` of a traitlets application
 AppMain = Callable[[list[str]], None]
@@ -164,6 +167,8 @@ def _status(args: argparse.Namespace) -> int:
         from .ray.status import run
 
         return int(run(args))
+    import json
+
     from .arbiter.status import format_table
     from .client import status
 
@@ -186,6 +191,8 @@ STRICT_EXIT = 3
 def _command_problem(name: str) -> tuple[int, str] | None:
     """What a shell would say before running ``name``: (127, "command not found"),
     (126, "Permission denied" / "Is a directory"), or None when it can be run."""
+    import shutil
+
     if os.sep not in name:
         found = shutil.which(name)
         if found is None:
@@ -205,6 +212,51 @@ def _exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _run_in_region(cmd: list[str], env: dict[str, str]) -> int:
+    """Run ``cmd`` to its end and return its exit code, as a shell reports it. Ctrl-C, SIGTERM
+    and SIGHUP go to the command (as ``timeout`` and ``env`` pass them on), from before it is
+    forked: one that arrives while it starts is noted, and passed on once it runs. Caught only
+    after ``Popen`` returned, SIGTERM killed krex in that gap and the command ran on outside the
+    region; a Ctrl-C there escaped as a KeyboardInterrupt with no handle on the child."""
+    import subprocess
+
+    proc: subprocess.Popen[bytes] | None = None
+    noted: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc is None:
+            noted.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    if ctrl_c is signal.default_int_handler:
+        signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env=env)
+        except OSError as exc:  # removed or changed since the check before the region
+            print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        finally:
+            signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except below
+        try:
+            for signum in noted:
+                if signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                proc.send_signal(signum)
+            return _exit_code(proc.wait())
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            return 130
+    finally:
+        for s, handler in kept.items():
+            signal.signal(s, handler)
+
+
 def _exclusive(args: argparse.Namespace) -> int:
     from .client import attach, exclusive
     from .errors import LeaseExpired, RegionRevoked
@@ -212,7 +264,7 @@ def _exclusive(args: argparse.Namespace) -> int:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         print("krex exclusive: give a command after --", file=sys.stderr)
-        return 2
+        return BAD_CALL
     problem = _command_problem(cmd[0])
     if problem is not None:  # said before the GPU is taken, as a shell says it
         print(f"krex exclusive: {cmd[0]}: {problem[1]}", file=sys.stderr)
@@ -231,39 +283,7 @@ def _exclusive(args: argparse.Namespace) -> int:
                 if not args.quiet:
                     print(region.report.summary(), file=sys.stderr)
                 env = dict(os.environ, KREX_REGION=region.id or "")
-                # A Ctrl-C between the command's fork and its exec would escape Popen as a
-                # KeyboardInterrupt with no handle on the child, which then ran on outside the
-                # region: while it starts, Ctrl-C is only noted, and acted on below.
-                noted: list[int] = []
-                ctrl_c = signal.getsignal(signal.SIGINT)
-                if ctrl_c is signal.default_int_handler:
-                    signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
-                try:
-                    proc = subprocess.Popen(cmd, env=env)
-                except OSError as exc:  # removed or changed since the check above
-                    signal.signal(signal.SIGINT, ctrl_c)
-                    print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
-                    code = 127 if isinstance(exc, FileNotFoundError) else 126
-                else:
-                    # SIGTERM and SIGHUP go to the command too, as `timeout` and `env` pass them on:
-                    # it must not run on, outside the region, after krex has gone.
-                    def forward(signum: int, _frame: object) -> None:
-                        with contextlib.suppress(ProcessLookupError):
-                            proc.send_signal(signum)
-
-                    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-                    try:
-                        signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except
-                        if noted:
-                            raise KeyboardInterrupt
-                        code = _exit_code(proc.wait())
-                    except KeyboardInterrupt:
-                        proc.send_signal(signal.SIGINT)
-                        proc.wait()
-                        code = 130
-                    finally:
-                        for s, handler in kept.items():
-                            signal.signal(s, handler)
+                code = _run_in_region(cmd, env)
         except (LeaseExpired, RegionRevoked) as exc:
             print(f"krex exclusive: {exc}", file=sys.stderr)
             cut_short = True
@@ -436,8 +456,9 @@ DEBUG_ENV = "KREX_DEBUG"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 (2 for usage errors,
-    130 on Ctrl-C, 141 when stdout's reader has gone)."""
+    """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 when the work failed,
+    2 when the call was wrong (:func:`krex_lab.errors.exit_code`; argparse's usage errors too),
+    130 on Ctrl-C, 141 when stdout's reader has gone."""
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     prog = f"krex {args.cmd}"
     try:
@@ -445,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except KrexError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        code = 1
+        code = exit_code(exc)  # 2 for a value the node cannot serve (a GPU it lacks), else 1
     except BrokenPipeError:  # `krex status | head -1`, `krex run big.py | head`
         _quiet_stdout()
         code = 141
@@ -455,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get(DEBUG_ENV) or args.cmd == "pool":  # the pool's crashes keep their traceback
             raise
         print(f"{prog}: {type(exc).__name__}: {exc} (unexpected; {DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
-        code = 1
+        code = FAILED
     sys.exit(code)
 
 

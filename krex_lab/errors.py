@@ -142,12 +142,25 @@ def error_from_wire(type_name: str, message: str, traceback: str | None = None) 
     return cls(message, traceback) if issubclass(cls, RemoteError) else cls(message)
 
 
+#: the exit codes of every ``krex`` subcommand (docs/troubleshooting.md, "Exit codes of krex"):
+#: FAILED, the work was tried and failed (no arbiter, a refused request, an incorrect candidate);
+#: BAD_CALL, the call itself is wrong (its usage, a file it names that is not there, a value the
+#: node cannot serve such as a GPU it does not have), nothing was done. argparse exits 2 too.
+FAILED = 1
+BAD_CALL = 2
+
+
+def exit_code(exc: BaseException) -> int:
+    """:data:`BAD_CALL` for an error the caller's arguments made, else :data:`FAILED`."""
+    return BAD_CALL if isinstance(exc, (InvalidRequest, FileNotFoundError, ValueError, TypeError)) else FAILED
+
+
 def fail_as_json(prog: str, exc: BaseException) -> int:
     """How a ``--json`` command fails: its parser reads JSON on stdout either way (an ``error``
-    field), a person reads the line on stderr; the exit code is 1."""
+    field), a person reads the line on stderr; the exit code is :func:`exit_code`'s."""
     import json
     import sys
 
     print(json.dumps({"error": str(exc), "type": type(exc).__name__}, indent=2))
     print(f"{prog}: {exc}", file=sys.stderr)
-    return 1
+    return exit_code(exc)

@@ -23,6 +23,7 @@ import atexit
 import os
 import sys
 import threading
+from types import CodeType
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -118,6 +119,9 @@ class KrexMagics(Magics):
         from .client import Exclusive
 
         args = parse_argstring(self.krex_exclusive, line)
+        # Compiled before the GPU is taken: a cell that cannot run (a syntax error) takes no region,
+        # freezes no neighbour and leaves no completed region in the history.
+        compiled = self.compile_here(cell)
         for attempt in (0, 1):
             try:
                 region = Exclusive(
@@ -137,7 +141,7 @@ class KrexMagics(Magics):
                 raise _explain(exc) from None
         tail = _Tail.install()
         try:
-            value = self.run_here(cell)
+            value = self.run_compiled(compiled)
         except BaseException:
             tail.remove()
             self._release(region, args.quiet, failed=True, dangling=tail.dangling)
@@ -163,8 +167,9 @@ class KrexMagics(Magics):
         if why and not failed:
             raise KrexCellError(why)
 
-    def run_here(self, cell: str) -> Any:
-        """Run ``cell`` in the user namespace; returns its last expression's value, like a cell."""
+    def compile_here(self, cell: str) -> tuple[CodeType, CodeType | None]:
+        """``cell`` compiled as IPython compiles a cell: its body, and its last expression apart
+        (None when it does not end in one). A syntax error is raised here, before anything runs."""
         __tracebackhide__ = True
         shell: Any = self.shell
         source = shell.transform_cell(cell)
@@ -173,9 +178,17 @@ class KrexMagics(Magics):
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         filename = shell.compile.cache(source, max(shell.execution_count - 1, 0), raw_code=cell)
-        exec(shell.compile(tree, filename, "exec"), shell.user_global_ns, shell.user_ns)
+        body = shell.compile(tree, filename, "exec")
+        return body, shell.compile(last, filename, "eval") if last is not None else None
+
+    def run_compiled(self, compiled: tuple[CodeType, CodeType | None]) -> Any:
+        """Run what :meth:`compile_here` made in the user namespace; the last expression's value."""
+        __tracebackhide__ = True
+        shell: Any = self.shell
+        body, last = compiled
+        exec(body, shell.user_global_ns, shell.user_ns)
         if last is not None:
-            return eval(shell.compile(last, filename, "eval"), shell.user_global_ns, shell.user_ns)
+            return eval(last, shell.user_global_ns, shell.user_ns)
         return None
 
     # -- %%krex ---------------------------------------------------------------------------

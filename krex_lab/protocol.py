@@ -21,6 +21,7 @@ Every failure to decode (bad bytes, a wrong type, a wrong version, nesting too d
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 import msgspec
@@ -82,13 +83,28 @@ class DriverDetail(TypedDict, total=False):
 
 
 class CapabilitiesDict(TypedDict):
-    """A backend's :class:`~krex_lab.gpu.base.Capabilities` as plain data: ``GpuBackend.describe`` makes
+    """A backend's :class:`Capabilities` as plain data: ``GpuBackend.describe`` makes
     it; ``hello``, ``register`` and the status table carry it."""
 
     lock: bool
     reason: str
     driver: str
     extra: DriverDetail
+
+
+@dataclass
+class Capabilities:
+    """Whether the backend can drain another process's GPU work by a driver lock, and why (not)
+    (:mod:`krex_lab.gpu.base` re-exports it; it is here so that reading a status table needs no
+    backend module)."""
+
+    lock: bool = False
+    reason: str = ""
+    driver: str = ""
+    extra: DriverDetail = field(default_factory=lambda: DriverDetail())
+
+    def to_dict(self) -> CapabilitiesDict:
+        return CapabilitiesDict(lock=self.lock, reason=self.reason, driver=self.driver, extra=self.extra.copy())
 
 
 # -- the arbiter's requests -------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_a_traitlets_option_reaches_the_arbiter(tmp_path: Path) -> None:
     ).start()
     try:
         refused = krex("exclusive", "--quiet", "--max-hold", "10", "--", "true", env=arb.env())
-        assert refused.returncode == 1 and "max_hold must be in (0, 5]" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and "max_hold must be in (0, 5]" in refused.stderr, refused.stderr
         granted = krex("exclusive", "--quiet", "--max-hold", "2", "--", "true", env=arb.env())
         assert granted.returncode == 0, granted.stderr
         status = krex("status", "--json", env=arb.env())

@@ -137,6 +137,48 @@ def test_sigterm_reaches_the_command_and_nothing_runs_on_outside_the_region(arbi
             proc.wait()
 
 
+def _children_of(pid: int) -> list[int]:
+    """The children of ``pid`` as the kernel lists them (cheap enough to poll in a tight loop)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_sigterm_as_the_command_starts_reaches_it(arbiter: ArbiterProc) -> None:
+    """SIGTERM sent the moment the command is forked, before krex has seen it start: krex passes
+    it on all the same (it used to die of it there, and the command ran on outside the region).
+    Three times: the moment is a fraction of a millisecond, and one try may miss it."""
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [*KREX, "exclusive", "--quiet", "--", "sleep", "30"],
+            env=arbiter.env(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        children: list[int] = []
+        try:
+            while not (children := _children_of(proc.pid)):  # no sleep: the gap is a fraction of a ms
+                assert proc.poll() is None and time.monotonic() < deadline, "the command never started"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+            try:
+                gone = psutil.Process(children[0]).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            assert gone, "the command runs on outside the region"
+        finally:
+            for pid in (proc.pid, *children):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
+        wait_for(lambda: arbiter.status()["gpus"][0]["holder"] is None, timeout=10)
+
+
 def test_status_ray_without_a_cluster_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -86,3 +86,22 @@ def test_no_import_cycles_in_krex_lab() -> None:
     cycle = find_cycle(import_graph())
     if cycle is not None:
         pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_no_test_module_imports_from_a_conftest() -> None:
+    """A conftest.py holds fixtures and hooks that pytest finds; what tests import from each other
+    lives in a helpers module (a conftest imported as a module is loaded twice, under two names)."""
+    tests = PACKAGE.parent / "tests"
+    found = []
+    for path in tests.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except SyntaxError:  # the evaluator's broken candidates, on purpose
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(a.name for a in node.names if not node.module)]
+            if any(n.rpartition(".")[2] == "conftest" for n in names):
+                found.append(f"{path.relative_to(tests)}:{node.lineno}")
+    assert found == [], found

@@ -3,7 +3,7 @@ the hub's login page, the hub spawns her server (JupyterLab, the default URL ``k
 sets), a notebook on the ``krex`` kernel ("Python 3 (KREX)") runs a ``%%krex_exclusive`` timing
 loop, whose one-line region report must appear in the cell's output, and then
 ``krex_lab.dashboard()``, whose GPU panel must render (the node arbiter's simulated GPU, alice's
-session, her region on the timeline). Screenshots go to ``test-artifacts/jupyterhub-alice-*.png``.
+session, her region on the timeline). Screenshots go to ``jupyterhub-alice-*.png`` in ``tests.support.artifacts_dir()``.
 
 The hub is the one :mod:`tests.test_jupyterhub` runs (its helpers, :mod:`tests.hubsupport`): the
 venv's root ``jupyterhub`` started as the docs start it, on the config ``krex hub-config`` generates
@@ -37,7 +37,7 @@ import pytest
 from krex_lab.pytest_plugin import wait_for
 from tests.hubsupport.hub import Hub, NodeArbiter, start_documented_hub
 from tests.hubsupport.users import HubUser, describe, kernel_process, make_users, processes_of
-from tests.support import ROOT
+from tests.support import artifacts_dir
 from tests.support.browser import chromium_page
 from tests.support.browser import ms_left as _left
 from tests.support.browser import pick_krex_kernel as _pick_krex_kernel
@@ -45,7 +45,7 @@ from tests.test_jupyterhub import _as_user, _skip_unless_possible
 
 pytestmark = pytest.mark.timeout(240)
 
-ARTIFACTS = ROOT / "test-artifacts"
+ARTIFACTS = artifacts_dir()
 SHOT_REGION = ARTIFACTS / "jupyterhub-alice-region.png"
 SHOT_DASHBOARD = ARTIFACTS / "jupyterhub-alice-dashboard.png"
 SHOT_HELD = ARTIFACTS / "jupyterhub-alice-dashboard-held.png"
@@ -145,7 +145,6 @@ def _stop_server(hub: Hub, user: str) -> None:
 
 
 def test_alice_logs_in_runs_a_region_and_sees_the_dashboard(chromium: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
     for shot in (SHOT_REGION, SHOT_DASHBOARD, SHOT_HELD, SHOT_FAILURE):
         shot.unlink(missing_ok=True)
     with alice_hub() as node:

@@ -125,6 +125,21 @@ def test_user_exception_shows_normally(ip: Any, arbiter: ArbiterProc) -> None:
     assert arbiter.status()["gpus"][0]["holder"] is None, "the region was released"
 
 
+def test_a_cell_that_does_not_compile_takes_no_region(ip: Any, arbiter: ArbiterProc, detached: Any) -> None:
+    """A syntax error is the cell's own, shown as IPython shows it, before the GPU is taken: no
+    region in the arbiter's record, no neighbour frozen."""
+    sib = detached(0)
+    with capture_output():
+        ip.run_cell_magic("krex_exclusive", "--gpu 0 --no-freeze --no-isolate --quiet", "pass")
+    before = last_region(arbiter)["region"]
+    with capture_output() as cap:
+        result = ip.run_cell("%%krex_exclusive --gpu 0\nx = (1,\nfrozen = 1")
+    assert isinstance(result.error_in_exec, SyntaxError), result
+    assert "SyntaxError" in cap.stdout and "KREX region" not in cap.stdout, cap.stdout
+    assert last_region(arbiter)["region"] == before, "a region was taken for a cell that cannot run"
+    assert proc_state(sib) in ("S", "R") and arbiter.status()["gpus"][0]["holder"] is None
+
+
 def test_krex_status(ip: Any, arbiter: ArbiterProc) -> None:
     with capture_output() as cap:
         ip.run_line_magic("krex_status", "")

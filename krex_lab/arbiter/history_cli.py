@@ -37,7 +37,7 @@ from pathlib import Path
 import msgspec
 
 from .. import discovery, paths, protocol
-from ..errors import ArbiterUnavailable, KrexError, fail_as_json
+from ..errors import ArbiterUnavailable, InvalidRequest, KrexError, exit_code, fail_as_json
 from .history import ACCOUNT, GPU, USAGE_KEYS, USER, HistoryRow, Recent, RecentView, Usage, UsageRow, usage_of
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -305,7 +305,7 @@ def read_database(args: argparse.Namespace, since: float | None, endpoint: str) 
 def run(args: argparse.Namespace) -> int:
     since = args.since
     if args.by and not args.usage:
-        raise KrexError("--by groups --usage: give --usage too")
+        raise InvalidRequest("--by groups --usage: give --usage too")
     if args.usage and since is None:
         since = week_start()
     endpoint = discovery.default_endpoint()  # the arbiter `krex status` finds, this user's lab's
@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         sys.exit(run(args))
     except KrexError as exc:
-        print(f"krex: {exc}", file=sys.stderr)
-        sys.exit(1)
+        print(f"krex history: {exc}", file=sys.stderr)
+        sys.exit(exit_code(exc))
 
 
 if __name__ == "__main__":

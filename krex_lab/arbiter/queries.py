@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import protocol
-from ..errors import InvalidRequest, KrexError
+from ..errors import InvalidRequest, KrexError, RequestRejected
 from ..rpc_server import Peer
 from .history import USAGE_KEYS, Recent, RecentView, RegionHistory, Usage, usage_of
 from .identity import Tickets
@@ -70,8 +70,8 @@ class NodeQueries:
     def history(self, req: protocol.History, peer: Peer) -> Awaitable[RecentView | Usage]:
         viewer = self.viewer(req.ticket)
         db, why = self.history_db()
-        if db is None:
-            raise InvalidRequest(why)
+        if db is None:  # the arbiter's setting, not the request's values: refused, not invalid
+            raise RequestRejected(why)
         user = req.user or None
         if req.by and req.by not in USAGE_KEYS:
             raise InvalidRequest(f"usage by {req.by!r}: one of {', '.join(USAGE_KEYS)}")

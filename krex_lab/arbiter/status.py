@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ..gpu.base import Capabilities
+from ..protocol import Capabilities
 from ..region_report import RegionReport
 from .sessions import SessionRow
 from .slurm_jobs import SlurmJob

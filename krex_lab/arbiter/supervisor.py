@@ -235,6 +235,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None)
         if not command:
             if parser is not None:
                 parser.error("no arbiter command given (after --)")
+            print("krex supervise: no arbiter command given (after --)", file=sys.stderr)
             return 2
         return Supervisor(command, runtime, args.max_restarts, args.window, unlock).run()
     finally:

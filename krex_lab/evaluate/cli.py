@@ -164,23 +164,33 @@ def human(ev: Evaluation) -> str:
     return "\n".join(lines)
 
 
+def _refuse(args: argparse.Namespace, exc: BaseException) -> int:
+    """A call that cannot be evaluated: one line on stderr and, with ``--json``, the same as JSON
+    on stdout (an ``error`` field, as ``krex status --json``); exit 2 for a bad call, else 1."""
+    from ..errors import exit_code, fail_as_json
+
+    if args.json:
+        return fail_as_json("krex eval", exc)
+    print(f"krex eval: {exc}", file=sys.stderr)
+    return exit_code(exc)
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..errors import KrexError
+
     options = _options(args)
     if args.batch:
         if args.reference or args.candidate:
-            print("krex eval: --batch takes no REFERENCE CANDIDATE", file=sys.stderr)
-            return 2
+            return _refuse(args, ValueError("--batch takes no REFERENCE CANDIDATE"))
         return _batch(args, options)
     if not (args.reference and args.candidate):
-        print("krex eval: REFERENCE and CANDIDATE are required (or --batch MANIFEST)", file=sys.stderr)
-        return 2
+        return _refuse(args, ValueError("REFERENCE and CANDIDATE are required (or --batch MANIFEST)"))
     from .api import evaluate
 
     try:
         ev = evaluate(args.reference, args.candidate, **options)
-    except (FileNotFoundError, ValueError, TypeError) as exc:
-        print(f"krex eval: {exc}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, ValueError, TypeError, KrexError) as exc:
+        return _refuse(args, exc)
     print(ev.to_json() if args.json else human(ev))
     return 0 if ev.verdict == "correct" else 1
 
@@ -199,8 +209,7 @@ def _batch(args: argparse.Namespace, options: EvaluateArgs) -> int:
             with open(args.batch) as f:
                 text = f.read()
         except OSError as exc:
-            print(f"krex eval: cannot read the manifest: {exc}", file=sys.stderr)
-            return 2
+            return _refuse(args, FileNotFoundError(f"cannot read the manifest: {exc}"))
         base = os.path.dirname(os.path.abspath(args.batch))
     pairs = parse_manifest(text, base)
     out = open(args.output, "w") if args.output else sys.stdout  # noqa: SIM115

@@ -76,14 +76,27 @@ def top_level_names(text: str, label: str = "<string>") -> set[str]:
     return names
 
 
+def _fits(fmt: str, ref_names: set[str], cand_names: set[str]) -> bool:
+    """The reference defines every name of ``fmt``'s references, the candidate one of its candidates'."""
+    return all(n in ref_names for n in REFERENCE_NAMES[fmt]) and any(n in cand_names for n in CANDIDATE_NAMES[fmt])
+
+
 def detect_format(reference: Source, candidate: Source, format: str = "auto") -> str:
     """``kernelbench`` or ``gpumode``: ``format`` when given, else told by the names each file
     defines. Raises ValueError saying what was found when neither format fits."""
+    ref_names, cand_names = reference.defined_names(), candidate.defined_names()
     if format != "auto":
         if format not in FORMATS:
             raise ValueError(f"unknown format {format!r}: one of auto, {', '.join(FORMATS)}")
+        other = next((f for f in FORMATS if f != format and _fits(f, ref_names, cand_names)), None)
+        if other is not None and not _fits(format, ref_names, cand_names):
+            # a pair of the other format: a bad call, said before anything runs (it failed to load)
+            raise ValueError(
+                f"{reference.label} and {candidate.label} are a {other} pair (they define "
+                f"{', '.join(REFERENCE_NAMES[other] + CANDIDATE_NAMES[other])}), not {format} (which needs "
+                f"{', '.join(REFERENCE_NAMES[format] + CANDIDATE_NAMES[format])})"
+            )
         return format
-    ref_names, cand_names = reference.defined_names(), candidate.defined_names()
     for fmt in FORMATS:
         if all(n in ref_names for n in REFERENCE_NAMES[fmt]):
             return fmt

@@ -18,7 +18,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..procutil import GONE
-from ..protocol import CapabilitiesDict, DriverDetail
+
+# Capabilities lives with the wire's types: a client reading the status table imports no backend.
+from ..protocol import Capabilities
+
+__all__ = ["Capabilities", "GpuBackend", "GpuInfo", "GpuProcess"]
 
 
 @dataclass
@@ -43,19 +47,6 @@ class GpuProcess:
     pid: int
     gpu: int
     used_memory: int | None = None
-
-
-@dataclass
-class Capabilities:
-    """Whether the backend can drain another process's GPU work by a driver lock, and why (not)."""
-
-    lock: bool = False
-    reason: str = ""
-    driver: str = ""
-    extra: DriverDetail = field(default_factory=lambda: DriverDetail())
-
-    def to_dict(self) -> CapabilitiesDict:
-        return CapabilitiesDict(lock=self.lock, reason=self.reason, driver=self.driver, extra=self.extra.copy())
 
 
 class GpuBackend(abc.ABC):

@@ -303,7 +303,8 @@ def config_from(args: argparse.Namespace) -> HubConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the config (``-o``) or print it; 1 when ``-o`` exists and ``--force`` is not given."""
+    """Write the config (``-o``) or print it; 2 (a bad call, nothing written) when ``-o`` exists
+    and ``--force`` is not given."""
     try:
         text = render(config_from(args))
     except ValueError as exc:
@@ -328,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.exists() and not args.force:
         print(f"krex hub-config: {out} exists (--force overwrites it)", file=sys.stderr)
-        return 1
+        return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     out.chmod(0o644)

@@ -354,8 +354,11 @@ class Services:
         if not pool_available():
             self._problem(f"the pool service ({POOL_MODULE}) is not installed: %%krex cells cannot run until it is")
             return
-        if _pool_answers(self.pool_endpoint):  # a second `krex lab`, or one after `krex run`
-            self.log.info("KREX: using the pool already serving at %s", self.pool_endpoint)
+        served = _pool_gpus(self.pool_endpoint)
+        if served is not None and not self._reuse_pool(served):  # it lacks GPUs this lab places kernels on
+            self.pool_endpoint = f"ipc://{self._runtime() / f'pool-lab-{os.getpid()}.sock'}"
+            self._export(paths.POOL_ENDPOINT_ENV, self.pool_endpoint)
+        elif served is not None:
             return
         env = {**os.environ, paths.ENDPOINT_ENV: self.endpoint, paths.POOL_ENDPOINT_ENV: self.pool_endpoint}
         # --step-aside: a pool of this user that starts serving meanwhile is used (see check()).
@@ -371,6 +374,31 @@ class Services:
         self.pool.start()
         if not self._wait_ready(self.pool, lambda: _pool_answers(self.pool_endpoint)):
             self._problem(f"the pool service did not answer at {self.pool_endpoint}:\n{self.pool.log_tail()}")
+
+    def _reuse_pool(self, found: tuple[list[int], bool]) -> bool:
+        """Whether the pool already serving (a second `krex lab`, one after `krex run`) serves every
+        GPU this lab places kernels on; said in one line either way. A pool started before any
+        arbiter answered assumed the GPUs it found alone: it serves the arbiter's once it finds it
+        (within its resync, waited for here); one that follows an arbiter already keeps what it
+        serves, and this lab starts a pool of its own."""
+        wanted = list(range(self.info.gpus)) if self.info is not None else []
+        deadline = time.monotonic() + min(self.options.startup_timeout, 5.0)
+        first, (served, follows) = found[0], found
+        while not set(wanted) <= set(served) and not follows and time.monotonic() < deadline:
+            time.sleep(0.1)
+            served, follows = _pool_gpus(self.pool_endpoint) or ([], True)
+        if set(wanted) <= set(served):
+            resized = f" (it served GPUs {first}; it now serves this lab's arbiter's)" if served != first else ""
+            self.log.info("KREX: using the pool already serving at %s, GPUs %s%s", self.pool_endpoint, served, resized)
+            return True
+        self.log.warning(
+            "KREX: the pool already serving at %s serves GPUs %s, not all of %s that this lab places kernels "
+            "on: this lab starts a pool of its own",
+            self.pool_endpoint,
+            served,
+            wanted,
+        )
+        return False
 
     def _export(self, name: str, value: str) -> None:
         if name not in self._saved_env:
@@ -532,6 +560,24 @@ def _lock_held(path: Path) -> bool:
             return False
     except OSError:
         return False
+
+
+def _pool_gpus(endpoint: str) -> tuple[list[int], bool] | None:
+    """The GPUs the pool at ``endpoint`` serves, and whether it follows an arbiter already (None:
+    no pool of this user answers there)."""
+    try:
+        from ..workers.client import PoolClient
+
+        client = PoolClient.connect(endpoint, start=False)
+    except Exception:
+        return None
+    try:
+        table = client.status()
+        return [g.index for g in table.gpus], table.pool.arbiter is not None
+    except Exception:
+        return None
+    finally:
+        client.close()
 
 
 def _pool_answers(endpoint: str) -> bool:

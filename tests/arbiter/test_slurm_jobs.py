@@ -148,7 +148,7 @@ def test_krex_history_by_job_offline_and_by_without_usage(tmp_path: Path) -> Non
         "12   bob    chem     0.0011     4.00 s  1",
     ], table
     refused = krex("--by", "job")
-    assert refused.returncode == 1 and "--by groups --usage" in refused.stderr
+    assert refused.returncode == 2 and "--by groups --usage" in refused.stderr
 
 
 def test_an_arbiter_with_slurm_names_the_job_in_status_and_reports(tmp_path: Path) -> None:

@@ -29,11 +29,15 @@ def _run_study(tmp_path_factory: pytest.TempPathFactory, gpus: int, args: list[s
     arb: ArbiterProc = next(arbiters)
     try:
         out = tmp / "study.json"
+        scratch = tmp / "tmp"  # its TMPDIR: what it leaves there is seen
+        scratch.mkdir()
         cmd = [sys.executable, str(STUDY), "--use-arbiter", *args, "--out", str(out)]
-        r = subprocess.run(cmd, env=arb.env(), capture_output=True, text=True, timeout=170)
+        env = {**arb.env(), "TMPDIR": str(scratch)}
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         data: dict[str, Any] = json.loads(out.read_text())
         data["stdout"] = r.stdout
+        data["left_in_tmp"] = sorted(p.name for p in scratch.glob("krex-*"))
         return data
     finally:
         next(arbiters, None)
@@ -71,6 +75,10 @@ def test_says_the_gpu_phases_are_simulated(study: dict[str, Any]) -> None:
     assert study["simulated_gpu_phases"] is True
     assert "SIMULATED" in study["stdout"]
     assert all(r.get("simulated") for p in study["points"] for r in p["records"] if r["status"] != "error")
+
+
+def test_the_study_leaves_nothing_in_tmp(study: dict[str, Any]) -> None:
+    assert study["left_in_tmp"] == []
 
 
 def test_every_evaluation_returned_exactly_once(study: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """A real browser: ``krex lab`` (fake backend) opened in headless Chromium runs
 ``notebooks/03_dashboard.ipynb``; the rendered panels must show the sessions and a region, and
-keep changing while a later cell keeps the kernel busy. Screenshots go to ``test-artifacts/``.
+keep changing while a later cell keeps the kernel busy. Screenshots go to ``tests.support.artifacts_dir()``.
 
 Uses Debian's ``chromium`` (``.ci/run`` installs it) driven by Playwright with ``executable_path``;
 Playwright's own browsers are never downloaded. Skipped, saying why, without Chromium or Playwright.
@@ -27,14 +27,14 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, artifacts_dir
 from tests.support.browser import chromium_page
 from tests.support.browser import ms_left as _left
 from tests.support.browser import pick_krex_kernel as _pick_krex_kernel
 
 pytestmark = pytest.mark.timeout(150)
 
-ARTIFACTS = ROOT / "test-artifacts"
+ARTIFACTS = artifacts_dir()
 NOTEBOOK = ROOT / "notebooks" / "03_dashboard.ipynb"
 #: the whole test (server, browser, notebook) stays within this
 BUDGET_S = 90.0
@@ -166,7 +166,6 @@ PANELS_JS = """() => {
 def test_dashboard_notebook_in_chromium(chromium: str, lab: Lab) -> None:
     t0 = time.monotonic()
     deadline = t0 + BUDGET_S
-    ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "dashboard-failure.png").unlink(missing_ok=True)
     lab.wait_ready(min(deadline, t0 + 45))
     try:

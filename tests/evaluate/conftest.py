@@ -4,7 +4,6 @@ evaluate tests; ``evaluate(problem, candidate)`` runs the whole path against the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,13 +12,7 @@ from krex_lab.evaluate import Evaluation, evaluate
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
 from tests.support.pool import PoolProc
 
-PROBLEMS = Path(__file__).parent / "problems"
-#: short phase limits: every hostile candidate of these tests ends within them
-LIMITS = {"load": 120.0, "check": 20.0, "time": 30.0}
-
-
-def problem(name: str, file: str = "reference.py") -> Path:
-    return PROBLEMS / name / file
+from .helpers import LIMITS, problem
 
 
 @pytest.fixture(scope="package")

@@ -14,7 +14,7 @@ from krex_lab.evaluate.batch import BatchRecord, Pair, parse_manifest, run_batch
 from krex_lab.pytest_plugin import ArbiterProc
 from tests.support.pool import PoolProc
 
-from .conftest import PROBLEMS, problem
+from .helpers import PROBLEMS, problem
 
 FAST = ["--load-timeout", "120", "--check-timeout", "20", "--time-timeout", "30"]
 

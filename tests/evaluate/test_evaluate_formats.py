@@ -19,7 +19,7 @@ from krex_lab.evaluate.cases import parse_cases
 from krex_lab.evaluate.source import detect_format, read_source
 from tests.support.pool import PoolProc
 
-from .conftest import problem
+from .helpers import problem
 
 Run = Callable[..., Evaluation]
 

@@ -15,7 +15,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.support.pool import PoolProc
 
-from .conftest import problem
+from .helpers import problem
 
 
 def _payload(result: Any) -> Any:

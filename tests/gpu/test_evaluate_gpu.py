@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from krex_lab.evaluate import Evaluation, evaluate
-from tests.gpu.conftest import nvidia_pool
+from tests.gpu.helpers import nvidia_pool
 from tests.support import ROOT
 from tests.support.pool import PoolProc
 

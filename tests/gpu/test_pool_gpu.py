@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from krex_lab.pytest_plugin import wait_for
-from tests.gpu.conftest import nvidia_pool
+from tests.gpu.helpers import nvidia_pool
 from tests.support.pool import PoolProc, alive
 
 pytestmark = pytest.mark.gpu

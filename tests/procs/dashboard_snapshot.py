@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,7 +153,9 @@ def run(out: Path, backend: str, work: str, timeout: float) -> int:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
         log.close()
+        shutil.rmtree(runtime, ignore_errors=True)  # its sockets and journal; the logs are in `out`
 
 
 def shot(page: Path, png: Path) -> int:

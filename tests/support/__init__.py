@@ -6,15 +6,25 @@ The generic fixtures (``krex_arbiter``, ``ArbiterProc``, ``wait_for``, ``cpu_gai
 
 import os
 import pwd
+import tempfile
 from pathlib import Path
 
-#: The checkout's root: the working directory for ``python -m tests.procs...``, and where
-#: ``notebooks/`` and ``test-artifacts/`` are.
+#: The checkout's root: the working directory for ``python -m tests.procs...``, where
+#: ``notebooks/`` is.
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Who runs the tests: the name the arbiter records for their regions (root in CI, anyone else
 #: on a developer's machine).
 ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+def artifacts_dir() -> Path:
+    """Where the browser tests put their screenshots: ``KREX_TEST_ARTIFACTS`` when set, else a
+    folder in pytest's own temporary root (``/tmp/pytest-of-USER``), never in the checkout."""
+    named = os.environ.get("KREX_TEST_ARTIFACTS")
+    path = Path(named) if named else Path(tempfile.gettempdir()) / f"pytest-of-{ME}" / "krex-artifacts"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 def frozen(pid: int) -> bool:

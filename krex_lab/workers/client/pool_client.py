@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -64,6 +63,7 @@ from .trust import PoolPeer, is_untrusted, tcp_allowed, untrusted, verify_ipc_en
 
 if TYPE_CHECKING:
     import concurrent.futures
+    import subprocess
 
 __all__ = [
     "START_TIMEOUT",
@@ -215,6 +215,8 @@ class PoolClient:
 
     def _start_pool(self) -> None:
         """Start a detached pool on demand and wait until it answers."""
+        import subprocess  # here only: a run on a pool that answers never pays for it
+
         sock = ipc_path(self.endpoint)
         log_dir = Path(sock).parent if sock else paths.own_runtime_dir()
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

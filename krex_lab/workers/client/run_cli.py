@@ -15,9 +15,6 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from ...gpu.vendors import placement_variables
-from ...paths import GPU_ENV
-
 if TYPE_CHECKING:
     from ..results import JobResult
 
@@ -66,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if stdin is None and stdin_is_pipe():  # what arrives later is never read: say so, not silently
         print(f"krex run: {UNREAD_PIPE}", file=sys.stderr, flush=True)
-    # The placement is the pool's to decide: the caller's own is never forwarded.
-    not_forwarded = {*placement_variables(), GPU_ENV}
-    env = {k: v for k, v in os.environ.items() if k not in not_forwarded}
+    # The placement is the pool's to decide: its worker keeps its own placement variables and
+    # drops the caller's (Run.keep_env), so that this command needs no GPU backend registry.
+    env = dict(os.environ)
     client = PoolClient.connect(start=True)
     try:
         result = client.run_script(

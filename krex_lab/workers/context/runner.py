@@ -300,10 +300,12 @@ class Runner:
         if msg.cwd:
             os.chdir(msg.cwd)
         if env is not None:
-            keep = {k: os.environ[k] for k in msg.keep_env if k in os.environ}
+            # The worker's placement, exactly: a caller's variable the worker does not set (a
+            # CUDA_VISIBLE_DEVICES of the caller's shell on a simulated GPU) is dropped, not kept.
+            placement = {k: os.environ.get(k) for k in msg.keep_env}
             os.environ.clear()
-            os.environ.update({str(k): str(v) for k, v in env.items()})
-            os.environ.update(keep)
+            os.environ.update({str(k): str(v) for k, v in env.items() if k not in placement})
+            os.environ.update({k: v for k, v in placement.items() if v is not None})
         sys.argv = [path, *argv]
         extra = [p for p in ((env or {}).get("PYTHONPATH") or "").split(os.pathsep) if p]
         sys.path[:0] = [os.path.dirname(path), *extra]

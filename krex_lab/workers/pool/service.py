@@ -216,9 +216,11 @@ class Pool(LoggingConfigurable):
         )
 
     def _gates_changed(self) -> None:
+        d = self.dispatcher
         if self.gates.connected and not self._arbiter_known:
             self._learn_arbiter()
-        d = self.dispatcher
+            if d.gpus:  # serving already, on the GPUs assumed while no arbiter answered
+                self._resize_to_arbiter()
         # Workers registered with no arbiter, or with one that has since restarted, have no
         # session there: idle ones are replaced now, busy ones when their job ends.
         for w in list(d.workers.values()):
@@ -236,6 +238,22 @@ class Pool(LoggingConfigurable):
         self._arbiter_known = True
         self.backend = NodeBackend(self.gates.info.backend, self.gates.info.simulated)
         self.gpu_uuids = dict(self.gates.uuids)
+
+    def _resize_to_arbiter(self) -> None:
+        """Serve the GPUs of the arbiter that answers now, not those assumed without one (a pool
+        that ``krex run`` started before ``krex lab`` started its arbiter with more GPUs)."""
+        assert self.gates.info is not None
+        d = self.dispatcher
+        count = self.gates.info.gpus
+        gpus = [g for g in range(count) if not self.gpus or g in self.gpus]
+        if not gpus or gpus == d.gpus:
+            return
+        was = list(d.gpus)
+        d.set_gpus(gpus)
+        for w in list(d.workers.values()):
+            if w.gpu not in gpus and w.state == "idle" and w.lease is None:
+                d.recycle(w, f"GPU {w.gpu} is not the arbiter's")
+        serving_log.info("%s (was GPUs %s, assumed before the arbiter answered)", self.serving_line(gpus), was)
 
     async def _discover(self) -> list[int]:
         if await self.gates.start(self.arbiter_wait):
@@ -464,7 +482,8 @@ class Pool(LoggingConfigurable):
             started=self.started,
             on_demand=self.on_demand,
             idle_exit_s=self.on_demand_idle_exit if self.on_demand else self.idle_exit,
-            arbiter=self.arbiter_endpoint if self.gates.connected else None,
+            # said once learnt, GPUs and all: a lab that finds it then knows what it will serve
+            arbiter=self.arbiter_endpoint if self.gates.connected and self._arbiter_known else None,
             preload=list(self.preload),
             workers_per_gpu=self.workers_per_gpu,
             spares_per_gpu=self.spares_per_gpu,
