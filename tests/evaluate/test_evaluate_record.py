@@ -17,7 +17,7 @@ from krex_lab.evaluate.progress import phase_started, reporting
 from krex_lab.evaluate.result import CaseResult, Evaluation, Reproducibility, TimingStats
 from krex_lab.gpu.nvml import NvmlApi
 
-from .conftest import PROBLEMS, problem
+from .helpers import PROBLEMS, problem
 
 SCALE = PROBLEMS / "gm_tasks" / "gm_task_scale"
 

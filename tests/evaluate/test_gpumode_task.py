@@ -23,7 +23,7 @@ from krex_lab.evaluate.options import Job
 from krex_lab.evaluate.task import TaskError, files_digest, lay_out, layout_on_path, read_task
 from tests.support.pool import PoolProc
 
-from .conftest import LIMITS, PROBLEMS
+from .helpers import LIMITS, PROBLEMS
 
 TASKS = PROBLEMS / "gm_tasks"
 SCALE, ROWSUM = TASKS / "gm_task_scale", TASKS / "gm_task_rowsum"

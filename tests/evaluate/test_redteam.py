@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.evaluate.conftest import LIMITS
+from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import CHEATS, Cheat
 from tests.evaluate.redteam.harness import Baselines, clean_up, judge_cheat, make_judge
 from tests.support.pool import PoolProc

@@ -11,7 +11,7 @@ import pytest
 
 from tests.evaluate.redteam import GPU_CHEATS, Cheat
 from tests.evaluate.redteam.harness import Baselines, clean_up, judge_cheat, make_judge
-from tests.gpu.conftest import nvidia_pool
+from tests.gpu.helpers import nvidia_pool
 from tests.support.pool import PoolProc
 
 pytestmark = pytest.mark.gpu
