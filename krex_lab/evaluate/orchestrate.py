@@ -158,7 +158,11 @@ def _summary(ev: Evaluation) -> str:
     line = f"correct: {ev.runtime:.2f} us"
     if ev.ref_runtime > 0 and ev.speedup is not None:
         line += f" vs reference {ev.ref_runtime:.2f} us ({ev.speedup:.2f}x)"
-    return line + f" [{ev.timing_method}, {clock}, {ev.device}]"
+    unprotected = any(p.notice for p in ev.regions if p.program == "candidate")
+    # said in the first line: a time without a region is not a KREX time, whatever follows it
+    return (
+        line + f" [{ev.timing_method}, {clock}, {ev.device}" + (", UNPROTECTED: no region" if unprotected else "") + "]"
+    )
 
 
 def _flags(ev: Evaluation) -> list[str]:
@@ -166,6 +170,8 @@ def _flags(ev: Evaluation) -> list[str]:
     out = [f"static:{k.split('@')[0]}" for k in meta.get("static_flags", {})]
     if "timing_bound" in meta:
         out.append("timing_bound")
+    if any(p.notice for p in ev.regions if p.program == "candidate"):
+        out.append("unprotected")
     if "correctness_rule" in meta:
         out.append(f"correctness_rule:{meta['correctness_rule']}")
     out += [f"rejected:{k}" for k in meta.get("rejected", {})]

@@ -24,3 +24,13 @@ def test_a_torch_compile_candidate_is_correct(run: Run) -> None:
     ev = run("kb_scaled_add", "compiled.py", timeouts={"load": 300.0, "check": 300.0, "time": 120.0})
     assert ev.verdict == "correct", (ev.summary, ev.metadata)
     assert not any(f.startswith("rejected:") for f in ev.flags), ev.flags
+
+
+def test_a_time_without_a_region_says_so_first_and_is_compared_with_a_reference_timed_alike(run: Run) -> None:
+    protected = run("kb_matmul", "correct.py")  # a region's reference time now cached in that judge
+    bare = run("kb_matmul", "correct.py", exclusive=False)
+    assert protected.verdict == bare.verdict == "correct"
+    assert "UNPROTECTED" in bare.summary.splitlines()[0] and "unprotected" in bare.flags
+    assert "UNPROTECTED" not in protected.summary and "unprotected" not in protected.flags
+    refs = [p for p in bare.regions if p.program == "reference"]
+    assert refs and not refs[0].cached  # timed now, as the candidate was, never a region's figure

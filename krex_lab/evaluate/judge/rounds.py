@@ -371,7 +371,10 @@ def _reference(
     if not o.time_reference:
         return None, False
     key = _reference_key(judge, name)
-    entry = _REFERENCE_TIMES.get(key)
+    # a case timed without a region (no arbiter answered) is compared with a reference timed the
+    # same way, now: never with a figure measured under a region
+    protected = region.notice is None
+    entry = _REFERENCE_TIMES.get(key) if protected else None
     if entry is not None and not o.retime_reference:
         judge.reference_timed_at = entry.timed_at
         return entry.parts.get(str(name)), True
@@ -380,6 +383,8 @@ def _reference(
     sets = [judge.problem.args(p) for p in pristine]  # the case's last use of them
     label, samples = _time_rotating(judge, ref, sets)
     part = ReferenceTime(method=label, stats=stats(samples), region=None)
+    if not protected:
+        return part, False
     _REFERENCE_TIMES[key] = ReferenceEntry(
         parts={str(name): part},
         timed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
