@@ -154,7 +154,7 @@ def test_a_task_yml_that_cannot_run_is_a_clear_error(tmp_path: Path, text: str, 
 def test_a_directory_without_task_yml_or_of_another_format_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"without a task\.yml"):
         job(tmp_path, SCALE / "correct.py")
-    with pytest.raises(ValueError, match="is a GPU MODE task, but the format asked for is 'kernelbench'"):
+    with pytest.raises(ValueError, match=r"gpumode pair|is a GPU MODE task, but the format asked for is 'kernelbench'"):
         job(SCALE, SCALE / "correct.py", format="kernelbench")
 
 

@@ -41,6 +41,17 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _plain(out: Any) -> Any:
+    """A tensor subclass's values made now, inside the timed call (a lazy result's work is the
+    call's), as a plain tensor; anything else as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(out, torch.Tensor) and type(out) is not torch.Tensor:
+        return torch.Tensor.clone(out).as_subclass(torch.Tensor)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_plain(o) for o in out)
+    return out
+
+
 def _fit_threads() -> None:
     """On a CPU, torch's threads to the cores this process may use now (a region's shield narrows
     them): more threads than cores spin-wait on each other, and a 10 us call takes milliseconds."""
@@ -174,7 +185,8 @@ class Candidate:
     def op_call_again(self, body: dict[str, Any], arrays: list[Any]) -> None:
         """The last call's inputs again: the judge has refilled their memory with new values."""
         args, inputs = self.call
-        out = self.fn(args)
+        self.kept = None  # the judge has read the last answer: its memory goes back now
+        out = _plain(self.fn(args))
         _sync()
         self._reply_outputs("returned", [out], inputs, {"threads": self._threads()})
 
@@ -218,7 +230,7 @@ class Candidate:
             for k in body["order"]:
                 args = self.sets[int(k)]
                 start.record()
-                out = fn(args)
+                out = _plain(fn(args))
                 end.record()
                 torch.cuda.synchronize()
                 samples.append(float(start.elapsed_time(end)) * 1e3)
@@ -230,7 +242,7 @@ class Candidate:
                 args = self.sets[int(k)]
                 _sync()
                 t0 = time.perf_counter()
-                out = fn(args)
+                out = _plain(fn(args))
                 _sync()
                 samples.append((time.perf_counter() - t0) * 1e6)
                 if timed or len(outs) < len(self.sets):  # a warm-up keeps one output a set

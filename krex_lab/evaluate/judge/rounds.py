@@ -305,10 +305,16 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
         result.metadata["timing_bound_us"].append(round(honest_us, 4))  # type: ignore[union-attr]
         slack = max(5.0, 0.5 * overhead / len(samples) * 1e6)  # the harness's noise on a busy host
         # A host without a GPU: the harness's own cost there (sharing outputs through memory) is
-        # not what the calibration sees, by up to a millisecond a call; only a figure below any
-        # torch call's on a CPU (2 us) and a tenth of the bound is disbelieved there.
-        believable = st.mean >= honest_us / 3 if judge.device == "cuda" else st.mean >= min(2.0, honest_us / 10)
-        if not believable and honest_us - st.mean > slack:
+        # not what the calibration sees, by up to a millisecond a call; there only a figure below
+        # any torch call's on a CPU (2 us) and a tenth of the raw bound is disbelieved, and the
+        # honest figure is at least half the raw bound.
+        raw_us = min(bound, cpu_bound if judge.device == "cpu" else bound) / len(samples) * 1e6
+        if judge.device == "cuda":
+            disbelieved = st.mean < honest_us / 3 and honest_us - st.mean > slack
+        else:
+            disbelieved = st.mean < 2.0 and st.mean < raw_us / 10
+            honest_us = max(honest_us, raw_us / 2)
+        if disbelieved:
             result.metadata["timing_bound"] = (
                 f"{name or 'forward'}: the candidate's process reported {st.mean:.3f} us a call; from outside it "
                 f"took at least {honest_us:.3f} us a call: the outside figure is used"
