@@ -1,5 +1,5 @@
-"""KernelBench-format problem with a large output: the outer product of two vectors, 2048 x 8192
-fp32 (64 MiB) from inputs of 40 KiB (a host float64 copy of the output would take 128 MiB)."""
+"""KernelBench-format problem with a large output: the outer product of two vectors, 4096 x 8192
+fp32 (128 MiB) from inputs of 48 KiB (a host float64 copy of the output would take 256 MiB)."""
 
 import torch
 from torch import nn
@@ -11,7 +11,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(2048), torch.randn(8192)]
+    return [torch.randn(4096), torch.randn(8192)]
 
 
 def get_init_inputs():
