@@ -11,7 +11,7 @@ import pytest
 
 from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import CHEATS, Cheat
-from tests.evaluate.redteam.harness import Baselines, clean_up, judge_cheat, make_judge, recycle_workers
+from tests.evaluate.redteam.harness import Baselines, clean_up, judge_cheat, make_judge
 from tests.support.pool import PoolProc
 
 #: KernelBench's timed calls: fewer than its 100, enough for a mean on a 2-core machine
@@ -25,14 +25,9 @@ def baselines() -> Baselines:
 
 
 @pytest.fixture(autouse=True)
-def _remove_what_cheats_leave(eval_pool: PoolProc, request: pytest.FixtureRequest) -> Iterator[None]:
+def _remove_what_cheats_leave(eval_pool: PoolProc) -> Iterator[None]:
     yield
     clean_up(eval_pool.env.get("PYTHONPATH", ""))
-    cheat = request.node.callspec.params.get("cheat")
-    if cheat is not None and "recycle" in cheat.checks:
-        # workers started while a planted sitecustomize was there ran it (and refuse to judge):
-        # the tests after this one get workers started after it is gone
-        recycle_workers(eval_pool)
 
 
 @pytest.mark.timeout(600)
