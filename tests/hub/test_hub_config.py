@@ -59,7 +59,7 @@ def test_refuses_to_overwrite(tmp_path: Path) -> None:
     out = generate(tmp_path)
     parser = argparse.ArgumentParser()
     hubconfig.add_arguments(parser)
-    assert hubconfig.run(parser.parse_args(["-o", str(out), "--allow-all-users"])) == 1
+    assert hubconfig.run(parser.parse_args(["-o", str(out), "--allow-all-users"])) == 2
     assert hubconfig.run(parser.parse_args(["-o", str(out), "--allow-all-users", "--force"])) == 0
 
 
