@@ -267,17 +267,24 @@ class Candidate:
     def _threads(self) -> list[str]:
         """Threads started since the load that are running the candidate's own code now (a
         framework's pool threads, torch.compile's among them, run the framework's)."""
+        # this thread's own frame left out: held in ``frames`` it would make a cycle (frame ->
+        # locals -> frame) that keeps the op's frame, and the output it returned, until the
+        # collector runs: a large output per call then runs the process out of its allowance
         frames = sys._current_frames()
+        frames.pop(threading.get_ident(), None)
         out = []
-        for t in threading.enumerate():
-            if t in self.threads_before or not t.is_alive() or t.ident not in frames:
-                continue
-            f: Any = frames[t.ident]
-            while f is not None:
-                if f.f_code.co_filename == self.filename:
-                    out.append(t.name)
-                    break
-                f = f.f_back
+        try:
+            for t in threading.enumerate():
+                if t in self.threads_before or not t.is_alive() or t.ident not in frames:
+                    continue
+                f: Any = frames[t.ident]
+                while f is not None:
+                    if f.f_code.co_filename == self.filename:
+                        out.append(t.name)
+                        break
+                    f = f.f_back
+        finally:
+            frames.clear()
         return out[:8]
 
 
