@@ -37,6 +37,7 @@ from ..tensors import arrays, clone, synchronize
 from .compare import compare, same, tolerances
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
+from .startup import planted_startup_code
 from .values import CandidateFailed, own, replace_arrays, tree_of
 
 __all__ = ["CandidateFailed", "Judge", "run"]
@@ -535,20 +536,10 @@ def _judge_layout(job: Job) -> Iterator[None]:
         yield
 
 
-def _startup_code() -> str | None:
-    """A ``sitecustomize`` / ``usercustomize`` this interpreter ran at start: code in a file any
-    process of the user (a candidate, say) could have written, run before the judge's own."""
-    for name in ("sitecustomize", "usercustomize"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            return f"{name} ({module.__file__})"
-    return None
-
-
 def _run(job: Job) -> PhaseResults:
     nonce = job.nonce
     mark("load", nonce)
-    planted = _startup_code()
+    planted = planted_startup_code()
     if planted is not None:  # the judge's own code may be patched: it decides nothing
         loaded = LoadResult(device=_device()[1], gpu_timed=False)
         loaded.fail(
