@@ -268,7 +268,10 @@ def test_a_locked_database_never_delays_the_event_loop(runtime: Path) -> None:
                 assert region.returncode == 0
             time.sleep(0.02)
         assert blocker.execute("SELECT COUNT(*) FROM regions").fetchone()[0] == 0, "the writer was held up"
-        assert max(latencies) < 0.1, f"hello took up to {max(latencies):.3f} s while the database was locked"
+        # a writer on the event loop would stall it for as long as the lock is held (2 s and more,
+        # under a 30 s busy timeout); a loaded 2-core machine with a core reserved for the region
+        # delays an answer by tens of milliseconds, so the bound sits between the two
+        assert max(latencies) < 1.0, f"hello took up to {max(latencies):.3f} s while the database was locked"
         blocker.execute("ROLLBACK")
         conn = Connection(arb.endpoint)
         try:
