@@ -20,7 +20,7 @@ from typing import Any
 
 from ..cases import format_case
 from ..options import Job
-from ..tensors import arrays, clone
+from ..tensors import arrays, clone, seed_torch
 
 __all__ = ["GpuModeProblem", "KernelBenchProblem", "MissingDefinition", "Problem", "problem_for"]
 
@@ -84,9 +84,9 @@ class KernelBenchProblem(Problem):
         init = _need(reference, "get_init_inputs", "reference")
         model_cls = _need(reference, "Model", "reference")
         self.init_seed = job.options.init_seed
-        torch.manual_seed(self.init_seed)
+        seed_torch(self.init_seed)
         self.init_inputs = list(init())
-        torch.manual_seed(self.init_seed)
+        seed_torch(self.init_seed)
         self.model = model_cls(*self.init_inputs)
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(device)
@@ -96,7 +96,7 @@ class KernelBenchProblem(Problem):
     def make(self, case: dict[str, Any] | None, seed: int) -> Any:
         import torch
 
-        torch.manual_seed(seed)
+        seed_torch(seed)
         with _on(self.device):
             data = list(self.get_inputs())
         return [x.to(self.device) if isinstance(x, torch.Tensor) and str(x.device) != self.device else x for x in data]
