@@ -106,4 +106,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ConnectionError:  # its judge's end of the socket went with the judge: no traceback
+        pass
