@@ -31,11 +31,20 @@ def _die_with_parent() -> None:
 
 
 def _preload() -> None:
+    import gc
+
     for name in ("numpy", "torch"):
         try:
             __import__(name)
         except Exception:
             pass
+    from . import process  # noqa: F401  (what every child serves with, loaded once)
+
+    # everything loaded so far lives as long as the children: frozen out of the collector's walks,
+    # a collection in a candidate (one may land inside a timed call) walks the candidate's own
+    # objects, not torch's million, and the children's pages stay shared with the zygote's
+    gc.collect()
+    gc.freeze()
 
 
 def _child(ctl: socket.socket, fd: int, device: str) -> None:
