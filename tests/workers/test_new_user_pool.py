@@ -175,9 +175,10 @@ def test_a_late_pipe_is_said_on_stderr(arb: ArbiterProc, pool: PoolProc, tmp_pat
     assert on_time.stdout == repr("now\n") + "\n" and "stdin" not in on_time.stderr, on_time.stderr
 
 
-def test_without_an_arbiter_only_exclusive_says_so(tmp_path: Path) -> None:
-    """No arbiter on the node: a plain ``krex run`` prints nothing of KREX's (there is no region to
-    miss); ``--exclusive``, which needs one, says so in one line and runs nothing."""
+def test_without_an_arbiter_a_run_says_it_is_unprotected(tmp_path: Path) -> None:
+    """No arbiter on the node: every plain ``krex run`` says so in one line on stderr (no GPU
+    exclusivity, no regions), not only the pool's log; ``--exclusive``, which needs one, says so in
+    its own one line and runs nothing."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     nobody = f"ipc://{runtime / 'nobody.sock'}"
@@ -188,7 +189,13 @@ def test_without_an_arbiter_only_exclusive_says_so(tmp_path: Path) -> None:
         (tmp_path / "s.py").write_text("print('ok')\n")
         for _ in range(2):  # every run, not only the first
             r = krex_run(pool.env, str(tmp_path / "s.py"))
-            assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr
+            assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+            assert r.stderr == (
+                f"krex run: no KREX arbiter answers at {nobody}: this run has no GPU exclusivity and regions are "
+                "unavailable; start one with `krex arbiter`\n"
+            ), r.stderr
+        quiet = krex_run({**pool.env, "KREX_QUIET": "1"}, str(tmp_path / "s.py"))
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
         r = krex_run(pool.env, "--exclusive", str(tmp_path / "s.py"))
         assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("krex run: --exclusive: "), r.stderr
