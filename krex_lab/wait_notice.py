@@ -14,8 +14,9 @@ How depends on where it goes, so that many waiters never flood a log:
   is still the kernel's, which ipykernel forwards into the running cell: one line of that cell,
   rewritten in place with carriage returns (as Jupyter renders them), and ended by the grant's
   line (where the kernel's own stderr, to which ipykernel echoes the cell's, is a terminal or
-  /dev/null; a log there gets plain lines, as a pipe). Such a process is no kernel and its stderr no terminal, so without this it would take the
-  rule of a pipe and add two lines to the cell at every wait. The kernel tells its children
+  /dev/null; a log there gets plain lines, as a pipe). Such a process is no kernel and its
+  stderr no terminal, so without this it would take the rule of a pipe and add two lines to
+  the cell at every wait. The kernel tells its children
   which stderr is the cell's (:func:`mark_cell_stderr`, ``KREX_CELL_STDERR``);
 - anywhere else (a pipe, a file, a worker's job output): at most one line per wait, plus one when
   it is granted.

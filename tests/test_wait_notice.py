@@ -10,8 +10,8 @@ import pty
 import re
 import select
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
