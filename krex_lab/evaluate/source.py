@@ -70,8 +70,8 @@ def check_both_there(reference: Any, candidate: Any) -> None:
     """Neither program there: one error naming both (each alone is :func:`read_source`'s error)."""
     if _missing(reference) and _missing(candidate):
         raise FileNotFoundError(
-            f"the reference {os.fspath(reference)!r} and the candidate {os.fspath(candidate)!r} are not files "
-            "(nor source text: they have no newline)"
+            f"the reference {os.fspath(reference)!r} is not a file, nor is the candidate {os.fspath(candidate)!r} "
+            "(nor source text: neither has a newline)"
         )
 
 
