@@ -278,6 +278,7 @@ def _exclusive(args: argparse.Namespace) -> int:
         # sibling of the next region on the GPU, which froze it on its way out (a Slurm job cancelled
         # mid-region stayed stopped for the whole of the next job's region).
         region.leave = True
+        region.protects = "command"
         try:
             with contextlib.closing(session), region:
                 if not args.quiet:

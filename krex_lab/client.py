@@ -275,6 +275,8 @@ class Exclusive:
         self.nested = False
         #: end the session with the region (``krex exclusive``: the process exits next)
         self.leave = False
+        #: what the region protects, as its cut-short message names it ("the block ended")
+        self.protects = "block"
 
     @classmethod
     def of(cls, spec: protocol.RegionSpec, session: Session | None = None) -> Exclusive:
@@ -368,7 +370,7 @@ class Exclusive:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         report = self.release()
-        why = report.cut_short("block")
+        why = report.cut_short(self.protects)
         if why and et is None:
             raise (LeaseExpired if report.expired else RegionRevoked)(why)
 

@@ -60,6 +60,24 @@ class RemoteCellError(Exception):
         return [*self.traceback.rstrip().splitlines(), f"{RED}(raised on the context worker){RESET}"]
 
 
+class CellSyntaxError(Exception):
+    """The cell's own syntax error (``error``), shown as IPython shows a plain cell's: the cell's
+    line and the error, no frames. Not a ``SyntaxError`` itself: IPython shows every exception of
+    that kind raised while code runs with the frames it came through (IPython's and KREX's)."""
+
+    def __init__(self, error: SyntaxError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:
+        from IPython.core.getipython import get_ipython
+
+        shell: Any = get_ipython()
+        if shell is None:
+            return [f"{type(self.error).__name__}: {self.error}"]
+        return list(shell.SyntaxTB.structured_traceback(type(self.error), self.error, []))
+
+
 class _Repr:
     """Shows a repr computed elsewhere (the worker's ``Out``) as this cell's ``Out``."""
 
@@ -173,11 +191,14 @@ class KrexMagics(Magics):
         __tracebackhide__ = True
         shell: Any = self.shell
         source = shell.transform_cell(cell)
-        tree = shell.transform_ast(shell.compile.ast_parse(source))
+        filename = shell.compile.cache(source, _cell_number(shell), raw_code=cell)
+        try:
+            tree = shell.transform_ast(shell.compile.ast_parse(source, filename))
+        except SyntaxError as exc:
+            raise CellSyntaxError(exc) from None
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        filename = shell.compile.cache(source, max(shell.execution_count - 1, 0), raw_code=cell)
         body = shell.compile(tree, filename, "exec")
         return body, shell.compile(last, filename, "eval") if last is not None else None
 
@@ -191,6 +212,17 @@ class KrexMagics(Magics):
             return eval(last, shell.user_global_ns, shell.user_ns)
         return None
 
+    def parse_here(self, cell: str) -> None:
+        """Raise the syntax error the context worker would find in ``cell`` (it parses the cell as
+        it is, without IPython's transformations), shown as a plain cell's."""
+        shell: Any = self.shell
+        # Under the name IPython gives this cell, so that the error reads like a plain cell's.
+        filename = shell.compile.cache(cell, _cell_number(shell), raw_code=cell) if shell is not None else "<cell>"
+        try:
+            ast.parse(cell, filename)
+        except SyntaxError as exc:
+            raise CellSyntaxError(exc) from None
+
     # -- %%krex ---------------------------------------------------------------------------
     @magic_arguments()
     @argument("--exclusive", action="store_true", help="run it as a region on the worker's GPU")
@@ -201,6 +233,7 @@ class KrexMagics(Magics):
         """Run the cell on this kernel's context worker (warm, on this kernel's GPU), with live output."""
         __tracebackhide__ = True
         args = parse_argstring(self.krex, line)
+        self.parse_here(cell)  # a cell that cannot run is not sent to the worker
         pool = self.pool()
         current = _current_session()
         gpu = current.gpu if current is not None else _env_gpu()
@@ -333,6 +366,12 @@ def _release_and_close(pool: Any, lease: str) -> None:
         pass
     finally:
         pool.close()
+
+
+def _cell_number(shell: Any) -> int:
+    """The number IPython gives the running cell (``Cell In[N]``): the count has already moved on
+    to the next cell while a cell runs."""
+    return max(shell.execution_count - 1, 0)
 
 
 def _current_session() -> Any:

@@ -70,6 +70,7 @@ def test_an_expired_lease_is_reported_and_changes_the_code_only_with_strict(arbi
     out = krex("exclusive", "--quiet", "--max-hold", "0.3", "--", "sleep", "1.2", env=arbiter.env())
     assert out.returncode == 0, out.stderr
     assert "exceeded max_hold" in one_line(out.stderr)
+    assert "released by the arbiter before the command ended:" in out.stderr, "a command, not a block"
     strict = krex("exclusive", "--quiet", "--strict", "--max-hold", "0.3", "--", "sleep", "1.2", env=arbiter.env())
     assert strict.returncode == 3, strict.stderr
     assert "exceeded max_hold" in one_line(strict.stderr)

@@ -4,6 +4,7 @@ tests its magics), against a real arbiter and, for ``%%krex``, a real pool servi
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -13,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from krex_lab import protocol
-from krex_lab.magics import KrexCellError, RemoteCellError
+from krex_lab.magics import CellSyntaxError, KrexCellError, RemoteCellError
 from krex_lab.procutil import proc_state
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from tests.support import ROOT
@@ -134,10 +135,47 @@ def test_a_cell_that_does_not_compile_takes_no_region(ip: Any, arbiter: ArbiterP
     before = last_region(arbiter)["region"]
     with capture_output() as cap:
         result = ip.run_cell("%%krex_exclusive --gpu 0\nx = (1,\nfrozen = 1")
-    assert isinstance(result.error_in_exec, SyntaxError), result
+    assert isinstance(result.error_in_exec, CellSyntaxError), result
+    assert isinstance(result.error_in_exec.error, SyntaxError)
     assert "SyntaxError" in cap.stdout and "KREX region" not in cap.stdout, cap.stdout
     assert last_region(arbiter)["region"] == before, "a region was taken for a cell that cannot run"
     assert proc_state(sib) in ("S", "R") and arbiter.status()["gpus"][0]["holder"] is None
+
+
+BROKEN = "print('hello'\nx = = 1"
+
+
+def shown(ip: Any, cell: str) -> str:
+    """What a cell shows, its own number (``Cell In[N]``) left out."""
+    with capture_output() as cap:
+        result = ip.run_cell(cell, store_history=True)
+    assert not result.success
+    return re.sub(r"Cell In\[\d+\]", "Cell In[N]", cap.stdout + cap.stderr)
+
+
+def test_a_syntax_error_reads_like_a_plain_cells(ip: Any, arbiter: ArbiterProc) -> None:
+    """Under ``%%krex_exclusive`` a syntax error shows exactly as in a plain cell: the cell's name
+    and line, the error, no frames of IPython or KREX."""
+    plain = shown(ip, BROKEN)
+    assert "Cell In[N], line 1" in plain and "SyntaxError: '(' was never closed" in plain, plain
+    assert shown(ip, "%%krex_exclusive --gpu 0\n" + BROKEN) == plain
+
+
+def test_a_krex_cell_that_does_not_parse_is_not_sent(
+    ip: Any, arbiter: ArbiterProc, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``%%krex`` finds a syntax error itself, before asking for a worker (none answers here), and
+    shows it as a plain cell's, not as raised on the context worker."""
+    pytest.importorskip("krex_lab.workers.client")
+    from krex_lab.workers.client import PoolClient
+
+    def refuse(cls: Any, endpoint: str | None = None, start: bool = True) -> Any:
+        raise AssertionError("a cell that does not parse asked for a worker")
+
+    monkeypatch.setattr(PoolClient, "connect", classmethod(refuse))
+    monkeypatch.setenv("KREX_POOL_ENDPOINT", f"ipc://{tmp_path}/nopool.sock")
+    plain = shown(ip, BROKEN)
+    assert shown(ip, "%%krex\n" + BROKEN) == plain
 
 
 def test_krex_status(ip: Any, arbiter: ArbiterProc) -> None:

@@ -11,6 +11,7 @@ import re
 import select
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,8 +236,9 @@ notice._out.end("krex: GPU 0 granted after 1.2 s")
 @pytest.mark.parametrize("where", ["cell", "elsewhere"])
 def test_a_notebook_kernels_child_rewrites_one_line_of_the_cell(where: str) -> None:
     """A process whose stderr is still its notebook kernel's (ipykernel forwards it into the running
-    cell) rewrites one line there with carriage returns, blanked at the grant; any other stderr
-    keeps a pipe's rule."""
+    cell) rewrites one line there with carriage returns, which the grant's line ends: nothing blank
+    is left behind (``\\r`` cannot shorten a line: a blanked one stayed as a strip of spaces that the
+    cell's next output started on). Any other stderr keeps a pipe's rule."""
     done = subprocess.run([sys.executable, "-c", CELL_CHILD, where], capture_output=True, timeout=60)
     out, err = done.stdout.decode(), done.stderr.decode()  # bytes: text mode would turn \r into \n
     assert done.returncode == 0, err
@@ -245,10 +247,47 @@ def test_a_notebook_kernels_child_rewrites_one_line_of_the_cell(where: str) -> N
         assert err.count("\n") == 2 and "\r" not in err, repr(err)
         return
     assert out.strip() == "_CellLine"
-    assert "\n" not in err and "\x1b" not in err, repr(err)
+    assert "\x1b" not in err and err.endswith("\n") and err.count("\n") == 1, repr(err)
     shown = ""
-    for part in err.split("\r"):  # as Jupyter renders it: each part rewrites the line
+    for part in err.rstrip("\n").split("\r"):  # as Jupyter renders it: each part rewrites the line
         shown = part + shown[len(part) :]
-    assert shown.strip() == "", f"the line is blanked at the grant: {shown!r}"
+    assert shown.rstrip() == "krex: GPU 0 granted after 1.2 s", f"the grant ends the line: {shown!r}"
     second = err.split("\r")[2]
     assert second.startswith("krex: waiting for GPU 0: held by ann") and second.endswith(" "), "padded over the first"
+
+
+def _kernel_marks(stderr: Any) -> bool:
+    """Whether a real kernel whose own stderr is ``stderr`` tells its children that their stderr
+    is the cell's (``%load_ext krex_lab``)."""
+    from jupyter_client.manager import KernelManager
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # ipykernel then captures fd 2
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(stderr=stderr, stdout=subprocess.DEVNULL, env=env)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        said: list[str] = []
+
+        def output(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+                said.append(msg["content"]["text"])
+
+        code = "%load_ext krex_lab\nimport os\nprint(repr(os.environ.get('KREX_CELL_STDERR')))"
+        reply = kc.execute_interactive(code, timeout=60, output_hook=output)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(said).strip() != "None"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_kernel_whose_stderr_is_a_log_lets_its_children_write_lines(tmp_path: Path) -> None:
+    """ipykernel echoes what reaches the cell's pipe to the kernel's own stderr too: a log file there
+    would keep every rewrite (a ``\\r`` and its padding), so the kernel's children write plain lines
+    (one per wait); with nothing kept there (/dev/null), they rewrite one line of the cell."""
+    with open(tmp_path / "server.log", "wb") as log:
+        assert not _kernel_marks(log)
+    assert _kernel_marks(subprocess.DEVNULL)

@@ -98,7 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Finished regions from the arbiter's history database (kept across restarts), or with "
         "--usage the GPU-hours held per user and per GPU."
     )
-    parser.add_argument("--user", default="", help="only this user's regions")
+    parser.add_argument(
+        "--user",
+        default="",
+        help="only this user's regions (a user this machine does not know, with none recorded: exit 2)",
+    )
     parser.add_argument(
         "--since",
         type=_time_arg,
@@ -302,6 +306,17 @@ def read_database(args: argparse.Namespace, since: float | None, endpoint: str) 
         history.close()
 
 
+def _known(user: str) -> bool:
+    """``user`` names an account of this machine (a deleted account's regions still show)."""
+    import pwd
+
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     since = args.since
     if args.by and not args.usage:
@@ -321,6 +336,9 @@ def run(args: argparse.Namespace) -> int:
         except ArbiterUnavailable:
             answer = read_database(args, since, endpoint)
             shown = msgspec.to_builtins(answer) if isinstance(answer, Usage) else [r.to_dict() for r in answer.rows]
+        if args.user and not (answer.users if isinstance(answer, Usage) else answer.rows) and not _known(args.user):
+            # a user this machine does not know: a typo, most likely, not a user without regions
+            raise InvalidRequest(f"no user {args.user!r} is known on this machine, and no region of one is recorded")
     except KrexError as exc:
         if not args.json:
             raise

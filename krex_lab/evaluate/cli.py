@@ -138,8 +138,9 @@ def _options(args: argparse.Namespace) -> EvaluateArgs:
 def human(ev: Evaluation) -> str:
     """The verdict as a person reads it: the summary, then what explains it."""
     lines = [ev.summary]
-    trials = ev.metadata.get("correctness_trials", "")
-    lines.append(f"  format {ev.format}; compiled {ev.compiled}; correctness {ev.correctness}; trials {trials}")
+    facts = f"  format {ev.format}; compiled {ev.compiled}; correctness {ev.correctness}"
+    trials = ev.metadata.get("correctness_trials")  # none where the candidate was never checked
+    lines.append(f"{facts}; trials {trials}" if trials else facts)
     if ev.runtime > 0:
         st = ev.runtime_stats
         spread = f" (std {st.std:.2f}, min {st.min:.2f}, max {st.max:.2f}, {st.num_trials} trials)" if st else ""

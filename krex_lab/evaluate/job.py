@@ -18,7 +18,7 @@ from typing import Any
 from . import cache
 from .options import Job, Options, ProgramSource
 from .result import METHODS
-from .source import Source, detect_format, read_source
+from .source import Source, check_both_there, detect_format, read_source
 from .task import Task, find_task, read_task
 
 __all__ = ["PHASES", "build_job", "check_options"]
@@ -94,6 +94,7 @@ def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
     from .cases import load_cases
 
     limits = check_options(kw)
+    check_both_there(reference, candidate)
     cand = read_source(candidate, "candidate")
     task, named_task = _task_of(reference, cand)
     if task is not None:

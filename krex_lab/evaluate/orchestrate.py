@@ -150,7 +150,8 @@ def _summary(ev: Evaluation) -> str:
         first = (why or "").strip().splitlines()[0][:300] if why else ""
         return f"{ev.verdict}: {first}" if first else ev.verdict
     if ev.runtime < 0:
-        return f"correct ({ev.metadata.get('correctness_trials', '')} trials; not timed)"
+        trials = ev.metadata.get("correctness_trials")
+        return f"correct ({trials} trials; not timed)" if trials else "correct (not timed)"
     # the method's name says "host-clock" where no GPU was timed: the clock is not said twice
     clock = "GPU" if ev.gpu_timed else "no GPU timed"
     if not ev.gpu_timed and "host-clock" not in (ev.timing_method or ""):

@@ -13,6 +13,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .result import FORMATS
 
@@ -56,6 +57,22 @@ def read_source(value: str | os.PathLike[str], what: str) -> Source:
     text = path.read_text(encoding="utf-8", errors="replace")
     digest = hashlib.sha256(text.encode("utf-8", errors="replace")).hexdigest()
     return Source(text=text, path=str(path.resolve()), label=os.fspath(value), sha256=digest)
+
+
+def _missing(value: Any) -> bool:
+    """``value`` names a path (not source text) and nothing is there."""
+    if isinstance(value, str) and "\n" in value:
+        return False
+    return isinstance(value, (str, os.PathLike)) and not os.path.exists(value)
+
+
+def check_both_there(reference: Any, candidate: Any) -> None:
+    """Neither program there: one error naming both (each alone is :func:`read_source`'s error)."""
+    if _missing(reference) and _missing(candidate):
+        raise FileNotFoundError(
+            f"the reference {os.fspath(reference)!r} is not a file, nor is the candidate {os.fspath(candidate)!r} "
+            "(nor source text: neither has a newline)"
+        )
 
 
 def top_level_names(text: str, label: str = "<string>") -> set[str]:

@@ -160,6 +160,8 @@ class PoolInfo(msgspec.Struct, kw_only=True):
     gpus: list[int]
     backend: str | None = None
     simulated: bool | None = None
+    #: why the pool has no arbiter now ("no KREX arbiter answers at ..."), None while it has one
+    no_arbiter: str | None = None
 
 
 class Released(msgspec.Struct):

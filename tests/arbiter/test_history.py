@@ -221,7 +221,19 @@ def test_regions_outlive_an_arbiter_restart(runtime: Path) -> None:
         table = _history_cli(second, "--user", ME, "--since", "1h").stdout
         assert table.splitlines()[0].split() == ["TIME", "USER", "GPU", "QUEUE-WAIT", "HOLD", "DEGRADED", "ENDED"]
         assert len(table.splitlines()) == 5 and "arbiter shutting down" in table
-        assert "no finished regions" in _history_cli(second, "--user", "nobody-else").stdout
+        # a user of this machine without regions: none recorded (exit 0); one it does not know: a
+        # wrong call (a typo, most likely), said as such (exit 2)
+        assert "no finished regions" in _history_cli(second, "--user", "nobody").stdout
+        for extra in ((), ("--json",), ("--usage",)):
+            unknown = subprocess.run(
+                [sys.executable, "-m", "krex_lab.cli", "history", "--user", "no-such-user-here", *extra],
+                env=second.env(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert unknown.returncode == 2, (extra, unknown.stdout, unknown.stderr)
+            assert "no user 'no-such-user-here' is known on this machine" in unknown.stderr, unknown.stderr
     finally:
         second.stop()
 

@@ -114,3 +114,29 @@ def test_batch_draws_a_progress_bar_on_a_terminal() -> None:
     verdicts = run_batch(pairs, jobs=2, defaults={}, pool=None, emit=seen.append, progress=term)
     assert verdicts == {"error": 3} and sorted(r.index for r in seen) == [0, 1, 2]
     assert "\r[" in term.getvalue() and "3/3 error 3" in term.getvalue()
+
+
+def test_a_candidate_that_does_not_compile_leaves_no_empty_field(
+    eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path
+) -> None:
+    """It was never checked: its facts line has no trials field (not one with nothing after it)."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nclass ModelNew(torch.nn.Module:\n    pass\n")
+    out = krex_eval(eval_arbiter, eval_pool, str(problem("kb_softmax")), str(broken), "--format", "kernelbench", *FAST)
+    assert out.returncode == 1, out.stderr
+    facts = out.stdout.splitlines()[1]
+    assert facts == "  format kernelbench; compiled False; correctness False", out.stdout
+
+
+def test_missing_programs_are_all_named(tmp_path: Path) -> None:
+    """Both programs missing: the one error names both (exit 2, nothing asked of any worker)."""
+    ref, cand = tmp_path / "nope_ref.py", tmp_path / "nope_cand.py"
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "eval", str(ref), str(cand)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and str(ref) in out.stderr and str(cand) in out.stderr, out.stderr
+    ref.write_text("x = 1\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "eval", str(ref), str(cand)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2 and str(cand) in out.stderr and str(ref) not in out.stderr, out.stderr

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter, wait_for
@@ -23,19 +24,23 @@ def arb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ArbiterProc]:
         yield from running_arbiter(tmp_path_factory.mktemp("arb"), mp, gpus=1)
 
 
-@pytest.fixture(scope="module")
-def pool(arb: ArbiterProc) -> Iterator[PoolProc]:
-    proc = PoolProc(
-        arb.env(),
-        f"ipc://{arb.runtime / 'newuser.sock'}",
-        "--no-preload",
-        "--workers-per-gpu=1",
-        "--spares=1",
-        log=arb.runtime / "newuser.log",
-    )
-    proc.start(timeout=90)
+def _pool(arb: ArbiterProc, name: str, *args: str, timeout: float = 90) -> Iterator[PoolProc]:
+    proc = PoolProc(arb.env(), f"ipc://{arb.runtime / name}.sock", *args, log=arb.runtime / f"{name}.log")
+    proc.start(timeout=timeout)
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def pool(arb: ArbiterProc) -> Iterator[PoolProc]:
+    yield from _pool(arb, "newuser", "--no-preload", "--workers-per-gpu=1", "--spares=1")
+
+
+@pytest.fixture(scope="module")
+def torch_pool(arb: ArbiterProc) -> Iterator[PoolProc]:
+    """A pool whose worker preloads torch, and so keeps an evaluation's zygote."""
+    pytest.importorskip("torch")
+    yield from _pool(arb, "torch", "--preload=torch", "--workers-per-gpu=1", "--spares=0", timeout=180)
 
 
 def _env(arb: ArbiterProc, pool: PoolProc) -> dict[str, str]:
@@ -170,9 +175,10 @@ def test_a_late_pipe_is_said_on_stderr(arb: ArbiterProc, pool: PoolProc, tmp_pat
     assert on_time.stdout == repr("now\n") + "\n" and "stdin" not in on_time.stderr, on_time.stderr
 
 
-def test_without_an_arbiter_only_exclusive_says_so(tmp_path: Path) -> None:
-    """No arbiter on the node: a plain ``krex run`` prints nothing of KREX's (there is no region to
-    miss); ``--exclusive``, which needs one, says so in one line and runs nothing."""
+def test_without_an_arbiter_a_run_says_it_is_unprotected(tmp_path: Path) -> None:
+    """No arbiter on the node: every plain ``krex run`` says so in one line on stderr (no GPU
+    exclusivity, no regions), not only the pool's log; ``--exclusive``, which needs one, says so in
+    its own one line and runs nothing."""
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700)
     nobody = f"ipc://{runtime / 'nobody.sock'}"
@@ -183,7 +189,13 @@ def test_without_an_arbiter_only_exclusive_says_so(tmp_path: Path) -> None:
         (tmp_path / "s.py").write_text("print('ok')\n")
         for _ in range(2):  # every run, not only the first
             r = krex_run(pool.env, str(tmp_path / "s.py"))
-            assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == "", r.stderr
+            assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+            assert r.stderr == (
+                f"krex run: no KREX arbiter answers at {nobody}: this run has no GPU exclusivity and regions are "
+                "unavailable; start one with `krex arbiter`\n"
+            ), r.stderr
+        quiet = krex_run({**pool.env, "KREX_QUIET": "1"}, str(tmp_path / "s.py"))
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
         r = krex_run(pool.env, "--exclusive", str(tmp_path / "s.py"))
         assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
         assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("krex run: --exclusive: "), r.stderr
@@ -267,3 +279,36 @@ def test_the_holder_own_pool_jobs_run_inside_its_region(arb: ArbiterProc, pool: 
     assert "ran " in r.stdout and "result True 42 ok" in r.stdout, (r.stdout, r.stderr, pool.log())
     pool.wait_ready()  # the region's worker is gone, the pool's own serve again
     assert pool.client.run_code("1").ok
+
+
+ZYGOTE = "krex_lab.evaluate.candidate.zygote"
+
+
+def zygotes(pool: PoolProc) -> list[int]:
+    assert pool.proc is not None
+    found = []
+    for p in psutil.Process(pool.proc.pid).children(recursive=True):
+        try:
+            if any(ZYGOTE in part for part in p.cmdline()):
+                found.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_timed_out_run_prints_its_one_line_and_nothing_else(
+    arb: ArbiterProc, torch_pool: PoolProc, tmp_path: Path
+) -> None:
+    """The interrupt that ends a timed-out job went to the worker's whole process group, the
+    zygote too: it died of a KeyboardInterrupt, its traceback streaming into the job's stderr (a
+    lone ``Traceback (most recent call last):`` when the client ended first)."""
+    before = zygotes(torch_pool)
+    assert before, torch_pool.log()
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    env = {**arb.env(), "KREX_POOL_ENDPOINT": torch_pool.endpoint}
+    for _ in range(3):
+        out = krex_run(env, "--timeout", "0.5", str(script), cwd=tmp_path)
+        assert out.returncode == 124, out.stderr
+        assert out.stderr == "krex run: timed out after 0.5 s\n" and out.stdout == "", out.stderr
+        assert zygotes(torch_pool) == before, "the job's interrupt reached the worker's zygote"

@@ -54,6 +54,7 @@ def _child(ctl: socket.socket, fd: int, device: str) -> None:
         os.setsid()
         _die_with_parent()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a candidate's, as any program's
         from .process import serve
 
         serve(fd, device)
@@ -62,6 +63,8 @@ def _child(ctl: socket.socket, fd: int, device: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    # An interrupt is for a job, never for the zygote (it ends with its judge's socket or death)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, device = int(argv[0]), argv[1]
     parent = os.getppid()
     _die_with_parent()

@@ -113,6 +113,11 @@ class Spares:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             env=_clean_env(),
+            # A session (and group) of its own: the SIGINT that interrupts a job goes to the
+            # worker's group, and the zygote (kept across jobs) must neither die of it nor print a
+            # KeyboardInterrupt traceback into that job's stderr. It dies with its judge all the
+            # same (PDEATHSIG).
+            start_new_session=True,
         )
         theirs.close()
         self.pid = self.popen.pid

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.exists(path):
         print(f"{sys.executable}: can't open file {path!r}: [Errno 2] No such file or directory", file=sys.stderr)
         return 2
+    from ... import paths
     from ...errors import InvalidRequest
     from .pool_client import PoolClient, read_stdin
     from .stdin import UNREAD_PIPE, stdin_is_pipe
@@ -67,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
     # drops the caller's (Run.keep_env), so that this command needs no GPU backend registry.
     env = dict(os.environ)
     client = PoolClient.connect(start=True)
+    if client.info is not None and client.info.no_arbiter and not args.exclusive and not paths.quiet():
+        # (--exclusive says it in its own error) Without an arbiter nothing is protected: say so
+        # here, not only in the pool's log.
+        print(
+            f"krex run: {client.info.no_arbiter}: this run has no GPU exclusivity and regions are unavailable; "
+            "start one with `krex arbiter`",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         result = client.run_script(
             path,

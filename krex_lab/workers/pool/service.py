@@ -451,6 +451,9 @@ class Pool(LoggingConfigurable):
             gpus=list(self.dispatcher.gpus),
             backend=self.backend.name,
             simulated=self.backend.simulated,
+            no_arbiter=None
+            if self.gates.connected and self._arbiter_known
+            else f"no KREX arbiter answers at {self.arbiter_endpoint}",
         )
 
     def _status(self, request: PoolStatus, peer: Peer) -> PoolTable:
