@@ -18,6 +18,8 @@ from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "benchmarks" / "agent_study.py"
+#: the small sweep's measured window and warm-up per point (s): 6 points, so each second here is 6
+WINDOW, WARMUP = 5.0, 2.0
 
 
 def _run_study(tmp_path_factory: pytest.TempPathFactory, gpus: int, args: list[str]) -> dict[str, Any]:
@@ -55,9 +57,9 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--think-mean",
             "0",
             "--seconds",
-            "8",
+            str(WINDOW),
             "--warmup",
-            "2",
+            str(WARMUP),
             "--launch",
             "warm",
             "--kernels",
@@ -157,11 +159,11 @@ def test_timing_errors_recorded_against_every_alone_run_before_and_after(study: 
 
 def test_throughput_counts_what_returned_in_the_measured_window(study: dict[str, Any]) -> None:
     for p in study["points"]:
-        assert p["measure_from"] - p["start_at"] == pytest.approx(2.0)
-        assert p["until"] - p["measure_from"] == pytest.approx(8.0)
+        assert p["measure_from"] - p["start_at"] == pytest.approx(WARMUP)
+        assert p["until"] - p["measure_from"] == pytest.approx(WINDOW)
         counted = [r for r in p["records"] if p["measure_from"] <= r["done"] <= p["until"]]
         assert p["evaluations_in_window"] == len(counted)
-        assert p["evals_per_min"] == round(len(counted) * 60 / 8.0, 2)
+        assert p["evals_per_min"] == round(len(counted) * 60 / WINDOW, 2)
         assert any(r["sent"] < p["measure_from"] for r in p["records"]), "the agents ran before the window"
         queued = sorted(r["eval_started"] - r["sent"] for r in p["records"])
         assert p["queue_s_median"] == pytest.approx(statistics.median(queued), abs=1e-3)
