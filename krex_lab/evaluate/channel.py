@@ -52,6 +52,8 @@ ALLOWED_DTYPES = frozenset(
 )
 _MAX_MESSAGE = 64 << 20
 _MAX_FDS = 256
+#: the least size of a memfd that inputs share (:meth:`Shared.place`)
+_ARENA_BYTES = 64 << 20
 
 
 class ChannelError(Exception):
@@ -105,6 +107,25 @@ class Shared:
         #: host arrays to pack into one memfd at :meth:`finish` (one file, not one per array)
         self.packed: list[tuple[ArrayDesc, Any, int]] = []
         self.packed_bytes = 0
+        #: the memfd that :meth:`place` fills with inputs: (mapping, its fd's index, bytes used)
+        self.arena: tuple[mmap.mmap, int, int] | None = None
+
+    def place(self, nbytes: int) -> tuple[mmap.mmap, int, int]:
+        """Room for ``nbytes`` in this message's input memory: (mapping, fd index, byte offset).
+        Inputs share memfds of at least 64 MiB (sparse until written): a message may carry at
+        most 253 descriptors, and a round's sets of a three-input problem are 300 arrays."""
+        need = (max(1, nbytes) + 63) // 64 * 64  # every dtype's alignment
+        if self.arena is None or self.arena[2] + need > self.arena[0].size():
+            size = max(_ARENA_BYTES, need)
+            fd = os.memfd_create("krex-inputs", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size)
+            self.fds.append(fd)
+            self.keep.append(mm)
+            self.arena = (mm, len(self.fds) - 1, 0)
+        mm, index, used = self.arena
+        self.arena = (mm, index, used + need)
+        return mm, index, used
 
     def pack(self, desc: ArrayDesc, contiguous: Any) -> None:
         nbytes = int(contiguous.nbytes)
@@ -187,7 +208,7 @@ def spans(inputs: list[Any] | None) -> list[tuple[int, int, int]]:
     """(start, end, index) of the memory of each of ``inputs``, for :func:`describe`."""
     out = []
     for k, src in enumerate(inputs or ()):
-        lo, hi, _ = _span(src)
+        lo, hi = _span(src)
         out.append((lo, hi, k))
     return out
 
@@ -231,20 +252,28 @@ def share_input(x: Any, shared: Shared) -> tuple[ArrayDesc, Any]:
     if _is_torch(x) and x.is_cuda:
         x = x.contiguous()
         return describe(x, shared), x
-    lib = "torch" if _is_torch(x) else "numpy"
+    lib, dtype = ("torch" if _is_torch(x) else "numpy"), _dtype_name(x)
     shape = [int(s) for s in x.shape]
-    arr, fd, mm = memfd_array(lib, _dtype_name(x), shape, x)
-    shared.keep += [arr, mm]
-    shared.fds.append(fd)
+    numel = 1
+    for n in shape:
+        numel *= n
+    itemsize = _itemsize(lib, dtype)
+    mm, index, at = shared.place(numel * itemsize)
+    arr = _view(lib, dtype, shape, None, at // itemsize, mm, numel)
+    if lib == "torch":
+        arr.copy_(x)
+    else:
+        arr[...] = x
+    shared.keep.append(arr)
     desc = ArrayDesc(
         lib=lib,
-        dtype=_dtype_name(x),
+        dtype=dtype,
         shape=shape,
         strides=_contiguous_strides(shape),
-        offset=0,
+        offset=at // itemsize,
         where="memfd",
         nbytes=mm.size(),
-        fd=len(shared.fds) - 1,
+        fd=index,
     )
     return desc, arr
 
@@ -271,15 +300,14 @@ def _data_ptr(x: Any) -> int:
     return int(x.__array_interface__["data"][0])
 
 
-def _span(x: Any) -> tuple[int, int, Any]:
+def _span(x: Any) -> tuple[int, int]:
+    """The memory of ``x`` itself (an input the judge made: contiguous), not of what it views:
+    inputs share memfds (:meth:`Shared.place`), and an output written into one must name that one."""
     if _is_torch(x):
-        st = x.untyped_storage()
-        return int(st.data_ptr()), int(st.data_ptr()) + int(st.nbytes()), st
-    base = x
-    while getattr(base, "base", None) is not None and hasattr(base.base, "__array_interface__"):
-        base = base.base
-    start = int(base.__array_interface__["data"][0])
-    return start, start + int(base.nbytes), base
+        start = int(x.data_ptr())
+        return start, start + int(x.numel()) * int(x.element_size())
+    start = int(x.__array_interface__["data"][0])
+    return start, start + int(x.nbytes)
 
 
 def open_arrays(descs: list[ArrayDesc], fds: list[int], inputs: list[Any] | None = None) -> list[Any]:
@@ -308,11 +336,11 @@ def open_array(
         if inputs is None or not 0 <= d.ref < len(inputs):
             raise ChannelError("an output names an input that was not shared")
         base = inputs[d.ref]
-        lo, hi, _ = _span(base)
+        lo, hi = _span(base)
         if (hi - lo) < span * itemsize:
             raise ChannelError("an output's view runs past the input it names")
-        if d.lib == "torch":  # the offset is from the start of the input's storage, on both sides
-            return base.as_strided(d.shape, d.strides, d.offset)
+        if d.lib == "torch":  # the offset is from the input's first element, on both sides
+            return base.as_strided(d.shape, d.strides, base.storage_offset() + d.offset)
         import numpy as np
 
         flat = base.reshape(-1)

@@ -1,5 +1,6 @@
 """Honest work gets honest verdicts: a torch.compile candidate is correct (its framework's threads
-and compile workers are not work left running), and a time without a region says so."""
+and compile workers are not work left running), a time without a region says so, and a problem
+of many inputs is timed over its sets."""
 
 from __future__ import annotations
 
@@ -24,3 +25,11 @@ def test_a_time_without_a_region_says_so_first_and_is_compared_with_a_reference_
     assert "UNPROTECTED" not in protected.summary and "unprotected" not in protected.flags
     refs = [p for p in bare.regions if p.program == "reference"]
     assert refs and not refs[0].cached  # timed now, as the candidate was, never a region's figure
+
+
+def test_a_problem_of_three_inputs_is_timed_over_a_hundred_sets(run: Run) -> None:
+    # 300 shared arrays: one memfd each once made a message of more descriptors than a socket
+    # carries (EINVAL), and every such problem crashed in its time phase on a CPU
+    ev = run("kb_add3", "correct.py")
+    assert ev.verdict == "correct", (ev.summary, ev.metadata)
+    assert ev.metadata["input_sets"] == "100" and ev.runtime > 0
