@@ -312,3 +312,34 @@ def test_a_timed_out_run_prints_its_one_line_and_nothing_else(
         assert out.returncode == 124, out.stderr
         assert out.stderr == "krex run: timed out after 0.5 s\n" and out.stdout == "", out.stderr
         assert zygotes(torch_pool) == before, "the job's interrupt reached the worker's zygote"
+
+
+def _torch_settings() -> tuple[bool, str, bool, int]:
+    import torch
+
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        str(torch.get_default_dtype()),
+        torch.is_grad_enabled(),
+        torch.get_num_threads(),
+    )
+
+
+def _change_torch_settings() -> tuple[bool, str, bool, int]:
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(1)
+    return _torch_settings()
+
+
+def test_a_jobs_torch_settings_do_not_reach_the_next_job(torch_pool: PoolProc) -> None:
+    """The reset puts back what a job changed of torch's process-wide settings, and only that (the
+    first call of some, made needlessly, cost every worker's first reset over a second)."""
+    client = torch_pool.client
+    before = client.call(_torch_settings)
+    changed = client.call(_change_torch_settings)
+    assert changed[:3] == (True, "torch.float64", False) and changed != before
+    assert client.call(_torch_settings) == before

@@ -238,9 +238,13 @@ def _restore_torch(flags: TorchFlags) -> None:
     torch.backends.cudnn.deterministic = flags.cudnn_deterministic
     torch.set_default_dtype(flags.dtype)
     torch.set_float32_matmul_precision(flags.precision)
-    torch.use_deterministic_algorithms(flags.deterministic)
+    # only when a job changed it: the first call in a process imports what the setting touches
+    # (1.4 s on a CPU), which made every worker's first reset take that long
+    if torch.are_deterministic_algorithms_enabled() != flags.deterministic:
+        torch.use_deterministic_algorithms(flags.deterministic)
     torch.set_grad_enabled(flags.grad)
-    torch.set_num_threads(flags.threads)
+    if torch.get_num_threads() != flags.threads:
+        torch.set_num_threads(flags.threads)
 
 
 _MISSING = object()
