@@ -3,7 +3,8 @@
     python benchmarks/judge_device.py [--backend nvidia|fake] [--repeat 3] [--problems 15,13,04]
 
 Starts an arbiter and a pool (one worker, torch preloaded: its zygote is made at start), then
-evaluates each problem's reference as its own candidate ``--repeat`` times (the first evaluation
+evaluates each problem's reference as its own candidate ``--repeat`` times (``EVAL_PROBLEM_SIZE=small``:
+the problems' CPU-sized inputs) (the first evaluation
 on the worker included), and prints wall time and the load / check / time phases of each, with
 the outside bound and the in-process figure. JSON to ``benchmarks/results/judge-<backend>-<date>.json``.
 """
@@ -55,7 +56,8 @@ def main() -> None:
     try:
         for p in chosen:
             ref = p / "reference.py"
-            cand = p / "new_torch.py" if (p / "new_torch.py").exists() else ref
+            # the reference as its own candidate (its Model under the candidate's name), read as text
+            cand = p / "new_torch.py" if (p / "new_torch.py").exists() else ref.read_text() + "\nModelNew = Model\n"
             for k in range(a.repeat):
                 t0 = time.perf_counter()
                 ev = evaluate(ref, cand, pool=pool, retime_reference=k == 0)
