@@ -12,11 +12,11 @@ How depends on where it goes, so that many waiters never flood a log:
 - in a notebook (an IPython kernel): one display, updated the same way (``display_id``);
 - in a process a notebook's kernel started (a background loop, ``subprocess.run``) whose stderr
   is still the kernel's, which ipykernel forwards into the running cell: one line of that cell,
-  rewritten in place with carriage returns (as Jupyter renders them), and ended by the grant's
-  line (where the kernel's own stderr, to which ipykernel echoes the cell's, is a terminal or
-  /dev/null; a log there gets plain lines, as a pipe). Such a process is no kernel and its
-  stderr no terminal, so without this it would take the rule of a pipe and add two lines to
-  the cell at every wait. The kernel tells its children
+  rewritten in place with carriage returns (as Jupyter renders them), the grant's line left on it
+  until the next wait. (ipykernel also echoes the cell's stderr to the kernel's own, the server's
+  terminal or log: a log keeps the rewrites, carriage returns and all; the cell comes first.)
+  Such a process is no kernel and its stderr no terminal, so without this it would take the
+  rule of a pipe and add two lines to the cell at every wait. The kernel tells its children
   which stderr is the cell's (:func:`mark_cell_stderr`, ``KREX_CELL_STDERR``);
 - anywhere else (a pipe, a file, a worker's job output): at most one line per wait, plus one when
   it is granted.
@@ -161,32 +161,40 @@ class _Display:
 
 
 class _CellLine:
-    """A notebook cell's stderr, written by a process the kernel started: one line, rewritten in
-    place by carriage returns (no terminal escapes: Jupyter renders ``\\r``, not those), padded to
-    cover the longer line before it, and ended by the grant's line (``\\r`` cannot shorten a line,
-    so a blanked one would stay as a strip of spaces, and the cell's next output would start on it)."""
+    """A notebook cell's stderr, written by a process the kernel started: one line for all of the
+    process's waits, rewritten in place by carriage returns (no terminal escapes: Jupyter renders
+    ``\\r``, not those) and padded to cover the longer line before it (``\\r`` cannot shorten a
+    line). The grant's line stays on it, unended, until the next wait rewrites it: a loop that waits
+    at each region keeps to one line of the cell, which says the last grant, never a blank strip."""
+
+    #: the longest text on this process's line so far (a later wait's padding covers it)
+    width = 0
 
     def __init__(self) -> None:
-        self.width = 0
+        self.wrote = False
 
-    def _write(self, text: str, end: str = "") -> None:
-        padded = text.ljust(self.width)
-        self.width = max(self.width, len(text))
+    def _write(self, text: str) -> None:
+        padded = text.ljust(_CellLine.width)
+        _CellLine.width = max(_CellLine.width, len(text))
+        self.wrote = True
         with contextlib.suppress(Exception):
-            sys.stderr.write("\r" + padded + end)
+            sys.stderr.write("\r" + padded)
             sys.stderr.flush()
 
     def show(self, line: str) -> None:
         self._write(line)
 
     def end(self, final: str | None) -> None:
-        if self.width:
-            if final is None:  # not granted: the last wait line stays, ended, as on a terminal
-                with contextlib.suppress(Exception):
-                    sys.stderr.write("\n")
-                    sys.stderr.flush()
-            else:
-                self._write(final, "\n")
+        if not self.wrote:
+            return
+        if final is not None:
+            self._write(final)
+            return
+        # not granted: the last wait line stays, ended, as on a terminal; the next starts afresh
+        _CellLine.width = 0
+        with contextlib.suppress(Exception):
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 def mark_cell_stderr() -> None:
@@ -200,19 +208,8 @@ def mark_cell_stderr() -> None:
         st = os.fstat(2)
     except OSError:
         return
-    if stat.S_ISFIFO(st.st_mode) and _echo_keeps_rewrites():
+    if stat.S_ISFIFO(st.st_mode):
         os.environ[CELL_STDERR_ENV] = f"{st.st_dev}:{st.st_ino}"
-
-
-def _echo_keeps_rewrites() -> bool:
-    """ipykernel also echoes what reaches fd 2 to the kernel's own stderr (``sys.stderr.fileno()``:
-    the server's terminal or its log). Rewrites in place suit a terminal (or /dev/null); a log file
-    or a pipe would keep every ``\\r`` and its padding, so there a child writes plain lines."""
-    try:
-        fd = sys.stderr.fileno()
-        return os.isatty(fd) or stat.S_ISCHR(os.fstat(fd).st_mode)
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 def _stderr_is_a_cell() -> bool:
