@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -83,9 +84,9 @@ class FakePool:
     def __init__(self, bob: User, shared: Path) -> None:
         self.path = shared / "pool.sock"
         self.endpoint = f"ipc://{self.path}"
-        bob_dir = Path(tempfile.mkdtemp(prefix="krex-bob-"))
-        os.chown(bob_dir, bob.uid, bob.gid)
-        self.record = bob_dir / "received"
+        self.dir = Path(tempfile.mkdtemp(prefix="krex-bob-"))
+        os.chown(self.dir, bob.uid, bob.gid)
+        self.record = self.dir / "received"
         python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
         self.proc = subprocess.Popen(
             [python, "-c", FAKE_POOL, str(self.path), str(self.record)],
@@ -115,6 +116,7 @@ class FakePool:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)  # bob's record: nothing of the test stays in /tmp
 
 
 @pytest.fixture
