@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import (
     ArbiterUnavailable,
     BackendError,
@@ -32,8 +33,6 @@ from .errors import (
     UnknownSession,
     WorkerDied,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ArbiterUnavailable",

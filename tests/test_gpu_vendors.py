@@ -47,6 +47,7 @@ def _launch_env(backend: str, gpu: int, uuid: str, monkeypatch: pytest.MonkeyPat
         arbiter_connected=False,
         arbiter_pid=None,
         preload=[],
+        ready_hooks=[],
         warmup=False,
         memory_slack_mb=0,
     )

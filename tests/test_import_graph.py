@@ -88,6 +88,40 @@ def test_no_import_cycles_in_krex_lab() -> None:
         pytest.fail("import cycle: " + " -> ".join(cycle))
 
 
+#: packages that run as servers or as the pool's processes: they never import the facade (``krex_lab``
+#: itself, which pulls the client API, the evaluator and the magics)
+SERVER_PACKAGES = ("krex_lab.arbiter", "krex_lab.workers", "krex_lab.serverext", "krex_lab.hub")
+
+#: (importer prefix, imported prefix, why): edges that would run back up through the layers
+FORBIDDEN = [
+    ("krex_lab.workers", "krex_lab.evaluate", "the pool runs jobs; the evaluator is one of its clients"),
+    ("krex_lab.arbiter", "krex_lab.client", "the arbiter's own tools speak through krex_lab.connection"),
+]
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for m, targets in graph.items():
+        if any(_under(m, s) for s in SERVER_PACKAGES) and "krex_lab" in targets:
+            found.append(f"{m} -> krex_lab (a server package imports the facade)")
+        for src, dst, why in FORBIDDEN:
+            found += [f"{m} -> {t} ({why})" for t in sorted(targets) if _under(m, src) and _under(t, dst)]
+    return found
+
+
+def test_the_layer_checker_sees_an_edge_back_up() -> None:
+    graph = {"krex_lab.workers.x": {"krex_lab.evaluate.y"}, "krex_lab.arbiter.a": {"krex_lab"}}
+    assert len(forbidden_edges(graph)) == 2
+
+
+def test_no_import_runs_back_up_through_the_layers() -> None:
+    assert forbidden_edges(import_graph()) == []
+
+
 def test_no_test_module_imports_from_a_conftest() -> None:
     """A conftest.py holds fixtures and hooks that pytest finds; what tests import from each other
     lives in a helpers module (a conftest imported as a module is loaded twice, under two names)."""

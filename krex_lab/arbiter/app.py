@@ -11,7 +11,7 @@ import signal
 
 from traitlets import TraitError, default
 
-from .. import __version__
+from .._version import __version__
 from ..application import KrexApplication
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS

@@ -234,7 +234,7 @@ SYSTEM_DB = Path("/var/lib/krex/history.sqlite")
 
 def _query(args: argparse.Namespace, since: float | None, endpoint: str) -> object:
     """The arbiter's answer, in its JSON form."""
-    from ..client import Connection
+    from ..connection import Connection
 
     conn = Connection(endpoint)
     try:

@@ -21,7 +21,8 @@ import msgspec
 from traitlets import Bool, Enum, Float, Int, Unicode
 from traitlets.config import LoggingConfigurable
 
-from .. import __version__, paths, protocol
+from .. import paths, protocol
+from .._version import __version__
 from ..connguard import ConnectionLimits, raise_fd_limit
 from ..enforcement.cgroups import CgroupPlacer
 from ..enforcement.corelock import NodeCoreLock

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 
 ADMIN_SCOPE = "custom:krex:admin"
 ADMIN_SERVICE = "krex-admin"

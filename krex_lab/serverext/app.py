@@ -29,7 +29,7 @@ from jupyter_server.extension.application import ExtensionApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, Unicode, default
 
-from .. import __version__
+from .._version import __version__
 from ..gpu import FAKE_GPUS
 from ..gpu.traits import BackendName
 from . import arbiter_kind, handlers

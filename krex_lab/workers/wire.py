@@ -274,6 +274,9 @@ class Init(msgspec.Struct, tag_field="op", tag="init", kw_only=True):
     warmup: bool = True
     real: bool = False
     memory_slack: int = 256 << 20
+    #: ``module:function`` names called with the device ("cuda"/"cpu") once torch is preloaded:
+    #: how the evaluator's zygote starts off any job's clock without the worker importing the evaluator
+    ready_hooks: list[str] = []
     arbiter: str | None = None  # register there as a worker session (None: no arbiter answered)
     arbiter_pid: int | None = None
     #: register as part of this region (empty: an ordinary worker), with ``via_ticket``, the job's

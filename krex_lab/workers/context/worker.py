@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import gc
+import importlib
 import os
 import signal
 import socket
@@ -105,11 +106,18 @@ class Worker:
 
         self.own_children = [ident(p) for p in tree(os.getpid())[1:] if live(p)]
         if "torch" in loaded:
-            # an evaluation's candidates fork from a clean zygote made now, off any job's clock
-            from ...evaluate.judge.spares import prestart
-
-            prestart("cuda" if self.init.real else "cpu")
+            # e.g. an evaluation's candidates fork from a clean zygote made now, off any job's
+            # clock; named by the pool's configuration, so that the worker knows no evaluator
+            self._ready_hooks("cuda" if self.init.real else "cpu")
         self.send(ready)
+
+    def _ready_hooks(self, device: str) -> None:
+        for hook in self.init.ready_hooks:
+            module, _, name = hook.partition(":")
+            try:
+                getattr(importlib.import_module(module), name)(device)
+            except Exception as exc:  # a hook is an optimisation: the worker serves without it
+                print(f"krex worker: ready hook {hook} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def serve(self) -> None:
         while True:

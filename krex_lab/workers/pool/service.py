@@ -35,7 +35,8 @@ import msgspec
 from traitlets import Bool, Dict, Float, Int, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
-from ... import __version__, discovery
+from ... import discovery
+from ..._version import __version__
 from ...application import KrexApplication
 from ...errors import KrexError
 from ...rpc_server import DEFERRED, Peer, Service, lock_holder
@@ -94,6 +95,13 @@ class Pool(LoggingConfigurable):
         default_value=["numba.cuda", "cupy", "torch"],
         help="Modules each worker imports before it takes jobs (on a real GPU also creating "
         "their CUDA context); each is optional and skipped if it does not import.",
+    ).tag(config=True)
+    ready_hooks = List(
+        Unicode(),
+        default_value=["krex_lab.evaluate.judge.spares:prestart"],
+        help="Functions (module:name) each worker calls with its device ('cuda' or 'cpu') once torch "
+        "is preloaded, before it takes jobs: the evaluator's candidate zygote starts there, off any "
+        "job's clock. A hook that fails is said in the worker's log and skipped.",
     ).tag(config=True)
     warmup = Bool(
         True,
@@ -211,6 +219,7 @@ class Pool(LoggingConfigurable):
             arbiter_connected=self.gates.connected,
             arbiter_pid=self.gates.arbiter_pid,
             preload=self.preload,
+            ready_hooks=self.ready_hooks,
             warmup=self.warmup,
             memory_slack_mb=self.memory_slack_mb,
         )

@@ -49,6 +49,7 @@ def worker_launch(
     arbiter_connected: bool,
     arbiter_pid: int | None,
     preload: list[str],
+    ready_hooks: list[str],
     warmup: bool,
     memory_slack_mb: int,
 ) -> tuple[list[str], dict[str, str], Init]:
@@ -78,6 +79,7 @@ def worker_launch(
         gpu=gpu,
         parent=os.getpid(),
         preload=list(preload),
+        ready_hooks=list(ready_hooks),
         warmup=warmup,
         real=real,
         memory_slack=memory_slack_mb << 20,
