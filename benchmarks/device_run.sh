@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam judge (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam redteambatch judge (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -103,6 +103,11 @@ for stage in "${stages[@]}"; do
     redteam)  # the red-team corpus (tests/evaluate/redteam/: CPU and GPU cheats, each with its honest twin) on the GPU,
       # plus KernelBench's adversarial kernels when a checkout is carried (REDTEAM_ARGS="--kernelbench shared/KernelBench")
       timeout ${REDTEAM_TIMEOUT:-580} python3 benchmarks/redteam.py ${REDTEAM_ARGS:-} 2>&1 | tail -70 | tee "$OUT/redteam.log" ;;
+    redteambatch)  # the corpus's speed cheats, their twins and KernelBench's adversarial kernels in ONE batch of 16
+      # beside 3 foreign GPU processes of 20 GiB each (benchmarks/redteam_batch.py; a KernelBench checkout carried
+      # as .kb: REDTEAMBATCH_ARGS="--kernelbench .kb")
+      timeout ${REDTEAMBATCH_TIMEOUT:-560} python3 benchmarks/redteam_batch.py --jobs 16 --hogs 3 --hog-gib 20 \
+        ${REDTEAMBATCH_ARGS:-} 2>&1 | tail -60 | tee "$OUT/redteambatch.log" ;;
     evalbatch)  # krex eval --batch (16 warm workers, regions) vs KernelBench's batch way (compile all in parallel,
       # then one fresh process per evaluation), 22 problems / 31 candidates (CUDA load_inline, Triton, torch), then the
       # > 1 ms ones alone again (benchmarks/eval_batch.py); about 8-9 min. JSON and log go straight to the device's $OUT
