@@ -51,7 +51,7 @@ cores (16 agents compiling on 2 cores take 8 times as long in wall time) and it 
 process is frozen by another region. The think time is a sleep on both backends (a remote model
 call: it elapses even while its agent is frozen).
 
-Outputs: ``benchmarks/results/agent_study-<backend>-<date>.json`` (machine, date, backend,
+Outputs: ``benchmarks/out/agent_study-<backend>-<date>.json`` (machine, date, backend,
 parameters, reference, per point its summary and every evaluation record with its region's
 requested / granted / released times, wait, acquire and hold) and three PNGs next to it
 (``…-throughput.png``, ``…-errors.png``, ``…-regions.png``); ``notebooks/04_agent_study.ipynb``
@@ -160,7 +160,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--use-arbiter", action="store_true", help="use the arbiter at $KREX_ENDPOINT (tests)")
-    p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
+    p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/out/")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--reference-repeats", type=int, default=2, help="alone runs of each candidate per reference pass")
     p.add_argument(

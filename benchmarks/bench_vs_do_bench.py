@@ -17,7 +17,7 @@ C. kernels/ presets: every candidate at every preset timed once by ``bench`` (ti
    optimised ones at 0.1 ms and more also by ``do_bench`` (agreement). Measured ms vs the
    roofline estimate behind the preset.
 
-Prints a table, writes benchmarks/results/bench_vs_do_bench-<date>.json. Without a CUDA GPU it
+Prints a table, writes benchmarks/out/bench_vs_do_bench-<date>.json. Without a CUDA GPU it
 says so and exits with status 2.
 """
 

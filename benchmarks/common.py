@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: the results that README, docs and RESULTS.md cite, kept in git (tests/test_results_cited.py)
 RESULTS = REPO / "benchmarks" / "results"
+#: where a run writes (ignored by git): a result worth keeping is moved to RESULTS and cited
+OUTPUT = Path(os.environ.get("KREX_RESULTS_DIR") or REPO / "benchmarks" / "out")
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -62,13 +65,15 @@ def load_file(path: str, name: str) -> Any:
 
 
 def write_result(name: str, data: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>-<date>.json`` (and a copy under $OUT when set); the
-    date is UTC to the minute, to the second where a file of that minute exists."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    """Write ``benchmarks/out/<name>-<date>.json`` (under ``$KREX_RESULTS_DIR`` when set, and a copy
+    under $OUT when set); the date is UTC to the minute, to the second where a file of that minute
+    exists. Nothing lands in git's tree: a result worth keeping is moved to benchmarks/results/ and
+    cited where its figure is quoted."""
+    OUTPUT.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
-    path = RESULTS / f"{name}-{now:%Y-%m-%dT%H%M}.json"
+    path = OUTPUT / f"{name}-{now:%Y-%m-%dT%H%M}.json"
     if path.exists():  # two runs in one minute: the second keeps its seconds, not the first's name
-        path = RESULTS / f"{name}-{now:%Y-%m-%dT%H%M%S}.json"
+        path = OUTPUT / f"{name}-{now:%Y-%m-%dT%H%M%S}.json"
     text = json.dumps(data, indent=2)
     path.write_text(text)
     out = os.environ.get("OUT")

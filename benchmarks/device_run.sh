@@ -6,7 +6,7 @@
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
-# Logs and JSON are gathered in one archive, $OUT/device-results.tgz, and benchmarks/results/ on
+# Logs and JSON are gathered in one archive, $OUT/device-results.tgz, and benchmarks/out/ on
 # that machine. proccost, lockcost, lag and modes run the probes of benchmarks/probes/ (its README).
 set -uo pipefail
 FINAL=${OUT:-/tmp/krex-final}; mkdir -p "$FINAL"

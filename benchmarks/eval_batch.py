@@ -29,7 +29,7 @@ done so far among it).
 Printed: both wall times and their ratio, per-pair runtime deviation of (a) from (b) for pairs
 over ``--long-ms`` (median, p95 and max of |a/b - 1|) and the same for (b') against (b), verdicts
 that differ, region counts and degraded regions. The JSON (machine, date, git revision, every
-result) goes to ``benchmarks/results/eval_batch-<backend>-<date>.json`` (``--out``: elsewhere), and
+result) goes to ``benchmarks/out/eval_batch-<backend>-<date>.json`` (``--out``: elsewhere), and
 after each phase a partial copy to ``$OUT`` where that is set.
 
 On ``--backend fake`` the GPU is mocked: CPU torch, ``EVAL_PROBLEM_SIZE=small``, host-clock times,
@@ -86,7 +86,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True, help="the (b') repeat")
     p.add_argument("--budget-s", type=float, default=0.0, help="skip (b') when the run is past this (0: never)")
     p.add_argument("--pool-memory-slack-mb", type=int, default=None, help="the pool's Pool.memory_slack_mb")
-    p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/results/")
+    p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/out/")
     args = p.parse_args(argv)
     fake = args.backend == "fake"
     args.kinds = tuple(k for k in (args.kinds or ("torch" if fake else ",".join(eval_set.BATCH_KINDS))).split(",") if k)

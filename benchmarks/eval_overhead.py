@@ -10,7 +10,7 @@ to warm up, then ``--runs`` times in this process. Per evaluation:
   round trip, pickling, the worker's own set-up around the phases, the result's assembly.
 
 Also the wall time of the CLI (``krex eval --json``, a fresh interpreter each time), for scale.
-Prints the figures and writes ``benchmarks/results/eval_overhead-<date>.json``.
+Prints the figures and writes ``benchmarks/out/eval_overhead-<date>.json``.
 
     python benchmarks/eval_overhead.py [--runs 30] [--backend auto] [--reference R --candidate C]
 """

@@ -29,7 +29,7 @@ otherwise the hold grows and the batch is redone):
 
 Output: per class, condition and method ``median_ms``, ``p95_ms``, ``p95_inflation_pct``
 (vs ``alone``) and ``median_inflation_pct``, with machine info, in
-``benchmarks/results/fidelity-<date>[-quick].json`` and ``$OUT/`` when OUT is set.
+``benchmarks/out/fidelity-<date>[-quick].json`` and ``$OUT/`` when OUT is set.
 The processes (victim, GPU hog, CPU hog) live in fidelity_roles.py.
 """
 

@@ -6,7 +6,7 @@ Starts an arbiter and a pool (one worker, torch preloaded: its zygote is made at
 evaluates each problem's reference as its own candidate ``--repeat`` times (``EVAL_PROBLEM_SIZE=small``:
 the problems' CPU-sized inputs) (the first evaluation
 on the worker included), and prints wall time and the load / check / time phases of each, with
-the outside bound and the in-process figure. JSON to ``benchmarks/results/judge-<backend>-<date>.json``.
+the outside bound and the in-process figure. JSON to ``benchmarks/out/judge-<backend>-<date>.json``.
 """
 
 from __future__ import annotations

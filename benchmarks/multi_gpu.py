@@ -34,7 +34,7 @@ sized for ~0.1 and ~1 ms, ``launch`` (one event pair per launch) and ``graph`` (
 each batch enqueued behind a spin kernel that holds the stream, so host launch latency is outside every
 interval. Statistics as fidelity.py: median and nearest-rank p95; inflation = condition / alone - 1.
 
-Output: a table, and JSON via ``common.write_result("multi_gpu", ...)`` (benchmarks/results/ and $OUT).
+Output: a table, and JSON via ``common.write_result("multi_gpu", ...)`` (benchmarks/out/ and $OUT).
 Exit status: 0 every check passed, 1 a check failed or the run stopped early, 2 not runnable here (fewer
 than two GPUs, no torch). Expected runtime on 2 H200s: about 1.5-2 minutes.
 """

@@ -6,7 +6,7 @@ Starts its own arbiter (private KREX_RUNTIME_DIR / KREX_ENDPOINT) and makes the 
 kernelspec findable where krex_lab is not pip-installed (JUPYTER_PATH = the repo's
 extension/share/jupyter, and the provisioner's entry point from a temporary dist-info, as
 multi_gpu.py does). Kernels run on GPU 0 (KREX_GPU=0). Each executed notebook is saved next to
-the results (and under $OUT); the JSON (benchmarks/results/notebook_device-<date>.json) has, per
+the results (and under $OUT); the JSON (benchmarks/out/notebook_device-<date>.json) has, per
 notebook, whether it ran, how long, the error if any and each code cell's text output.
 Without a GPU it says so and exits with status 2.
 """
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, RESULTS, machine, write_result
+from common import OUTPUT, REPO, machine, write_result
 from fidelity import start_arbiter, stop_arbiter
 from multi_gpu import ensure_provisioner_entry_point
 
@@ -73,7 +73,7 @@ def run_notebook(path: Path, timeout: float, workdir: Path) -> dict[str, Any]:
         if c.cell_type == "code"
     ]
     name = path.stem + "-executed.ipynb"
-    for folder in filter(None, [RESULTS, os.environ.get("OUT")]):
+    for folder in filter(None, [OUTPUT, os.environ.get("OUT")]):
         nbformat.write(nb, Path(folder, name))
     entry["executed"] = name
     return entry

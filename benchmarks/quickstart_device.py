@@ -8,7 +8,7 @@ Starts its own arbiter (nvidia backend) and two kernels through jupyter_client w
 per launch, 200 launches, after warm-up): alone; while kernel B loops 4096^2 matmuls
 (contended); and inside a ``%%krex_exclusive`` cell with B still looping. B records a
 timestamp per iteration, so the script also reports B's longest stall and whether it fell
-inside A's region. JSON: benchmarks/results/quickstart_device-<date>.json.
+inside A's region. JSON: benchmarks/out/quickstart_device-<date>.json.
 """
 
 from __future__ import annotations

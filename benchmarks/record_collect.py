@@ -4,7 +4,7 @@ The first call reads the static facts (package versions, the GPU's name, UUID an
 NVML); every later call reads the clocks alone. Target: under 5 ms after the first call. On a
 GPU machine torch's CUDA is initialised first, as in the judge, so the record finds its GPU.
 
-    .venv/bin/python benchmarks/record_collect.py      # prints the figures, writes benchmarks/results/
+    .venv/bin/python benchmarks/record_collect.py      # prints the figures, writes benchmarks/out/
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ checkout of ScalingIntelligence/KernelBench) also KernelBench's own adversarial 
 (``level1/1_Square_matrix_multiplication_.py``), on a GPU.
 
 Prints one line per cheat (its verdict, runtime and speedup, its honest twin's, and what was
-forged) and writes ``benchmarks/results/redteam-<machine>-<date>.json`` with every evaluation's
+forged) and writes ``benchmarks/out/redteam-<machine>-<date>.json`` with every evaluation's
 verdict, runtime, speedup and flags, and the count of forged ``correct``s.
 
     python benchmarks/redteam.py                      # CPU (fake backend), or the GPU when one answers

@@ -13,7 +13,7 @@ here) the way a worker does:
 
     python benchmarks/reset_cost.py [--preload numba.cuda numpy torch cupy] [--reps 300]
 
-Prints the figures and writes ``benchmarks/results/reset_cost-<date>.json``.
+Prints the figures and writes ``benchmarks/out/reset_cost-<date>.json``.
 """
 
 from __future__ import annotations

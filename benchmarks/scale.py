@@ -9,7 +9,7 @@ control channel: they are frozen, never asked to drain), and a holder process at
 GPU and takes regions back to back (freeze on; ``--isolate`` to reserve cores too). Every
 region of every GPU stops the GPU's S-1 siblings and continues them at release. Prints the
 aggregate regions/s, per-GPU counts and acquire/release percentiles; writes
-``benchmarks/results/scale-<date>.json``. The GPUs are simulated (fake backend): what is
+``benchmarks/out/scale-<date>.json``. The GPUs are simulated (fake backend): what is
 measured is the arbiter's region sequence (queues, freeze and thaw of real processes, isolation)
 under load, not GPU work.
 """

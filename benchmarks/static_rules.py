@@ -4,7 +4,7 @@ the time of a scan.
 The honest corpus: every candidate of benchmarks/eval_problems/manifest.jsonl (CUDA through
 load_inline, Triton, numba, torch) and those of tests/evaluate/problems/ named for being right
 (``correct.py``, ``cpp_inline.py``). Prints a table, writes
-``benchmarks/results/static_rules-<machine>-<date>.json``.
+``benchmarks/out/static_rules-<machine>-<date>.json``.
 
     .venv/bin/python benchmarks/static_rules.py
 """

@@ -14,7 +14,7 @@ workers' contexts), then measures, for the same script:
 Also the floor of ``krex run`` (an empty script), what of it is the CLI's own start-up (a fresh
 interpreter's start, and its imports of what ``krex run`` loads, timed apart), and the in-process
 API (PoolClient.run_script, no CLI start-up). Needs torch with a CUDA GPU for the default; exits
-with a clear message (status 0, nothing written) where they are missing. JSON goes to benchmarks/results/ and $OUT.
+with a clear message (status 0, nothing written) where they are missing. JSON goes to benchmarks/out/ and $OUT.
 """
 
 from __future__ import annotations

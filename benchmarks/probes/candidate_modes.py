@@ -27,7 +27,7 @@ run in one mode from its warm-up to its last samples. The mode comes with an all
 inputs' offset in a 2 MiB page was 0 in every run), not with an idle GPU or a short warm-up.
 
 Usage (GPU): ``python3 benchmarks/probes/candidate_modes.py [--trials 16] [--candidates matmul/optimised,...]``
-Writes ``benchmarks/results/candidate_modes-<stamp>.json``.
+Writes ``benchmarks/out/candidate_modes-<stamp>.json``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ whole region sequence under load, where a shared 2-core machine swings regions/s
 run to run; this isolates the freeze. ``--trees`` measures other source trees (a ``git archive``
 of an earlier commit unpacked in a directory) in turn with this one, so both see the same
 machine. Prints CPU and wall milliseconds per cycle; writes
-``benchmarks/results/freeze_cost-<date>.json``.
+``benchmarks/out/freeze_cost-<date>.json``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ numba is freed two ways: ``numba (context queue)`` clears only the context's pen
 the pool's reset did until 2026-12-02 (on the H200 the 400 MiB then stayed); ``numba (both
 queues)`` also its memory manager's, where a device array's free waits
 (``krex_lab.devsync.numba_free_pending``). torch: its cache emptied. Prints and writes
-``benchmarks/results/nvml_memory_lag-<date>.json``.
+``benchmarks/out/nvml_memory_lag-<date>.json``.
 """
 
 from __future__ import annotations
