@@ -265,3 +265,27 @@ def test_numerics_applied_for_a_block_are_put_back_after_it() -> None:
     finally:
         assert before is not None
         torch.backends.cudnn.allow_tf32 = before["cudnn_allow_tf32"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "passed"),
+    [
+        ("", True),
+        ("mismatch found! 3 elements", False),
+        ([], True),
+        (["Number of mismatched elements: 2", "ERROR AT (0,)"], False),
+        (None, True),
+        (False, True),
+        (True, False),
+        ((True, ""), True),
+        ((False, "off by 1"), False),
+    ],
+)
+def test_check_implementations_answer_is_read_as_gpu_modes_harness_reads_it(answer: Any, passed: bool) -> None:
+    """reference-kernels' eval.py: a tuple is (good, message); anything else is the error itself,
+    passed when falsy (pmpp's match_reference answers '' or a message; a bare True is an error)."""
+    from krex_lab.evaluate.judge.problems import _verdict
+
+    ok, message = _verdict(answer)
+    assert ok is passed
+    assert bool(message) is (not passed)
