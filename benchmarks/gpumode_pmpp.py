@@ -170,7 +170,13 @@ def main() -> int:
             say(f"{pair.problem:14s} {pair.name:44s} {layout:9s} {pair.results[layout]['verdict']}")
             return
         t0 = time.perf_counter()
-        ev = evaluate(d, d / pair.name, pool=pool, mode=a.mode)
+        try:
+            ev = evaluate(d, d / pair.name, pool=pool, mode=a.mode)
+        except Exception as exc:  # a bad call (the task cannot be read): that pair's line says so
+            why = f"{type(exc).__name__}: {exc}"
+            pair.results[layout] = {"verdict": "error", "outcome": outcome(pair, "error"), "why": why[:400]}
+            say(f"{pair.problem:14s} {pair.name:44s} {layout:9s} error          {why[:120]}")
+            return
         why = ev.metadata.get("correctness_issue") or ev.metadata.get("runtime_error") or ""
         why = why or ev.metadata.get("reference_error") or ev.metadata.get("evaluation_error") or ""
         regions = [p.region for p in ev.regions if p.region is not None]
