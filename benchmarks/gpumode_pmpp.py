@@ -210,6 +210,11 @@ def main() -> int:
         cells = " ".join(f"{p.results[x]['verdict']:14s}" for x in layouts)
         bad = any(p.results[x]["outcome"] == "WRONG" for x in layouts)
         print(f"{p.problem:14s} {p.name:44s} {p.expected:12s} {cells}{'  <-- not as GPU MODE says' if bad else ''}")
+    for p in pairs:  # why each one that is not as GPU MODE says came out as it did
+        for x in layouts:
+            r = p.results[x]
+            if r["outcome"] == "WRONG":
+                print(f"  {p.problem}/{p.name} ({x}): {r['verdict']}: {(r.get('why') or r.get('summary') or '')[:300]}")
     ran = [p.results[x] for p in pairs for x in layouts if p.results[x]["outcome"] != "not run"]
     right = sum(1 for r in ran if r["outcome"] == "ok")
     skipped = len(pairs) * len(layouts) - len(ran)
