@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam redteambatch judge (default: info
+# Stages: each `case` below, a comment beside it (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -117,6 +117,10 @@ for stage in "${stages[@]}"; do
       OUT=$FINAL timeout ${EVALBATCH_TIMEOUT:-560} python3 benchmarks/eval_batch.py --backend nvidia \
         --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} >> "$FINAL/evalbatch.log" 2>&1
       tail -45 "$FINAL/evalbatch.log" ;;
+    pmpp)  # GPU MODE's reference kernels as published (problems/pmpp, carried into .pmpp/: nothing is fetched here):
+      # every problem's submission and solutions, published and gathered layouts (benchmarks/gpumode_pmpp.py); ~3-5 min
+      timeout ${PMPP_TIMEOUT:-560} python3 benchmarks/gpumode_pmpp.py ${PMPP_DIR:-.pmpp/problems/pmpp} --backend nvidia \
+        --workers ${PMPP_WORKERS:-4} ${PMPP_ARGS:-} 2>&1 | tail -75 | tee "$OUT/pmpp.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

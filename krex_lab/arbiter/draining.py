@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..enforcement.lock_frozen import resume_stopped, still_stopped, stop_again, stopped_here
 from ..procutil import STOPPED, exited_or_exiting, proc_state, state_and_start, tree
 from .enforcement import Enforcement
 from .region import Region, RegionState
@@ -177,6 +178,28 @@ class Draining:
             log.info("region %s: sessions %s are stopped: not asked to drain", region.id, sorted(stopped))
         return stopped
 
+    async def _lock_stopped_here(self, region: Region, pids: dict[int, int]) -> None:
+        """Lock processes this region stopped itself before their context showed on the GPU.
+
+        A sibling's tree is stopped whole, and a process in it may be making its first context
+        just then (an evaluation's spare makes its own while idle): it shows on the GPU's list
+        only while the region holds. Stopped, it cannot be locked (the driver hangs on it), yet
+        it may have queued work before its stop: so it is continued, locked (its queued work
+        drains) and stopped again, with whatever it started while it ran. Called with
+        ``region.locking`` set: a release waits, so the thaw and the unlock still come after."""
+        resume_stopped(region.frozen, pids)
+        deadline = time.monotonic() + 0.1
+        while still_stopped(pids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        try:
+            await self.steps.locker.lock_all(sorted(pids), region.drain, self.steps.lock_journal(region.id))
+        finally:
+            stop_again(region.frozen, pids)
+            # what they started while they ran: their trees walked again (no kin of theirs kept:
+            # they are no session roots, and their ancestors are this region's frozen sibling)
+            region.frozen.roots.update(pids)
+            self.steps.freezer.extend(region.id, region.frozen, sorted(pids), region.exempt)
+
     async def watch_intruders(self, region: Region) -> None:
         """Lock processes that appear on the GPU while the region is held."""
         loop = asyncio.get_running_loop()
@@ -195,7 +218,12 @@ class Draining:
             if new and region.state is RegionState.HELD:
                 region.locking = True
                 try:
-                    await self.steps.locker.lock_all(new, region.drain, self.steps.lock_journal(region.id))
+                    ours = stopped_here(region.frozen, new)
+                    if ours:
+                        await self._lock_stopped_here(region, ours)
+                    rest = [p for p in new if p not in ours]
+                    if rest:
+                        await self.steps.locker.lock_all(rest, region.drain, self.steps.lock_journal(region.id))
                 finally:
                     region.locking = False
                 fresh = [p for p in new if p in region.drain.locked_pids and p not in region.drain.intruders]

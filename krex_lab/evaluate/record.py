@@ -22,6 +22,7 @@ import socket
 import sys
 from typing import Any
 
+from .numerics import settings_for
 from .options import Job
 from .result import Packages, Reproducibility
 
@@ -204,6 +205,7 @@ def collect(
         task=job.task.path if job.task is not None else None,
         timing=timing_settings(job),
         tolerances={"atol": o.atol, "rtol": o.rtol},
+        numerics=settings_for(job.format) or {},
         hostname=_hostname(),
     )
 

@@ -154,8 +154,9 @@ class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
     ``seed_given``); ``init_seed``: KernelBench's public seed before both models are built.
     ``sources``: sha256 of the reference, the candidate and every laid-out file (``files``).
     ``timing``: the method asked for and every setting it ran under; ``tolerances``: atol and rtol
-    as given (None: by the output's precision). ``clocks_mhz``: the GPU's SM and memory clocks as
-    the evaluation started, where NVML gives them."""
+    as given (None: by the output's precision); ``numerics``: the floating-point switches both sides
+    were given (:mod:`krex_lab.evaluate.numerics`; empty: torch's defaults). ``clocks_mhz``: the
+    GPU's SM and memory clocks as the evaluation started, where NVML gives them."""
 
     packages: Packages
     device: str
@@ -172,6 +173,7 @@ class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
     task: str | None = None
     timing: dict[str, str | float | int | bool] = {}
     tolerances: dict[str, float | None] = {}
+    numerics: dict[str, str | bool] = {}
     hostname: str | None = None
 
 

@@ -150,6 +150,23 @@ def _timeouts(data: dict[str, Any], path: Path) -> dict[str, float]:
     return out
 
 
+def _source_file(path: Path, name: str, source: str) -> Path:
+    """Where a laid-out file's text is: ``source`` relative to the task's directory, as published
+    (``../utils.py`` shared by a family of problems), or else the file of that name beside the
+    task.yml, as a runner gathers a problem into one directory (task.yml, reference.py and utils.py
+    together). Neither there: a FileNotFoundError naming both places."""
+    src = (path.parent / source).resolve()
+    if src.is_file():
+        return src
+    beside = (path.parent / name).resolve()
+    if beside.is_file() and beside.is_relative_to(path.parent.resolve()):
+        return beside
+    raise FileNotFoundError(
+        f"{path}: files: {name!r} comes from {source!r}, which is not a file ({src}), "
+        f"and no {name} lies beside the task.yml ({beside}) as in a problem gathered into one directory"
+    )
+
+
 def read_task(task_yml: str | os.PathLike[str], candidate_text: str, reference: str | None = None) -> Task:
     """``task_yml`` read and resolved: each of ``files:`` read relative to the task's directory,
     ``@SUBMISSION@`` standing for ``candidate_text``. ``reference``: the reference's path when the
@@ -171,6 +188,10 @@ def read_task(task_yml: str | os.PathLike[str], candidate_text: str, reference: 
     entries = data.get("files")
     if not isinstance(entries, list) or not entries:
         raise TaskError(f"{path}: files: the list of files laid out beside the submission is missing")
+    config = data.get("config")
+    #: the runner's harness (``config: main:``, GPU MODE's eval.py): never run here, so a gathered
+    #: problem may leave it out
+    main = str(config.get("main") or "") if isinstance(config, Mapping) else ""
     files: dict[str, str] = {}
     origin: dict[str, Path] = {}
     submission: str | None = None
@@ -183,9 +204,12 @@ def read_task(task_yml: str | os.PathLike[str], candidate_text: str, reference: 
         if source == SUBMISSION:
             submission, files[name] = name, candidate_text
             continue
-        src = (path.parent / source).resolve()
-        if not src.is_file():
-            raise FileNotFoundError(f"{path}: files: {name!r} comes from {source!r}, which is not a file ({src})")
+        try:
+            src = _source_file(path, name, source)
+        except FileNotFoundError:
+            if name == main:  # the runner's own harness: the judge stands in for it
+                continue
+            raise
         files[name], origin[name] = src.read_text(encoding="utf-8", errors="replace"), src
     if submission is None:
         raise TaskError(f"{path}: files: no entry has source {SUBMISSION} (where the submission goes)")

@@ -79,6 +79,7 @@ def test_the_record_names_versions_gpu_seeds_hashes_settings_and_reads_static_fa
     assert first.timing["timing"] == "converge" and first.timing["max_rel_err"] == 0.001
     assert first.timing["max_case_s"] == 2.5 and first.timing["strict"] is True and "max_runs" not in first.timing
     assert first.tolerances == {"atol": 1e-3, "rtol": None}
+    assert first.numerics["cudnn_allow_tf32"] is False and first.numerics["float32_matmul_precision"] == "highest"
     # a shared record reader: the static facts once, the clocks every time
     shared = record._Gpu(CountingNvml())
     for sm in (1980, 1755):
@@ -101,6 +102,7 @@ def test_the_record_of_a_kernelbench_job_on_a_cpu() -> None:
     assert rec.device == "cpu: test" and rec.gpu_name is None and rec.driver is None and rec.clocks_mhz == {}
     assert rec.seed == 99 and not rec.seed_given and rec.init_seed == 42 and rec.files == {} and rec.task is None
     assert rec.timing["perf_trials"] == 100 and rec.timing["trials"] == 5 and "warmup_s" not in rec.timing
+    assert rec.numerics == {}  # KernelBench: torch's defaults, as its harness leaves them
 
 
 def _evaluation(**kw: Any) -> Evaluation:

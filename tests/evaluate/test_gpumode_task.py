@@ -179,3 +179,113 @@ def test_a_published_problem_gets_its_verdicts(eval_pool: PoolProc) -> None:
     last = _evaluate(eval_pool, ROWSUM / "reference.py", ROWSUM / "correct.py")
     assert last.verdict == "correct" and [c.spec for c in last.benchmarks] == ["rows: 1024; cols: 512; seed: 22"]
     assert _evaluate(eval_pool, ROWSUM, ROWSUM / "wrong.py").verdict == "incorrect"
+
+
+# -- a problem gathered into one directory, as a runner lays it out -------------------------------
+
+
+def _gather(into: Path, task: Path, *, with_utils: bool = True) -> Path:
+    """``task``'s files in one directory (task.yml, reference.py, task.py and, unless told not to,
+    utils.py beside them), its task.yml unchanged: it still says ``../utils.py``."""
+    into.mkdir()
+    for f in task.iterdir():
+        if f.is_file():
+            (into / f.name).write_text(f.read_text())
+    if with_utils:
+        (into / "utils.py").write_text((TASKS / "utils.py").read_text())
+    return into
+
+
+def test_a_problem_gathered_into_one_directory_reads_utils_from_beside_it(tmp_path: Path) -> None:
+    flat = _gather(tmp_path / "rowsum", ROWSUM)
+    j = job(flat, flat / "correct.py")
+    assert j.files["utils.py"] == (TASKS / "utils.py").read_text()
+    assert set(j.files) == {"submission.py", "task.py", "utils.py", "reference.py"}
+    # the published layout still reads ../utils.py first, where it is
+    assert job(ROWSUM, ROWSUM / "correct.py").files == j.files
+
+
+def test_utils_neither_published_nor_beside_is_a_clear_error(tmp_path: Path) -> None:
+    flat = _gather(tmp_path / "rowsum", ROWSUM, with_utils=False)
+    with pytest.raises(FileNotFoundError, match=r"'utils\.py' comes from '\.\./utils\.py'.*no utils\.py lies beside"):
+        job(flat, flat / "correct.py")
+
+
+def test_the_runners_own_harness_may_be_missing_any_other_listed_file_may_not(tmp_path: Path) -> None:
+    numerics = TASKS / "gm_task_numerics"
+    j = job(numerics, numerics / "correct.py")  # eval.py (config: main) is nowhere: left out
+    assert "eval.py" not in j.files and "reference.py" in j.files
+    flat = _gather(tmp_path / "numerics", numerics)
+    (flat / "task.py").unlink()
+    with pytest.raises(FileNotFoundError, match=r"'task\.py' comes from 'task\.py'"):
+        job(flat, flat / "correct.py")
+
+
+def test_a_gathered_problem_gets_the_verdicts_of_the_published_one(eval_pool: PoolProc, tmp_path: Path) -> None:
+    flat = _gather(tmp_path / "rowsum", ROWSUM)
+    ok = _evaluate(eval_pool, flat, flat / "correct.py", measure=False)
+    assert ok.verdict == "correct", ok.summary
+    assert _evaluate(eval_pool, flat / "reference.py", flat / "wrong.py", measure=False).verdict == "incorrect"
+
+
+# -- the numerics GPU MODE decides under ---------------------------------------------------------
+
+
+def test_both_sides_compute_in_ieee_fp32_as_gpu_mode_decides(eval_pool: PoolProc) -> None:
+    """The reference's check passes only if the judge (its reference and check) and the candidate
+    run with cuDNN's and cuBLAS's TF32 off and float32 matmuls at their highest precision."""
+    numerics = TASKS / "gm_task_numerics"
+    ok = _evaluate(eval_pool, numerics, numerics / "correct.py")
+    assert ok.verdict == "correct", ok.summary
+    # a submission may still set a switch for itself, as under GPU MODE's runner
+    tf32 = _evaluate(eval_pool, numerics, numerics / "tf32.py", measure=False)
+    assert tf32.verdict == "incorrect" and "(1.0, 0.0, 1.0)" in (tf32.metadata.get("correctness_issue") or ""), (
+        tf32.summary
+    )
+    # and the judge's worker keeps its own switches for the next job (a KernelBench pair: torch's)
+    kb = _evaluate(eval_pool, PROBLEMS / "kb_scaled_add" / "reference.py", PROBLEMS / "kb_scaled_add" / "correct.py")
+    assert kb.verdict == "correct", kb.summary
+
+
+def test_numerics_applied_for_a_block_are_put_back_after_it() -> None:
+    import torch
+
+    from krex_lab.evaluate.numerics import applied, current, settings_for
+
+    assert settings_for("kernelbench") is None
+    before = current()
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        with applied(settings_for("gpumode")):
+            now = current()
+            assert now is not None and now["cudnn_allow_tf32"] is False
+            assert now["float32_matmul_precision"] == "highest"
+        after = current()
+        assert after is not None and after["cudnn_allow_tf32"] is True
+    finally:
+        assert before is not None
+        torch.backends.cudnn.allow_tf32 = before["cudnn_allow_tf32"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "passed"),
+    [
+        ("", True),
+        ("mismatch found! 3 elements", False),
+        ([], True),
+        (["Number of mismatched elements: 2", "ERROR AT (0,)"], False),
+        (None, True),
+        (False, True),
+        (True, False),
+        ((True, ""), True),
+        ((False, "off by 1"), False),
+    ],
+)
+def test_check_implementations_answer_is_read_as_gpu_modes_harness_reads_it(answer: Any, passed: bool) -> None:
+    """reference-kernels' eval.py: a tuple is (good, message); anything else is the error itself,
+    passed when falsy (pmpp's match_reference answers '' or a message; a bare True is an error)."""
+    from krex_lab.evaluate.judge.problems import _verdict
+
+    ok, message = _verdict(answer)
+    assert ok is passed
+    assert bool(message) is (not passed)

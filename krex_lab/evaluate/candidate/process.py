@@ -143,6 +143,9 @@ class Candidate:
         for d in body.get("path", []):
             if d not in sys.path:
                 sys.path.insert(0, d)
+        from ..numerics import apply
+
+        apply(body.get("numerics"))  # the format's runner's switches, before the candidate's code
         module = types.ModuleType(body["module"])
         module.__file__ = self.filename = body["filename"]
         sys.modules[body["module"]] = module

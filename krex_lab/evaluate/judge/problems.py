@@ -109,14 +109,19 @@ class KernelBenchProblem(Problem):
 
 
 def _verdict(result: Any) -> tuple[bool, str]:
-    """GPU MODE's check result: ``(ok, message)``, a bool, or a message (empty: passed)."""
+    """GPU MODE's check result read as GPU MODE's harnesses read it (``wrap_check_implementation``
+    in reference-kernels' eval.py): a tuple is ``(good, message)``; anything else is the error
+    itself, the check passed when it is falsy (``''``, an empty list of mismatches, None, False).
+    So a bare ``True`` is a failure there, and here."""
     if isinstance(result, tuple) and len(result) == 2:
         return bool(result[0]), str(result[1] or "")
-    if isinstance(result, bool):
-        return result, "" if result else "check_implementation returned False"
-    if isinstance(result, str):
-        return not result, result
-    return bool(result), ""
+    if not result:
+        return True, ""
+    if isinstance(result, (list, tuple)):
+        return False, " ".join(str(x) for x in result)
+    if result is True:
+        return False, "check_implementation returned True (GPU MODE reads an answer that is not a tuple as its error)"
+    return False, str(result)
 
 
 class GpuModeProblem(Problem):

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_arrays, share_input
+from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
@@ -260,6 +261,7 @@ class Judge:
             "output_path": self.output_path,
             "load_file_limit": max(LOAD_FILE_LIMIT, self.opts.output_limit_mb << 20),
             "memory_limit_mb": self.opts.memory_limit_mb,
+            "numerics": settings_for(job.format),
         }
         try:
             t_load = time.perf_counter()
@@ -515,7 +517,7 @@ def run(job: Job, reference_cache: str | None = None) -> PhaseResults:
     """Every phase of ``job``, as far as the candidate gets."""
     _nondumpable()
     del reference_cache  # reference times live in the judge's memory (see .rounds)
-    with _judge_layout(job):
+    with _judge_layout(job), applied(settings_for(job.format)):  # the reference and its check too
         return _run(job)
 
 
