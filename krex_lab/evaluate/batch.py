@@ -15,10 +15,7 @@ with verdict ``error`` and the reason in ``metadata``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +30,7 @@ from .result import Evaluation
 
 if TYPE_CHECKING:
     from ..workers.client import PoolClient
+    from .admission import MemoryPolicy
 
 __all__ = ["BatchRecord", "Pair", "parse_manifest", "run_batch"]
 
@@ -167,22 +165,35 @@ def evaluate_pair(pair: Pair, defaults: EvaluateArgs, pool: PoolClient | None) -
 
 
 class Progress:
-    """One status line on a terminal (``\\r``-rewritten): done/total and the verdicts so far."""
+    """One status line on a terminal (``\\r``-rewritten): done/total, the verdicts so far, and how
+    many pairs wait for GPU memory."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.total, self.stream = total, stream
         self.done = 0
         self.verdicts: Counter[str] = Counter()
         self.enabled = stream.isatty()
+        self.memory_waits = 0
 
     def update(self, verdict: str) -> None:
         self.done += 1
         self.verdicts[verdict] += 1
+        self._draw()
+
+    def waiting(self, n: int) -> None:
+        """``n`` pairs wait in the queue for GPU memory (said on the line while there are any)."""
+        if n != self.memory_waits:
+            self.memory_waits = n
+            self._draw()
+
+    def _draw(self) -> None:
         if self.enabled:
             width = 30
             filled = int(width * self.done / max(1, self.total))
             counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {counts}\x1b[K")
+            wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
+            bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+            self.stream.write(f"\r{bar} {counts}{wait}\x1b[K")
             self.stream.flush()
 
     def close(self) -> None:
@@ -199,23 +210,11 @@ def run_batch(
     pool: PoolClient | None,
     emit: Callable[[BatchRecord], None],
     progress: TextIO | None = None,
+    memory: MemoryPolicy | None = None,
 ) -> Counter[str]:
-    """Evaluate ``pairs``, ``jobs`` at once; ``emit`` each result as it finishes, exactly once
-    per pair. Returns the count of each verdict."""
-    bar = Progress(len(pairs), progress or sys.stderr)
-    lock = threading.Lock()
+    """Evaluate ``pairs``, ``jobs`` at once over every GPU the pool serves, admitted by GPU memory
+    (:mod:`.many`, :mod:`.admission`); ``emit`` each result as it finishes, exactly once per pair.
+    Returns the count of each verdict."""
+    from .many import run_pairs
 
-    def one(pair: Pair) -> None:
-        ev = evaluate_pair(pair, defaults, pool)
-        pair_id = pair.id if pair.id is not None else pair.candidate
-        record = BatchRecord(index=pair.index, id=pair_id, **msgspec.structs.asdict(ev))
-        with lock:
-            emit(record)
-            bar.update(ev.verdict)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="krex-eval") as ex:
-        futures = [ex.submit(one, p) for p in pairs]
-        for future in concurrent.futures.as_completed(futures):
-            future.result()
-    bar.close()
-    return bar.verdicts
+    return run_pairs(pairs, jobs=jobs, defaults=defaults, pool=pool, emit=emit, progress=progress, memory=memory)
