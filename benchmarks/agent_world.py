@@ -62,12 +62,17 @@ class World:
         cmd = [sys.executable, "-m", "krex_lab.workers.pool", f"--workers-per-gpu={workers}", "--spares=0"]
         cmd += [f"--preload={preload!r}", "--log-level=INFO"]  # INFO: each recycled worker and why
         cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
+        if getattr(self.args, "pool_start_concurrency", None):
+            cmd += [f"--Pool.start_concurrency={self.args.pool_start_concurrency}"]
         if self.args.pool_memory_slack_mb is not None:
             cmd += [f"--Pool.memory_slack_mb={self.args.pool_memory_slack_mb}"]
         with open(self.pool_log, "wb") as log:
             self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=log))
         os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
         from krex_lab.workers.client.pool_client import PoolClient
+
+        #: seconds from the pool's start to its first worker ready (a batch may begin there)
+        self.first_worker_s: float | None = None
 
         def ready() -> bool:
             try:
@@ -76,6 +81,8 @@ class World:
             except Exception:
                 return False
             idle = [w for g in st.gpus for w in g.workers if w.state == "idle"]
+            if idle and self.first_worker_s is None:
+                self.first_worker_s = time.monotonic() - t0
             return len(idle) >= workers * self.args.gpus
 
         wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")

@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam judge (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch evalbatchforeign poolstart redteam judge (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -112,6 +112,18 @@ for stage in "${stages[@]}"; do
       OUT=$FINAL timeout ${EVALBATCH_TIMEOUT:-560} python3 benchmarks/eval_batch.py --backend nvidia \
         --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} >> "$FINAL/evalbatch.log" 2>&1
       tail -45 "$FINAL/evalbatch.log" ;;
+    poolstart)  # 16 warm workers (torch) started two at a time, then as many at once as the node has CPUs: time to
+      # the first worker ready and to all 16 (benchmarks/pool_start.py), twice each; about 2-3 min
+      timeout 300 python3 benchmarks/pool_start.py --backend nvidia --workers 16 --concurrency 2,0 --repeat 2 \
+        ${POOLSTART_ARGS:-} 2>&1 | tail -12 | tee "$OUT/poolstart.log" ;;
+    evalbatchforeign)  # evalbatch beside 3 foreign GPU processes holding 20 GiB each (idle: their memory is the
+      # point), admitted by GPU memory; the JSON records the pool's start, admission and requeues; about 8-9 min
+      python3 -m compileall -q krex_lab benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      (command -v nvcc && nvcc --version | tail -1; echo "CUDA_HOME=${CUDA_HOME:-}") > "$FINAL/evalbatchforeign.log" 2>&1
+      OUT=$FINAL timeout ${EVALBATCH_TIMEOUT:-560} python3 benchmarks/eval_batch.py --backend nvidia --jobs 16 \
+        --foreign 3 --foreign-gib 20 --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} \
+        >> "$FINAL/evalbatchforeign.log" 2>&1
+      tail -45 "$FINAL/evalbatchforeign.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

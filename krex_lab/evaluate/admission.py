@@ -11,8 +11,9 @@ a GPU while its footprint fits
 (``used now`` sees a neighbour that grew; the second term counts what our running evaluations
 will take although they have not allocated it yet). A footprint is measured by the judge
 (:mod:`.judge.footprint`: the reference's peak, the input sets, the candidate's allowance) the
-first time a problem runs; until then an evaluation of that problem is admitted with
-``unknown_footprint_mb``, one at a time per problem. What does not fit waits in the queue.
+first time a problem runs; until then an evaluation of that problem is admitted with the largest
+footprint measured in the batch so far, at least ``unknown_footprint_mb``. What does not fit
+waits in the queue.
 
 An out-of-memory is the candidate's verdict only where the candidate alone held more than its
 allowance (its own figures: what it held and asked for). Any other (the judge's side ran out,
@@ -143,12 +144,13 @@ def oom_cause(ev: Evaluation, allowance: int) -> str | None:
 def oom_figures(ev: Evaluation, allowance: int, free: int | None) -> str:
     """The candidate's own out-of-memory, in figures (``metadata["out_of_memory_figures"]``)."""
     figures = candidate_figures(str(ev.metadata.get("out_of_memory", "")))
-    line = f"its allowance is {allowance / GiB:.2f} GiB"
+    allowed = f"its allowance of {allowance / GiB:.2f} GiB"
+    line = f"the candidate ran out of memory beyond {allowed}"
     if figures is not None:
         held, asked = figures
         line = (
             f"the candidate held {held / GiB:.2f} GiB and asked for {asked / GiB:.2f} GiB more "
-            f"({(held + asked) / GiB:.2f} GiB), beyond " + line
+            f"({(held + asked) / GiB:.2f} GiB), beyond {allowed}"
         )
     if free is not None:
         line += f"; {free / GiB:.2f} GiB of the GPU was free for it when it was admitted"

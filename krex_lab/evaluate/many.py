@@ -84,7 +84,6 @@ class _Engine:
         self.running = 0
         self.cond = threading.Condition()
         self.footprints: dict[str, int] = {}
-        self.probing: set[str] = set()
         self.cancelled = False
         self.admission = Admission(policy, gpus, arbiter_memory(pool) if pool is not None and gpus else None)
         self._tickets = 0
@@ -117,11 +116,8 @@ class _Engine:
                 self._start(ex, item, None, 0, None)
                 continue
             need = self.footprints.get(item.key)
-            if need is None:
-                if item.key in self.probing:  # the first of its problem is being measured
-                    waiting += 1
-                    continue
-                need = self.policy.unknown_footprint_mb << 20
+            if need is None:  # not measured yet: the largest measured so far, at least the policy's guess
+                need = max([self.policy.unknown_footprint_mb << 20, *self.footprints.values()])
             gpu = pair.options.get("gpu", self.defaults.get("gpu"))
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at)
             if placed is None:
@@ -129,8 +125,6 @@ class _Engine:
                 continue
             self.queue.remove(item)
             item.waited_s += now - item.queued_at
-            if item.key not in self.footprints:
-                self.probing.add(item.key)
             self._start(ex, item, placed[0], need, placed[1])
         return waiting
 
@@ -155,7 +149,6 @@ class _Engine:
                 self.running -= 1
                 if gpu is not None:
                     self.admission.finish(ticket, gpu)
-                self.probing.discard(item.key)
                 try:
                     self._settle(item, ev or error_result(item.pair, "no result"), gpu, need, free)
                 finally:
