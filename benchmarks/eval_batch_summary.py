@@ -92,8 +92,11 @@ def summarise(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         "baseline_wall_s": base["wall_s"],
         "krex_wall_s": krex["wall_s"],
         "wall_ratio": base["wall_s"] / krex["wall_s"] if krex["wall_s"] > 0 else None,
-        "wall_ratio_with_pool_start": base["wall_s"] / (krex["wall_s"] + krex["pool_ready_s"]),
-        "pool_ready_s": krex["pool_ready_s"],
+        # the pool's start counted in: (a) waited for every worker, or began on the first (overlapped)
+        "wall_ratio_with_pool_start": base["wall_s"]
+        / (krex["wall_from_pool_start_s"] if krex.get("overlap_pool_start") else krex["wall_s"] + krex["pool_ready_s"]),
+        "overlap_pool_start": bool(krex.get("overlap_pool_start")),
+        "pool_ready_s": krex.get("pool_all_ready_s") or krex["pool_ready_s"],
         "pool_first_worker_s": krex.get("pool_first_worker_s"),
         "foreign_processes": krex.get("foreign_processes", []),
         "verdicts": dict(Counter(str(recs[0].get("verdict")) for recs in krex["results"].values() if recs)),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -26,31 +25,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from .options import EvaluateArgs
-from .result import Evaluation
+from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
 
 if TYPE_CHECKING:
     from ..workers.client import PoolClient
     from .admission import MemoryPolicy
 
-__all__ = ["BatchRecord", "Pair", "parse_manifest", "run_batch"]
-
-#: what a JSON manifest line may set for its pair
-PAIR_OPTIONS = (
-    "format",
-    "gpu",
-    "timing",
-    "mode",
-    "tests",
-    "benchmarks",
-    "trials",
-    "perf_trials",
-    "measure",
-    "seed",
-    "strict",
-    "atol",
-    "rtol",
-    "max_case_s",
-)
+__all__ = ["PAIR_OPTIONS", "BatchRecord", "Pair", "Progress", "error_result", "parse_manifest", "run_batch"]
 
 #: GPU MODE cases on a manifest line: their text, or a list of lines or argument objects
 _ManifestCases = str | list[str | dict[str, Any]]
@@ -80,28 +61,6 @@ class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def options(self) -> EvaluateArgs:
         """The options the line sets (checked by type on decoding)."""
         return cast(EvaluateArgs, {k: v for k in PAIR_OPTIONS if (v := getattr(self, k)) is not UNSET})
-
-
-@dataclass
-class Pair:
-    """One pair of a manifest, made by :func:`parse_manifest`, evaluated by :func:`run_batch`."""
-
-    index: int
-    line: int
-    reference: str = ""
-    candidate: str = ""
-    id: str | None = None
-    options: EvaluateArgs = field(default_factory=lambda: EvaluateArgs())
-    #: why the line could not be read (the pair's result is an error)
-    problem: str | None = None
-
-
-class BatchRecord(Evaluation, kw_only=True):
-    """One line of a batch's output: the pair's :class:`Evaluation`, its ``index`` in the
-    manifest (from 0) and its ``id`` (as given, else the candidate's path)."""
-
-    index: int
-    id: str
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -137,69 +96,6 @@ def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
             pair.id = fields[2] if len(fields) == 3 else None
         pair.reference, pair.candidate = _resolve(pair.reference, root), _resolve(pair.candidate, root)
     return pairs
-
-
-def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
-    return Evaluation(
-        format=pair.options.get("format", "unknown"),
-        verdict="error",
-        summary=f"error: {message.splitlines()[0] if message else ''}",
-        reference=pair.reference,
-        candidate=pair.candidate,
-        metadata={key: message},
-    )
-
-
-def evaluate_pair(pair: Pair, defaults: EvaluateArgs, pool: PoolClient | None) -> Evaluation:
-    """One pair's result, whatever happens (never raises)."""
-    from .api import evaluate
-
-    if pair.problem is not None:
-        return error_result(pair, pair.problem, "manifest_error")
-    args = EvaluateArgs(**defaults)
-    args.update(pair.options)
-    try:
-        return evaluate(pair.reference, pair.candidate, pool=pool, **args)
-    except Exception as exc:
-        return error_result(pair, f"{type(exc).__name__}: {exc}")
-
-
-class Progress:
-    """One status line on a terminal (``\\r``-rewritten): done/total, the verdicts so far, and how
-    many pairs wait for GPU memory."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total, self.stream = total, stream
-        self.done = 0
-        self.verdicts: Counter[str] = Counter()
-        self.enabled = stream.isatty()
-        self.memory_waits = 0
-
-    def update(self, verdict: str) -> None:
-        self.done += 1
-        self.verdicts[verdict] += 1
-        self._draw()
-
-    def waiting(self, n: int) -> None:
-        """``n`` pairs wait in the queue for GPU memory (said on the line while there are any)."""
-        if n != self.memory_waits:
-            self.memory_waits = n
-            self._draw()
-
-    def _draw(self) -> None:
-        if self.enabled:
-            width = 30
-            filled = int(width * self.done / max(1, self.total))
-            counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
-            wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
-            bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-            self.stream.write(f"\r{bar} {counts}{wait}\x1b[K")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def run_batch(

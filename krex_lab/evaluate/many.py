@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import msgspec
 
 from .admission import INPUT_SETS, Admission, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
-from .batch import BatchRecord, Pair, Progress, error_result
 from .judge.footprint import MIN_ALLOWANCE
 from .options import EvaluateArgs
+from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
 from .result import Evaluation
 
 if TYPE_CHECKING:
@@ -271,8 +271,6 @@ PairLike = tuple[Any, Any] | Mapping[str, Any]
 
 def _pairs(items: Iterable[PairLike]) -> list[Pair]:
     out: list[Pair] = []
-    from .batch import PAIR_OPTIONS
-
     for i, item in enumerate(items):
         if isinstance(item, Mapping):
             unknown = set(item) - {"reference", "candidate", "id", *PAIR_OPTIONS}
