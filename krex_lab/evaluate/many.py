@@ -186,9 +186,12 @@ class _Engine:
             self.queue.appendleft(item)
             return
         if cause == "elsewhere":  # still someone else's memory: never the candidate's verdict
+            free_gib = f"{free / 2**30:.2f} GiB" if free is not None else "an unknown amount"
             note = (
-                f"GPU {gpu}'s memory was held by other processes in each of {item.attempts} attempts "
-                "(not the candidate's own use: it stayed within its allowance)"
+                f"GPU {gpu} ran out of memory in each of {item.attempts} attempts (after the first, alone among "
+                f"this batch's evaluations; {free_gib} free when admitted), on the judge's side or below the "
+                "candidate's allowance: the reference or other processes needed more than was free, not the "
+                "candidate"
             )
             ev.metadata["out_of_memory_elsewhere"] = note + "; " + "; ".join(item.requeued)
             ev.verdict, ev.correctness = "error", False

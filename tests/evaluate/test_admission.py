@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from krex_lab.evaluate.admission import MemoryPolicy
+from krex_lab.evaluate import Evaluation
+from krex_lab.evaluate.admission import MemoryPolicy, oom_cause
 from krex_lab.evaluate.batch import BatchRecord, Pair
 from krex_lab.evaluate.many import run_pairs
 from krex_lab.gpu.fake import MEMORY_ENV, SimulatedMemory
@@ -189,3 +190,39 @@ def test_the_fake_memory_is_what_the_arbiter_reports(node: SimpleNamespace, tmp_
     assert before.total == during.total == 5 * GiB
     assert during.used - before.used == 2 * GiB
     assert after.used == before.used  # an exited process holds nothing
+
+
+def test_an_evaluation_that_never_fits_is_an_error_after_its_attempts_never_the_candidates(
+    node: SimpleNamespace,
+) -> None:
+    node.memory.set_total(0, 8 * GiB)
+    ref = str(problem("kb_sim_memory_big"))
+    pair = Pair(index=0, line=0, reference=ref, candidate=str(problem("kb_sim_memory_big", "correct.py")))
+    (record,) = _run(node, [pair], jobs=1, policy=MemoryPolicy(reserve_mb=0, attempts=2, poll_s=0.1))
+    assert record.verdict == "error", record.summary
+    assert record.metadata["admission"]["attempts"] == 2
+    assert "not the candidate" in record.metadata["out_of_memory_elsewhere"]
+
+
+def _ev(verdict: str, **metadata: str) -> Evaluation:
+    return Evaluation(
+        format="kernelbench", verdict=verdict, summary="", reference="r", candidate="c", metadata=metadata
+    )
+
+
+def test_who_ran_out_of_memory() -> None:
+    torch_oom = (
+        "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB "
+        "of which 1.06 GiB is free. Process 4242 has 16.82 GiB memory in use. Of the allocated memory 1.00 GiB is "
+        "allocated by PyTorch, and 12.00 MiB is reserved by PyTorch but unallocated."
+    )
+    assert oom_cause(_ev("out_of_memory", out_of_memory=torch_oom), allowance=4 * GiB) == "elsewhere"
+    assert oom_cause(_ev("out_of_memory", out_of_memory=torch_oom), allowance=2 * GiB) == "candidate"
+    assert oom_cause(_ev("out_of_memory", out_of_memory="OSError: [Errno 12] Cannot allocate memory"), GiB) == (
+        "candidate"  # the host's: its RLIMIT_DATA allowance, no neighbour's
+    )
+    assert oom_cause(_ev("out_of_memory", out_of_memory="CUDA error: out of memory"), GiB) == "elsewhere"
+    judge_side = "the reference fails: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB"
+    assert oom_cause(_ev("error", reference_error=judge_side), GiB) == "elsewhere"
+    assert oom_cause(_ev("runtime_error", runtime_error="ValueError: out of memory?"), GiB) is None
+    assert oom_cause(_ev("correct"), GiB) is None
