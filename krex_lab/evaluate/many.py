@@ -122,6 +122,8 @@ class _Engine:
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at)
             if placed is None:
                 waiting += 1
+                if now - item.queued_at >= self.policy.max_wait_s:
+                    break  # waited long enough: no pair behind it starts, so that a GPU drains for it
                 continue
             self.queue.remove(item)
             item.waited_s += now - item.queued_at
@@ -150,7 +152,12 @@ class _Engine:
                 if gpu is not None:
                     self.admission.finish(ticket, gpu)
                 try:
-                    self._settle(item, ev or error_result(item.pair, "no result"), gpu, need, free)
+                    settled = self._settle(item, ev or error_result(item.pair, "no result"), gpu, need, free)
+                except Exception as exc:  # the engine's own failure costs no pair its result
+                    settled = error_result(item.pair, f"{type(exc).__name__}: {exc}")
+                try:
+                    if settled is not None:
+                        self._deliver(item, settled, gpu, need, free)
                 finally:
                     self.cond.notify_all()
 
@@ -167,8 +174,8 @@ class _Engine:
                 args["memory_budget_mb"] = self.admission.budget_mb(need, free)
         return evaluate(pair.reference, pair.candidate, pool=self.pool, **args)
 
-    def _settle(self, item: _Item, ev: Evaluation, gpu: int | None, need: int, free: int | None) -> None:
-        """Learn its footprint; send it back to the queue, or deliver it."""
+    def _settle(self, item: _Item, ev: Evaluation, gpu: int | None, need: int, free: int | None) -> Evaluation | None:
+        """Learn its footprint; send it back to the queue (None), or give the result to deliver."""
         measured = ev.metadata.get("memory")
         if isinstance(measured, dict) and str(measured.get("footprint", "")).isdigit():
             # counted with the default input sets: a later admission sizes them again
@@ -181,10 +188,11 @@ class _Engine:
         if cause == "elsewhere" and item.attempts < self.policy.attempts and not self.cancelled:
             why = str(ev.metadata.get("out_of_memory") or ev.metadata.get("reference_error") or "")
             why = why or str(ev.metadata.get("evaluation_error", ""))
-            item.requeued.append(f"attempt {item.attempts} on GPU {gpu}: {why.strip().splitlines()[0][:200]}")
+            first = (why.strip().splitlines() or ["out of memory"])[0][:200]
+            item.requeued.append(f"attempt {item.attempts} on GPU {gpu}: {first}")
             item.alone, item.queued_at = True, time.monotonic()
             self.queue.appendleft(item)
-            return
+            return None
         if cause == "elsewhere":  # still someone else's memory: never the candidate's verdict
             free_gib = f"{free / 2**30:.2f} GiB" if free is not None else "an unknown amount"
             note = (
@@ -198,7 +206,7 @@ class _Engine:
             ev.summary = f"error: {note}"
         elif cause == "candidate":
             ev.metadata["out_of_memory_figures"] = oom_figures(ev, allowance, free)
-        self._deliver(item, ev, gpu, need, free)
+        return ev
 
     def _deliver(self, item: _Item, ev: Evaluation, gpu: int | None, need: int = 0, free: int | None = None) -> None:
         if gpu is not None:
