@@ -39,7 +39,7 @@ __all__ = ["Admission", "GpuMemory", "MemoryPolicy", "arbiter_memory", "oom_caus
 
 MiB = 1 << 20
 GiB = 1 << 30
-#: the input sets' memory a footprint is counted with (the judge's default budget on a GPU)
+#: the judge's default budget for a case's input sets on a GPU
 INPUT_SETS = 512 * MiB
 
 
@@ -48,9 +48,9 @@ class MemoryPolicy:
     """How a batch admits evaluations by GPU memory (``krex eval --batch``'s ``--memory-*``)."""
 
     #: memory kept free on every GPU, beyond every admitted footprint
-    reserve_mb: int = 2048
-    #: the footprint an evaluation of a problem not measured yet is admitted with
-    unknown_footprint_mb: int = 4096
+    reserve_mb: int = 1024
+    #: the least footprint an evaluation of a problem not measured yet is admitted with
+    unknown_footprint_mb: int = 2048
     #: runs of one pair at most while its out-of-memory errors are not its own
     attempts: int = 4
     #: seconds between reads of the GPUs' memory while evaluations wait for it

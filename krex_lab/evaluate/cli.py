@@ -118,17 +118,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     memory.add_argument(
         "--memory-reserve-mb",
         type=_mib,
-        default=2048,
+        default=1024,
         metavar="MIB",
-        help="GPU memory kept free on every GPU beyond the admitted evaluations' footprints (default 2048)",
+        help="GPU memory kept free on every GPU beyond the admitted evaluations' footprints (default 1024)",
     )
     memory.add_argument(
         "--memory-unknown-mb",
         type=_count,
-        default=4096,
+        default=2048,
         metavar="MIB",
         help="the least footprint an evaluation of a problem not measured yet is admitted with (it counts "
-        "the largest measured so far where that is more; default 4096)",
+        "the largest measured so far where that is more; default 2048)",
     )
     memory.add_argument(
         "--memory-attempts",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import msgspec
 
-from .admission import INPUT_SETS, Admission, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
+from .admission import Admission, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
 from .judge.footprint import MIN_ALLOWANCE
 from .options import EvaluateArgs
 from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
@@ -178,9 +178,7 @@ class _Engine:
         """Learn its footprint; send it back to the queue (None), or give the result to deliver."""
         measured = ev.metadata.get("memory")
         if isinstance(measured, dict) and str(measured.get("footprint", "")).isdigit():
-            # counted with the default input sets: a later admission sizes them again
-            fp = int(measured["footprint"]) - int(measured.get("input_sets", 0) or 0) + INPUT_SETS
-            self.footprints[item.key] = max(fp, self.footprints.get(item.key, 0))
+            self.footprints[item.key] = max(int(measured["footprint"]), self.footprints.get(item.key, 0))
         allowance = MIN_ALLOWANCE
         if isinstance(measured, dict) and str(measured.get("candidate_allowance", "")).isdigit():
             allowance = int(measured["candidate_allowance"])

@@ -139,5 +139,5 @@ def test_the_json_records_pool_start_foreign_processes_and_admission(run: dict[s
         ev = s["evaluations"][pid]
         assert ev["verdict"] == "correct" and ev["admission"]["gpu"] == 0 and ev["admission"]["attempts"] == 1
         # the foreign processes' memory was seen: less than the whole simulated GPU was free
-        assert ev["admission"]["free_bytes"] <= (80 << 30) - (1 << 30) - (2048 << 20)
+        assert ev["admission"]["free_bytes"] <= (80 << 30) - (1 << 30) - (1024 << 20)
         assert int(ev["memory"]["footprint"]) > 0

@@ -121,7 +121,7 @@ def _run(
 
 def test_little_memory_many_evaluations_none_fails_some_wait(node: SimpleNamespace) -> None:
     # 3 GiB of the GPU: 1 GiB held by a foreign process, 256 MiB kept free; an evaluation of this
-    # problem counts 1.5 GiB (its reference's 256 MiB peak twice, 512 MiB of input sets, a
+    # problem counts about 1 GiB (its reference's 256 MiB peak twice, its small input sets, a
     # candidate's 512 MiB): one at a time fits, never two
     node.memory.set_total(0, 3 * GiB)
     foreign = _foreign(node.memory, 1 * GiB)

@@ -6,7 +6,9 @@ allocator's peak on the fake backend (:mod:`krex_lab.gpu.fake`), nothing on a pl
 footprint a batch admits an evaluation by is then
 
 * the judge's side: the reference's peak twice (its model and answers, the pristine copies and
-  the compared outputs of a trial), and the timed rounds' input sets (:func:`.rounds.budget`);
+  the compared outputs of a trial), and the timed rounds' input sets: as many as a round may have
+  (``MAX_SETS``) of the first trial's size (its inputs twice, with their pristine copies, and its
+  output), within the judge's default budget (:data:`INPUT_SETS`);
 * the candidate's allowance: twice the reference's peak, at least :data:`MIN_ALLOWANCE` (a
   candidate builds a model like the reference's and computes outputs like its own).
 
@@ -25,6 +27,8 @@ __all__ = ["MIN_ALLOWANCE", "figures", "reference_peak"]
 
 #: the least GPU memory a candidate is allowed, whatever the reference takes
 MIN_ALLOWANCE = 512 << 20
+#: the judge's budget for a case's input sets, where no admission asked for less (``rounds.budget``)
+INPUT_SETS = {"cuda": 512 << 20, "cpu": 256 << 20}
 
 
 @contextlib.contextmanager
@@ -52,8 +56,10 @@ def reference_peak(device: str) -> Iterator[list[int]]:
         out[0] = simulated_peak()
 
 
-def figures(peak: int, input_sets: int) -> dict[str, str]:
-    """The evaluation's footprint, by part, in bytes (``metadata["memory"]``)."""
+def figures(device: str, peak: int, per_set: int, max_sets: int) -> dict[str, str]:
+    """The evaluation's footprint, by part, in bytes (``metadata["memory"]``): ``per_set`` is one
+    input set's size with its pristine copy and output, ``max_sets`` the most a round may have."""
+    input_sets = min(INPUT_SETS.get(device, INPUT_SETS["cpu"]), max(1, per_set) * max_sets)
     allowance = max(MIN_ALLOWANCE, 2 * peak)
     return {
         "reference_peak": str(peak),

@@ -229,9 +229,12 @@ class Judge:
         except Exception as exc:
             result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
             return result
-        from .rounds import budget
+        from .problems import nbytes
+        from .rounds import MAX_SETS
 
-        result.metadata["memory"] = figures(peak[0], budget(self.device))
+        data, _, answer, _ = self.first
+        per_set = 2 * nbytes(data) + nbytes(answer)  # as a timed round counts a set
+        result.metadata["memory"] = figures(self.device, peak[0], per_set, MAX_SETS)
         t0 = time.perf_counter()
         try:
             try:
