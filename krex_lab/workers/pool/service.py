@@ -76,6 +76,11 @@ log = logging.getLogger("krex.pool")
 serving_log = logging.getLogger("krex.pool.serving")
 
 
+def default_start_concurrency() -> int:
+    """Workers started at once unless configured: one per CPU this process may run on, at least 2."""
+    return max(2, len(os.sched_getaffinity(0)))
+
+
 class Pool(LoggingConfigurable):
     endpoint = Unicode(
         "", help="ROUTER endpoint to serve (default: $KREX_POOL_ENDPOINT, else ipc://<runtime dir>/pool.sock)."
@@ -111,7 +116,7 @@ class Pool(LoggingConfigurable):
 
     @default("start_concurrency")
     def _default_start_concurrency(self) -> int:
-        return max(2, len(os.sched_getaffinity(0)))
+        return default_start_concurrency()
 
     job_timeout = Float(0.0, help="Default timeout of a job in seconds (0: none); a job may set its own.").tag(
         config=True
