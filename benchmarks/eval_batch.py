@@ -2,6 +2,7 @@
 
     python benchmarks/eval_batch.py [--backend fake|nvidia] [--jobs 16] [--problems 04,15,...]
         [--kinds cuda,triton,torch] [--size full|small] [--long-ms 1.0] [--no-alone] [--budget-s S]
+        [--foreign N --foreign-gib X [--foreign-busy]] [--overlap-pool-start] [--pool-start-concurrency N]
 
 The set is ``benchmarks/eval_problems/`` (``eval_set.py``): every (reference, candidate) pair of
 the chosen kinds. Both ways start from empty compile caches (their own ``TORCH_EXTENSIONS_DIR``
@@ -17,8 +18,12 @@ once and does the same work:
 (a) **KREX**: a node arbiter (``krex arbiter``) and a pool of ``--jobs`` warm context workers
     (started before, not counted: they are the node's long-lived service; their start-up time is
     reported beside), then ``krex eval --batch MANIFEST --jobs N``: compile, check and the
-    reference's time per problem on warm workers at once, every timing inside a region. Its wall
-    time is that command's.
+    reference's time per problem on warm workers at once, every timing inside a region, each
+    evaluation admitted by GPU memory. Its wall time is that command's. ``--foreign N``: (a) runs
+    beside N foreign GPU processes holding ``--foreign-gib`` each (``foreign.py``; idle, or looping
+    matmuls with ``--foreign-busy``), started before the pool and stopped after (a).
+    ``--overlap-pool-start``: the batch begins as soon as the pool answers, on its first worker
+    ready, and the ratio with the pool's start uses that wall time.
 
 Then (b') **alone**: (b)'s evaluation phase again for the pairs whose (b) runtime is over
 ``--long-ms``: the method's own run-to-run noise, against which (a)'s deviation is read. The order
@@ -28,7 +33,9 @@ done so far among it).
 
 Printed: both wall times and their ratio, per-pair runtime deviation of (a) from (b) for pairs
 over ``--long-ms`` (median, p95 and max of |a/b - 1|) and the same for (b') against (b), verdicts
-that differ, region counts and degraded regions. The JSON (machine, date, git revision, every
+that differ, region counts and degraded regions (by reason), the pool's start (first worker and
+all), verdicts and pairs run again for memory; the JSON's summary adds each evaluation's phases,
+admission, memory footprint and ``timing_*`` figures. The JSON (machine, date, git revision, every
 result) goes to ``benchmarks/results/eval_batch-<backend>-<date>.json`` (``--out``: elsewhere), and
 after each phase a partial copy to ``$OUT`` where that is set.
 
