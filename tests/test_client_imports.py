@@ -26,7 +26,11 @@ HEAVY = ("krex_lab.gpu", "krex_lab.evaluate", "krex_lab.bench", "torch", "numpy"
 #: probe once took the command's first word for its output and left ``run`` and ``status`` files)
 OUT_VAR = "KREX_IMPORT_PROBE_OUT"
 
-#: runs ``krex ARGS`` in this interpreter and writes, at exit, the heavy modules it imported
+#: what ``krex run`` (the warm path: a script handed to a worker) must not import besides: argparse's
+#: terminal sizing (shutil, and bz2 and lzma with it) and dataclasses (inspect, ast, dis)
+NOT_ON_THE_WARM_PATH = ("shutil", "bz2", "lzma", "dataclasses")
+
+#: runs ``krex ARGS`` in this interpreter and writes, at exit, the modules it imported
 PROBE = (
     "import atexit, json, os, sys\n"
     f"out = os.environ.get({OUT_VAR!r})\n"
@@ -34,7 +38,7 @@ PROBE = (
     f"    sys.exit('give the output file, an absolute temporary path, in ${OUT_VAR}')\n"
     "def dump():\n"
     "    with open(out, 'w') as f:\n"
-    f"        json.dump(sorted(m for m in sys.modules if m.startswith({HEAVY!r})), f)\n"
+    "        json.dump(sorted(sys.modules), f)\n"
     "atexit.register(dump)\n"
     "from krex_lab.cli import main\n"
     "main(sys.argv[1:])\n"
@@ -54,7 +58,9 @@ def imported(args: list[str], env: dict[str, str], tmp_path: Path) -> tuple[Ran,
         text=True,
         timeout=60,
     )
-    return proc, json.loads(out.read_text())
+    modules = json.loads(out.read_text())
+    light = NOT_ON_THE_WARM_PATH if args[:1] == ["run"] else ()
+    return proc, [m for m in modules if m.startswith(HEAVY) or m in light]
 
 
 def test_the_probe_run_by_hand_writes_nothing(tmp_path: Path) -> None:

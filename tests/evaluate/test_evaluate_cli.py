@@ -86,7 +86,7 @@ def test_batch_gives_exactly_one_line_per_pair(eval_arbiter: ArbiterProc, eval_p
     assert by[1]["verdict"] == "incorrect" and by[1]["id"].endswith("wrong_dim.py")
     assert (by[2]["id"], by[2]["verdict"], by[2]["format"]) == ("rowmax", "correct", "gpumode")
     assert by[3]["verdict"] == "crashed"
-    assert by[4]["verdict"] == "error" and "not a file" in by[4]["metadata"]["evaluation_error"]
+    assert by[4]["verdict"] == "error" and "does not exist" in by[4]["metadata"]["evaluation_error"]
     assert by[5]["verdict"] == "error" and "line 8" in by[5]["metadata"]["manifest_error"]
     assert by[6]["verdict"] == "error" and "colour" in by[6]["metadata"]["manifest_error"]
     assert "7 pair(s) evaluated" in res.stderr
