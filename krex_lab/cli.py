@@ -333,7 +333,7 @@ RUN_HELP = "run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would"
 RUN_DESCRIPTION = "Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would."
 
 
-def _run_command(argv: list[str]) -> argparse.Namespace:
+def parse_run_args(argv: list[str]) -> argparse.Namespace:
     """``krex run ARGS``'s parse alone: the warm path builds no other subcommand's parser (the
     same parser the tree holds under ``run``, its errors and help the same)."""
     populate, func = _delegate(".workers.client.run_cli")
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     2 when the call was wrong (:func:`krex_lab.errors.exit_code`; argparse's usage errors too),
     130 on Ctrl-C, 141 when stdout's reader has gone."""
     argv = sys.argv[1:] if argv is None else argv
-    args = _run_command(argv[1:]) if argv[:1] == ["run"] else build_parser().parse_args(argv)
+    args = parse_run_args(argv[1:]) if argv[:1] == ["run"] else build_parser().parse_args(argv)
     prog = f"krex {args.cmd}"
     try:
         code = args.func(args)
