@@ -39,6 +39,12 @@ def lone_pool(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
     runtime.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if k not in ("KREX_ENDPOINT", "KREX_POOL_ENDPOINT")}
     env |= {"KREX_RUNTIME_DIR": str(runtime), "KREX_NODE_ENDPOINT": "", "PYTHONPATH": str(ROOT)}
+    # the pools started on demand preload nothing and keep no spare: what is tested is which GPUs
+    # they serve (each import of torch costs seconds on a small machine)
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    (config / "krex_pool_config.json").write_text('{"Pool": {"preload": [], "spares_per_gpu": 0}}')
+    env["JUPYTER_CONFIG_PATH"] = str(config)
     script = tmp_path / "where.py"
     script.write_text("import os\nprint('gpu', os.environ['KREX_GPU'])\n")
     first = _krex_run(env, str(script))
