@@ -40,6 +40,7 @@ from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
 from .startup import planted_startup_code
+from .tracebacks import user_traceback
 from .values import CandidateFailed, own, replace_arrays, tree_of
 
 __all__ = ["CandidateFailed", "Judge", "run"]
@@ -201,8 +202,11 @@ class Judge:
             kind in ("SyntaxError", "ImportError", "ModuleNotFoundError", "LookupError", "IndentationError")
             or "error building extension" in text.lower()
         ):
-            return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
-        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{tb[-1500:]}"[:3000])
+            if "error building extension" in text.lower():
+                return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
+            # the user's file and line, not the harness's frames that compiled it
+            return CandidateFailed("compile_error", "compilation_error", f"{text}\n{user_traceback(tb)[-2000:]}")
+        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{user_traceback(tb)[-1500:]}"[:3000])
 
     phase = "load"
 
