@@ -12,7 +12,6 @@ sandbox module is loaded by its path).
 from __future__ import annotations
 
 import ctypes
-import errno
 import importlib.util
 import json
 import os
