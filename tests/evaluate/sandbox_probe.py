@@ -1,9 +1,10 @@
 """Attacks on a judge, from a child process, with or without the candidate's sandbox.
 
-``python sandbox_probe.py WORKDIR sandboxed|bare``: this process plays the judge (non-dumpable,
+``python sandbox_probe.py WORKDIR bare|sandboxed|sandboxed-seccomp``: this process plays the judge (non-dumpable,
 a secret in its memory, a file of its own beside the candidate's build directory) and forks a
 child that plays the candidate: ``sandboxed`` applies :mod:`krex_lab.evaluate.candidate.sandbox`
-first, as a spare does. The child tries each attack on this process and prints one JSON line,
+first, as a spare does (``sandboxed-seccomp``: signals held by seccomp alone, as on a kernel
+without landlock's scopes). The child tries each attack on this process and prints one JSON line,
 ``{attack: "done" | "denied: why"}``; this process then says whether its own scheduling changed.
 Run by the tests as root and as an unprivileged user: it needs the standard library only (the
 sandbox module is loaded by its path).
@@ -122,6 +123,23 @@ def attacks(judge: int, judge_file: Path, secret_at: int) -> dict[str, object]:
     return out
 
 
+def own_child() -> str:
+    """What the candidate may do to its own: end a child it started (a compiler past its time)."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    try:
+        os.kill(child, signal.SIGKILL)
+        return "done"
+    except OSError as exc:
+        return f"denied: {exc.strerror}"
+    finally:
+        with __import__("contextlib").suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
 def main(workdir: str, mode: str) -> None:
     work = Path(workdir)
     build = work / "build"
@@ -137,12 +155,14 @@ def main(workdir: str, mode: str) -> None:
         os.close(r)
         report: dict[str, object] = {}
         t0 = time.perf_counter()
-        if mode == "sandboxed":
+        if mode.startswith("sandboxed"):
             sandbox = _sandbox()
-            report.update(sandbox.lock_process())
-            report.update(sandbox.confine_files(str(build), str(build / "tmp"), []))
+            scopes = mode != "sandboxed-seccomp"
+            report.update(sandbox.lock_process(scopes=scopes))
+            report.update(sandbox.confine_files(str(build), str(build / "tmp"), [], scopes=scopes))
         report["apply_s"] = time.perf_counter() - t0
         report.update(attacks(judge, judge_file, ctypes.addressof(secret)))
+        report["signal_own_child"] = own_child()
         os.write(w, json.dumps(report).encode())
         os._exit(0)
     os.close(w)

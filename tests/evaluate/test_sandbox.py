@@ -258,10 +258,21 @@ def _check_probe(bare: dict[str, object], boxed: dict[str, object]) -> None:
 
 def test_the_sandbox_denies_every_attack_on_its_parent_as_root(tmp_path: Path) -> None:
     bare = _probe(tmp_path / "bare", "bare", _as_self)
-    boxed = _probe(tmp_path / "boxed", "sandboxed", _as_self)
     if os.geteuid() == 0:  # root reads a non-dumpable process's memory, bare
         assert {"read_mem", "process_vm_readv", "ptrace"} <= {k for k in DENIED if bare.get(k) == "done"}, bare
+    boxed = _probe(tmp_path / "boxed", "sandboxed", _as_self)
     _check_probe(bare, boxed)
+    if sandbox.landlock_abi() >= 6:  # landlock's scopes: a candidate still ends its own children
+        assert boxed["signal_own_child"] == "done" and "landlock" in str(boxed["signals"]), boxed
+
+
+def test_without_landlock_scopes_seccomp_alone_keeps_signals_home(tmp_path: Path) -> None:
+    """A kernel older than landlock's scopes (6.12): seccomp refuses every signal but to itself."""
+    bare = _probe(tmp_path / "bare", "bare", _as_self)
+    boxed = _probe(tmp_path / "boxed", "sandboxed-seccomp", _as_self)
+    _check_probe(bare, boxed)
+    assert "seccomp" in str(boxed["signals"]) and "signals" not in str(boxed["landlock"]), boxed
+    assert str(boxed["signal_own_child"]).startswith("denied"), boxed
 
 
 def test_the_sandbox_denies_every_attack_on_its_parent_as_an_unprivileged_user() -> None:

@@ -25,6 +25,7 @@ the standard library only: it runs in a freshly forked process, ahead of the can
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -33,7 +34,7 @@ import platform
 import tempfile
 from collections.abc import Iterable
 
-__all__ = ["confine_files", "landlock_abi", "lock_process", "summary"]
+__all__ = ["confine_files", "landlock_abi", "lock_process", "preload", "summary"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -92,7 +93,7 @@ def _drop_capabilities() -> str:
 
 _ALLOW = 0x7FFF0000
 _NE, _EQ, _MASKED_EQ = 1, 4, 7
-_ATTR_TSYNC = 4
+_ATTR_TSYNC, _ATTR_OPTIMIZE = 4, 8
 
 
 def _errno(code: int) -> int:
@@ -150,15 +151,18 @@ _FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
 _LOW32 = 0xFFFFFFFF
 
 
-def _process_rules(own: int) -> list[tuple[str, int, list[tuple[int, int, int, int]]]]:
-    """(syscall, errno, comparisons that all hold for the call to be refused)."""
+def _process_rules(own: int, scoped: bool) -> list[tuple[str, int, list[tuple[int, int, int, int]]]]:
+    """(syscall, errno, comparisons that all hold for the call to be refused). ``scoped``: landlock
+    keeps signals within the candidate's own processes, so seccomp need not."""
     perm = errno.EPERM
     rules: list[tuple[str, int, list[tuple[int, int, int, int]]]] = [(n, perm, []) for n in _DENIED]
     rules.append(("clone3", errno.ENOSYS, []))  # its flags are out of reach: the C library falls back to clone
     rules += [("clone", perm, [(0, _MASKED_EQ, flag, flag)]) for flag in _CLONE_NEW]
-    # signals: to itself alone (a pid with stray high bits is refused, never truncated to another)
+    # signals: to itself alone (a pid with stray high bits is refused, never truncated to another);
+    # seccomp sees numbers, not processes: its children (their pids unknown now) are refused too
     for name in ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
-        rules.append((name, perm, [(0, _NE, own, 0)]))
+        if not scoped:
+            rules.append((name, perm, [(0, _NE, own, 0)]))
     rules.append(("fcntl", perm, [(1, _MASKED_EQ, _LOW32, _F_SETOWN), (2, _NE, own, 0)]))  # SIGIO to another
     rules.append(("fcntl", perm, [(1, _MASKED_EQ, _LOW32, _F_SETOWN_EX)]))
     rules += [("ioctl", perm, [(1, _MASKED_EQ, _LOW32, cmd)]) for cmd in (_FIOSETOWN, _SIOCSPGRP)]
@@ -185,6 +189,7 @@ def _load_filter(rules: Iterable[tuple[str, int, list[tuple[int, int, int, int]]
         rc = lib.seccomp_attr_set(ctx, _ATTR_TSYNC, 1)
         if rc < 0:
             raise OSError(-rc, f"seccomp thread sync: {os.strerror(-rc)}")
+        lib.seccomp_attr_set(ctx, _ATTR_OPTIMIZE, 2)  # a binary tree of syscalls (libseccomp >= 2.5)
         for name, code, cmps in rules:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr < 0:  # not on this architecture (or older than this libseccomp)
@@ -200,8 +205,16 @@ def _load_filter(rules: Iterable[tuple[str, int, list[tuple[int, int, int, int]]
         lib.seccomp_release(ctx)
 
 
-def lock_process() -> dict[str, str]:
-    """The process-wide part, in a process of one thread (the forked spare): what held."""
+def preload() -> None:
+    """libseccomp loaded in the zygote, once: a forked spare then locks itself in a few
+    milliseconds instead of paying the library's loading each time."""
+    with contextlib.suppress(OSError):
+        _libseccomp()
+
+
+def lock_process(scopes: bool = True) -> dict[str, str]:
+    """The process-wide part, in a process of one thread (the forked spare): what held.
+    ``scopes=False``: signals held by seccomp alone, as on a kernel older than landlock's scopes."""
     report: dict[str, str] = {}
     rc = _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     report["no_new_privs"] = "held" if rc == 0 else f"failed: {os.strerror(rc)}"
@@ -211,11 +224,18 @@ def lock_process() -> dict[str, str]:
         report["capabilities"] = _drop_capabilities()
     except OSError as exc:
         report["capabilities"] = f"failed: {exc}"
+    scoped = scopes and landlock_abi() >= 6 and _scope_signals()
     try:
-        _load_filter(_process_rules(os.getpid()))
+        _load_filter(_process_rules(os.getpid(), scoped))
         report["seccomp"] = "held"
     except OSError as exc:
         report["seccomp"] = f"unavailable: {exc}"
+    if scoped:
+        report["signals"] = "held (landlock: to its own processes alone)"
+    elif report["seccomp"].startswith("held"):
+        report["signals"] = "held (seccomp: to itself alone, not its children)"
+    else:
+        report["signals"] = "unavailable: neither landlock's scopes nor seccomp"
     return report
 
 
@@ -244,6 +264,20 @@ def landlock_abi() -> int:
     """The kernel's landlock ABI version; 0 where it has none (too old, or not enabled)."""
     res = _SYS_SYSCALL(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     return max(0, int(res))
+
+
+def _scope_signals() -> bool:
+    """A landlock layer of scopes alone (ABI 6): no signal to, and no abstract UNIX socket of, a
+    process outside the candidate's own. Set while the process has one thread, every later
+    thread and child inherits it."""
+    attr = _RulesetAttr(0, 0, _SCOPE)
+    ruleset = int(_SYS_SYSCALL(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), ctypes.c_uint32(0)))
+    if ruleset < 0:
+        return False
+    try:
+        return int(_SYS_SYSCALL(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))) == 0
+    finally:
+        os.close(ruleset)
 
 
 def _fs_rights(abi: int) -> int:
@@ -295,12 +329,13 @@ def _add_rule(ruleset: int, path: str, rights: int) -> bool:
         os.close(fd)
 
 
-def _landlock(writable: list[str], readable: list[str]) -> str:
+def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
     abi = landlock_abi()
     if abi < 1:
         return f"unavailable: the kernel has no landlock ({platform.release()})"
     fs = _fs_rights(abi)
-    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPE if abi >= 6 else 0)
+    scoped = scopes and abi >= 6
+    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPE if scoped else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
     ruleset = int(_SYS_SYSCALL(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)))
     if ruleset < 0:
@@ -317,7 +352,7 @@ def _landlock(writable: list[str], readable: list[str]) -> str:
             return f"failed: landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
     finally:
         os.close(ruleset)
-    parts = ["files"] + (["tcp"] if abi >= 4 else []) + (["signals", "abstract sockets"] if abi >= 6 else [])
+    parts = ["files"] + (["tcp"] if abi >= 4 else []) + (["signals", "abstract sockets"] if scoped else [])
     return f"held (ABI {abi}: {', '.join(parts)})"
 
 
@@ -337,14 +372,15 @@ def _tool_dirs(build_dir: str, scratch: str) -> dict[str, str]:
     }
 
 
-def confine_files(build_dir: str, scratch: str, readable: list[str]) -> dict[str, str]:
+def confine_files(build_dir: str, scratch: str, readable: list[str], scopes: bool = True) -> dict[str, str]:
     """The file and network part, once the evaluation's directories are known: writes go to
     ``build_dir`` alone (``scratch``, inside it, is the temporary directory), reads to the
-    system, the Python environment and ``readable``. What held."""
+    system, the Python environment and ``readable``. What held. ``scopes``: as for
+    :func:`lock_process`."""
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     os.environ.update(_tool_dirs(build_dir, scratch))
     tempfile.tempdir = None  # read again from TMPDIR
-    report = {"landlock": _landlock([build_dir], readable)}
+    report = {"landlock": _landlock([build_dir], readable, scopes)}
     try:
         _load_filter([("socket", errno.EPERM, [])])
         report["sockets"] = "held (none can be opened)"

@@ -40,6 +40,9 @@ def _preload() -> None:
         except Exception:
             pass
     from . import process  # noqa: F401  (what every child serves with, loaded once)
+    from .sandbox import preload
+
+    preload()
 
     # everything loaded so far lives as long as the children: frozen out of the collector's walks,
     # a collection in a candidate (one may land inside a timed call) walks the candidate's own
