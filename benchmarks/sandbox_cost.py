@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -83,8 +84,12 @@ def main() -> None:
     build = tempfile.mkdtemp(prefix="krex-sandbox-cost-")
     runs = [one(build, args.cuda, args.calls) for _ in range(args.runs)]
     bare = statistics.median(syscall_ns(args.calls) for _ in range(5))
+    shutil.rmtree(build, ignore_errors=True)
     summary = {
-        key: {"median": statistics.median(float(r[key]) for r in runs), "max": max(float(r[key]) for r in runs)}
+        key: {
+            "median": statistics.median(float(str(r[key])) for r in runs),
+            "max": max(float(str(r[key])) for r in runs),
+        }
         for key in ("lock_ms", "confine_ms", "getppid_ns", *(["cuda_context_ms"] if args.cuda else []))
     }
     summary["getppid_ns_bare"] = {"median": bare}
