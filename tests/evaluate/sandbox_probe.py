@@ -89,6 +89,10 @@ def attacks(judge: int, judge_file: Path, secret_at: int) -> dict[str, object]:
 
         resource.prlimit(judge, resource.RLIMIT_NOFILE, resource.prlimit(judge, resource.RLIMIT_NOFILE))
 
+    def oom_score() -> None:  # root owns a non-dumpable process's /proc files: root's 0644, even capless
+        with open(f"/proc/{judge}/oom_score_adj", "w") as f:
+            f.write("900")
+
     def write_outside() -> None:
         with open(judge_file, "a") as f:
             f.write("planted")
@@ -103,6 +107,7 @@ def attacks(judge: int, judge_file: Path, secret_at: int) -> dict[str, object]:
         "renice": renice,
         "affinity": lambda: os.sched_setaffinity(judge, os.sched_getaffinity(judge)),
         "prlimit": rlimit,
+        "oom_score": oom_score,
         "socket_unix": lambda: socket.socket(socket.AF_UNIX).close(),
         "socket_tcp": lambda: socket.socket(socket.AF_INET).close(),
         "read_outside": lambda: judge_file.read_bytes(),
@@ -173,6 +178,8 @@ def main(workdir: str, mode: str) -> None:
     result = json.loads(data)
     nice = {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{judge}/task")}
     result["judge_nice"] = sorted(nice)
+    with open("/proc/self/oom_score_adj") as f:
+        result["judge_oom_score_adj"] = int(f.read())
     result["judge_file"] = judge_file.read_text()
     print(json.dumps(result))
 

@@ -14,6 +14,7 @@ Two levels, both real processes:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -104,6 +105,10 @@ os.kill(ZYGOTE, signal.SIGKILL)
 for tid in os.listdir(f"/proc/{JUDGE}/task"):
     os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 """,
+    "oom_judge": """
+with open(f"/proc/{JUDGE}/oom_score_adj", "w") as f:  # root's file even for a capless root
+    f.write("1000")
+""",
     "pin_judge": """
 os.sched_setaffinity(JUDGE, {min(os.sched_getaffinity(JUDGE))})
 """,
@@ -161,6 +166,8 @@ def _nice(pid: int) -> set[int]:
 
 def _restore(pid: int) -> None:
     """An attack that worked (unchanged code) leaves the pool as it found it."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/oom_score_adj").write_text("0")
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             os.setpriority(os.PRIO_PROCESS, int(tid), 0)
@@ -193,6 +200,7 @@ def test_an_attack_from_the_candidate_is_denied_and_named(
         assert str(ev.metadata.get("sandbox", "")).startswith("held"), ev.metadata.get("sandbox")
         if judge:
             assert _nice(judge) == {0}, f"the judge's threads were reniced: {_nice(judge)}"
+            assert Path(f"/proc/{judge}/oom_score_adj").read_text().strip() == "0"
             assert os.sched_getaffinity(judge) == os.sched_getaffinity(0)
     finally:
         if judge:
@@ -225,6 +233,7 @@ DENIED = {
     "renice",
     "affinity",
     "prlimit",
+    "oom_score",
     "socket_unix",
     "socket_tcp",
     "read_outside",
@@ -250,7 +259,7 @@ def _check_probe(bare: dict[str, object], boxed: dict[str, object]) -> None:
     assert bare["judge_nice"] != [0] and "planted" in str(bare["judge_file"]), bare
     for name in DENIED:
         assert str(boxed[name]).startswith("denied"), f"{name}: {boxed[name]}"
-    assert boxed["judge_nice"] == [0], boxed
+    assert boxed["judge_nice"] == [0] and boxed["judge_oom_score_adj"] == 0, boxed
     assert "planted" not in str(boxed["judge_file"]), boxed
     for part in ("no_new_privs", "dumpable", "capabilities", "seccomp"):
         assert str(boxed[part]).startswith("held"), boxed
@@ -259,7 +268,9 @@ def _check_probe(bare: dict[str, object], boxed: dict[str, object]) -> None:
 def test_the_sandbox_denies_every_attack_on_its_parent_as_root(tmp_path: Path) -> None:
     bare = _probe(tmp_path / "bare", "bare", _as_self)
     if os.geteuid() == 0:  # root reads a non-dumpable process's memory, bare
-        assert {"read_mem", "process_vm_readv", "ptrace"} <= {k for k in DENIED if bare.get(k) == "done"}, bare
+        assert {"read_mem", "process_vm_readv", "ptrace", "oom_score"} <= {
+            k for k in DENIED if bare.get(k) == "done"
+        }, bare
     boxed = _probe(tmp_path / "boxed", "sandboxed", _as_self)
     _check_probe(bare, boxed)
     if sandbox.landlock_abi() >= 6:  # landlock's scopes: a candidate still ends its own children
