@@ -101,7 +101,7 @@ class RegionRecords:
                 report.region,
                 report.user,
                 report.gpu,
-                "; ".join(report.why_degraded()) or "no reason recorded",
+                "; ".join(brief(report)) or "no reason recorded",
             )
         if self.history is not None:
             self.history.add(report)
@@ -129,3 +129,26 @@ class RegionRecords:
             self.history.close()  # writes what the last releases queued
         if self.metrics is not None:
             self.metrics.close()
+
+
+#: how many processes a log line names for one reason (the report keeps every one)
+NAMED = 3
+
+
+def brief(report: RegionReport) -> list[str]:
+    """The reasons ``report`` is degraded, short enough for one log line: processes not drained
+    for the same reason are one entry naming the first few and a count (63 siblings named one
+    by one made a line of several KB a region, at hundreds of regions a second)."""
+    if not report.degraded:
+        return []
+    by_why: dict[str, list[str]] = {}
+    for pid, why in report.not_drained.items():
+        by_why.setdefault(why, []).append(str(pid))
+    reasons = []
+    for why, pids in by_why.items():
+        named = ", ".join(pids[:NAMED]) + (f" and {len(pids) - NAMED} more" if len(pids) > NAMED else "")
+        reasons.append(f"{'process' if len(pids) == 1 else f'{len(pids)} processes'} ({named}) not drained: {why}")
+    failures = list(report.failures)
+    if len(failures) > NAMED:
+        failures = [*failures[:NAMED], f"{len(failures) - NAMED} more failures"]
+    return reasons + failures
