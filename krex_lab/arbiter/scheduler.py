@@ -503,3 +503,5 @@ class Scheduler:
         if self._ending_linger is not None:
             await self._ending_linger
         await self._end_linger(None)  # whichever lingers still
+        if self.steps.watch is not None:
+            self.steps.watch.close()

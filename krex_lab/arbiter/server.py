@@ -31,6 +31,7 @@ from ..enforcement.gate import Gate
 from ..enforcement.isolate import CoreBook
 from ..enforcement.shield import MODES as SHIELD_MODES
 from ..enforcement.shield import Shield
+from ..enforcement.watch import AffinityWatch
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
@@ -326,11 +327,16 @@ class Arbiter(LoggingConfigurable):
         self.shielding = Shield(self.shield, irqs=self.shield_irqs)
         #: the node's core reservation lock; its open file is shared with the guardian
         self.node_lock = NodeCoreLock(Path(self.core_lock) if self.core_lock else None)
+        cores = CoreBook(node_lock=self.node_lock)
         steps = Enforcement(
             gate=self.gate,
             locker=self.locker,
             freezer=self.freezer,
-            cores=CoreBook(node_lock=self.node_lock),
+            cores=cores,
+            watch=AffinityWatch(cores, self.journal.record, self.shield_watch_interval)
+            if self.guard_neighbours
+            else None,
+            intrusion_bound=self.shield_intrusion_bound,
             shield=self.shielding,
             # An adopted shield narrows no IRQs (what the region before narrowed was given back).
             linger=self.shield_linger if self.shielding.mode != "sessions" and not self.shield_irqs else 0.0,
