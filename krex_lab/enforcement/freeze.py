@@ -91,6 +91,8 @@ class FreezeResult:
     #: every ancestor looked at for :attr:`kin` (stopped ones too), with its parent and start
     #: time: a walk ends at one of them
     kin_looked: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    #: the frozen roots' own parents (where :func:`continue_kin` starts to climb)
+    kin_first: set[int] = field(default_factory=set)
 
     def seen_landed(self, procs: int, cgroups: int) -> None:
         """The first ``procs`` stops and ``cgroups`` cgroup freezes were seen to land (counted
@@ -234,6 +236,7 @@ class Freezer:
             if len(self._parents) > _PARENTS_KEPT:
                 self._parents.clear()
             self._parents[root] = (own_start, parent, start)
+        result.kin_first.add(parent)
         # Above a parent looked at earlier in this region (by a sibling), the chain was walked then.
         while new and start is not None and up > 1:
             up, start, new = _look_kin(up, result)
@@ -428,25 +431,44 @@ def _look_kin(pid: int, result: FreezeResult) -> tuple[int, int | None, bool]:
     seen = result.kin_looked.get(pid)
     if seen is not None:
         return seen[0], seen[1], False
-    parent, state, start = parent_state_start(pid)
+    # Kept descriptors: the same few ancestors are read every region (a path lookup is most of a read).
+    parent, state, start = parent_state_start(pid, kept=True)
     result.kin_looked[pid] = (parent, start)
     if state is not None and start is not None and state not in STOPPED:
         result.kin[pid] = start
     return parent, start, True
 
 
-def continue_kin(kin: dict[int, int]) -> list[int]:
+def continue_kin(
+    kin: dict[int, int], first: Iterable[int] | None = None, up: dict[int, tuple[int, int | None]] | None = None
+) -> list[int]:
     """SIGCONT the processes of ``kin`` (pid -> start time, running when the region began) that
-    are stopped now: a parent that stopped itself because the region stopped its child."""
+    are stopped now: a parent that stopped itself because the region stopped its child.
+
+    With ``first`` (the frozen roots' own parents) and ``up`` (each ancestor's parent, as
+    :attr:`FreezeResult.kin_looked` keeps them), only chains of stopped parents are climbed: a
+    parent stops itself only when its child stops, so above one that is running (no WUNTRACED
+    waiter) nothing stopped because of the region, and nothing there is read. Without them,
+    every one of ``kin`` is looked at (the journal's undo)."""
+    todo = list(kin) if first is None else [p for p in first if p in kin]
+    seen: set[int] = set()
     continued = []
-    for pid, start in kin.items():
-        state, now = state_and_start(pid)
-        if now == start and state == "T":
-            try:
-                os.kill(pid, signal.SIGCONT)
-                continued.append(pid)
-            except OSError:
-                continue
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        state, now = state_and_start(pid, kept=True)
+        if now != kin.get(pid) or state != "T":
+            continue
+        try:
+            os.kill(pid, signal.SIGCONT)
+            continued.append(pid)
+        except OSError:
+            continue
+        parent = up.get(pid) if up is not None and first is not None else None
+        if parent is not None and parent[0] in kin:
+            todo.append(parent[0])
     if continued:
         log.info("continued %s: stopped when the region stopped a child of theirs", continued)
     return continued
@@ -469,4 +491,4 @@ def thaw(result: FreezeResult) -> None:
             os.close(fd)
     result.pidfds.clear()
     thaw_procs(by_pid)
-    continue_kin(result.kin)
+    continue_kin(result.kin, result.kin_first, result.kin_looked)

@@ -186,6 +186,9 @@ class CpusetPartition:
         if self.root is None:
             self.reason = "no cgroup v2 hierarchy is mounted"
             return
+        if root is None and os.geteuid() != 0:  # a partition is made at the hierarchy's root
+            self.reason = "only root may make cpuset partitions"
+            return
         try:
             if "cpuset" not in (self.root / "cgroup.controllers").read_text().split():
                 self.reason = f"the cpuset controller is not available at {self.root}"
