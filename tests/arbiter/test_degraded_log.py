@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from krex_lab.arbiter.records import brief
+import logging
+import time
+
+import pytest
+
+from krex_lab.arbiter.records import DEGRADED_EVERY, RegionRecords, brief
 from krex_lab.region_report import RegionReport
 
 
@@ -23,10 +28,27 @@ def test_failures_are_cut_after_a_few_and_one_reason_is_named_whole() -> None:
         failures=[f"pid {i}: Operation not permitted" for i in range(10)],
     )
     assert brief(report) == [
-        "process (7) not drained: did not answer drain within 1.00 s",
+        "process 7 not drained: did not answer drain within 1.00 s",
         "pid 0: Operation not permitted",
         "pid 1: Operation not permitted",
         "pid 2: Operation not permitted",
         "7 more failures",
     ]
     assert brief(RegionReport(region="r3")) == []
+
+
+def test_a_users_degraded_regions_make_one_line_a_second(caplog: pytest.LogCaptureFixture) -> None:
+    records = RegionRecords("", retention_days=1, arbiter="a", per_user=10, metrics=False, live=lambda: None)  # type: ignore[arg-type,return-value]
+    why = {"9": "did not answer drain within 1.00 s"}
+    with caplog.at_level(logging.WARNING, logger="krex.arbiter"):
+        for i in range(50):
+            records.region_finished(RegionReport(region=f"r{i}", user="alice", degraded=True, not_drained=why))
+        records.region_finished(RegionReport(region="b1", user="bob", degraded=True, not_drained=why))
+        lines = [r.getMessage() for r in caplog.records]
+        assert [line.split(" was")[0] for line in lines] == [
+            "region r0 of alice on GPU -1",
+            "region b1 of bob on GPU -1",
+        ]
+        time.sleep(DEGRADED_EVERY)
+        records.region_finished(RegionReport(region="r50", user="alice", degraded=True, not_drained=why))
+    assert "(49 more of alice's regions degraded since the last such line)" in caplog.records[-1].getMessage()
