@@ -35,8 +35,8 @@ for stage in "${stages[@]}"; do
       grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests_guard.log" | tail -40 ;;
     latency-shields)  # the round trip with 0/3/15 idle siblings, guard_neighbours on, for each shield mode
       for shield in cpuset affinity sessions; do
-        KREX_GUARD_NEIGHBOURS=1 timeout 200 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda \
-          --counts 0,3,15 --modes idle --shield $shield --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -8 \
+        timeout 200 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle \
+          --shield $shield --arbiter-option=--Arbiter.guard_neighbours=True --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -8 \
           | tee "$OUT/latency-$shield.log"
       done ;;
     fidelity)
