@@ -28,6 +28,17 @@ for stage in "${stages[@]}"; do
       KREX_GPU_DIAG="$OUT/diag" timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
         --tb=short --timeout 200 -m gpu tests/gpu -o addopts="" > "$OUT/gpu_tests.log" 2>&1
       grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40 ;;
+    gputests-guard)  # tests/gpu whole with Arbiter.guard_neighbours on and the region tests on the cpuset shield
+      KREX_GUARD_NEIGHBOURS=1 KREX_TEST_SHIELD=${GUARD_SHIELD:-cpuset} KREX_GPU_DIAG="$OUT/diag-guard" \
+        timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
+        --tb=short --timeout 200 -m gpu tests/gpu -o addopts="" > "$OUT/gpu_tests_guard.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests_guard.log" | tail -40 ;;
+    latency-shields)  # the round trip with 0/3/15 idle siblings, guard_neighbours on, for each shield mode
+      for shield in cpuset affinity sessions; do
+        timeout 200 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle \
+          --shield $shield --arbiter-option=--Arbiter.guard_neighbours=True --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -8 \
+          | tee "$OUT/latency-$shield.log"
+      done ;;
     fidelity)
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
     latency)
