@@ -56,8 +56,8 @@ class Baselines:
     def __init__(self) -> None:
         self.seen: dict[tuple[str, str], Evaluation] = {}
 
-    def get(self, judge: Judge, problem: str, name: str) -> Evaluation:
-        if (problem, name) not in self.seen:
+    def get(self, judge: Judge, problem: str, name: str, again: bool = False) -> Evaluation:
+        if again or (problem, name) not in self.seen:
             ev = judge(problem, PROBLEMS / problem / f"{name}.py")
             if ev.verdict != "correct" or ev.runtime <= 0:
                 raise AssertionError(f"the plain {name} candidate of {problem}: {ev.summary}")
@@ -130,8 +130,13 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     if twin.verdict != "correct":
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
     if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
+        # a baseline measured while the host was busier (the pool's first evaluations, other
+        # work on a shared machine) is measured again before the twin is blamed
+        honest = baselines.get(judge, cheat.problem, "honest", again=True)
+    if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}; the plain one: {honest.summary}")
-    ev = judge(cheat.problem, cheat.path, timeouts=SHORT if "limit" in cheat.checks else limits)
+    extra = {"retime_reference": True} if cheat.retime else {}
+    ev = judge(cheat.problem, cheat.path, timeouts=SHORT if "limit" in cheat.checks else limits, **extra)
     left = daemons()
     rec = Record(cheat, twin, ev)
     if "speed" in cheat.checks and (why := forged_speed(ev, twin)):
