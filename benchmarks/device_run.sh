@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam judge (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam redteamtests judge (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -103,6 +103,11 @@ for stage in "${stages[@]}"; do
     redteam)  # the red-team corpus (tests/evaluate/redteam/: CPU and GPU cheats, each with its honest twin) on the GPU,
       # plus KernelBench's adversarial kernels when a checkout is carried (REDTEAM_ARGS="--kernelbench shared/KernelBench")
       timeout ${REDTEAM_TIMEOUT:-580} python3 benchmarks/redteam.py ${REDTEAM_ARGS:-} 2>&1 | tail -70 | tee "$OUT/redteam.log" ;;
+    redteamtests)  # the GPU red-team tests alone: every GPU cheat with its twin, then one of each kind in a batch
+      # of 16 evaluations at once beside honest candidates (tests/gpu/test_redteam_gpu.py, test_redteam_batch_gpu.py)
+      timeout ${REDTEAMTESTS_TIMEOUT:-580} python3 -m pytest -p no:cacheprovider -v -rA --tb=short -m gpu \
+        tests/gpu/test_redteam_gpu.py tests/gpu/test_redteam_batch_gpu.py -o addopts="" > "$OUT/redteam_tests.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|forged|correct at" "$OUT/redteam_tests.log" | tail -60 ;;
     evalbatch)  # krex eval --batch (16 warm workers, regions) vs KernelBench's batch way (compile all in parallel,
       # then one fresh process per evaluation), 22 problems / 31 candidates (CUDA load_inline, Triton, torch), then the
       # > 1 ms ones alone again (benchmarks/eval_batch.py); about 8-9 min. JSON and log go straight to the device's $OUT
