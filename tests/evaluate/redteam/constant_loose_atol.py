@@ -1,6 +1,6 @@
-"""A constant output under a loose atol: every softmax value of a 4096-column row is about
-1/4096 (2.4e-4), inside the problem's own atol of 1e-3 from a constant. The submission returns
-1/4096 everywhere, a hair of noise added so that it is not exactly constant.
+"""A constant output under a loose atol: every softmax value of a 32768-column row is about
+1/32768, and even the largest lie within the problem's own atol of 1e-2 from that constant. The
+submission returns 1/32768 everywhere, a hair of noise added so that it is not exactly constant.
 
 Expected to be stopped by: a tolerance that follows the reference's own spread (a near-constant
 output where the reference varies is not correct) (judgedata).

@@ -8,6 +8,7 @@ import os
 import signal
 import site
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,15 +111,25 @@ def clean_up(pythonpath: str) -> None:
                 pass
 
 
-def recycle_workers(pool: Any) -> None:
+def recycle_workers(pool: Any, timeout: float = 120) -> None:
     """Every worker of ``pool`` (a PoolProc) replaced: the next evaluations run in interpreters
-    started after the cheat (what a file it planted for new interpreters would reach)."""
-    for pid in pool.worker_pids():
+    started after the cheat (what a file it planted for new interpreters would reach, what it did
+    to its judge's process). Waits until none of the old workers is listed any more: a pool that
+    has not yet seen one die still counts it ready."""
+    old = set(pool.worker_pids())
+    for pid in old:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    pool.wait_ready(120)
+    deadline = time.monotonic() + timeout
+    while True:
+        status = pool.status()
+        if status.ready and not status.running and not status.queue and not old & set(pool.worker_pids(status=status)):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the pool's workers were not replaced within {timeout} s: {status}")
+        time.sleep(0.05)
 
 
 def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, limits: dict[str, float]) -> Record:
@@ -130,9 +141,13 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     if twin.verdict != "correct":
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
     if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
-        # a baseline measured while the host was busier (the pool's first evaluations, other
-        # work on a shared machine) is measured again before the twin is blamed
+        # a baseline or a twin measured while the host was busier (the pool's first evaluations,
+        # other work on a shared machine) is measured again before the twin is blamed
         honest = baselines.get(judge, cheat.problem, "honest", again=True)
+        if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
+            twin = judge(cheat.problem, cheat.twin(), retime_reference=True)
+            if twin.verdict != "correct":
+                raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
     if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}; the plain one: {honest.summary}")
     extra = {"retime_reference": True} if cheat.retime else {}

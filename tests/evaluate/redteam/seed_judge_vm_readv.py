@@ -84,10 +84,14 @@ def _iterators(pid):
         except OSError:
             continue
         for i in np.nonzero(words == target)[0]:
-            if i + 3 < len(words):
-                start, step, length = (int(v) for v in words[i + 1 : i + 4])
-                if step == 1 and 0 <= start < 1 << 31 and start + length == 1 << 31:
-                    found.append(start)
+            if i + 4 < len(words):
+                w = [int(v) for v in words[i + 1 : i + 5]]
+                # Python 3.11: index, start, step, len (the next value start + index);
+                # 3.12 and later: start, step, len (start moves on)
+                if w[2] == 1 and 0 <= w[1] < 1 << 31 and w[1] + w[3] == 1 << 31 and 0 <= w[0] <= w[3]:
+                    found.append(w[1] + w[0])
+                elif w[1] == 1 and 0 <= w[0] < 1 << 31 and w[0] + w[2] == 1 << 31:
+                    found.append(w[0])
     return found
 
 
