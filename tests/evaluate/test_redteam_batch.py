@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
-from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import CHEATS
 from tests.evaluate.redteam.batch import judge_batch
 from tests.support.pool import PoolProc
@@ -32,6 +31,8 @@ BATCH_CHEATS = [
 ]
 HONEST = {"kb_mm_tanh": 5, "kb_tiny_out": 1}
 JOBS = 16
+#: eight evaluations at once share two cores: each phase's limit well above what it takes alone
+LIMITS = {"load": 300.0, "check": 120.0, "time": 120.0}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def batch_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolProc]:
                 pool.stop()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_cheats_in_a_batch_beside_honest_candidates(batch_pool: PoolProc) -> None:
     by_name = {c.name: c for c in CHEATS}
     cheats = [by_name[n] for n in BATCH_CHEATS]
