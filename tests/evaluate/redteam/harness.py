@@ -155,15 +155,24 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     left = daemons()
     rec = Record(cheat, twin, ev)
     if "speed" in cheat.checks and (why := forged_speed(ev, twin)):
-        rec.found.append(why)
+        # a forged time is 10-1000x off; a busy shared host can put an honest one past the slack
+        # now and then: a forgery counts when the cheat and its twin, judged again, show it again
+        twin2 = judge(cheat.problem, cheat.twin(), retime_reference=True)
+        ev2 = judge(cheat.problem, cheat.path, timeouts=limits, **extra)
+        rec.later += [("twin again", twin2), ("cheat again", ev2)]
+        if twin2.verdict == "correct" and (again := forged_speed(ev2, twin2)):
+            rec.found.append(f"{why}; again: {again}")
     if "limit" in cheat.checks and ev.verdict != "timeout":
         rec.found.append(f"it spent 10 s in one call with a check limit of 3 s: {ev.verdict}, not timeout")
     if "daemon" in cheat.checks and left:
         rec.found.append(f"its process(es) {left} outlived the evaluation")
     if "cache" in cheat.checks:
-        after = judge(cheat.problem, PROBLEMS / cheat.problem / "honest.py")
-        rec.later.append(("honest", after))
-        if after.ref_runtime > twin.ref_runtime * SLACK:
+        for _ in range(2):  # a reference time it spoiled stays spoiled: seen twice, not once by noise
+            after = judge(cheat.problem, PROBLEMS / cheat.problem / "honest.py")
+            rec.later.append(("honest", after))
+            if after.ref_runtime <= twin.ref_runtime * SLACK:
+                break
+        else:
             rec.found.append(
                 f"the next candidate's reference time is {after.ref_runtime:.2f} us, honestly {twin.ref_runtime:.2f}"
             )
@@ -181,7 +190,44 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
                 if name == "slow" and later.verdict != "correct" and not refused:
                     rec.found.append(f"a slow honest candidate evaluated next: {later.summary}")
                 if name == "slow" and (why := forged_speed(later, slow)):
-                    rec.found.append(f"a slow candidate evaluated next: {why}")
+                    # what the cheat left on its worker is there for the next one too: judged again
+                    # where it ran, it shows again; noise does not
+                    slow_again = _where(judge, cheat.problem, "slow.py", ev.worker_pid)
+                    rec.later.append((name, slow_again))
+                    if forged_speed(slow_again, slow):
+                        rec.found.append(f"a slow candidate evaluated next: {why}")
                 if later.worker_pid == ev.worker_pid:
                     break
     return rec
+
+
+def _where(judge: Judge, problem: str, candidate: str, worker_pid: int | None, tries: int = 3) -> Evaluation:
+    """``candidate`` of ``problem`` judged until it ran on ``worker_pid`` (or ``tries`` times)."""
+    for _ in range(tries):
+        ev = judge(problem, PROBLEMS / problem / candidate)
+        if ev.worker_pid == worker_pid:
+            break
+    return ev
+
+
+def summary(rec: Record) -> dict[str, Any]:
+    """One judged cheat as plain data: its verdict and times beside its twin's, what was forged."""
+
+    def brief(ev: Evaluation) -> dict[str, Any]:
+        return {
+            "verdict": ev.verdict,
+            "runtime_us": ev.runtime,
+            "ref_runtime_us": ev.ref_runtime,
+            "summary": ev.summary,
+        }
+
+    return {
+        "cheat": rec.cheat.name,
+        "problem": rec.cheat.problem,
+        "class": rec.cheat.kind,
+        "defence": rec.cheat.defence,
+        "cheat_eval": brief(rec.ev),
+        "twin_eval": brief(rec.twin),
+        "later": [{"candidate": name, **brief(ev)} for name, ev in rec.later],
+        "forged": rec.found,
+    }
