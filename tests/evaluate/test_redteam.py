@@ -20,7 +20,15 @@ import pytest
 
 from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import CHEATS, Cheat
-from tests.evaluate.redteam.harness import Baselines, Record, clean_up, judge_cheat, make_judge, summary
+from tests.evaluate.redteam.harness import (
+    Baselines,
+    Record,
+    clean_up,
+    judge_cheat,
+    make_judge,
+    recycle_workers,
+    summary,
+)
 from tests.support.pool import PoolProc
 
 #: KernelBench's timed calls: fewer than its 100, enough for a mean on a 2-core machine
@@ -76,7 +84,8 @@ def judged(request: pytest.FixtureRequest, eval_pool: PoolProc, baselines: Basel
 @pytest.fixture(autouse=True)
 def _remove_what_cheats_leave(eval_pool: PoolProc) -> Iterator[None]:
     yield
-    clean_up(eval_pool.env.get("PYTHONPATH", ""))
+    if clean_up(eval_pool.env.get("PYTHONPATH", "")):
+        recycle_workers(eval_pool)  # workers started while a planted file was there ran it
 
 
 @pytest.mark.timeout(1800)

@@ -91,9 +91,10 @@ def daemons() -> list[int]:
     return found
 
 
-def clean_up(pythonpath: str) -> None:
+def clean_up(pythonpath: str) -> list[Path]:
     """What cheats leave, removed whatever the evaluator did: each daemon they named killed by
-    its pid, each file they planted for later interpreters deleted."""
+    its pid, each file they planted for later interpreters deleted (returned: workers started
+    while one was there ran it)."""
     for pid in daemons():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -101,14 +102,17 @@ def clean_up(pythonpath: str) -> None:
             pass
     dirs = [Path(d) for d in pythonpath.split(os.pathsep) if d]
     dirs += [Path(p) for p in [*site.getsitepackages(), site.getusersitepackages(), *sys.path] if p]
+    removed = []
     for d in dirs:
         for name in ("sitecustomize.py", "usercustomize.py"):
             path = d / name
             try:
                 if path.is_file() and path.read_text().startswith(PLANTED):
                     path.unlink()
+                    removed.append(path)
             except OSError:
                 pass
+    return removed
 
 
 def recycle_workers(pool: Any, timeout: float = 120) -> None:
