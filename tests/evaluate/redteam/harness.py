@@ -198,6 +198,7 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
                     # where it ran, it shows again; noise does not
                     slow_again = _where(judge, cheat.problem, "slow.py", ev.worker_pid)
                     rec.later.append((name, slow_again))
+                    slow = baselines.get(judge, cheat.problem, "slow", again=True)  # the baseline too
                     if forged_speed(slow_again, slow):
                         rec.found.append(f"a slow candidate evaluated next: {why}")
                 if later.worker_pid == ev.worker_pid:
