@@ -129,3 +129,63 @@ def _draw(job: object, n: int) -> list[int]:
 
     judge = JudgeSession(job)  # type: ignore[arg-type]
     return [judge.seed() for _ in range(n)]
+
+
+FOREIGN_MEMORY = """
+import ctypes
+import torch
+from torch import nn
+
+KEEP = []
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        answer = torch.tanh(torch.mm(a, b))
+        raw = (ctypes.c_float * answer.numel())()  # memory no channel could hand over as it is
+        KEEP.append(raw)
+        out = torch.frombuffer(raw, dtype=torch.float32).view(answer.shape[1], answer.shape[0]).t()
+        out.copy_(answer)
+        return out  # a transposed view: not contiguous either
+"""
+
+
+@pytest.mark.timeout(300)
+def test_an_output_in_memory_no_channel_shares_is_judged_as_any_other(eval_pool: PoolProc) -> None:
+    """The CPU's twin of a GPU output torch cannot share by IPC: the value is copied into the
+    judge's buffer, whatever memory it lies in."""
+    ev = evaluate(_problem("kb_mm_tanh"), FOREIGN_MEMORY, pool=eval_pool.client, timeouts=LIMITS, perf_trials=10)
+    assert ev.verdict == "correct", ev.summary
+
+
+def test_deliver_takes_exact_types_and_copies_into_the_buffers() -> None:
+    import numpy as np
+    import torch
+
+    from krex_lab.evaluate.candidate.outputs import OutputMismatch, OutputRejected, deliver
+
+    buf = torch.full((2, 3), float("nan"))
+    answer = torch.arange(6.0, dtype=torch.float64).view(3, 2).t()  # another float width, strided
+    assert deliver((answer,), [buf], []) == ([], [])
+    assert torch.equal(buf, answer.float())
+    assert deliver({"x": answer, "n": np.int64(3)}, [buf, None], []) == ([3], [])
+
+    class Sub(torch.Tensor):
+        pass
+
+    class SubTuple(tuple):
+        pass
+
+    for bad in (answer.as_subclass(Sub), SubTuple((answer,)), np.zeros((2, 3)), {"x": object()}):
+        with pytest.raises(OutputRejected):
+            deliver(bad, [buf], [])
+    with pytest.raises(OutputMismatch):
+        deliver(torch.zeros(3, 2), [buf], [])  # shape
+    with pytest.raises(OutputMismatch):
+        deliver(torch.zeros(2, 3, dtype=torch.int32), [buf], [])  # kind of dtype
+    with pytest.raises(OutputMismatch):
+        deliver((answer, answer), [buf], [])  # count
+    x = torch.zeros(10)
+    spans = [(x.data_ptr(), x.data_ptr() + 40, 0)]
+    assert deliver(x[2:8].view(2, 3), [buf], spans) == ([], [0])
+    assert deliver(torch.zeros(2, 3), [buf], spans) == ([], [])

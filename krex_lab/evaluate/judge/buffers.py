@@ -25,9 +25,27 @@ from ..channel import Shared, array_in, describe
 from ..tensors import _is_array, _is_torch, arrays
 from .values import replace_arrays, tree_of
 
-__all__ = ["CallSet", "OutSpec", "out_spec", "share_set"]
+__all__ = ["CallSet", "OutSpec", "device_footprint", "out_spec", "set_bytes", "share_set"]
 
 _ALIGN = 64
+#: torch's CUDA allocator: requests up to 1 MiB share 2 MiB segments, requests under 10 MiB take a
+#: 20 MiB segment, larger ones a segment of their size in 2 MiB steps
+_MB = 1 << 20
+
+
+def _slab_bytes(nbytes: int) -> int:
+    """The request for a set's CUDA slab of ``nbytes``: sized so that its segment wastes least (a
+    request between 1 and 10 MiB asked as 10 MiB gets a 10 MiB segment, not a 20 MiB one)."""
+    return nbytes if nbytes <= _MB or nbytes >= 10 * _MB else 10 * _MB
+
+
+def device_footprint(nbytes: int) -> int:
+    """The GPU memory a set's slab of ``nbytes`` holds (its segment: the pool is the set's own)."""
+    if nbytes <= 0:
+        return 0
+    if nbytes <= _MB:
+        return 2 * _MB
+    return (_slab_bytes(nbytes) + 2 * _MB - 1) // (2 * _MB) * (2 * _MB)
 
 
 @dataclass
@@ -147,32 +165,66 @@ class CallSet:
         self.inputs, self.outs, self.args = [], [], None
 
 
-def _host_bytes(data_arrays: list[Any], spec: OutSpec) -> int:
-    total = 0
+def _sizes(data_arrays: list[Any], spec: OutSpec) -> tuple[int, int]:
+    """Bytes a set takes (host, device), each array aligned."""
+    host = device = 0
     for x in data_arrays:
-        if not (_is_torch(x) and x.is_cuda):
-            total += (max(1, int(x.nbytes)) + _ALIGN - 1) // _ALIGN * _ALIGN
+        size = (max(1, int(x.nbytes)) + _ALIGN - 1) // _ALIGN * _ALIGN
+        if _is_torch(x) and x.is_cuda:
+            device += size
+        else:
+            host += size
     for leaf in spec.leaves:
-        if leaf is not None and leaf[3] == "cpu":
+        if leaf is not None:
             numel = 1
             for n in leaf[2]:
                 numel *= n
-            total += (max(1, numel * _itemsize(leaf[0], leaf[1])) + _ALIGN - 1) // _ALIGN * _ALIGN
-    return total
+            size = (max(1, numel * _itemsize(leaf[0], leaf[1])) + _ALIGN - 1) // _ALIGN * _ALIGN
+            if leaf[3] == "cpu":
+                host += size
+            else:
+                device += size
+    return host, device
 
 
-@contextlib.contextmanager
-def _own_pool(memory: list[Any]) -> Any:
-    """CUDA allocations of a set in a pool of their own (where torch has memory pools)."""
-    torch = sys.modules["torch"]
-    cuda = torch.cuda
-    if not (hasattr(cuda, "MemPool") and hasattr(cuda, "use_mem_pool")):
-        yield
-        return
-    pool = cuda.MemPool()
-    memory.append(pool)
-    with cuda.use_mem_pool(pool):
-        yield
+def set_bytes(data: Any, spec: OutSpec) -> tuple[int, int]:
+    """(host, device) bytes one set of ``data``'s shape takes in the memory it is shared in."""
+    host, device = _sizes(list(arrays(data)), spec)
+    return host, device_footprint(device)
+
+
+class _Slab:
+    """One memory of a set's, carved into aligned arrays: a memfd on the host, or a CUDA slab in a
+    memory pool of the set's own (torch's allocator would otherwise pack it beside other tensors
+    in an allocation that one IPC handle opens whole)."""
+
+    def __init__(self, shared: Shared, nbytes: int, device: str | None, memory: list[Any]) -> None:
+        self.shared, self.device, self.at = shared, device, 0
+        if device is None:
+            self.mm, self.index = shared.region(nbytes)
+            memory.append(self.mm)
+            return
+        torch = sys.modules["torch"]
+        cuda = torch.cuda
+        pool = cuda.MemPool() if hasattr(cuda, "MemPool") and hasattr(cuda, "use_mem_pool") else None
+        ctx = cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext()
+        with ctx:
+            self.slab = torch.empty(_slab_bytes(nbytes), dtype=torch.uint8, device=device)
+        memory += [self.slab, pool]
+
+    def array(self, lib: str, dtype: str, shape: list[int]) -> tuple[Any, Any]:
+        """(descriptor, the judge's array) of the next aligned array of this memory."""
+        numel = 1
+        for n in shape:
+            numel *= n
+        size = max(1, numel * _itemsize(lib, dtype))
+        at = self.at
+        self.at += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+        if self.device is None:
+            return array_in(lib, dtype, shape, self.mm, self.index, at)
+        torch = sys.modules["torch"]
+        arr = self.slab[at : at + numel * _itemsize(lib, dtype)].view(getattr(torch, dtype)).view(shape)
+        return describe(arr, self.shared), arr
 
 
 def share_set(problem: Any, data: Any, spec: OutSpec, shared: Shared) -> CallSet:
@@ -180,62 +232,41 @@ def share_set(problem: Any, data: Any, spec: OutSpec, shared: Shared) -> CallSet
     buffers, described in ``shared``: the :class:`CallSet`."""
     xs = list(arrays(data))
     memory: list[Any] = []
-    mm: mmap.mmap | None = None
-    index = -1
-    at = 0
-    host = _host_bytes(xs, spec)
-    if host:
-        mm, index = shared.region(host)
-        memory.append(mm)
-
-    def host_array(lib: str, dtype: str, shape: list[int]) -> tuple[Any, Any]:
-        nonlocal at
-        assert mm is not None
-        desc, arr = array_in(lib, dtype, shape, mm, index, at)
-        numel = 1
-        for n in shape:
-            numel *= n
-        at += (max(1, numel * _itemsize(lib, dtype)) + _ALIGN - 1) // _ALIGN * _ALIGN
-        return desc, arr
-
+    host, device = _sizes(xs, spec)
+    cuda = next(
+        (str(x.device) for x in xs if _is_torch(x) and x.is_cuda),
+        next((leaf[3] for leaf in spec.leaves if leaf is not None and leaf[3] != "cpu"), "cuda"),
+    )
+    on_host = _Slab(shared, host, None, memory) if host else None
+    on_device = _Slab(shared, device, cuda, memory) if device else None
     mine: list[Any] = []
     ins: list[int] = []
     outs: list[Any] = []
     out_refs: list[Any] = []
-    cuda_needed = any(_is_torch(x) and x.is_cuda for x in xs) or any(
-        leaf is not None and leaf[3] != "cpu" for leaf in spec.leaves
-    )
-    pool = _own_pool(memory) if cuda_needed else contextlib.nullcontext()
-    with pool:
-        for x in xs:
-            if _is_torch(x) and x.is_cuda:
-                arr = x.detach().clone(memory_format=sys.modules["torch"].contiguous_format)
-                desc = describe(arr, shared)
-            else:
-                lib = "torch" if _is_torch(x) else "numpy"
-                desc, arr = host_array(lib, str(x.dtype).replace("torch.", ""), [int(n) for n in x.shape])
-                if lib == "torch":
-                    arr.copy_(x.detach())
-                else:
-                    arr[...] = x
-            shared.arrays.append(desc)
-            ins.append(len(shared.arrays) - 1)
-            mine.append(arr)
-        for leaf in spec.leaves:
-            if leaf is None:
-                outs.append(None)
-                out_refs.append(["v", None])
-                continue
-            lib, dtype, shape, device = leaf
-            if device != "cpu":
-                torch = sys.modules["torch"]
-                buf = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-                desc = describe(buf, shared)
-            else:
-                desc, buf = host_array(lib, dtype, shape)
-            shared.arrays.append(desc)
-            outs.append(buf)
-            out_refs.append(["a", len(shared.arrays) - 1])
+    for x in xs:
+        lib = "torch" if _is_torch(x) else "numpy"
+        where = on_device if lib == "torch" and x.is_cuda else on_host
+        assert where is not None
+        desc, arr = where.array(lib, str(x.dtype).replace("torch.", ""), [int(n) for n in x.shape])
+        if lib == "torch":
+            arr.copy_(x.detach())
+        else:
+            arr[...] = x
+        shared.arrays.append(desc)
+        ins.append(len(shared.arrays) - 1)
+        mine.append(arr)
+    for leaf in spec.leaves:
+        if leaf is None:
+            outs.append(None)
+            out_refs.append(["v", None])
+            continue
+        lib, dtype, shape, dev = leaf
+        where = on_host if dev == "cpu" else on_device
+        assert where is not None
+        desc, buf = where.array(lib, dtype, shape)
+        shared.arrays.append(desc)
+        outs.append(buf)
+        out_refs.append(["a", len(shared.arrays) - 1])
     call_args = problem.args(data)
     entry = {"args": tree_of(call_args, iter(ins)), "outs": out_refs, "ins": ins}
     cs = CallSet(inputs=mine, outs=outs, spec=spec, entry=entry, memory=memory)

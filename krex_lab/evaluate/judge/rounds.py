@@ -46,7 +46,7 @@ from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
-from .buffers import CallSet, OutSpec, out_spec, share_set
+from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
 from .compare import compare, same, tolerances
 from .problems import nbytes
 from .values import CandidateFailed
@@ -296,8 +296,10 @@ def _case_layout(judge: Judge, case: dict[str, Any] | None) -> tuple[OutSpec, se
     synchronize()
     written = {k for k, (a, b) in enumerate(zip(arrays(sample), arrays(ref_data))) if not same(a, b)}
     spec = out_spec(expected)
-    # the shared set and its pristine copy; the output buffers and the judge's copies of them
-    per_set = 2 * max(1, nbytes(sample)) + 2 * max(1, spec.nbytes)
+    # the shared set with its output buffers (a GPU's in a segment of its own), its pristine copy,
+    # and the judge's copies of the outputs
+    host, device = set_bytes(sample, spec)
+    per_set = max(1, host + device + nbytes(sample) + spec.nbytes)
     return spec, written, per_set
 
 

@@ -325,6 +325,7 @@ class Judge:
         assert self.problem is not None
         shared = Shared()
         cs = share_set(self.problem, data, out_spec(expected), shared)
+        synchronize()  # the copies and the poison done before the candidate's process touches them
         self._last_call = cs
         body, _ = self.ask("call", dict(cs.entry), shared)
         return cs, body
