@@ -233,12 +233,12 @@ def share_set(problem: Any, data: Any, spec: OutSpec, shared: Shared) -> CallSet
     xs = list(arrays(data))
     memory: list[Any] = []
     host, device = _sizes(xs, spec)
-    cuda = next(
-        (str(x.device) for x in xs if _is_torch(x) and x.is_cuda),
-        next((leaf[3] for leaf in spec.leaves if leaf is not None and leaf[3] != "cpu"), "cuda"),
-    )
     on_host = _Slab(shared, host, None, memory) if host else None
-    on_device = _Slab(shared, device, cuda, memory) if device else None
+    on_device = None
+    if device:
+        cuda = next((str(x.device) for x in xs if _is_torch(x) and x.is_cuda), None)
+        cuda = cuda or next((leaf[3] for leaf in spec.leaves if leaf is not None and leaf[3] != "cpu"), "cuda")
+        on_device = _Slab(shared, device, cuda, memory)
     mine: list[Any] = []
     ins: list[int] = []
     outs: list[Any] = []
