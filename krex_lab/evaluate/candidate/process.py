@@ -116,17 +116,19 @@ class Candidate:
             os._exit(3)
 
     def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        """The harness alone: a no-op that returns a fresh copy of an array like the expected output
-        (allocated and written, as a real output is: its pages cost what a real one's do)."""
-        sample = arrays[0] if arrays else None
+        """The harness alone, on sets shaped as a round's (taken over as a round takes them): a
+        no-op that returns fresh copies of arrays like the expected output (allocated and written,
+        as a real output is), which land in the set's buffers as a real call's value does."""
 
-        def noop(*_: Any) -> Any:
-            if sample is None:
-                return None
-            return sample.clone() if hasattr(sample, "clone") else sample.copy()
+        def noop(bufs: Any) -> Any:
+            return [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
 
-        # the judge's shared sample is the output buffer: the copy a real call ends with is timed too
-        self.sets = {k: ((), [sample], []) for k in range(int(body["calls"]))}
+        if "sets" in body:
+            sets = [self._set(entry, arrays) for entry in body["sets"]]
+            self.sets = {k: (bufs, bufs, where) for k, (_, bufs, where) in enumerate(sets)}
+        else:  # the judge's shared sample is the output buffer
+            sample = arrays[0] if arrays else None
+            self.sets = {k: ([sample], [sample], []) for k in range(int(body["calls"]))}
         self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)
         self.sets = {}
 

@@ -30,14 +30,14 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from ..channel import ChannelError, Shared, encode_tree, share_input
+from ..channel import ChannelError, Shared, encode_tree
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
-from .buffers import CallSet, out_spec, share_set
+from .buffers import CallSet, out_spec, set_bytes, share_set
 from .compare import compare, same, tolerances
-from .problems import MissingDefinition, Problem, problem_for
+from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, spares_for
 from .startup import planted_startup_code
@@ -281,19 +281,18 @@ class Judge:
 
         assert self.proc is not None and self.problem is not None
         assert self.first is not None
-        sample = next(iter(arrays(self.first[2])), None)
         from .rounds import budget, cpu_seconds
 
-        # as many calls as a round of this problem will have (each output is kept to the round's end)
-        many = max(2, min(MAX_SETS, budget(self.device) // max(1, 3 * int(getattr(sample, "nbytes", 1)))))
+        # as many calls as a round of this problem will have (each set in memory of its own)
+        host, device = set_bytes(self.first[1], out_spec(self.first[2]))
+        per_set = host + device + nbytes(self.first[1]) + out_spec(self.first[2]).nbytes
+        many = max(2, min(MAX_SETS, budget(self.device) // max(1, per_set)))
         best: dict[int, float] = {}
         cpu: dict[int, float] = {}
         for calls in (1, many, 1, many):
-            shared = Shared()
-            if sample is not None:
-                shared.arrays.append(share_input(sample, shared)[0])
+            extra, shared = self._calibration_sets(calls)
             c0, t0 = cpu_seconds(self.proc.pid), time.perf_counter()
-            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
+            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed"), **extra}, shared)
             best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
             cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
         per_call = max(0.0, (best[many] - best[1]) / (many - 1))
@@ -304,6 +303,18 @@ class Judge:
             "cpu_per_call_s": cpu_call,
             "cpu_per_round_s": max(0.0, cpu[1] - cpu_call),
         }
+
+    def _calibration_sets(self, calls: int) -> tuple[dict[str, Any], Shared]:
+        """``calls`` input sets as a timed round sends them (each in memory of its own, with its
+        output buffers), of the first trial's data: the harness's cost then counts taking a round's
+        sets over and copying each value into the judge's buffers, as a real round does. No
+        candidate code is loaded yet: nothing can read them."""
+        assert self.problem is not None and self.first is not None
+        shared = Shared()
+        spec = out_spec(self.first[2])
+        sets = [share_set(self.problem, self.first[1], spec, shared) for _ in range(calls)]
+        synchronize()
+        return {"sets": [cs.entry for cs in sets]}, shared
 
     # -- check -------------------------------------------------------------------------------------
 
