@@ -101,7 +101,7 @@ def test_a_rounds_inputs_are_not_visible_before_the_round(judge: Judge) -> None:
     _, ev = judge("kb_add3", "refill_watcher")
     assert "krex-saw" not in (ev.output or ""), ev.output
     assert ev.verdict == "rejected", ev.summary  # its thread, left running past the round
-    assert {"threads_left", "work_between_calls"} & set(ev.metadata["rejected"])
+    assert "threads_left" in ev.metadata["rejected"]
 
 
 @pytest.mark.timeout(300)

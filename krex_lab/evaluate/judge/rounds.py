@@ -41,14 +41,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...region_report import RegionReport
-from ..channel import Shared
 from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
-from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
-from .compare import compare, same, tolerances
-from .problems import nbytes
+from .compare import compare, tolerances
+from .roundsets import case_layout, l2_flush, make_sets, read_round, refill, round_checks
 from .values import CandidateFailed
 
 #: the judge of :mod:`.session` (not imported: the session imports this module)
@@ -164,114 +162,13 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
     return result
 
 
-class _Sets:
-    """A round's input sets: each in memory of its own (:class:`.buffers.CallSet`), their pristine
-    copies, and the message that hands them over (sent once, with the round that uses them)."""
-
-    def __init__(self, sets: list[CallSet], pristine: list[Any], shared: Shared) -> None:
-        self.sets, self.pristine, self.shared = sets, pristine, shared
-
-    def message(self) -> dict[str, Any]:
-        return {"sets": [cs.entry for cs in self.sets]}
-
-    def release(self) -> None:
-        for cs in self.sets:
-            cs.release()
-        self.sets = []
-
-
-def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) -> _Sets:
-    """K input sets under K seeds, in new memory the candidate has never mapped."""
-    assert judge.problem is not None
-    shared = Shared()
-    sets: list[CallSet] = []
-    pristine: list[Any] = []
-    for _ in range(k):
-        data = judge.problem.make(case, judge.seed())
-        synchronize()
-        pristine.append(clone(data))
-        sets.append(share_set(judge.problem, data, spec, shared))
-    synchronize()
-    return _Sets(sets, pristine, shared)
-
-
-def _refill(judge: Judge, case: dict[str, Any] | None, old: _Sets, spec: OutSpec) -> _Sets:
-    """The next round's sets: new values in new memory (never the memory the candidate holds,
-    which a thread or finalizer of its could read while the judge fills it); the old sets' memory
-    freed."""
-    fresh = _make_sets(judge, case, len(old.sets), spec)
-    old.release()
-    _collect_ipc()
-    return fresh
-
-
-def _collect_ipc() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        with contextlib.suppress(Exception):
-            torch.cuda.ipc_collect()
-
-
-def _read_round(rs: _Sets, order: list[int], body: dict[str, Any]) -> list[Any]:
-    """Each call's output, read from the judge's own buffers of its set (the last call on a set,
-    where a warm-up calls one set more than once)."""
-    values = body.get("values")
-    values = values if isinstance(values, list) and len(values) == len(order) else [None] * len(order)
-    return [rs.sets[j].read(v) for j, v in zip(order, values)]
-
-
-def _round_checks(
-    judge: Judge, rs: _Sets, order: list[int], body: dict[str, Any], outs: list[Any], written: set[int]
-) -> dict[str, str]:
-    """What every call of a round must hold, as in the check phase: no input written (each set
-    against its pristine copy), no output in an input's memory, no thread left running the
-    candidate's code, no output changed after the judge read it."""
-    for n, j in enumerate(order):
-        cs = rs.sets[j]
-        wrote = sorted(k for k, (a, b) in enumerate(zip(arrays(rs.pristine[j]), cs.inputs)) if not same(a, b))
-        wrote = [k for k in wrote if k not in written]
-        if wrote:
-            return {
-                "inputs_modified": f"a timed call (call {n + 1} of a round) wrote into its input(s) {wrote} "
-                "(the reference does not)"
-            }
-    said = body.get("aliased")
-    for n, alias in enumerate(said if isinstance(said, list) else []):
-        bad = sorted(i for i in (alias if isinstance(alias, list) else []) if type(i) is int and i not in written)
-        if bad:
-            return {"aliased_output": f"a timed call (call {n + 1} of a round) returned its input(s) {bad} (or a view)"}
-    threads = body.get("threads")
-    if isinstance(threads, list) and threads:
-        names = ", ".join(str(t) for t in threads[:3])
-        return {
-            "threads_left": f"the candidate left thread(s) running its own code after a timed round ({names}): "
-            "work a timer around the call would not see"
-        }
-    for j, out in zip(order, outs):
-        for k, (now, then) in enumerate(zip(rs.sets[j].outs, list(arrays(out)))):
-            if now is not None and not same(now, then):
-                return {
-                    "outputs_written_late": f"output {k} of a timed call changed after the round had ended "
-                    "(work left running past the call writes the answer afterwards)"
-                }
-    return {}
-
-
-#: CPU a candidate's process may use while no call runs (an idle framework's spinning threads)
-IDLE_CPU_S = 0.02
-
-
-def _idle_work(judge: Judge, since: float, wall: float) -> dict[str, str]:
-    """CPU the candidate's process used between a round's answer and now, when it had no call to
-    run: a thread or finalizer working on past the call (the judge's measure, not its word)."""
+def _idle_cpu_ms(judge: Judge, since: float) -> float:
+    """CPU (ms) the candidate's process used between a round's answer and now, when it had no call
+    to run. Said in the result, never a verdict by itself: an honest framework's threads spin after
+    a call (OpenBLAS's for tens of milliseconds each), so only work the judge can see the effect of
+    (an output written late, a thread left running its code) is rejected."""
     assert judge.proc is not None
-    used = cpu_seconds(judge.proc.pid) - since
-    if used > max(IDLE_CPU_S, 0.25 * wall):
-        return {
-            "work_between_calls": f"the candidate's process used {used * 1e3:.1f} ms of CPU in the "
-            f"{wall * 1e3:.1f} ms after a round, when it had no call to run"
-        }
-    return {}
+    return (cpu_seconds(judge.proc.pid) - since) * 1e3
 
 
 def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
@@ -285,44 +182,16 @@ def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
     return cmp.ok, cmp.issue
 
 
-def _case_layout(judge: Judge, case: dict[str, Any] | None) -> tuple[OutSpec, set[int], int]:
-    """A case's output buffers (the reference's answer on a sample set), the inputs the reference
-    itself writes (GPU MODE's output arguments), and the bytes one set takes in the judge."""
-    assert judge.problem is not None
-    sample = judge.problem.make(case, judge.seed())
-    synchronize()
-    ref_data = clone(sample)
-    expected = judge.problem.reference(ref_data)
-    synchronize()
-    written = {k for k, (a, b) in enumerate(zip(arrays(sample), arrays(ref_data))) if not same(a, b)}
-    spec = out_spec(expected)
-    # the shared set with its output buffers (a GPU's in a segment of its own), its pristine copy,
-    # and the judge's copies of the outputs
-    host, device = set_bytes(sample, spec)
-    per_set = max(1, host + device + nbytes(sample) + spec.nbytes)
-    return spec, written, per_set
-
-
-def l2_flush(device: str) -> str:
-    """What the timing does to the caches between calls, as the result says it."""
-    if device == "cuda":
-        return (
-            "256 MiB written before every timed call, outside its event pair (KernelBench's and GPU MODE's "
-            "clear_l2_cache), for the candidate and the reference alike"
-        )
-    return "none: a CPU's caches are not flushed between calls"
-
-
 def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) -> tuple[TimedCase, bool]:
     assert judge.problem is not None and judge.proc is not None
     o, fmt = judge.opts, judge.job.format
     name = judge.problem.case_name(case)
     target = _target_calls(o, fmt)
-    spec, written, per_set = _case_layout(judge, case)
+    spec, written, per_set = case_layout(judge, case)
     k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
     if fmt == "gpumode" or o.timing == "converge":
         k = min(k, 16)  # runs until the mean settles: rounds of a few sets, refilled between them
-    rs = _make_sets(judge, case, k, spec)
+    rs = make_sets(judge, case, k, spec)
     # warm-up: every set once (the format's warm-up calls at least); a call long enough that that
     # would take over a second warms one set only
     t_warm = time.perf_counter()
@@ -331,11 +200,12 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask("round", {"order": warm, "method": "warmup"})
-    rs = _refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
+    rs = refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
     bound = cpu_bound = 0.0
     rounds = 0
+    idle_ms = 0.0
     rng = random.Random()
     label = _label(judge)
     with _region(o) as region:
@@ -353,8 +223,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             bound += time.perf_counter() - t0
             c1 = cpu_seconds(judge.proc.pid)
             cpu_bound += c1 - c0
-            t_answer = time.perf_counter()
-            outs = _read_round(rs, order, body)
+            outs = read_round(rs, order, body)
             rounds += 1
             got = [float(s) for s in body.get("samples", [])]
             if len(got) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
@@ -365,7 +234,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 }
                 break
             samples += got
-            reasons = _round_checks(judge, rs, order, body, outs, written)
+            reasons = round_checks(judge, rs, order, body, outs, written)
             if reasons:
                 result.fail("rejected", "rejected", "")
                 result.metadata["rejected"] = reasons
@@ -385,11 +254,8 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             del outs
             if result.verdict is not None:
                 break
-            if reasons := _idle_work(judge, c1, time.perf_counter() - t_answer):
-                result.fail("rejected", "rejected", "")
-                result.metadata["rejected"] = reasons
-                break
-            rs = _refill(judge, case, rs, spec)
+            idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
+            rs = refill(judge, case, rs, spec)
         ref_part, cached = _reference(judge, case, name, rs.pristine, region)
     judge.ask("drop", {})
     rs.release()
@@ -438,6 +304,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             part.method = f"outside-bound (the {label} figure was below it)"
         result.metadata["input_sets"] = str(k)
         result.metadata["l2_flush"] = l2_flush(judge.device)
+        result.metadata["idle_cpu_ms"] = str(round(idle_ms, 3))
         result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
         result.metadata["timed_rounds"] = str(rounds)
         if o.timing == "converge" or fmt == "gpumode":
