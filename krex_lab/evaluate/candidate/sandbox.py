@@ -297,9 +297,13 @@ _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"
 
 def _gpu_devices() -> list[str]:
     try:
-        return [os.path.join("/dev", n) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
+        found = [os.path.join("/dev", n) for n in sorted(os.listdir("/dev")) if n.startswith("nvidia")]
     except OSError:
-        return []
+        found = []
+    # the fake backend's simulated device memory (krex_lab.gpu.fake.MEMORY_ENV): its GPU, as
+    # /dev/nvidia* is a real one's (named here, not imported: the candidate side imports no backend)
+    simulated = os.environ.get("KREX_FAKE_GPU_MEMORY")
+    return found + ([simulated] if simulated and os.path.isdir(simulated) else [])
 
 
 def _python_dirs() -> list[str]:
