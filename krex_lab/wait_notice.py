@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from .paths import quiet
 
 if TYPE_CHECKING:
-    from .arbiter.status import HolderRow
+    from .node_status import HolderRow
 
 #: set by a notebook's kernel for the processes it starts: the identity (``st_dev:st_ino``) of its
 #: stderr, the pipe ipykernel forwards into the running cell

@@ -27,8 +27,8 @@ from typing import Any
 import msgspec
 
 from ..arbiter.history import HistoryRow, Recent
-from ..arbiter.status import NodeStatus as ArbiterStatus
 from ..gpu.vendors import vendor
+from ..node_status import NodeStatus as ArbiterStatus
 from ..workers.wire import PoolTable
 
 #: the Ray namespace of the node actors
