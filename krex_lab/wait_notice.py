@@ -91,7 +91,7 @@ def wait_line(status: object, gpu: int, session: str) -> tuple[tuple[object, ...
     """What to say of ``session``'s wait for ``gpu`` in ``status`` (the arbiter's ``Status`` answer, or
     its JSON form): a key that changes only when the holder or the place changes, and the line; None
     when the session is not (or no longer) queued."""
-    from .arbiter.status import NodeStatus  # only while a request waits
+    from .node_status import NodeStatus  # only while a request waits
 
     entry = next((g for g in NodeStatus.of(status).gpus if g.index == gpu), None)
     if entry is None:
