@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,17 +58,25 @@ class World:
 
         wait_until(up, 30, "the arbiter did not answer")
 
-    def start_pool(self, workers: int, preload: list[str]) -> float:
+    def start_pool(self, workers: int, preload: list[str], wait_all: bool = True) -> float:
+        """Seconds until ``workers`` per GPU are ready (``wait_all``), else until the pool answers: a
+        thread then notes when the first and the last worker came up (``first_worker_s``,
+        ``all_ready_s``), busy or idle, while the caller's work already runs on them."""
         t0 = time.monotonic()
         cmd = [sys.executable, "-m", "krex_lab.workers.pool", f"--workers-per-gpu={workers}", "--spares=0"]
         cmd += [f"--preload={preload!r}", "--log-level=INFO"]  # INFO: each recycled worker and why
         cmd += [f"--Pool.max_workers_per_gpu={max(8, workers)}"]
+        if getattr(self.args, "pool_start_concurrency", None):
+            cmd += [f"--Pool.start_concurrency={self.args.pool_start_concurrency}"]
         if self.args.pool_memory_slack_mb is not None:
             cmd += [f"--Pool.memory_slack_mb={self.args.pool_memory_slack_mb}"]
         with open(self.pool_log, "wb") as log:
             self.procs.append(subprocess.Popen(cmd, env=self.env, stderr=log))
         os.environ.update({k: self.env[k] for k in ("KREX_POOL_ENDPOINT",)})
         from krex_lab.workers.client.pool_client import PoolClient
+
+        #: seconds from the pool's start to its first worker ready (a batch may begin there)
+        self.first_worker_s: float | None = None
 
         def ready() -> bool:
             try:
@@ -76,10 +85,42 @@ class World:
             except Exception:
                 return False
             idle = [w for g in st.gpus for w in g.workers if w.state == "idle"]
+            if idle and self.first_worker_s is None:
+                self.first_worker_s = time.monotonic() - t0
             return len(idle) >= workers * self.args.gpus
 
-        wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")
-        return time.monotonic() - t0
+        if wait_all:
+            wait_until(ready, 120, f"{workers} warm workers per GPU were not ready")
+            self.all_ready_s: float | None = time.monotonic() - t0
+            return self.all_ready_s
+        self.all_ready_s = None
+
+        def answers() -> bool:
+            try:
+                with PoolClient.connect(self.env["KREX_POOL_ENDPOINT"], start=False):
+                    return True
+            except Exception:
+                return False
+
+        wait_until(answers, 60, "the pool did not answer")
+        answered = time.monotonic() - t0
+
+        def watch() -> None:
+            with PoolClient.connect(self.env["KREX_POOL_ENDPOINT"], start=False) as c:
+                while self.all_ready_s is None and time.monotonic() - t0 < 300:
+                    try:
+                        up = [w for g in c.status().gpus for w in g.workers if w.state not in ("starting", "dead")]
+                    except Exception:
+                        return  # the pool stopped
+                    now = time.monotonic() - t0
+                    if up and self.first_worker_s is None:
+                        self.first_worker_s = now
+                    if len(up) >= workers * self.args.gpus:
+                        self.all_ready_s = now
+                    time.sleep(0.1)
+
+        threading.Thread(target=watch, daemon=True, name="pool-start-watch").start()
+        return answered
 
     def recycled(self) -> dict[str, Any]:
         """Workers the pool recycled since the last call, counted by reason (from its log), and the

@@ -121,6 +121,18 @@ for stage in "${stages[@]}"; do
       # every problem's submission and solutions, published and gathered layouts (benchmarks/gpumode_pmpp.py); ~3-5 min
       timeout ${PMPP_TIMEOUT:-560} python3 benchmarks/gpumode_pmpp.py ${PMPP_DIR:-.pmpp/problems/pmpp} --backend nvidia \
         --workers ${PMPP_WORKERS:-4} ${PMPP_ARGS:-} 2>&1 | tail -75 | tee "$OUT/pmpp.log" ;;
+    poolstart)  # 16 warm workers (torch) started two at a time, then as many at once as the node has CPUs: time to
+      # the first worker ready and to all 16 (benchmarks/pool_start.py), twice each; about 2-3 min
+      timeout 300 python3 benchmarks/pool_start.py --backend nvidia --workers 16 --concurrency 2,0 --repeat 2 \
+        ${POOLSTART_ARGS:-} 2>&1 | tail -12 | tee "$OUT/poolstart.log" ;;
+    evalbatchforeign)  # evalbatch beside 3 foreign GPU processes holding 20 GiB each (idle: their memory is the
+      # point), admitted by GPU memory; the JSON records the pool's start, admission and requeues; about 8-9 min
+      python3 -m compileall -q krex_lab benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      (command -v nvcc && nvcc --version | tail -1; echo "CUDA_HOME=${CUDA_HOME:-}") > "$FINAL/evalbatchforeign.log" 2>&1
+      OUT=$FINAL timeout ${EVALBATCH_TIMEOUT:-560} python3 benchmarks/eval_batch.py --backend nvidia --jobs 16 \
+        --foreign 3 --foreign-gib 20 --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} \
+        >> "$FINAL/evalbatchforeign.log" 2>&1
+      tail -45 "$FINAL/evalbatchforeign.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

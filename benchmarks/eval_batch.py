@@ -2,6 +2,7 @@
 
     python benchmarks/eval_batch.py [--backend fake|nvidia] [--jobs 16] [--problems 04,15,...]
         [--kinds cuda,triton,torch] [--size full|small] [--long-ms 1.0] [--no-alone] [--budget-s S]
+        [--foreign N --foreign-gib X [--foreign-busy]] [--overlap-pool-start] [--pool-start-concurrency N]
 
 The set is ``benchmarks/eval_problems/`` (``eval_set.py``): every (reference, candidate) pair of
 the chosen kinds. Both ways start from empty compile caches (their own ``TORCH_EXTENSIONS_DIR``
@@ -17,8 +18,12 @@ once and does the same work:
 (a) **KREX**: a node arbiter (``krex arbiter``) and a pool of ``--jobs`` warm context workers
     (started before, not counted: they are the node's long-lived service; their start-up time is
     reported beside), then ``krex eval --batch MANIFEST --jobs N``: compile, check and the
-    reference's time per problem on warm workers at once, every timing inside a region. Its wall
-    time is that command's.
+    reference's time per problem on warm workers at once, every timing inside a region, each
+    evaluation admitted by GPU memory. Its wall time is that command's. ``--foreign N``: (a) runs
+    beside N foreign GPU processes holding ``--foreign-gib`` each (``foreign.py``; idle, or looping
+    matmuls with ``--foreign-busy``), started before the pool and stopped after (a).
+    ``--overlap-pool-start``: the batch begins as soon as the pool answers, on its first worker
+    ready, and the ratio with the pool's start uses that wall time.
 
 Then (b') **alone**: (b)'s evaluation phase again for the pairs whose (b) runtime is over
 ``--long-ms``: the method's own run-to-run noise, against which (a)'s deviation is read. The order
@@ -28,7 +33,9 @@ done so far among it).
 
 Printed: both wall times and their ratio, per-pair runtime deviation of (a) from (b) for pairs
 over ``--long-ms`` (median, p95 and max of |a/b - 1|) and the same for (b') against (b), verdicts
-that differ, region counts and degraded regions. The JSON (machine, date, git revision, every
+that differ, region counts and degraded regions (by reason), the pool's start (first worker and
+all), verdicts and pairs run again for memory; the JSON's summary adds each evaluation's phases,
+admission, memory footprint and ``timing_*`` figures. The JSON (machine, date, git revision, every
 result) goes to ``benchmarks/out/eval_batch-<backend>-<date>.json`` (``--out``: elsewhere), and
 after each phase a partial copy to ``$OUT`` where that is set.
 
@@ -46,7 +53,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +68,9 @@ sys.path.insert(0, str(HERE))
 
 import eval_set  # noqa: E402
 from agent_world import World  # noqa: E402
-from common import REPO, machine, nvidia_smi, percentile, write_result  # noqa: E402
+from common import REPO, machine, nvidia_smi, write_result  # noqa: E402
+from eval_batch_summary import report, runtime_of, summarise  # noqa: E402
+from foreign import foreign_processes  # noqa: E402
 
 EVAL_KB = HERE / "eval_kb.py"
 #: what the pool's workers must see of this run's environment: the size knob, one thread each on the
@@ -86,6 +94,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True, help="the (b') repeat")
     p.add_argument("--budget-s", type=float, default=0.0, help="skip (b') when the run is past this (0: never)")
     p.add_argument("--pool-memory-slack-mb", type=int, default=None, help="the pool's Pool.memory_slack_mb")
+    p.add_argument(
+        "--pool-start-concurrency", type=int, default=0, help="the pool's Pool.start_concurrency (default: its own)"
+    )
+    p.add_argument(
+        "--overlap-pool-start",
+        action="store_true",
+        help="(a) begins as soon as the pool answers, on its first worker ready; its wall counts the pool's start",
+    )
+    p.add_argument("--foreign", type=int, default=0, metavar="N", help="run (a) beside N foreign GPU processes")
+    p.add_argument("--foreign-gib", type=float, default=1.0, metavar="X", help="GiB each foreign process holds")
+    p.add_argument("--foreign-busy", action="store_true", help="the foreign processes loop matmuls (else idle)")
+    p.add_argument("--memory-reserve-mb", type=int, default=None, help="krex eval --batch --memory-reserve-mb")
     p.add_argument("--out", default="", help="write the JSON here instead of benchmarks/out/")
     args = p.parse_args(argv)
     fake = args.backend == "fake"
@@ -251,7 +271,11 @@ def describe(rec: dict[str, Any]) -> str:
 def krex_world(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tuple[World, float]:
     """A private arbiter and a pool of ``--jobs`` warm workers, with their own empty caches."""
     world_args = argparse.Namespace(
-        use_arbiter=False, backend=args.backend, gpus=1, pool_memory_slack_mb=args.pool_memory_slack_mb
+        use_arbiter=False,
+        backend=args.backend,
+        gpus=1,
+        pool_memory_slack_mb=args.pool_memory_slack_mb,
+        pool_start_concurrency=args.pool_start_concurrency,
     )
     runtime = work / "runtime"
     runtime.mkdir(mode=0o700)
@@ -261,30 +285,49 @@ def krex_world(args: argparse.Namespace, work: Path, env: dict[str, str]) -> tup
     world.env["TRITON_CACHE_DIR"] = str(work / "triton")
     world.start_arbiter()
     preload = ["torch"] + (["triton"] if "triton" in args.kinds else [])
-    ready_s = world.start_pool(args.jobs, preload)
+    ready_s = world.start_pool(args.jobs, preload, wait_all=not args.overlap_pool_start)
     return world, ready_s
 
 
 def krex_command(manifest: Path, args: argparse.Namespace) -> list[str]:
     """``krex eval --batch``, with the baseline's trial counts (its defaults are KernelBench's too)."""
     cmd = [sys.executable, "-m", "krex_lab.cli", "eval", "--batch", str(manifest), "--jobs", str(args.jobs)]
+    if args.memory_reserve_mb is not None:
+        cmd += ["--memory-reserve-mb", str(args.memory_reserve_mb)]
     return [*cmd, "--trials", str(args.trials), "--perf-trials", str(args.perf_trials)]
 
 
 def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     manifest = eval_set.write_manifest(work / "manifest.jsonl", pairs)
-    world, ready_s = krex_world(args, work, env)
-    print(f"(a) arbiter and {args.jobs} warm workers ready in {ready_s:.1f} s (not counted)", flush=True)
-    by_path = {str(p.candidate.resolve()): p.id for p in pairs}
-    try:
-        t0 = time.perf_counter()
-        with open(work / "krex.out", "w") as out, open(work / "krex.err", "w") as err:
-            code = subprocess.run(krex_command(manifest, args), env=world.env, stdout=out, stderr=err).returncode
-        wall_s = time.perf_counter() - t0
-        recycled = world.recycled()
-    finally:
-        world.stop()
+    foreign: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if args.foreign:  # before the pool: its workers start beside them, as a user's would
+            foreign = stack.enter_context(
+                foreign_processes(args.foreign, args.foreign_gib, backend=args.backend, busy=args.foreign_busy)
+            )
+            print(f"(a) beside {len(foreign)} foreign GPU processes: {foreign}", flush=True)
+        t_pool = time.perf_counter()
+        world, ready_s = krex_world(args, work, env)
+        if args.overlap_pool_start:
+            print(f"(a) the pool answered in {ready_s:.1f} s: the batch begins on its first worker ready", flush=True)
+        else:
+            print(
+                f"(a) arbiter and {args.jobs} warm workers ready in {ready_s:.1f} s, the first in "
+                f"{world.first_worker_s or 0:.1f} s (not counted)",
+                flush=True,
+            )
+        by_path = {str(p.candidate.resolve()): p.id for p in pairs}
+        try:
+            t0 = time.perf_counter()
+            with open(work / "krex.out", "w") as out, open(work / "krex.err", "w") as err:
+                code = subprocess.run(krex_command(manifest, args), env=world.env, stdout=out, stderr=err).returncode
+            wall_s = time.perf_counter() - t0
+            wall_from_pool_start_s = time.perf_counter() - t_pool
+            recycled = world.recycled()
+            first_s, all_s = world.first_worker_s, world.all_ready_s
+        finally:
+            world.stop()
     results: dict[str, list[dict[str, Any]]] = {p.id: [] for p in pairs}
     strays = []
     for line in (work / "krex.out").read_text().splitlines():
@@ -306,6 +349,11 @@ def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: 
     return {
         "wall_s": wall_s,
         "pool_ready_s": ready_s,
+        "pool_first_worker_s": first_s,
+        "pool_all_ready_s": all_s,
+        "overlap_pool_start": args.overlap_pool_start,
+        "wall_from_pool_start_s": wall_from_pool_start_s,
+        "foreign_processes": foreign,
         "exit_code": code,
         "command": " ".join(krex_command(manifest, args)[1:]),
         "stderr_tail": (work / "krex.err").read_text()[-3000:],
@@ -313,96 +361,6 @@ def run_krex(pairs: list[eval_set.Pair], env: dict[str, str], work: Path, args: 
         "workers_recycled": recycled,
         "results": results,
     }
-
-
-def runtime_of(rec: dict[str, Any] | None) -> float | None:
-    """A correct result's runtime (µs), else None."""
-    if not rec or not rec.get("correctness") or float(rec.get("runtime") or -1) <= 0:
-        return None
-    return float(rec["runtime"])
-
-
-def deviations(base: dict[str, Any], other: dict[str, Any], long_us: float) -> dict[str, Any]:
-    """|other/base - 1| in percent over the pairs both timed whose base runtime is over ``long_us``."""
-    devs = {}
-    for pid, b in base.items():
-        rb, ro = runtime_of(b), runtime_of(other.get(pid))
-        if rb is not None and ro is not None and rb > long_us:
-            devs[pid] = (ro / rb - 1.0) * 100.0
-    mags = [abs(x) for x in devs.values()]
-    return {
-        "n": len(devs),
-        "median_abs_pct": statistics.median(mags) if mags else None,
-        "p95_abs_pct": percentile(mags, 0.95) if mags else None,
-        "max_abs_pct": max(mags) if mags else None,
-        "per_pair_pct": devs,
-    }
-
-
-def regions_of(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    parts = [part for recs in results.values() for r in recs for part in (r.get("regions") or [])]
-    regions = [p["region"] for p in parts if p.get("region")]
-    return {
-        "timed_parts": len(parts),
-        "in_regions": len(regions),
-        "degraded": sum(1 for r in regions if r.get("degraded")),
-        "cached_reference_parts": sum(1 for p in parts if p.get("cached")),
-    }
-
-
-def summarise(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    base, krex = result["baseline"], result["krex"]
-    firsts = {pid: recs[0] for pid, recs in krex["results"].items() if recs}
-    long_us = args.long_ms * 1000.0
-    summary: dict[str, Any] = {
-        "pairs": len(result["pairs"]),
-        "problems": len({p.split("/")[0] for p in result["pairs"]}),
-        "kinds": {k: sum(1 for p in result["pairs"] if p.endswith("/" + k)) for k in args.kinds},
-        "baseline_wall_s": base["wall_s"],
-        "krex_wall_s": krex["wall_s"],
-        "wall_ratio": base["wall_s"] / krex["wall_s"] if krex["wall_s"] > 0 else None,
-        "wall_ratio_with_pool_start": base["wall_s"] / (krex["wall_s"] + krex["pool_ready_s"]),
-        "krex_results_per_pair": {pid: len(recs) for pid, recs in krex["results"].items()},
-        "baseline_results_per_pair": {pid: r.get("results", 0) for pid, r in base["evals"].items()},
-        "correct": {
-            "baseline": sum(1 for r in base["evals"].values() if r.get("correctness")),
-            "krex": sum(1 for r in firsts.values() if r.get("correctness")),
-        },
-        "verdicts_differ": sorted(
-            pid
-            for pid, r in base["evals"].items()
-            if bool(r.get("correctness")) != bool(firsts.get(pid, {}).get("correctness"))
-        ),
-        "long_ms": args.long_ms,
-        "deviation_krex_vs_baseline": deviations(base["evals"], firsts, long_us),
-        "regions": regions_of(krex["results"]),
-    }
-    summary["exactly_one_result_each"] = all(n == 1 for n in summary["krex_results_per_pair"].values()) and all(
-        n == 1 for n in summary["baseline_results_per_pair"].values()
-    )
-    if result.get("alone"):
-        summary["deviation_alone_vs_baseline"] = deviations(base["evals"], result["alone"]["evals"], long_us)
-    return summary
-
-
-def report(s: dict[str, Any]) -> None:
-    def dev(d: dict[str, Any]) -> str:
-        if not d or not d["n"]:
-            return "no pair to compare"
-        pcts = f"median {d['median_abs_pct']:.2f}% p95 {d['p95_abs_pct']:.2f}% max {d['max_abs_pct']:.2f}%"
-        return f"|dev| {pcts} (n={d['n']})"
-
-    ratio = f"{s['wall_ratio']:.2f}x" if s["wall_ratio"] else "n/a"
-    print(f"pairs {s['pairs']} over {s['problems']} problems, kinds {s['kinds']}")
-    print(f"wall: (b) KernelBench way {s['baseline_wall_s']:.1f} s, (a) KREX {s['krex_wall_s']:.1f} s: {ratio}")
-    print(f"      with the pool's start counted in (a): {s['wall_ratio_with_pool_start']:.2f}x")
-    print(f"runtime > {s['long_ms']} ms, (a) vs (b): {dev(s['deviation_krex_vs_baseline'])}")
-    if "deviation_alone_vs_baseline" in s:
-        print(f"runtime > {s['long_ms']} ms, (b') alone vs (b): {dev(s['deviation_alone_vs_baseline'])}")
-    print(
-        f"correct: (b) {s['correct']['baseline']}, (a) {s['correct']['krex']}; verdicts differ: {s['verdicts_differ']}"
-    )
-    print(f"regions: {s['regions']}; one result per pair each way: {s['exactly_one_result_each']}")
 
 
 def _interrupt(signum: int, frame: Any) -> None:

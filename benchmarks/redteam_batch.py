@@ -1,8 +1,9 @@
 """The red-team corpus in company: every cheat that forges speed, its honest twin and (with
 ``--kernelbench DIR``) KernelBench's own adversarial kernels, all in ONE batch of ``--jobs``
 concurrent evaluations, beside ``--hogs`` foreign GPU processes holding ``--hog-gib`` GiB each
-(on a GPU; on a CPU there are no hogs). A cheat is forged when it is ``correct`` at a time its twin
-of the same batch cannot explain (``tests/evaluate/redteam/harness.py``'s rule); a KernelBench
+and looping matmuls (benchmarks/foreign.py; on a GPU only). A cheat is forged when it is
+``correct`` at a time its twin of the same batch cannot explain (``tests/evaluate/redteam/
+harness.py``'s rule); a KernelBench
 kernel when it is ``correct`` above KernelBench's own speedup threshold.
 
     python benchmarks/redteam_batch.py --jobs 16 --hogs 3 --hog-gib 20 --kernelbench .kb
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, machine, nvidia_smi, write_result
-from hogs import foreign_hogs
+from foreign import foreign_processes
 
 sys.path.insert(0, str(REPO))
 
@@ -74,7 +75,11 @@ def main(argv: list[str] | None = None) -> Path:
     records: dict[int, BatchRecord] = {}
     t0 = time.perf_counter()
     try:
-        hogs = foreign_hogs(args.hogs, args.hog_gib) if gpu and args.hogs else contextlib.nullcontext([])
+        hogs = (
+            foreign_processes(args.hogs, args.hog_gib, backend="nvidia", busy=True)
+            if gpu and args.hogs
+            else contextlib.nullcontext([])
+        )
         with hogs:
             run_batch(
                 pairs,

@@ -62,6 +62,7 @@ __all__ = [
     "check",
     "dashboard",
     "evaluate",
+    "evaluate_many",
     "exclusive",
     "submit",
 ]
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from .dashboard import dashboard
     from .evaluate import Evaluation
     from .evaluate.api import evaluate
+    from .evaluate.many import evaluate_many
     from .protocol import RegionSpec
     from .region_report import RegionReport
     from .workers.client import submit
@@ -105,6 +107,10 @@ def __getattr__(name: str) -> Any:
 
         package = importlib.import_module(".evaluate", __name__)
         return package if name == "evaluate" else getattr(package, name)
+    if name == "evaluate_many":  # many pairs over every GPU of the node
+        from .evaluate.many import evaluate_many
+
+        return evaluate_many
     if name == "submit":
         from .workers.client import submit
 

@@ -7,7 +7,8 @@
 
 Client side: :mod:`.api` (``evaluate``), :mod:`.orchestrate` (the phases on one leased worker),
 :mod:`.source` (reading programs, telling their format), :mod:`.cache` (builds, reference times),
-:mod:`.batch` and :mod:`.cli` (``krex eval``), :mod:`.mcp_server` (``krex mcp``). Worker side:
+:mod:`.batch` and :mod:`.cli` (``krex eval``), :mod:`.many` (``evaluate_many``: many pairs over every GPU,
+admitted by GPU memory: :mod:`.admission`), :mod:`.mcp_server` (``krex mcp``). Worker side:
 :mod:`.phases` (load, check, timing), the formats :mod:`.kernelbench` and :mod:`.gpumode`,
 :mod:`.checking` (one trial), :mod:`.tensors`, :mod:`.guards`, :mod:`.timers`. Both:
 :mod:`.result` (``Evaluation``) and :mod:`.options`. Importing this package imports no torch.
@@ -21,9 +22,20 @@ import types
 from typing import Any
 
 from .api import evaluate
+from .many import evaluate_many
 from .result import FORMATS, METHODS, VERDICTS, CaseResult, Evaluation, TimedPart, TimingStats
 
-__all__ = ["FORMATS", "METHODS", "VERDICTS", "CaseResult", "Evaluation", "TimedPart", "TimingStats", "evaluate"]
+__all__ = [
+    "FORMATS",
+    "METHODS",
+    "VERDICTS",
+    "CaseResult",
+    "Evaluation",
+    "TimedPart",
+    "TimingStats",
+    "evaluate",
+    "evaluate_many",
+]
 
 
 class _CallableModule(types.ModuleType):

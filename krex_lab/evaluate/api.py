@@ -42,6 +42,7 @@ def evaluate(
     memory_limit_mb: int | None = None,
     output_limit_mb: int | None = None,
     exclusive: bool = True,
+    memory_budget_mb: int | None = None,
     pool: PoolClient | None = None,
     progress: Progress | None = None,
 ) -> Evaluation:
@@ -65,7 +66,9 @@ def evaluate(
     ``time_reference=False``: no reference time, no speedup. ``timeouts``: seconds per phase
     (``load``, ``check``, ``time``). ``memory_limit_mb``: host memory the candidate may add;
     ``output_limit_mb``: what it may print per phase. ``exclusive=False`` times without a
-    region (the result says so). ``pool``: a :class:`~krex_lab.workers.client.PoolClient`
+    region (the result says so). ``memory_budget_mb``: GPU memory the timed rounds' input sets
+    may take (default 512 MiB; :func:`evaluate_many` and ``krex eval --batch`` size it to the
+    memory free when they admit the evaluation). ``pool``: a :class:`~krex_lab.workers.client.PoolClient`
     (default: this user's, started on demand). ``progress``: called with ``(phase, detail)`` as
     the evaluation moves (``queued``, ``load``, ``check``, ``time``, ``done``; :mod:`.progress`).
 
@@ -100,6 +103,7 @@ def evaluate(
         memory_limit_mb=memory_limit_mb,
         output_limit_mb=output_limit_mb,
         exclusive=exclusive,
+        memory_budget_mb=memory_budget_mb,
     )
     with reporting(progress):
         phase_started("queued", job.task.path if job.task is not None else job.reference.label)

@@ -15,13 +15,9 @@ with verdict ``error`` and the reason in ``metadata``.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import sys
-import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -29,30 +25,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from .options import EvaluateArgs
-from .result import Evaluation
+from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
 
 if TYPE_CHECKING:
     from ..workers.client import PoolClient
+    from .admission import MemoryPolicy
 
-__all__ = ["BatchRecord", "Pair", "parse_manifest", "run_batch"]
-
-#: what a JSON manifest line may set for its pair
-PAIR_OPTIONS = (
-    "format",
-    "gpu",
-    "timing",
-    "mode",
-    "tests",
-    "benchmarks",
-    "trials",
-    "perf_trials",
-    "measure",
-    "seed",
-    "strict",
-    "atol",
-    "rtol",
-    "max_case_s",
-)
+__all__ = ["PAIR_OPTIONS", "BatchRecord", "Pair", "Progress", "error_result", "parse_manifest", "run_batch"]
 
 #: GPU MODE cases on a manifest line: their text, or a list of lines or argument objects
 _ManifestCases = str | list[str | dict[str, Any]]
@@ -82,28 +61,6 @@ class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def options(self) -> EvaluateArgs:
         """The options the line sets (checked by type on decoding)."""
         return cast(EvaluateArgs, {k: v for k in PAIR_OPTIONS if (v := getattr(self, k)) is not UNSET})
-
-
-@dataclass
-class Pair:
-    """One pair of a manifest, made by :func:`parse_manifest`, evaluated by :func:`run_batch`."""
-
-    index: int
-    line: int
-    reference: str = ""
-    candidate: str = ""
-    id: str | None = None
-    options: EvaluateArgs = field(default_factory=lambda: EvaluateArgs())
-    #: why the line could not be read (the pair's result is an error)
-    problem: str | None = None
-
-
-class BatchRecord(Evaluation, kw_only=True):
-    """One line of a batch's output: the pair's :class:`Evaluation`, its ``index`` in the
-    manifest (from 0) and its ``id`` (as given, else the candidate's path)."""
-
-    index: int
-    id: str
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -141,56 +98,6 @@ def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
     return pairs
 
 
-def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
-    return Evaluation(
-        format=pair.options.get("format", "unknown"),
-        verdict="error",
-        summary=f"error: {message.splitlines()[0] if message else ''}",
-        reference=pair.reference,
-        candidate=pair.candidate,
-        metadata={key: message},
-    )
-
-
-def evaluate_pair(pair: Pair, defaults: EvaluateArgs, pool: PoolClient | None) -> Evaluation:
-    """One pair's result, whatever happens (never raises)."""
-    from .api import evaluate
-
-    if pair.problem is not None:
-        return error_result(pair, pair.problem, "manifest_error")
-    args = EvaluateArgs(**defaults)
-    args.update(pair.options)
-    try:
-        return evaluate(pair.reference, pair.candidate, pool=pool, **args)
-    except Exception as exc:
-        return error_result(pair, f"{type(exc).__name__}: {exc}")
-
-
-class Progress:
-    """One status line on a terminal (``\\r``-rewritten): done/total and the verdicts so far."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total, self.stream = total, stream
-        self.done = 0
-        self.verdicts: Counter[str] = Counter()
-        self.enabled = stream.isatty()
-
-    def update(self, verdict: str) -> None:
-        self.done += 1
-        self.verdicts[verdict] += 1
-        if self.enabled:
-            width = 30
-            filled = int(width * self.done / max(1, self.total))
-            counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {counts}\x1b[K")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 def run_batch(
     pairs: Sequence[Pair],
     *,
@@ -199,23 +106,11 @@ def run_batch(
     pool: PoolClient | None,
     emit: Callable[[BatchRecord], None],
     progress: TextIO | None = None,
+    memory: MemoryPolicy | None = None,
 ) -> Counter[str]:
-    """Evaluate ``pairs``, ``jobs`` at once; ``emit`` each result as it finishes, exactly once
-    per pair. Returns the count of each verdict."""
-    bar = Progress(len(pairs), progress or sys.stderr)
-    lock = threading.Lock()
+    """Evaluate ``pairs``, ``jobs`` at once over every GPU the pool serves, admitted by GPU memory
+    (:mod:`.many`, :mod:`.admission`); ``emit`` each result as it finishes, exactly once per pair.
+    Returns the count of each verdict."""
+    from .many import run_pairs
 
-    def one(pair: Pair) -> None:
-        ev = evaluate_pair(pair, defaults, pool)
-        pair_id = pair.id if pair.id is not None else pair.candidate
-        record = BatchRecord(index=pair.index, id=pair_id, **msgspec.structs.asdict(ev))
-        with lock:
-            emit(record)
-            bar.update(ev.verdict)
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="krex-eval") as ex:
-        futures = [ex.submit(one, p) for p in pairs]
-        for future in concurrent.futures.as_completed(futures):
-            future.result()
-    bar.close()
-    return bar.verdicts
+    return run_pairs(pairs, jobs=jobs, defaults=defaults, pool=pool, emit=emit, progress=progress, memory=memory)

@@ -26,6 +26,16 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "run"]
 
 
+def _mib(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid MiB: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -104,6 +114,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             help=f"time limit of the {phase} phase (default {default} s)",
         )
     p.add_argument("--no-region", dest="exclusive", action="store_false", help="time without a region (shared GPU)")
+    memory = p.add_argument_group("with --batch: admission by GPU memory")
+    memory.add_argument(
+        "--memory-reserve-mb",
+        type=_mib,
+        default=1024,
+        metavar="MIB",
+        help="GPU memory kept free on every GPU beyond the admitted evaluations' footprints (default 1024)",
+    )
+    memory.add_argument(
+        "--memory-unknown-mb",
+        type=_count,
+        default=2048,
+        metavar="MIB",
+        help="the least footprint an evaluation of a problem not measured yet is admitted with (it counts "
+        "the largest measured so far where that is more; default 2048)",
+    )
+    memory.add_argument(
+        "--memory-attempts",
+        type=_count,
+        default=4,
+        metavar="N",
+        help="runs of a pair at most while its out-of-memory errors are someone else's (default 4)",
+    )
+    memory.add_argument(
+        "--no-memory-admission",
+        dest="memory_admission",
+        action="store_false",
+        help="start evaluations as workers are free, whatever the GPU's memory",
+    )
 
 
 def _options(args: argparse.Namespace) -> EvaluateArgs:
@@ -201,6 +240,7 @@ def _batch(args: argparse.Namespace, options: EvaluateArgs) -> int:
 
     from ..errors import KrexError
     from ..workers.client import default_client
+    from .admission import MemoryPolicy
     from .batch import parse_manifest, run_batch
 
     if args.batch == "-":
@@ -225,7 +265,13 @@ def _batch(args: argparse.Namespace, options: EvaluateArgs) -> int:
         except KrexError as exc:  # every pair still gets its line, saying why
             pairs = [p if p.problem else replace(p, problem=f"no pool: {exc}") for p in pairs]
             pool = None
-        verdicts = run_batch(pairs, jobs=args.jobs, defaults=options, pool=pool, emit=emit)
+        memory = MemoryPolicy(
+            reserve_mb=args.memory_reserve_mb,
+            unknown_footprint_mb=args.memory_unknown_mb,
+            attempts=args.memory_attempts,
+            enabled=args.memory_admission,
+        )
+        verdicts = run_batch(pairs, jobs=args.jobs, defaults=options, pool=pool, emit=emit, memory=memory)
     finally:
         if out is not sys.stdout:
             out.close()

@@ -61,6 +61,9 @@ def check_options(kw: Mapping[str, Any]) -> dict[str, float]:
     for name in ("strict", "measure", "exclusive", "retime_reference", "time_reference"):
         if name in kw and not isinstance(kw[name], bool):
             raise ValueError(f"{name} must be True or False, not {kw[name]!r}")
+    budget = kw.get("memory_budget_mb")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise ValueError(f"memory_budget_mb must be a whole number of MiB >= 0, not {budget!r}")
     limits = dict(kw.get("timeouts") or {})
     for phase, seconds in limits.items():
         if phase not in PHASES:

@@ -237,4 +237,6 @@ def region_history(user: str = "", since_hours: float = 24.0, limit: int = 50) -
     return result
 
 
-TOOLS = (evaluate_kernel, gpu_status, region_history)
+from .mcp_many import evaluate_kernels  # noqa: E402 - many pairs over every GPU: a module of its own
+
+TOOLS = (evaluate_kernel, gpu_status, region_history, evaluate_kernels)

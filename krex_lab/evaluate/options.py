@@ -45,6 +45,7 @@ class EvaluateArgs(TypedDict, total=False):
     time_reference: bool
     exclusive: bool
     timeouts: Mapping[str, float] | None
+    memory_budget_mb: int | None
 
 
 #: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <judge pid> <nonce> [candidate pid]``
@@ -99,6 +100,9 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     output_limit_mb: int = 16
     #: time inside a region (False: share the GPU, and the result says so)
     exclusive: bool = True
+    #: GPU memory the input sets of a case may take (MiB; 0: the judge's default, 512): a batch
+    #: sets it from the memory free when it admitted the evaluation
+    memory_budget_mb: int = 0
 
     def limit(self, phase: str) -> float:
         return float(self.limits.get(phase, DEFAULT_LIMITS[phase]))

@@ -223,7 +223,22 @@ class Submit(Request, tag="submit"):
     region_ticket: str | None = None
 
 
-PoolRequest = Union[Ping, PoolStatus, ReleaseLease, Interrupt, Submit]
+class Sized(msgspec.Struct):
+    #: active workers per GPU the pool keeps now (the largest ask of a live client, within its bounds)
+    per_gpu: int
+
+
+class Size(Request, tag="size"):
+    """Keep at least ``per_gpu`` active workers on every GPU while process ``pid`` lives (0: this
+    client asks for nothing any more). A batch sizes the pool to its jobs per GPU this way; the
+    pool keeps the largest ask of its live clients, at most ``max_workers_per_gpu``."""
+
+    reply = Sized
+    per_gpu: int
+    pid: int
+
+
+PoolRequest = Union[Ping, PoolStatus, ReleaseLease, Interrupt, Submit, Size]
 
 
 # -- pool -> client, besides the replies ------------------------------------------------------------

@@ -24,7 +24,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("evalbatch") / "eval_batch.json"
     cmd = [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "04,21", "--jobs", "2"]
     cmd += ["--perf-trials", "5", "--compile-workers", "2", "--long-ms", "0", "--out", str(out)]
+    cmd += ["--foreign", "2", "--foreign-gib", "0.5"]  # beside two foreign processes of 0.5 GiB each
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "OUT"}
+    env["KREX_FAKE_GPU_MEMORY"] = str(out.parent / "gpu-memory")  # the simulated GPU's memory, as NVML's
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data: dict[str, Any] = json.loads(out.read_text())
@@ -125,3 +127,17 @@ def test_the_cuda_toolkit_behind_an_nvcc_wrapper_reaches_both_ways(
     env = eval_batch.base_env(eval_batch.parse(["--backend", "nvidia"]))
     assert env["CUDA_HOME"] == str(toolkit)  # the baseline's processes
     assert "CUDA_HOME" in eval_batch.WORKER_ENV  # the pool's workers
+
+
+def test_the_json_records_pool_start_foreign_processes_and_admission(run: dict[str, Any]) -> None:
+    s = run["summary"]
+    assert 0 < s["pool_first_worker_s"] <= s["pool_ready_s"] == run["krex"]["pool_ready_s"]
+    assert [p["held_gib"] for p in s["foreign_processes"]] == [0.5, 0.5]
+    assert s["verdicts"] == {"correct": 2} and s["requeued_for_memory"] == 0
+    assert s["regions"]["degraded"] == 0 and s["regions"]["degraded_reasons"] == {}
+    for pid in PAIRS:
+        ev = s["evaluations"][pid]
+        assert ev["verdict"] == "correct" and ev["admission"]["gpu"] == 0 and ev["admission"]["attempts"] == 1
+        # the foreign processes' memory was seen: less than the whole simulated GPU was free
+        assert ev["admission"]["free_bytes"] <= (80 << 30) - (1 << 30) - (1024 << 20)
+        assert int(ev["memory"]["footprint"]) > 0

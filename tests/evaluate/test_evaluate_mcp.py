@@ -29,7 +29,7 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
     async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         tools = {t.name: t for t in (await session.list_tools()).tools}
-        assert set(tools) == {"evaluate_kernel", "gpu_status", "region_history"}
+        assert set(tools) == {"evaluate_kernel", "gpu_status", "region_history", "evaluate_kernels"}
         # every option evaluate() takes, each described, the closed ones as enums
         inputs = tools["evaluate_kernel"].input_schema["properties"]
         assert {"atol", "rtol", "seed", "strict", "timing", "mode", "trials", "load_timeout", "check_timeout"} <= set(

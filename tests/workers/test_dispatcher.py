@@ -193,3 +193,24 @@ async def test_a_client_that_exits_takes_its_jobs_and_leases() -> None:
     finally:
         client.kill()
         client.wait()
+
+
+async def test_a_client_sizes_the_pool_per_gpu_while_it_lives() -> None:
+    async with dispatcher(max_workers_per_gpu=3) as (d, _):
+        assert d.size(4242, 5) == 3  # within max_workers_per_gpu
+        await until(lambda: sum(1 for w in d._alive(0) if w.active and w.state == "idle") == 3)
+        d.size(4343, 2)  # a smaller ask beside it changes nothing
+        assert d.wanted_per_gpu() == 3
+        d.client_gone(4242)  # its ask ends with it: the other's stands
+        assert d.wanted_per_gpu() == 2
+        await until(lambda: len(d._alive(0)) == 2)
+        assert d.size(4343, 0) == 1  # asks nothing any more: back to workers_per_gpu
+        await until(lambda: len(d._alive(0)) == 1)
+
+
+def test_workers_start_as_many_at_once_as_the_node_has_cpus() -> None:
+    from krex_lab.workers.pool.service import Pool, default_start_concurrency
+
+    assert default_start_concurrency() == max(2, len(os.sched_getaffinity(0)))
+    trait = Pool.class_traits()["start_concurrency"]
+    assert "node's CPUs" in trait.help  # no Pool is built here: it would hold sockets past the test

@@ -24,6 +24,7 @@ no file the candidate's user can write holds a time that a verdict uses.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 import random
@@ -71,9 +72,16 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+#: GPU memory the running job was admitted with for its input sets (bytes; 0: no admission)
+ADMITTED: contextvars.ContextVar[int] = contextvars.ContextVar("krex_admitted_input_memory", default=0)
+
+
 def budget(device: str) -> int:
-    """Bytes a case's input sets and outputs may take on ``device``."""
-    return _BUDGET.get(device, _BUDGET["cpu"])
+    """Bytes a case's input sets and outputs may take on ``device`` (less on a GPU where the
+    batch admitted the job with less memory free)."""
+    base = _BUDGET.get(device, _BUDGET["cpu"])
+    admitted = ADMITTED.get()
+    return max(16 << 20, min(base, admitted)) if admitted and device == "cuda" else base
 
 
 def method_name(device: str, what: str) -> str:

@@ -36,6 +36,7 @@ from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, Phase
 from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
 from .compare import compare, same, tolerances
+from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
 from .startup import planted_startup_code
@@ -223,11 +224,18 @@ class Judge:
                     if d and os.path.dirname(d) not in sys.path:
                         sys.path.insert(0, os.path.dirname(d))
                 reference = _REFERENCES[ref_key] = _module(job.reference, "reference")
-            self.problem = problem_for(job, reference, self.device, self.salt)
-            self.first = self._trial_data(self.problem.check_cases[0][1])
+            with reference_peak(self.device) as peak:  # the batch admits the next ones by it
+                self.problem = problem_for(job, reference, self.device, self.salt)
+                self.first = self._trial_data(self.problem.check_cases[0][1])
         except Exception as exc:
             result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
             return result
+        from .problems import nbytes
+        from .rounds import MAX_SETS
+
+        data, _, answer, _ = self.first
+        per_set = 2 * nbytes(data) + nbytes(answer)  # as a timed round counts a set
+        result.metadata["memory"] = figures(self.device, peak[0], per_set, MAX_SETS)
         t0 = time.perf_counter()
         try:
             try:
@@ -552,6 +560,10 @@ def _run(job: Job) -> PhaseResults:
         )
         mark("done", nonce)
         return PhaseResults(load=loaded)
+    from .rounds import ADMITTED
+
+    # every job sets its own (0: none), so that no job's admission outlives it on this worker
+    ADMITTED.set(job.options.memory_budget_mb << 20)  # input sets sized to the memory free at admission
     judge = Judge(job)
     last: PhaseResult
     loaded = judge.load()

@@ -54,6 +54,8 @@ from ..wire import (
     PoolStatus,
     PoolTable,
     ReleaseLease,
+    Size,
+    Sized,
     Submit,
     decode_incoming,
 )
@@ -408,6 +410,12 @@ class PoolClient:
         if result.ok:
             return cloudpickle.loads(result.value)
         raise exception_of(result)
+
+    def size(self, per_gpu: int) -> int:
+        """Ask the pool to keep ``per_gpu`` active workers on every GPU while this process lives
+        (0: no more); returns what it keeps now (within its ``max_workers_per_gpu``)."""
+        sized: Sized = self._request(Size(per_gpu=per_gpu, pid=os.getpid()))
+        return sized.per_gpu
 
     def status(self) -> PoolTable:
         """Workers per GPU (state, pid, lease, jobs run), gates, queue, leases, counters."""

@@ -68,6 +68,8 @@ class Dispatcher:
         #: GPUs where one of our jobs runs with exclusive=True: closed to our other jobs at once,
         #: before the arbiter's gate event could arrive
         self.exclusive_gpus: dict[int, str] = {}
+        #: client pid -> active workers per GPU it asked for (a batch's jobs per GPU)
+        self.asked: dict[int, int] = {}
         self.set_gpus(gpus or [])
 
     def set_gpus(self, gpus: list[int]) -> None:
@@ -201,6 +203,23 @@ class Dispatcher:
                 job.timers.append(asyncio.get_running_loop().call_later(self.config.interrupt_grace, force))
         for lease in [le for le in self.leases.values() if le.owner_pid == pid]:
             self.release_lease(lease.key)
+        if self.asked.pop(pid, None) is not None:
+            self.rebalance()
+
+    def size(self, pid: int, per_gpu: int) -> int:
+        """Client ``pid`` asks for ``per_gpu`` active workers per GPU (0: no more); the pool keeps the
+        largest live ask, within ``max_workers_per_gpu``. Returns what it keeps now."""
+        if per_gpu > 0:
+            self.asked[pid] = per_gpu
+        else:
+            self.asked.pop(pid, None)
+        self.rebalance()
+        return self.wanted_per_gpu()
+
+    def wanted_per_gpu(self) -> int:
+        asked = max(self.asked.values(), default=0)
+        bound = max(self.config.max_workers_per_gpu, self.config.workers_per_gpu)
+        return min(bound, max(self.config.workers_per_gpu, asked))
 
     def finish(self, job: Job, result: JobResult) -> None:
         """Send the job's one result (a second call for the same job does nothing)."""
@@ -394,7 +413,8 @@ class Dispatcher:
 
     def target_active(self, gpu: int) -> int:
         leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
-        return min(self.config.max_workers_per_gpu, max(self.config.workers_per_gpu, leased + 1))
+        bound = max(self.config.max_workers_per_gpu, self.config.workers_per_gpu)
+        return min(bound, max(self.wanted_per_gpu(), leased + 1))
 
     def rebalance(self) -> None:
         if self.closing:

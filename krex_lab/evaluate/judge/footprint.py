@@ -1,0 +1,69 @@
+"""What one evaluation takes of its GPU's memory, measured in the judge for the batch's admission.
+
+The reference's peak is measured around its first use (the model built, the first trial's inputs
+drawn, its first answer computed): ``torch.cuda.max_memory_allocated`` on a GPU, the simulated
+allocator's peak on the fake backend (:mod:`krex_lab.gpu.fake`), nothing on a plain CPU. The
+footprint a batch admits an evaluation by is then
+
+* the judge's side: the reference's peak twice (its model and answers, the pristine copies and
+  the compared outputs of a trial), and the timed rounds' input sets: as many as a round may have
+  (``MAX_SETS``) of the first trial's size (its inputs twice, with their pristine copies, and its
+  output), within the judge's default budget (:data:`INPUT_SETS`);
+* the candidate's allowance: twice the reference's peak, at least :data:`MIN_ALLOWANCE` (a
+  candidate builds a model like the reference's and computes outputs like its own).
+
+A candidate that runs out of GPU memory while it holds more than its allowance has used more than
+its share: that is its verdict. Below it, the memory was someone else's (another evaluation, a
+neighbour) and the batch runs the evaluation again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+__all__ = ["MIN_ALLOWANCE", "figures", "reference_peak"]
+
+#: the least GPU memory a candidate is allowed, whatever the reference takes
+MIN_ALLOWANCE = 512 << 20
+#: the judge's budget for a case's input sets, where no admission asked for less (``rounds.budget``)
+INPUT_SETS = {"cuda": 512 << 20, "cpu": 256 << 20}
+
+
+@contextlib.contextmanager
+def reference_peak(device: str) -> Iterator[list[int]]:
+    """Bytes the block took at its peak, beyond what was allocated before it (``[0]`` at exit)."""
+    out = [0]
+    torch = sys.modules.get("torch")
+    if device == "cuda" and torch is not None:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            yield out
+        finally:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+                out[0] = max(0, torch.cuda.max_memory_allocated() - before)
+        return
+    from ...gpu.fake import simulated_peak
+
+    simulated_peak(reset=True)
+    try:
+        yield out
+    finally:
+        out[0] = simulated_peak()
+
+
+def figures(device: str, peak: int, per_set: int, max_sets: int) -> dict[str, str]:
+    """The evaluation's footprint, by part, in bytes (``metadata["memory"]``): ``per_set`` is one
+    input set's size with its pristine copy and output, ``max_sets`` the most a round may have."""
+    input_sets = min(INPUT_SETS.get(device, INPUT_SETS["cpu"]), max(1, per_set) * max_sets)
+    allowance = max(MIN_ALLOWANCE, 2 * peak)
+    return {
+        "reference_peak": str(peak),
+        "input_sets": str(input_sets),
+        "candidate_allowance": str(allowance),
+        "footprint": str(2 * peak + input_sets + allowance),
+    }

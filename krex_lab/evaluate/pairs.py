@@ -1,0 +1,103 @@
+"""A batch's pairs and results, shared by :mod:`.batch` (manifests, ``krex eval --batch``) and
+:mod:`.many` (``evaluate_many``, the engine): :class:`Pair`, :class:`BatchRecord`, the error result
+of a pair that cannot run, and the progress line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .options import EvaluateArgs
+from .result import Evaluation
+
+__all__ = ["PAIR_OPTIONS", "BatchRecord", "Pair", "Progress", "error_result"]
+
+#: what a JSON manifest line may set for its pair
+PAIR_OPTIONS = (
+    "format",
+    "gpu",
+    "timing",
+    "mode",
+    "tests",
+    "benchmarks",
+    "trials",
+    "perf_trials",
+    "measure",
+    "seed",
+    "strict",
+    "atol",
+    "rtol",
+    "max_case_s",
+)
+
+
+@dataclass
+class Pair:
+    """One pair of a manifest, made by :func:`parse_manifest`, evaluated by :func:`run_batch`."""
+
+    index: int
+    line: int
+    reference: str = ""
+    candidate: str = ""
+    id: str | None = None
+    options: EvaluateArgs = field(default_factory=lambda: EvaluateArgs())
+    #: why the line could not be read (the pair's result is an error)
+    problem: str | None = None
+
+
+class BatchRecord(Evaluation, kw_only=True):
+    """One line of a batch's output: the pair's :class:`Evaluation`, its ``index`` in the
+    manifest (from 0) and its ``id`` (as given, else the candidate's path)."""
+
+    index: int
+    id: str
+
+
+def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
+    return Evaluation(
+        format=pair.options.get("format", "unknown"),
+        verdict="error",
+        summary=f"error: {message.splitlines()[0] if message else ''}",
+        reference=pair.reference,
+        candidate=pair.candidate,
+        metadata={key: message},
+    )
+
+
+class Progress:
+    """One status line on a terminal (``\\r``-rewritten): done/total, the verdicts so far, and how
+    many pairs wait for GPU memory."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total, self.stream = total, stream
+        self.done = 0
+        self.verdicts: Counter[str] = Counter()
+        self.enabled = stream.isatty()
+        self.memory_waits = 0
+
+    def update(self, verdict: str) -> None:
+        self.done += 1
+        self.verdicts[verdict] += 1
+        self._draw()
+
+    def waiting(self, n: int) -> None:
+        """``n`` pairs wait in the queue for GPU memory (said on the line while there are any)."""
+        if n != self.memory_waits:
+            self.memory_waits = n
+            self._draw()
+
+    def _draw(self) -> None:
+        if self.enabled:
+            width = 30
+            filled = int(width * self.done / max(1, self.total))
+            counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
+            wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
+            bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+            self.stream.write(f"\r{bar} {counts}{wait}\x1b[K")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()

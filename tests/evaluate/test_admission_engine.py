@@ -1,0 +1,74 @@
+"""The batch engine's scheduling alone: its evaluations replaced by timed stand-ins, the GPUs'
+memory by a reader of set figures (the engine's own code, threads and lock are real)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+from krex_lab.evaluate.admission import GpuMemory, MemoryPolicy
+from krex_lab.evaluate.many import _Engine
+from krex_lab.evaluate.pairs import Pair, Progress
+from krex_lab.evaluate.result import Evaluation
+
+GiB = 1 << 30
+
+
+class Engine(_Engine):
+    """Each evaluation sleeps ``seconds[candidate]`` (else ``seconds[reference]``) and says where it
+    ran and when."""
+
+    def __init__(self, pairs: list[Pair], gpus: list[int], total: int, seconds: dict[str, float], **kw: object) -> None:
+        self.seconds = seconds
+        self.spans: list[tuple[str, int | None, float, float]] = []
+        self.lock = threading.Lock()
+        out: list[object] = []
+        policy = MemoryPolicy(poll_s=0.02, **kw)  # type: ignore[arg-type]
+        super().__init__(
+            pairs,
+            jobs=len(pairs),
+            defaults={},
+            pool=None,
+            emit=out.append,
+            bar=Progress(len(pairs), io.StringIO()),
+            policy=policy,
+            gpus=gpus,
+        )
+        self.out = out
+        self.admission.read = lambda: {g: GpuMemory(total, 0) for g in gpus}
+        self.admission.refresh(force=True)
+
+    def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None) -> Evaluation:
+        t0 = time.monotonic()
+        time.sleep(self.seconds.get(pair.candidate, self.seconds.get(pair.reference, 0.0)))
+        with self.lock:
+            self.spans.append((pair.reference, gpu, t0, time.monotonic()))
+        return Evaluation(format="kernelbench", verdict="correct", summary="", reference="", candidate="")
+
+
+def _pairs(refs: list[str]) -> list[Pair]:
+    return [Pair(index=i, line=i, reference=r, candidate=f"c{i}") for i, r in enumerate(refs)]
+
+
+def test_pairs_spread_over_every_gpu() -> None:
+    engine = Engine(_pairs(["a"] * 8), gpus=list(range(8)), total=80 * GiB, seconds={"a": 0.3})
+    engine.run()
+    assert len(engine.out) == 8
+    assert sorted(g for _, g, _, _ in engine.spans) == list(range(8))  # one on each GPU, at once
+
+
+def test_a_pair_that_waited_too_long_is_not_starved_by_smaller_ones() -> None:
+    # two small ones fit at a time, the big one alone; the small ones end staggered (c0 first), so one
+    # of them always runs and the big one never fits beside it
+    refs = ["small", "small", "big", *["small"] * 8]
+    seconds = {"small": 0.2, "big": 0.05, "c0": 0.1}
+    engine = Engine(_pairs(refs), gpus=[0], total=10 * GiB, seconds=seconds, reserve_mb=0, max_wait_s=0.3)
+    engine.footprints = {"small||None|None": 4 * GiB, "big||None|None": 9 * GiB}  # measured before
+    engine.run()
+    assert len(engine.out) == len(refs)
+    (big,) = [s for s in engine.spans if s[0] == "big"]
+    smalls = [s for s in engine.spans if s[0] == "small"]
+    assert not any(s[2] < big[3] and s[3] > big[2] for s in smalls), "the big one ran alone"
+    assert any(s[2] >= big[3] for s in smalls), "smaller ones waited behind it"
+    assert big[2] - min(s[2] for s in smalls) < 2.0, "it was not starved"
