@@ -108,14 +108,19 @@ def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subpr
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])),
     }
     profile = ["-m", "cProfile", "-o", os.environ["KREX_PROF"]] if os.environ.get("KREX_PROF") else []
-    arbiter = subprocess.Popen(
-        [sys.executable, *profile, "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=subprocess.PIPE, text=True
-    )
+    # Its log goes to a file: a pipe nobody reads fills up (64 KiB) and blocks the arbiter's next
+    # write, which stalls every region of a long run.
+    log = runtime / "arbiter.log"
+    with open(log, "w") as err:
+        arbiter = subprocess.Popen(
+            [sys.executable, *profile, "-m", "krex_lab.cli", "arbiter", *args], env=env, stderr=err, text=True
+        )
     deadline = time.monotonic() + timeout
     while not (runtime / "arbiter.sock").exists():
         if arbiter.poll() is not None or time.monotonic() > deadline:
             arbiter.kill()
-            raise SystemExit(f"arbiter did not start: {arbiter.stderr.read() if arbiter.stderr else ''}")
+            arbiter.wait()
+            raise SystemExit(f"arbiter did not start: {log.read_text()[-4000:]}")
         time.sleep(0.05)
     return arbiter, env
 

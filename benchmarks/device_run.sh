@@ -28,6 +28,17 @@ for stage in "${stages[@]}"; do
       KREX_GPU_DIAG="$OUT/diag" timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
         --tb=short --timeout 200 -m gpu tests/gpu -o addopts="" > "$OUT/gpu_tests.log" 2>&1
       grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests.log" | tail -40 ;;
+    gputests-guard)  # tests/gpu whole with Arbiter.guard_neighbours on and the region tests on the cpuset shield
+      KREX_GUARD_NEIGHBOURS=1 KREX_TEST_SHIELD=${GUARD_SHIELD:-cpuset} KREX_GPU_DIAG="$OUT/diag-guard" \
+        timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
+        --tb=short --timeout 200 -m gpu tests/gpu -o addopts="" > "$OUT/gpu_tests_guard.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_tests_guard.log" | tail -40 ;;
+    latency-shields)  # the round trip with 0/3/15 idle siblings, guard_neighbours on, for each shield mode
+      for shield in cpuset affinity sessions; do
+        timeout 200 python3 benchmarks/arbiter_latency.py --backend nvidia --cuda --counts 0,3,15 --modes idle \
+          --shield $shield --arbiter-option=--Arbiter.guard_neighbours=True --rounds ${LATENCY_ROUNDS:-100} 2>&1 | tail -8 \
+          | tee "$OUT/latency-$shield.log"
+      done ;;
     fidelity)
       timeout 420 python3 benchmarks/fidelity.py ${FIDELITY_ARGS:-} 2>&1 | tail -60 | tee "$OUT/fidelity.log" ;;
     latency)
@@ -100,6 +111,11 @@ for stage in "${stages[@]}"; do
     judge)  # one evaluation at a time on one warm worker, phase by phase (benchmarks/judge_device.py)
       timeout 300 python3 benchmarks/judge_device.py --backend nvidia --problems ${JUDGE_PROBLEMS:-15,13,04,17} \
         --repeat 3 2>&1 | tail -30 | tee "$OUT/judge.log" ;;
+    sandbox)  # the candidate's sandbox on the GPU: its cost per spare (lock, CUDA context inside it, confine) and
+      # its GPU tests (load_inline, Triton, numba inside it; the judge's memory denied); about 2 min
+      timeout 120 python3 benchmarks/sandbox_cost.py --cuda --runs 20 2>&1 | tail -8 | tee "$OUT/sandbox.log"
+      timeout 420 python3 -m pytest -p no:cacheprovider -v -rA --tb=short --timeout 300 -m gpu \
+        tests/gpu/test_sandbox_gpu.py -o addopts="" 2>&1 | tail -15 | tee -a "$OUT/sandbox.log" ;;
     redteam)  # the red-team corpus (tests/evaluate/redteam/: CPU and GPU cheats, each with its honest twin) on the GPU,
       # plus KernelBench's adversarial kernels when a checkout is carried (REDTEAM_ARGS="--kernelbench shared/KernelBench")
       timeout ${REDTEAM_TIMEOUT:-580} python3 benchmarks/redteam.py ${REDTEAM_ARGS:-} 2>&1 | tail -70 | tee "$OUT/redteam.log" ;;

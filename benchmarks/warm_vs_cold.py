@@ -85,8 +85,8 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 CLI_IMPORTS = (
     "import time\n"
     "t0 = time.perf_counter()\n"
-    "from krex_lab.cli import build_parser\n"
-    "build_parser().parse_args(['run', 'script.py'])\n"
+    "from krex_lab.cli import parse_run_args\n"
+    "parse_run_args(['script.py'])\n"
     "import krex_lab.workers.client.pool_client, krex_lab.workers.client.stdin\n"
     "print(time.perf_counter() - t0)\n"
 )

@@ -52,9 +52,27 @@ def _did_you_mean(word: str, known: Sequence[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, sized without ``shutil`` (which it imports for the terminal's width
+    whenever a parser is made: shutil brings bz2, lzma and more to every ``krex run``)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        if width is None:
+            try:
+                columns = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(1).columns
+            except (ValueError, OSError, AttributeError):
+                columns = 80
+            width = columns - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class SuggestingParser(argparse.ArgumentParser):
     """A parser that answers a mistyped choice (``krex exclusiv``) or option (``--josn``) with the
     nearest one it knows (Python 3.11's argparse does not)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         try:
@@ -311,6 +329,20 @@ def _delegate(module: str, run: str = "run") -> tuple[Callable[[argparse.Argumen
     return populate, func
 
 
+RUN_HELP = "run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would"
+RUN_DESCRIPTION = "Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would."
+
+
+def parse_run_args(argv: list[str]) -> argparse.Namespace:
+    """``krex run ARGS``'s parse alone: the warm path builds no other subcommand's parser (the
+    same parser the tree holds under ``run``, its errors and help the same)."""
+    populate, func = _delegate(".workers.client.run_cli")
+    parser = CommandParser(prog="krex run", description=RUN_DESCRIPTION, populate=populate)
+    args = parser.parse_args(argv)
+    args.cmd, args.func = "run", func
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = SuggestingParser(prog="krex", description="KREX Lab: region-granular GPU exclusivity")
     sub = parser.add_subparsers(
@@ -385,12 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_exclusive)
     populate, func = _delegate(".workers.client.run_cli")
-    p = sub.add_parser(
-        "run",
-        help="run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would",
-        description="Run SCRIPT.py on a warm context worker, as `python SCRIPT.py` would.",
-        populate=populate,
-    )
+    p = sub.add_parser("run", help=RUN_HELP, description=RUN_DESCRIPTION, populate=populate)
     p.set_defaults(func=func)
     populate, func = _delegate(".evaluate.cli")
     p = sub.add_parser(
@@ -460,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
     """Every path ends in one line on stderr, ``krex CMD: ...``, and exit 1 when the work failed,
     2 when the call was wrong (:func:`krex_lab.errors.exit_code`; argparse's usage errors too),
     130 on Ctrl-C, 141 when stdout's reader has gone."""
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_run_args(argv[1:]) if argv[:1] == ["run"] else build_parser().parse_args(argv)
     prog = f"krex {args.cmd}"
     try:
         code = args.func(args)

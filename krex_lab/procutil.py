@@ -294,6 +294,15 @@ def _descend(pid: int, first: list[int] | None) -> list[int]:
     return found
 
 
+def parent_state_start(pid: int, kept: bool = False) -> tuple[int, str | None, int | None]:
+    """``pid``'s parent, state letter and start time from one stat read ((0, None, None) once it
+    is gone); ``kept``: through a kept descriptor, as :func:`_stat` says."""
+    fields = _stat_fields(pid, kept)
+    if not fields or len(fields) < 20:
+        return 0, None, None
+    return int(fields[1]), fields[0][:1], int(fields[19])
+
+
 def ancestors(pid: int) -> list[int]:
     """Parents of ``pid`` up to init, nearest first."""
     chain: list[int] = []

@@ -21,7 +21,6 @@ Every failure to decode (bad bytes, a wrong type, a wrong version, nesting too d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypedDict, TypeVar, Union
 
 import msgspec
@@ -92,8 +91,7 @@ class CapabilitiesDict(TypedDict):
     extra: DriverDetail
 
 
-@dataclass
-class Capabilities:
+class Capabilities(msgspec.Struct):
     """Whether the backend can drain another process's GPU work by a driver lock, and why (not)
     (:mod:`krex_lab.gpu.base` re-exports it; it is here so that reading a status table needs no
     backend module)."""
@@ -101,7 +99,7 @@ class Capabilities:
     lock: bool = False
     reason: str = ""
     driver: str = ""
-    extra: DriverDetail = field(default_factory=lambda: DriverDetail())
+    extra: DriverDetail = msgspec.field(default_factory=lambda: DriverDetail())
 
     def to_dict(self) -> CapabilitiesDict:
         return CapabilitiesDict(lock=self.lock, reason=self.reason, driver=self.driver, extra=self.extra.copy())

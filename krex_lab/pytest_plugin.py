@@ -83,7 +83,12 @@ class ArbiterProc:
                 # A test's regions keep other sessions off their cores, never the machine's other
                 # processes (tests running beside it, the developer's shell): the shield's own
                 # tests ask for more.
-                *(() if any("shield" in a for a in self.extra) else ("--Arbiter.shield=sessions",)),
+                # KREX_TEST_SHIELD names another (the GPU run of the region tests with cpuset).
+                *(
+                    ()
+                    if any("shield" in a for a in self.extra)
+                    else (f"--Arbiter.shield={os.environ.get('KREX_TEST_SHIELD') or 'sessions'}",)
+                ),
                 *self.extra,
             ),
             self.log_path,

@@ -32,6 +32,15 @@ _EPOCH = {"unit": "epoch s"}
 REVOKED = "ended by admin"
 
 
+class ShieldIntrusion(msgspec.Struct, kw_only=True):
+    """A process that put its threads back on the region's reserved cores during the region."""
+
+    pid: Annotated[int, Meta(description="the intruding process")] = 0
+    user: Annotated[str, Meta(description="its owner")] = ""
+    times: Annotated[int, Meta(description="how many looks found it there (each put it back)")] = 0
+    seconds: Annotated[float, Meta(description="how long it was there in all, at most")] = 0.0
+
+
 class ShieldReport(msgspec.Struct, kw_only=True):
     """What the region's shield (its reserved cores) did."""
 
@@ -46,6 +55,10 @@ class ShieldReport(msgspec.Struct, kw_only=True):
     irqs_moved: Annotated[int, Meta(description="interrupts steered off the reserved cores")] = 0
     notes: Annotated[
         list[str], Meta(description="why something could not be shielded (said, not a failure of the region)")
+    ] = []
+    intrusions: Annotated[
+        list[ShieldIntrusion],
+        Meta(description="processes that widened their affinity onto the reserved cores and were put back"),
     ] = []
 
 

@@ -17,19 +17,11 @@ pytest.register_assert_rewrite("krex_lab.pytest_plugin")  # imported below, befo
 os.environ.setdefault("KREX_NODE_ENDPOINT", "")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def caches_in_the_tests_temp(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """torch's compile cache (``/tmp/torchinductor_<user>`` by default) goes into pytest's own
-    temporary directory, which pytest rotates, not beside it in /tmp: nothing the suite writes is
-    left in /tmp or in the checkout."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("torchinductor")))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton")))
-
-
 from krex_lab.pytest_plugin import ArbiterProc  # noqa: E402
 from tests.support.procs import Procs, session_processes  # noqa: E402
 
-pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser"]
+# tests.support.leftovers: caches in the run's temporary root; no stray process or file at the end
+pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser", "tests.support.leftovers"]
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ BAD_CALLS = [
     (("history", "--by", "job"), "--by groups --usage: give --usage too"),
     (("exclusive",), "give a command after --"),
     (("run", "no-such-script.py"), "can't open file"),
-    (("eval", "no-such-reference.py", "no-such-candidate.py"), "not a file"),
+    (("eval", "no-such-reference.py", "no-such-candidate.py"), "exists"),
     (("eval", str(problem("kb_softmax"))), "REFERENCE and CANDIDATE are required"),
     (("mcp", "--bogus"), "unrecognized arguments"),
     (("lab", "--backend", "cuda"), "invalid choice"),

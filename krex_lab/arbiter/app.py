@@ -48,6 +48,11 @@ class ArbiterApp(KrexApplication):
         "slurm": ({"Arbiter": {"slurm": True}}, "Record each session's Slurm job, step and account."),
         "no-guardian": ({"Arbiter": {"guardian": False}}, "Do not start the guardian (tests only)."),
         "no-lock-foreign": ({"Arbiter": {"lock_foreign": False}}, "Lock only KREX sessions' GPU processes."),
+        "guard-neighbours": (
+            {"Arbiter": {"guard_neighbours": True}},
+            "Hold regions against their neighbours: cpuset shield where possible, an affinity watch, "
+            "parents journaled before a SIGSTOP freeze (see Arbiter.guard_neighbours).",
+        ),
         "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
     }
 

@@ -30,6 +30,7 @@ from ..enforcement.freeze import Freezer
 from ..enforcement.gate import Gate
 from ..enforcement.isolate import CoreBook, IsolateResult
 from ..enforcement.shield import Shield, ShieldResult, node_pids
+from ..enforcement.watch import AffinityWatch
 from ..gpu.base import GpuProcess
 from ..procutil import boot_ticks, tree, tree_until
 from .journal import Journal
@@ -103,6 +104,10 @@ class Enforcement:
     #: seconds a region's affinity shield stays up after its end for the next region to adopt (0: never)
     linger: float = 0.0
     lingering: LingerSlot = field(default_factory=LingerSlot)
+    #: puts back threads that widen onto an affinity-shielded region's cores (None: no watch)
+    watch: AffinityWatch | None = None
+    #: seconds on the reserved cores past which an intruder degrades the region
+    intrusion_bound: float = 0.1
 
     def lock_journal(self, region: str) -> Callable[[list[tuple[int, int]]], None]:
         """What the locker journals its locks with, for ``region``."""
@@ -170,6 +175,9 @@ def isolate(steps: Enforcement, region: Region, roots: list[int], apart: set[int
     if linger is not None and region.shielded.adopted:
         result.seen |= linger.seen
     region.shielded.processes = len(result.moved_pids)
+    if steps.watch is not None and region.shielded.mode == "affinity" and result.cores:
+        region.shielded.intrusion_bound = steps.intrusion_bound
+        steps.watch.add(region.id, set(result.cores), region.session.pid, region.shielded.walked, frozen | set(holder))
     return result
 
 
@@ -180,6 +188,8 @@ def unisolate(steps: Enforcement, region: Region) -> Linger | None:
     restore inherited the narrowed mask and must be seen. With ``steps.linger``, an affinity
     shield stays up instead (only the holder's threads get theirs back) and is returned: the
     caller ends it with :func:`end_linger` unless the next region adopted it first."""
+    if steps.watch is not None:
+        region.shielded.intrusions = steps.watch.remove(region.id)
     region.isolated.failed.extend(steps.shield.give_back(region.id))
     shielded = region.shielded
     cores = steps.cores.cores_of(region.id)  # (an adopted shield's, also if its isolate failed)

@@ -10,10 +10,14 @@ frozen processes with it, so no fsync). Entries:
     {"t": "lock",     "region": R, "backend": B, "procs": [[pid, start], ...]}
     {"t": "partition", "region": R, "path": P, "procs": [[pid, start, cgroup], ...]}  cpuset shield
     {"t": "irq",      "region": R, "irqs": [[irq, original cpu list], ...]}
+    {"t": "kin",      "region": R, "procs": [[pid, start], ...]}        parents a stop may stop
     {"t": "end",      "region": R}                                     all of R undone
 
 (``threads`` names each thread by its process's pid and start time; journals written before
 2026-12-01 evening have ``affinity`` entries, ``[[tid, thread start, [cpus]]]``, still undone.)
+(``kin``: running ancestors of sessions about to be stopped, written before the stops; a
+``runuser``, ``su`` or ``sudo`` waiting with WUNTRACED stops itself when its child stops, and
+the undo continues those found stopped, as a region's release does.)
 A region without ``end`` is *outstanding*: :func:`undo_outstanding` (run by the guardian when
 the arbiter dies, by the supervisor when both die, and by a new arbiter before it serves)
 restores affinities, thaws and unlocks everything it names. Every undo step is idempotent and
@@ -91,11 +95,16 @@ class Irq(msgspec.Struct, tag_field="t", tag="irq"):
     irqs: list[tuple[Annotated[int, msgspec.Meta(ge=0, le=65535)], Annotated[str, msgspec.Meta(max_length=1024)]]]
 
 
+class Kin(msgspec.Struct, tag_field="t", tag="kin"):
+    region: Name
+    procs: list[tuple[Pid, Tick]]
+
+
 class End(msgspec.Struct, tag_field="t", tag="end"):
     region: Name
 
 
-Entry = Stop | CgFreeze | Threads | Affinity | Lock | Partition | Irq | End
+Entry = Stop | CgFreeze | Threads | Affinity | Lock | Partition | Irq | Kin | End
 _decoder: msgspec.json.Decoder[Entry] = msgspec.json.Decoder(Entry)
 
 
@@ -178,12 +187,14 @@ class UndoSummary(msgspec.Struct, kw_only=True):
     thawed: int = 0
     unlocked: int = 0
     unshielded: int = 0
+    #: parents continued that had stopped themselves when a region stopped their child
+    continued: int = 0
     errors: list[str] = []
 
     @property
     def undid(self) -> bool:
         """Whether anything was undone."""
-        return bool(self.restored or self.thawed or self.unlocked or self.unshielded)
+        return bool(self.restored or self.thawed or self.unlocked or self.unshielded or self.continued)
 
     # Read access by name, for callers written when the summary was a dict (``summary.thawed``).
     def __getitem__(self, key: str) -> int | list[str]:
@@ -247,6 +258,7 @@ def undo_outstanding(
         first: dict[int, list[Any]] = {}  # the first record of a thread holds its true original affinity
         cgroups: list[str] = []
         stopped: list[tuple[int, int]] = []
+        kin: dict[int, int] = {}
         locks: dict[str, list[tuple[int, int]]] = {}
         partitions: list[tuple[str, list[list[Any]]]] = []
         irqs: dict[int, list[Any]] = {}  # the first record of an IRQ holds its true original
@@ -261,6 +273,8 @@ def undo_outstanding(
                 cgroups.extend(e.paths)
             elif isinstance(e, Stop):
                 stopped.extend(e.procs)
+            elif isinstance(e, Kin):
+                kin.update(e.procs)
             elif isinstance(e, Lock):
                 locks.setdefault(e.backend, []).extend(e.procs)
             elif isinstance(e, Partition):
@@ -273,6 +287,8 @@ def undo_outstanding(
         summary.restored = _safely(summary, "restore affinities", restore_threads, list(first.values()))
         summary.thawed = _safely(summary, "thaw cgroups", thaw_cgroups, cgroups)
         summary.thawed += _safely(summary, "thaw processes", thaw_procs, stopped)
+        if kin:
+            summary.continued = _safely(summary, "continue parents", _continue_kin_twice, kin)
         for backend, procs in locks.items():
             live = [(pid, start) for pid, start in procs if same_process(pid, start)]
             if not live:
@@ -290,6 +306,20 @@ def undo_outstanding(
         if entries:
             log.warning("undid an interrupted region: %s", summary)
     return summary
+
+
+def _continue_kin_twice(kin: dict[int, int]) -> int:
+    """Continue the stopped ``kin`` now and once more shortly after: a parent notices its child's
+    stop late on a loaded machine (as the release's later looks do)."""
+    from ..enforcement.freeze import continue_kin
+
+    done = set(continue_kin(kin))
+    time.sleep(KIN_LOOK)
+    return len(done | set(continue_kin(kin)))
+
+
+#: seconds after the thaw at which an undo looks at the journaled kin again
+KIN_LOOK = 0.05
 
 
 def _safely(summary: UndoSummary, what: str, fn: Callable[[Any], int], arg: Any) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +54,8 @@ class RegionRecords:
         #: why there is no history (History requests say it)
         self.history_off = "" if db else "this arbiter keeps no region history (Arbiter.history_db is '')"
         self.live = live
+        #: per user: when a degraded region was last said, and how many were not said since
+        self._degraded: dict[str, tuple[float, int]] = {}
         self.metrics: ArbiterMetrics | None = None
         if metrics:
             try:
@@ -95,19 +98,35 @@ class RegionRecords:
     def region_finished(self, report: RegionReport) -> None:
         """Each finished region's report (on the loop: both only enqueue or count)."""
         if report.degraded:
-            # Said where operators look: a degraded region's timings may be disturbed.
-            log.warning(
-                "region %s of %s on GPU %d was DEGRADED: %s",
-                report.region,
-                report.user,
-                report.gpu,
-                "; ".join(report.why_degraded()) or "no reason recorded",
-            )
+            self._say_degraded(report)
         if self.history is not None:
             self.history.add(report)
         if self.metrics is not None:
             self.metrics.region_finished(report)
             self._snapshot()
+
+    def _say_degraded(self, report: RegionReport) -> None:
+        """Say a degraded region where operators look (its timings may be disturbed): at most one
+        line a user each :data:`DEGRADED_EVERY` seconds, counting the others (a loop of short
+        regions beside an undrainable session degrades every one of them: hundreds of lines a
+        second were most of the arbiter's time). The history and the metrics keep every one."""
+        now = time.monotonic()
+        last, quiet = self._degraded.get(report.user, (-DEGRADED_EVERY, 0))
+        if now - last < DEGRADED_EVERY:
+            self._degraded[report.user] = (last, quiet + 1)
+            return
+        if len(self._degraded) > 4096:
+            self._degraded.clear()
+        self._degraded[report.user] = (now, 0)
+        more = f" ({quiet} more of {report.user}'s regions degraded since the last such line)" if quiet else ""
+        log.warning(
+            "region %s of %s on GPU %d was DEGRADED: %s%s",
+            report.region,
+            report.user,
+            report.gpu,
+            "; ".join(brief(report)) or "no reason recorded",
+            more,
+        )
 
     def _snapshot(self) -> None:
         from .metrics import snapshot
@@ -129,3 +148,29 @@ class RegionRecords:
             self.history.close()  # writes what the last releases queued
         if self.metrics is not None:
             self.metrics.close()
+
+
+#: seconds between two log lines of one user's degraded regions (see RegionRecords._say_degraded)
+DEGRADED_EVERY = 1.0
+#: how many processes a log line names for one reason (the report keeps every one)
+NAMED = 3
+
+
+def brief(report: RegionReport) -> list[str]:
+    """The reasons ``report`` is degraded, short enough for one log line: processes not drained
+    for the same reason are one entry naming the first few and a count (63 siblings named one
+    by one made a line of several KB a region, at hundreds of regions a second)."""
+    if not report.degraded:
+        return []
+    by_why: dict[str, list[str]] = {}
+    for pid, why in report.not_drained.items():
+        by_why.setdefault(why, []).append(str(pid))
+    reasons = []
+    for why, pids in by_why.items():
+        named = ", ".join(pids[:NAMED]) + (f" and {len(pids) - NAMED} more" if len(pids) > NAMED else "")
+        who = f"process {named}" if len(pids) == 1 else f"{len(pids)} processes ({named})"
+        reasons.append(f"{who} not drained: {why}")
+    failures = list(report.failures)
+    if len(failures) > NAMED:
+        failures = [*failures[:NAMED], f"{len(failures) - NAMED} more failures"]
+    return reasons + failures

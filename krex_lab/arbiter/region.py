@@ -158,7 +158,8 @@ class Region:
         return not any(p in sessions for p in below)
 
     def report(self, backend: BackendInfo) -> RegionReport:
-        degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed)
+        intruded = self.shielded.beyond_bound()
+        degraded = bool(self.drain.not_drained or self.frozen.failed or self.isolated.failed or intruded)
         report = RegionReport(
             region=self.id,
             gpu=self.gpu,
@@ -186,7 +187,7 @@ class Region:
             moved=list(self.isolated.moved_pids),
             cores=list(self.isolated.cores),
             shield=self.shielded.report(),
-            failures=self.frozen.failed + self.isolated.failed + self.watch_errors,
+            failures=self.frozen.failed + self.isolated.failed + self.watch_errors + intruded,
             degraded=degraded,
             expired=self.released_by == "lease expired",
             revoked=self.released_by.startswith(REVOKED),

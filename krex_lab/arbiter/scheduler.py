@@ -105,6 +105,11 @@ class Scheduler:
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
         #: a lingering shield being ended (see enforcement.py): a grant waits for its cores
         self._ending_linger: asyncio.Future[Any] | None = None
+        #: the ancestors due a look at each of KIN_LOOKS, and the timer of each look
+        self._kin_due: list[tuple[dict[int, int], set[int], dict[int, tuple[int, int | None]]]] = [
+            ({}, set(), {}) for _ in KIN_LOOKS
+        ]
+        self._kin_timers: dict[int, asyncio.TimerHandle] = {}
         self.draining = Draining(steps, sessions, notify, config, self._other_session_pids, self._frozen_elsewhere)
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
@@ -415,8 +420,7 @@ class Scheduler:
             times["unisolate"] = t1 - t0
             thaw(region.frozen)
             if region.frozen.kin:  # a parent whose own stop landed after the thaw: look again
-                for later in KIN_LOOKS:
-                    asyncio.get_running_loop().call_later(later, continue_kin, region.frozen.kin)
+                self._look_at_kin(0, region.frozen.kin, region.frozen.kin_first, region.frozen.kin_looked)
             t2 = time.monotonic()
             times["thaw"] = t2 - t1
             region.drain.closed = True
@@ -440,6 +444,28 @@ class Scheduler:
             self.active[region.gpu] = None
             region.done.set()
             self._kick(region.gpu)
+
+    def _look_at_kin(
+        self, look: int, kin: dict[int, int], first: set[int], up: dict[int, tuple[int, int | None]]
+    ) -> None:
+        """Look at ``kin`` again at the ``look``-th of :data:`KIN_LOOKS` after now (``first`` and
+        ``up``: see :func:`continue_kin`). The looks of every region due meanwhile are one batch,
+        one timer: at hundreds of regions a second, two timers and two reads of the same shared
+        ancestors a region cost more than the region's freeze (scale.py)."""
+        due = self._kin_due[look]
+        due[0].update(kin)
+        due[1].update(first)
+        due[2].update(up)
+        if look not in self._kin_timers:
+            wait = KIN_LOOKS[look] - (KIN_LOOKS[look - 1] if look else 0.0)
+            self._kin_timers[look] = asyncio.get_running_loop().call_later(wait, self._kin_looked, look)
+
+    def _kin_looked(self, look: int) -> None:
+        del self._kin_timers[look]
+        (kin, first, up), self._kin_due[look] = self._kin_due[look], ({}, set(), {})
+        continue_kin(kin, first, up)
+        if look + 1 < len(KIN_LOOKS):
+            self._look_at_kin(look + 1, kin, first, up)
 
     def _linger_over(self, name: str) -> None:
         """A lingering shield's time is up: give its cores back, unless a region adopted it. Taken
@@ -483,3 +509,5 @@ class Scheduler:
         if self._ending_linger is not None:
             await self._ending_linger
         await self._end_linger(None)  # whichever lingers still
+        if self.steps.watch is not None:
+            self.steps.watch.close()

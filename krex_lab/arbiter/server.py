@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from traitlets import Bool, Enum, Float, Int, Unicode
+from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .. import paths, protocol
@@ -32,6 +32,7 @@ from ..enforcement.gate import Gate
 from ..enforcement.isolate import CoreBook
 from ..enforcement.shield import MODES as SHIELD_MODES
 from ..enforcement.shield import Shield
+from ..enforcement.watch import AffinityWatch
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
@@ -101,15 +102,45 @@ class Arbiter(LoggingConfigurable):
     isolate_cores = Int(1, help="Cores reserved for a region's holder (never core 0 while others exist).").tag(
         config=True
     )
+    guard_neighbours = Bool(
+        help="Hold a region against what its neighbours do while it runs (off by default until a "
+        "GPU run of tests/gpu passes with it on; KREX_GUARD_NEIGHBOURS=1 or --guard-neighbours turns "
+        "it on). It changes the region sequence in three ways: the shield's default becomes 'auto' "
+        "(a cpuset partition where the arbiter may make one); where affinities shield a region, a "
+        "watch every shield_watch_interval seconds puts back any thread that widened its affinity "
+        "onto the reserved cores, and the report names each intruder with its time there "
+        "(degraded past shield_intrusion_bound); and the SIGSTOP freezer journals the running "
+        "parents of the sessions it stops before it stops them, so that the guardian or a "
+        "restarted arbiter continues a runuser, su or sudo that stopped itself.",
+    ).tag(config=True)
     shield = Enum(
         list(SHIELD_MODES),
-        "affinity",
         help="What keeps everyone but a region's holder off its reserved cores: 'affinity' (every "
         "process's threads, one by one; restored exactly), 'cpuset' (a cgroup v2 partition: one "
-        "operation, the kernel moves every process; not yet run on a GPU machine, so opt-in), "
-        "'auto' (cpuset where the arbiter may make partitions, else affinity), 'sessions' (KREX "
-        "sessions' threads only).",
+        "operation, the kernel moves every process), 'auto' (cpuset where the arbiter may make "
+        "partitions: root, a cgroup v2 hierarchy with the cpuset controller at its root; else "
+        "affinity), 'sessions' (KREX sessions' threads only). Default: 'auto' with guard_neighbours, "
+        "else 'affinity'.",
     ).tag(config=True)
+    shield_watch_interval = Float(
+        0.01,
+        help="With guard_neighbours and an affinity shield: seconds between two looks for threads "
+        "that put themselves back on a region's reserved cores.",
+    ).tag(config=True)
+    shield_intrusion_bound = Float(
+        0.1,
+        help="With guard_neighbours: a process whose threads sat on a region's reserved cores for "
+        "longer than this in all (seconds) makes the region's report degraded.",
+    ).tag(config=True)
+
+    @default("guard_neighbours")
+    def _guard_neighbours_default(self) -> bool:
+        return os.environ.get("KREX_GUARD_NEIGHBOURS", "") not in ("", "0")
+
+    @default("shield")
+    def _shield_default(self) -> str:
+        return "auto" if self.guard_neighbours else "affinity"
+
     shield_linger = Float(
         0.05,
         help="Seconds an affinity shield stays up after its region ends (only the holder gets its "
@@ -292,16 +323,22 @@ class Arbiter(LoggingConfigurable):
             # Without placed cgroups there is nothing to look up (a scan of every session per root).
             self.sessions.cgroup_of if self.placer.enabled else None,
             self.placer.relative if self.placer.enabled else None,
+            journal_kin=self.guard_neighbours,
         )
         #: what keeps others off a region's reserved cores (the ``shield`` option, resolved)
         self.shielding = Shield(self.shield, irqs=self.shield_irqs)
         #: the node's core reservation lock; its open file is shared with the guardian
         self.node_lock = NodeCoreLock(Path(self.core_lock) if self.core_lock else None)
+        cores = CoreBook(node_lock=self.node_lock)
         steps = Enforcement(
             gate=self.gate,
             locker=self.locker,
             freezer=self.freezer,
-            cores=CoreBook(node_lock=self.node_lock),
+            cores=cores,
+            watch=AffinityWatch(cores, self.journal.record, self.shield_watch_interval)
+            if self.guard_neighbours
+            else None,
+            intrusion_bound=self.shield_intrusion_bound,
             shield=self.shielding,
             # An adopted shield narrows no IRQs (what the region before narrowed was given back).
             linger=self.shield_linger if self.shielding.mode != "sessions" and not self.shield_irqs else 0.0,
@@ -404,7 +441,7 @@ class Arbiter(LoggingConfigurable):
             raise KrexError(_another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
         self.records.serve_metrics(self.metrics_port, self.metrics_addr)
         summary = undo_outstanding(self.journal_path, self.unlock_journaled)
-        if any(summary[k] for k in ("restored", "thawed", "unlocked", "unshielded")):
+        if summary.undid:
             log.warning("replayed the journal of an earlier arbiter: %s", summary)
         self.journal.open()
         last = self.records.open()

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from ..paths import UnsafePath
 from ..procutil import (
     STOPPED,
-    ancestors,
     open_stat,
+    parent_state_start,
     proc_state,
     read_stat,
     read_state,
@@ -54,6 +54,8 @@ log = logging.getLogger("krex.freeze")
 Record = Callable[..., None]  # Journal.record(kind, region, **data)
 
 _MAX_PASSES = 50
+#: session roots whose parents a freezer keeps (forgotten all at once past this)
+_PARENTS_KEPT = 1 << 14
 
 
 @dataclass
@@ -86,6 +88,11 @@ class FreezeResult:
     #: ancestors of the stopped session roots that were not stopped when the region froze them:
     #: pid -> start time (see :func:`continue_kin`)
     kin: dict[int, int] = field(default_factory=dict)
+    #: every ancestor looked at for :attr:`kin` (stopped ones too), with its parent and start
+    #: time: a walk ends at one of them
+    kin_looked: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    #: the frozen roots' own parents (where :func:`continue_kin` starts to climb)
+    kin_first: set[int] = field(default_factory=set)
 
     def seen_landed(self, procs: int, cgroups: int) -> None:
         """The first ``procs`` stops and ``cgroups`` cgroup freezes were seen to land (counted
@@ -196,10 +203,43 @@ class Freezer:
         record: Record,
         cgroup_of_session: Callable[[int], str] | None = None,
         relative: Callable[[str], str] | None = None,
+        journal_kin: bool = False,
     ) -> None:
         self._record = record
+        #: journal the ancestors a freeze may make stop themselves before it stops anyone
+        self.journal_kin = journal_kin
+        #: session root -> (its start time, its parent, the parent's start time)
+        self._parents: dict[int, tuple[int, int, int | None]] = {}
         self._cgroup_of_session = cgroup_of_session or (lambda pid: "")
         self._relative = relative or (lambda path: path)
+
+    def _note_kin(self, root: int, root_start: int | None, result: FreezeResult) -> None:
+        """Keep the running ancestors of ``root`` (``root_start``: its start time as the walk just
+        read it), walking up until one already looked at in this region, or init. Worked out once
+        per frozen tree: sibling sessions share their ancestors, so the walk of each after the
+        first ends at its parent, and a root's parent is kept from its first region (checked by
+        the root's and the parent's start times). Reading every root's whole chain each region
+        cost half the arbiter's time at 8 GPUs x 64 sessions (scale.py)."""
+        kept = self._parents.get(root)
+        parent, start, new = 0, None, False
+        if kept is not None and root_start is not None and kept[0] == root_start and kept[1] > 1:
+            up, start, new = _look_kin(kept[1], result)
+            if start is not None and start == kept[2]:
+                parent = kept[1]
+            elif new:  # another process under a reused pid: nobody's parent here
+                result.kin.pop(kept[1], None)
+        if not parent:  # a new root, or its parent ended (it was reparented)
+            parent, _, own_start = parent_state_start(root, kept=True)
+            if own_start is None or parent <= 1:
+                return
+            up, start, new = _look_kin(parent, result)
+            if len(self._parents) > _PARENTS_KEPT:
+                self._parents.clear()
+            self._parents[root] = (own_start, parent, start)
+        result.kin_first.add(parent)
+        # Above a parent looked at earlier in this region (by a sibling), the chain was walked then.
+        while new and start is not None and up > 1:
+            up, start, new = _look_kin(up, result)
 
     def freeze(
         self, region: str, roots: Iterable[int], exempt: set[int], result: FreezeResult | None = None
@@ -235,16 +275,18 @@ class Freezer:
     ) -> None:
         """Stop the trees of ``roots`` into an existing result (used for intruders too)."""
         self._freeze_cgroups(region, result, roots)
-        for root in roots:
-            if root not in result.roots and root not in result.placed:
-                _note_kin(root, result.kin)
+        unnoted = {r for r in roots if r not in result.roots and r not in result.placed}
         result.roots.update(roots)
         seen = set(result.pids) | set(result.skipped)
         for _ in range(passes):
             new: list[tuple[int, int, int | None]] = []  # pid, start, stat descriptor
+            kin = len(result.kin)
             for root in roots:
                 # walked again at settle, and every region
                 pids, root_stat = session_tree(root, result.threads.get(root))
+                if root in unnoted:  # before any stop of its tree is sent
+                    unnoted.discard(root)
+                    self._note_kin(root, root_stat[1] if root_stat else None, result)
                 for pid in pids:
                     if pid in seen or pid in exempt:
                         continue
@@ -269,6 +311,10 @@ class Freezer:
                     new.append((pid, start, fd))
             if not new:
                 return
+            if self.journal_kin and len(result.kin) > kin:
+                # Before the stops: a parent that stops itself when they land is continued by
+                # whoever undoes this region, the guardian or a restarted arbiter too.
+                self._record("kin", region, procs=[[p, t] for p, t in list(result.kin.items())[kin:]])
             self._record("stop", region, procs=[[pid, start] for pid, start, _ in new])
             for pid, start, fd in new:
                 try:
@@ -379,30 +425,50 @@ def _stop(pid: int, pidfds: dict[int, int]) -> None:
     pidfds[pid] = fd
 
 
-def _note_kin(root: int, kin: dict[int, int]) -> None:
-    """Keep the running ancestors of ``root`` (up to one already kept, or init)."""
-    for pid in ancestors(root):
-        if pid <= 1 or pid in kin:
-            return
-        state, start = state_and_start(pid)
-        if state is None or start is None:
-            return
-        if state not in STOPPED:
-            kin[pid] = start
+def _look_kin(pid: int, result: FreezeResult) -> tuple[int, int | None, bool]:
+    """``pid``'s parent and start time, and whether it was looked at just now (not earlier in
+    this region); kept in :attr:`FreezeResult.kin` if it runs."""
+    seen = result.kin_looked.get(pid)
+    if seen is not None:
+        return seen[0], seen[1], False
+    # Kept descriptors: the same few ancestors are read every region (a path lookup is most of a read).
+    parent, state, start = parent_state_start(pid, kept=True)
+    result.kin_looked[pid] = (parent, start)
+    if state is not None and start is not None and state not in STOPPED:
+        result.kin[pid] = start
+    return parent, start, True
 
 
-def continue_kin(kin: dict[int, int]) -> list[int]:
+def continue_kin(
+    kin: dict[int, int], first: Iterable[int] | None = None, up: dict[int, tuple[int, int | None]] | None = None
+) -> list[int]:
     """SIGCONT the processes of ``kin`` (pid -> start time, running when the region began) that
-    are stopped now: a parent that stopped itself because the region stopped its child."""
+    are stopped now: a parent that stopped itself because the region stopped its child.
+
+    With ``first`` (the frozen roots' own parents) and ``up`` (each ancestor's parent, as
+    :attr:`FreezeResult.kin_looked` keeps them), only chains of stopped parents are climbed: a
+    parent stops itself only when its child stops, so above one that is running (no WUNTRACED
+    waiter) nothing stopped because of the region, and nothing there is read. Without them,
+    every one of ``kin`` is looked at (the journal's undo)."""
+    todo = list(kin) if first is None else [p for p in first if p in kin]
+    seen: set[int] = set()
     continued = []
-    for pid, start in kin.items():
-        state, now = state_and_start(pid)
-        if now == start and state == "T":
-            try:
-                os.kill(pid, signal.SIGCONT)
-                continued.append(pid)
-            except OSError:
-                continue
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        state, now = state_and_start(pid, kept=True)
+        if now != kin.get(pid) or state != "T":
+            continue
+        try:
+            os.kill(pid, signal.SIGCONT)
+            continued.append(pid)
+        except OSError:
+            continue
+        parent = up.get(pid) if up is not None and first is not None else None
+        if parent is not None and parent[0] in kin:
+            todo.append(parent[0])
     if continued:
         log.info("continued %s: stopped when the region stopped a child of theirs", continued)
     return continued
@@ -425,4 +491,4 @@ def thaw(result: FreezeResult) -> None:
             os.close(fd)
     result.pidfds.clear()
     thaw_procs(by_pid)
-    continue_kin(result.kin)
+    continue_kin(result.kin, result.kin_first, result.kin_looked)

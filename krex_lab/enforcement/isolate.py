@@ -270,6 +270,19 @@ class CoreBook:
             self._held[region] = self._held.pop(name)
             return sorted(held.cores)
 
+    def moved_threads(self, region: str) -> dict[int, tuple[int, int]]:
+        """tid -> (pid, process start) of every thread ``region`` moved off its cores (the
+        holder's aside): what :class:`~krex_lab.enforcement.watch.AffinityWatch` looks at."""
+        with self._lock:
+            held = self._held.get(region)
+            if held is None:
+                return {}
+            return {
+                tid: (o.pid, o.start)
+                for tid in held.touched - held.holder_tids
+                if (o := self._original.get(tid)) is not None
+            }
+
     def cores_of(self, region: str) -> set[int]:
         """The cores ``region`` holds (set() when it holds none)."""
         with self._lock:

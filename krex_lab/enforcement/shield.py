@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procutil import flags_and_start, proc_uid, same_process, start_time
-from ..region_report import ShieldReport
+from ..region_report import ShieldIntrusion, ShieldReport
 from .cgroups import cgroup_of, limits_on, v2_root
 
 log = logging.getLogger("krex.shield")
@@ -68,9 +68,25 @@ class ShieldResult:
     lingers: str = ""
     #: why something could not be shielded (not a failure of the region: said in the report)
     notes: list[str] = field(default_factory=list)
+    #: what the affinity watch put back (see enforcement/watch.py), longest first
+    intrusions: list[Any] = field(default_factory=list)
+    #: seconds on the reserved cores past which an intrusion degrades the region
+    intrusion_bound: float = 0.0
+
+    def beyond_bound(self) -> list[str]:
+        """Each intrusion longer than the bound, in words (the region is degraded by them)."""
+        return [
+            f"process {i.pid} ({_user(i.uid)}) was on the reserved cores {i.seconds:.3f} s ({i.times} times put back)"
+            for i in self.intrusions
+            if i.seconds > self.intrusion_bound
+        ]
 
     def report(self) -> ShieldReport:
         return ShieldReport(
+            intrusions=[
+                ShieldIntrusion(pid=i.pid, user=_user(i.uid), times=i.times, seconds=round(i.seconds, 4))
+                for i in self.intrusions
+            ],
             mode=self.mode,
             partition=self.partition,
             adopted=self.adopted,
@@ -80,6 +96,17 @@ class ShieldResult:
             irqs_moved=self.irqs_moved,
             notes=list(self.notes),
         )
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    if uid < 0:  # it ended before it could be looked at
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
 
 
 #: pids seen to be kernel threads, and when: a region walks the node twice, and most of a quiet
@@ -158,6 +185,9 @@ class CpusetPartition:
         self._made: dict[str, tuple[Path, list[list[Any]]]] = {}
         if self.root is None:
             self.reason = "no cgroup v2 hierarchy is mounted"
+            return
+        if root is None and os.geteuid() != 0:  # a partition is made at the hierarchy's root
+            self.reason = "only root may make cpuset partitions"
             return
         try:
             if "cpuset" not in (self.root / "cgroup.controllers").read_text().split():

@@ -178,6 +178,8 @@ def human(ev: Evaluation) -> str:
     """The verdict as a person reads it: the summary, then what explains it."""
     lines = [ev.summary]
     facts = f"  format {ev.format}; compiled {ev.compiled}; correctness {ev.correctness}"
+    if "reference_error" in ev.metadata:  # the candidate was never loaded: nothing of it to say
+        facts = f"  format {ev.format}; the candidate was not run"
     trials = ev.metadata.get("correctness_trials")  # none where the candidate was never checked
     lines.append(f"{facts}; trials {trials}" if trials else facts)
     if ev.runtime > 0:

@@ -9,11 +9,11 @@ the bound on the JSON, checked by the tests.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-from .result import Evaluation
+from .result import VERDICTS, Evaluation
 
 __all__ = ["LIMIT", "Compact", "compact"]
 
@@ -36,30 +36,59 @@ REASONS = (
 )
 
 
+def _doc(text: str, **schema: Any) -> msgspec.Meta:
+    """A field's description (and any more of its JSON schema): what an agent reading the
+    output schema is told."""
+    return msgspec.Meta(description=text, extra_json_schema=schema or None)
+
+
 class Compact(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The verdict and what explains it (times in microseconds; -1: not timed)."""
 
-    verdict: str
-    summary: str
-    format: str
-    speedup: float | None = None
-    runtime: float = -1.0
-    ref_runtime: float = -1.0
-    #: False: host-clock times (no GPU was timed)
-    gpu_timed: bool = False
-    timing_method: str | None = None
-    #: the metadata key that holds the reason (``compilation_error``, ``rejected``, ...) and its first lines
-    reason_key: str | None = None
-    reason: str | None = None
-    #: the first case or element that did not match
-    first_mismatch: str | None = None
-    #: tests passed of checked (GPU MODE) or trials (KernelBench), e.g. ``"(5 / 5)"``
-    trials: str | None = None
-    #: short names: a cheat found (``rejected:inputs_modified``), ``timing_disagreement``,
-    #: ``not_converged``, ``no_gpu_timed``, ``ref_runtime_cached``, ``warnings:N``, static rules' flags
-    flags: list[str] = []
-    #: the whole result, with ``detail: "full"``
-    evaluation: dict[str, Any] | None = None
+    verdict: Annotated[
+        str,
+        _doc(
+            "correct: matched the reference on every trial; incorrect: ran, output differs; compile_error, "
+            "runtime_error, crashed (its process died), timeout, out_of_memory; rejected: did what an honest "
+            "kernel does not (see reason_key); error: the evaluation itself could not run",
+            enum=list(VERDICTS),
+        ),
+    ]
+    summary: Annotated[str, _doc("the verdict in one line, as `krex eval` prints it first")]
+    format: Annotated[
+        str, _doc("the programs' format: kernelbench or gpumode (as asked, auto, where the evaluation failed first)")
+    ]
+    speedup: Annotated[
+        float | None, _doc("ref_runtime / runtime; absent where either was not timed (the candidate failed)")
+    ] = None
+    runtime: Annotated[float, _doc("the candidate's time per call, microseconds; -1: not timed")] = -1.0
+    ref_runtime: Annotated[float, _doc("the reference's time per call, microseconds; -1: not timed")] = -1.0
+    gpu_timed: Annotated[bool, _doc("true: times are the GPU's own; false: host-clock times (no GPU was timed)")] = (
+        False
+    )
+    timing_method: Annotated[str | None, _doc("how the times were taken (the format's, bench, converge)")] = None
+    reason_key: Annotated[
+        str | None,
+        _doc(
+            "why it is not correct: the result's metadata key (compilation_error, runtime_error, "
+            "correctness_issue, timeout, worker_died, cuda_error, out_of_memory, output_limit, "
+            "reference_error, evaluation_error) or rejected:WHAT"
+        ),
+    ] = None
+    reason: Annotated[str | None, _doc("the first lines of that reason, in words")] = None
+    first_mismatch: Annotated[str | None, _doc("the first case or element that did not match the reference")] = None
+    trials: Annotated[
+        str | None,
+        _doc('correctness trials passed of run (KernelBench) or tests passed of checked (GPU MODE): "(5 / 5)"'),
+    ] = None
+    flags: Annotated[
+        list[str],
+        _doc(
+            "short names of what else was found: rejected:WHAT (a cheat), static:RULE, timing_disagreement, "
+            "timing_bound, not_converged, no_gpu_timed, ref_runtime_cached, output_limit, warnings:N"
+        ),
+    ] = []
+    evaluation: Annotated[dict[str, Any] | None, _doc('the whole result, with detail "full"; absent otherwise')] = None
 
 
 def _cut(text: Any, limit: int) -> str:

@@ -64,6 +64,7 @@ async def evaluate_kernels(
     progress notification as soon as it finishes ("N/TOTAL id: summary"); the answer holds every
     pair's, in order, exactly one each (a pair that cannot run is verdict error, saying why)."""
     from .many import evaluate_many
+    from .mcp_pool import server_pool
 
     given = [p.model_dump() for p in pairs]
     items = [{**p, "id": p["id"] if p["id"] is not None else str(i)} for i, p in enumerate(given)]
@@ -77,7 +78,8 @@ async def evaluate_kernels(
 
     def run() -> None:
         nonlocal done
-        for record in evaluate_many(items, jobs=jobs, **options):
+        # the server's pool: one it had to start ends with the server, as evaluate_kernel's does
+        for record in evaluate_many(items, jobs=jobs, pool=server_pool(), **options):
             body = msgspec.to_builtins(compact(record, full=detail == "full"))
             results[record.index] = {"index": record.index, "id": record.id, **body}
             done += 1

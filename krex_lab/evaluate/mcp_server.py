@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import signal
 import sys
 from typing import Any
 
@@ -77,10 +78,11 @@ def _server_class() -> Any:
 
 def build_server(name: str = "krex") -> Any:
     server = _server_class()(name, instructions=INSTRUCTIONS)
-    from .mcp_tools import TOOLS  # pydantic: there with the mcp SDK
+    from .mcp_tools import TOOLS, refuse_unknown_arguments  # pydantic: there with the mcp SDK
 
     for tool in TOOLS:
         server.tool()(tool)
+    refuse_unknown_arguments(server)
     return server
 
 
@@ -94,5 +96,15 @@ def run(args: argparse.Namespace) -> int:
     protocol_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # anything written to fd 1 from now on goes to stderr, never into a message
     sys.stdout = io.TextIOWrapper(protocol_out, encoding="utf-8", line_buffering=True)
-    server.run("stdio")
+    # A client that ends the server (SIGTERM, after closing its stdin) ends it through the
+    # finally below: the pool it started on demand goes with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        server.run("stdio")
+    finally:
+        from .mcp_pool import end_started_pool
+
+        said = end_started_pool()
+        if said:
+            print(f"krex mcp: {said}", file=sys.stderr, flush=True)
     return 0

@@ -15,7 +15,7 @@ client as MCP progress notifications (when the client asked for them with a prog
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import anyio
 import msgspec
@@ -23,14 +23,19 @@ import pydantic
 from pydantic import Field
 from pydantic.json_schema import JsonSchemaValue
 
+from ..arbiter.history import HistoryRow
+from ..node_status import NodeStatus
 from .compact import Compact, compact
+from .mcp_pool import server_pool  # the server's one pool (ended with it)
 from .progress import PHASES
 from .result import Evaluation
 
 try:  # mcp 2
     from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver.exceptions import ToolError
 except ImportError:  # mcp 1
     from mcp.server.fastmcp import Context  # type: ignore[no-redef,attr-defined,unused-ignore]
+    from mcp.server.fastmcp.exceptions import ToolError  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 
 def _inlined(node: Any, defs: dict[str, JsonSchemaValue], seen: tuple[str, ...] = ()) -> Any:
@@ -200,7 +205,7 @@ async def evaluate_kernel(
 
     def run() -> Evaluation:
         try:
-            return evaluate(reference, candidate, progress=progress, **call)
+            return evaluate(reference, candidate, progress=progress, pool=server_pool(), **call)
         except Exception as exc:  # every failure is an answer saying why, never a bare protocol error
             kind = "evaluation_error" if isinstance(exc, (FileNotFoundError, ValueError, TypeError)) else "pool_error"
             return Evaluation(
@@ -216,27 +221,101 @@ async def evaluate_kernel(
     return EvaluationOutput.of(ev, full=detail == "full")
 
 
-def gpu_status() -> dict[str, Any]:
-    """The node's GPUs: who holds each, the queues, the sessions (the arbiter's status)."""
+class _MsgspecOutput(pydantic.BaseModel):
+    """An output whose schema is msgspec's of :attr:`STRUCT` (pydantic does not know msgspec's
+    types); its fields pass as they are."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+    STRUCT: ClassVar[Any] = None
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> JsonSchemaValue:
+        return _schema_of(cls.STRUCT)
+
+
+class GpuStatusOutput(_MsgspecOutput):
+    """``gpu_status``'s output: the node's table, as ``krex status --json`` gives it."""
+
+    STRUCT = NodeStatus
+
+
+class RegionHistoryOutput(pydantic.BaseModel):
+    """``region_history``'s output."""
+
+    rows: list[dict[str, Any]] = Field(
+        description="finished regions, newest last; another user's keep only their public fields"
+    )
+    source: str = Field(
+        description="where the rows come from: the arbiter, or (none answering) its history database, read here"
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> JsonSchemaValue:
+        schema: JsonSchemaValue = handler(core_schema)
+        row = _schema_of(HistoryRow)
+        row.pop("required", None)  # a reduced row (another user's) leaves fields out
+        schema["properties"]["rows"]["items"] = row
+        return schema
+
+
+def _refused(exc: BaseException) -> ToolError:
+    """A failure as the agent's result says it (the SDK hides an unexpected exception's text)."""
+    return ToolError(str(exc) or type(exc).__name__)
+
+
+def gpu_status() -> GpuStatusOutput:
+    """The node's GPUs: who holds each, the queues, the sessions (the arbiter's status). Fails,
+    saying so, where no arbiter answers (evaluate_kernel still runs then, without a region)."""
     from ..connection import status
+    from ..errors import KrexError
 
-    return status()
-
-
-def region_history(user: str = "", since_hours: float = 24.0, limit: int = 50) -> dict[str, Any]:
-    """Finished regions (newest last): the last ``limit`` of ``user`` (all: "") of the last ``since_hours``."""
-    from .. import protocol
-    from ..connection import Connection
-
-    conn = Connection()
     try:
-        request = protocol.History(limit=limit, user=user, since=time.time() - since_hours * 3600, ticket=conn.ticket())
-        result: dict[str, Any] = conn.call(request)
-    finally:
-        conn.close()
-    return result
+        return GpuStatusOutput.model_validate(status())
+    except KrexError as exc:
+        raise _refused(exc) from None
+
+
+def region_history(
+    user: Annotated[str, Field(description="only this user's regions (a login name); \"\": everyone's")] = "",
+    since_hours: Annotated[float, Field(gt=0, description="only regions of the last this many hours")] = 24.0,
+    limit: Annotated[int, Field(ge=1, le=10000, description="at most this many regions, the newest")] = 50,
+) -> RegionHistoryOutput:
+    """Finished regions (newest last): who held which GPU, when, how long, how long they waited.
+    Read from the arbiter's history database directly where no arbiter answers, as `krex history`."""
+    import argparse
+
+    from .. import discovery
+    from ..arbiter.history_cli import _query, read_database
+    from ..errors import ArbiterUnavailable, KrexError
+
+    since = time.time() - since_hours * 3600
+    args = argparse.Namespace(limit=limit, user=user, until=None, usage=False, slurm_job="", by="", db=None, json=True)
+    endpoint = discovery.default_endpoint()
+    try:
+        try:
+            answer: Any = _query(args, since, endpoint)
+            return RegionHistoryOutput(rows=list(answer.get("rows", [])), source=f"the arbiter at {endpoint}")
+        except ArbiterUnavailable:
+            recent = read_database(args, since, endpoint)
+            rows = [r.to_dict() for r in getattr(recent, "rows", [])]
+            return RegionHistoryOutput(
+                rows=rows, source=f"no KREX arbiter answers at {endpoint}: its history database, read directly"
+            )
+    except KrexError as exc:
+        raise _refused(exc) from None
 
 
 from .mcp_many import evaluate_kernels  # noqa: E402 - many pairs over every GPU: a module of its own
 
 TOOLS = (evaluate_kernel, gpu_status, region_history, evaluate_kernels)
+
+
+def refuse_unknown_arguments(server: Any) -> None:
+    """Every tool of ``server`` refuses an argument it does not take, naming it (the SDK drops
+    them silently), and its input schema says so (``additionalProperties: false``)."""
+    manager = getattr(server, "_tool_manager", None)
+    for tool in manager.list_tools() if manager is not None else ():
+        model = tool.fn_metadata.arg_model
+        model.model_config["extra"] = "forbid"
+        model.model_rebuild(force=True)
+        tool.parameters["additionalProperties"] = False

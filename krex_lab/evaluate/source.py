@@ -53,10 +53,19 @@ def read_source(value: str | os.PathLike[str], what: str) -> Source:
         return Source(text=value, path=None, label="<string>", sha256=digest)
     path = Path(value)
     if not path.is_file():
-        raise FileNotFoundError(f"the {what} {os.fspath(value)!r} is not a file (nor source text: it has no newline)")
+        raise FileNotFoundError(f"the {what} {os.fspath(value)!r} {_why_not_a_file(path)}")
     text = path.read_text(encoding="utf-8", errors="replace")
     digest = hashlib.sha256(text.encode("utf-8", errors="replace")).hexdigest()
     return Source(text=text, path=str(path.resolve()), label=os.fspath(value), sha256=digest)
+
+
+def _why_not_a_file(path: Path) -> str:
+    """What is wrong with a path that names no readable file, as ``ls`` would say it."""
+    if path.is_dir():
+        return "is a directory, not a file"
+    if not path.exists():
+        return "does not exist"
+    return "is not a regular file"
 
 
 def _missing(value: Any) -> bool:
@@ -70,8 +79,7 @@ def check_both_there(reference: Any, candidate: Any) -> None:
     """Neither program there: one error naming both (each alone is :func:`read_source`'s error)."""
     if _missing(reference) and _missing(candidate):
         raise FileNotFoundError(
-            f"the reference {os.fspath(reference)!r} is not a file, nor is the candidate {os.fspath(candidate)!r} "
-            "(nor source text: neither has a newline)"
+            f"neither the reference {os.fspath(reference)!r} nor the candidate {os.fspath(candidate)!r} exists"
         )
 
 

@@ -68,6 +68,9 @@ def launch(args: argparse.Namespace) -> int:
         f"--KrexExtensionApp.backend={args.backend}",
         f"--KrexExtensionApp.fake_gpus={args.fake_gpus}",
         "--KrexExtensionApp.stop_on_interrupt=True",  # one Ctrl-C stops it cleanly
+        # A new notebook runs on KREX (JupyterLab takes the kernelspecs' default), unless the
+        # user names another (traitlets refuses the option twice)
+        *([] if any("default_kernel_name" in a for a in rest) else ["--MappingKernelManager.default_kernel_name=krex"]),
         *(["--KrexExtensionApp.start_pool=False"] if args.no_pool else []),
         *rest,
     ]

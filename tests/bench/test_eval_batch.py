@@ -86,7 +86,8 @@ def test_bad_selections_are_refused_before_anything_starts() -> None:
 def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> None:
     """As ``timeout`` stops it on the device: SIGTERM to the whole process group during (b)."""
     out = tmp_path / "eval_batch.json"
-    cmd = [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "04,21", "--jobs", "2"]
+    # one problem: what is tested is the interrupted run's file, not the set (the fixture runs two)
+    cmd = [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "04", "--jobs", "2"]
     cmd += ["--perf-trials", "5", "--compile-workers", "2", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_") and k != "OUT"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -101,7 +102,7 @@ def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> Non
     assert proc.returncode == 1, "".join(seen) + rest
     data = json.loads(out.read_text())
     assert "interrupted" in data and "summary" not in data
-    assert {pid: len(recs) for pid, recs in data["krex"]["results"].items()} == dict.fromkeys(PAIRS, 1)
+    assert {pid: len(recs) for pid, recs in data["krex"]["results"].items()} == dict.fromkeys(PAIRS[:1], 1)
     assert "compile" in data["baseline"] and "wall_s" not in data["baseline"]
 
 

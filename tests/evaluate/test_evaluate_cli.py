@@ -48,7 +48,7 @@ def test_one_pair_prints_a_verdict_and_exits_by_it(eval_arbiter: ArbiterProc, ev
     assert as_json.returncode == 0 and data["verdict"] == "correct" and data["format"] == "gpumode"
     assert data["benchmarks"][0]["runs"] >= 3
     missing = krex_eval(eval_arbiter, eval_pool, "nope.py", str(problem("kb_softmax", "correct.py")))
-    assert missing.returncode == 2 and "not a file" in missing.stderr
+    assert missing.returncode == 2 and "krex eval: the reference 'nope.py' does not exist" in missing.stderr
 
 
 def test_batch_gives_exactly_one_line_per_pair(eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path) -> None:
@@ -86,7 +86,7 @@ def test_batch_gives_exactly_one_line_per_pair(eval_arbiter: ArbiterProc, eval_p
     assert by[1]["verdict"] == "incorrect" and by[1]["id"].endswith("wrong_dim.py")
     assert (by[2]["id"], by[2]["verdict"], by[2]["format"]) == ("rowmax", "correct", "gpumode")
     assert by[3]["verdict"] == "crashed"
-    assert by[4]["verdict"] == "error" and "not a file" in by[4]["metadata"]["evaluation_error"]
+    assert by[4]["verdict"] == "error" and "does not exist" in by[4]["metadata"]["evaluation_error"]
     assert by[5]["verdict"] == "error" and "line 8" in by[5]["metadata"]["manifest_error"]
     assert by[6]["verdict"] == "error" and "colour" in by[6]["metadata"]["manifest_error"]
     assert "7 pair(s) evaluated" in res.stderr
@@ -128,6 +128,38 @@ def test_a_candidate_that_does_not_compile_leaves_no_empty_field(
     assert facts == "  format kernelbench; compiled False; correctness False", out.stdout
 
 
+def test_a_syntax_error_shows_the_users_file_and_line_and_no_frame_of_the_harness(
+    eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path
+) -> None:
+    broken = tmp_path / "syntax_cand.py"
+    broken.write_text("import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x)\n        return x\n")
+    out = krex_eval(eval_arbiter, eval_pool, str(problem("kb_softmax")), str(broken), *FAST)
+    assert out.returncode == 1 and out.stdout.startswith("compile_error: SyntaxError: expected ':'"), out.stdout
+    assert f'File "{broken}", line 4' in out.stdout and "def forward(self, x)" in out.stdout, out.stdout
+    assert "krex_lab" not in out.stdout, out.stdout
+    # a candidate that fails when called: its own frame, none of the harness's
+    runtime = tmp_path / "calls_nothing.py"
+    runtime.write_text(
+        "import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return nope(x)\n"
+    )
+    out = krex_eval(eval_arbiter, eval_pool, str(problem("kb_softmax")), str(runtime), *FAST)
+    assert out.stdout.startswith("runtime_error: NameError"), out.stdout
+    assert f'File "{runtime}", line 5, in forward' in out.stdout and "krex_lab" not in out.stdout, out.stdout
+
+
+def test_a_failing_reference_says_so_and_nothing_of_the_candidates_compilation(
+    eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path
+) -> None:
+    ref = tmp_path / "bad_ref.py"
+    ref.write_text("import torch\nclass Model(torch.nn.Module)\n    pass\n")
+    out = krex_eval(eval_arbiter, eval_pool, str(ref), str(problem("kb_softmax", "correct.py")), *FAST)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.startswith("error: the reference fails: SyntaxError: expected ':' (bad_ref.py, line 2)"), (
+        out.stdout
+    )
+    assert "compiled" not in out.stdout and "the candidate was not run" in out.stdout, out.stdout
+
+
 def test_missing_programs_are_all_named(tmp_path: Path) -> None:
     """Both programs missing: the one error names both (exit 2, nothing asked of any worker)."""
     ref, cand = tmp_path / "nope_ref.py", tmp_path / "nope_cand.py"
@@ -140,3 +172,9 @@ def test_missing_programs_are_all_named(tmp_path: Path) -> None:
         [sys.executable, "-m", "krex_lab.cli", "eval", str(ref), str(cand)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and str(cand) in out.stderr and str(ref) not in out.stderr, out.stderr
+    assert out.stderr == f"krex eval: the candidate {str(cand)!r} does not exist\n"
+    cand.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-m", "krex_lab.cli", "eval", str(ref), str(cand)], capture_output=True, text=True, timeout=60
+    )
+    assert out.stderr == f"krex eval: the candidate {str(cand)!r} is a directory, not a file\n"

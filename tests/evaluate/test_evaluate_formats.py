@@ -171,7 +171,7 @@ def test_the_result_is_json_and_reads_back(run: Run) -> None:
 
 
 def test_bad_calls_raise_before_anything_runs(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="not a file"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         evaluate(tmp_path / "missing.py", problem("kb_scaled_add", "correct.py"))
     with pytest.raises(ValueError, match="unknown format"):
         evaluate(problem("kb_scaled_add"), problem("kb_scaled_add", "correct.py"), format="triton")

@@ -58,7 +58,7 @@ def test_evaluate_many_spreads_over_8_gpus_and_streams(node8: PoolProc) -> None:
     records = [r for _, r in seen]
     assert sorted(r.index for r in records) == list(range(9)), "exactly one result per pair"
     by_index = {r.index: r for r in records}
-    assert by_index[8].verdict == "error" and "not a file" in by_index[8].summary
+    assert by_index[8].verdict == "error" and "does not exist" in by_index[8].summary
     good = [by_index[i] for i in range(8)]
     assert [r.verdict for r in good] == ["correct"] * 8, [r.summary for r in good]
     assert sorted(r.gpu for r in good) == list(range(8)), "one evaluation on each GPU"

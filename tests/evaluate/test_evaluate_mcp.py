@@ -7,12 +7,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from krex_lab.evaluate.result import VERDICTS
+from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from krex_lab.workers.client import PoolClient
+from tests.support import ROOT
 from tests.support.pool import PoolProc
 
 from .helpers import problem
@@ -64,7 +69,7 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
         assert phases[0] == "queued" and phases[-1] == "done", phases
         missing = await session.call_tool("evaluate_kernel", {"reference": "/nonexistent/ref.py", "candidate": "x"})
         assert not missing.is_error and (missing.structured_content or {})["verdict"] == "error"
-        assert _payload(missing)["reason_key"] == "evaluation_error" and "not a file" in _payload(missing)["reason"]
+        assert _payload(missing)["reason_key"] == "evaluation_error" and "exists" in _payload(missing)["reason"]
         bad = await session.call_tool("evaluate_kernel", {"reference": "r.py", "candidate": "c.py", "timing": "fast"})
         assert bad.is_error and "timing" in bad.content[0].text  # the schema's enum refuses it, saying which
         wrong = _payload(
@@ -103,6 +108,92 @@ async def test_an_mcp_client_is_told_each_phase(eval_pool: PoolProc) -> None:
             progress_callback=on_progress,
         )
     assert phases == ["queued", "load", "check", "time", "done"]
+
+
+def _alone(tmp_path: Path) -> dict[str, str]:
+    """A user's environment on a machine where no arbiter and no pool of theirs runs yet."""
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("KREX_ENDPOINT", "KREX_POOL_ENDPOINT")}
+    return env | {"KREX_RUNTIME_DIR": str(runtime), "KREX_NODE_ENDPOINT": "", "PYTHONPATH": str(ROOT)}
+
+
+def _krex_mcp(env: dict[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "krex_lab.cli", "mcp"], env=env)
+
+
+@pytest.mark.timeout(120)
+async def test_the_tools_schemas_say_what_each_field_is_and_unknown_arguments_are_refused(tmp_path: Path) -> None:
+    async with stdio_client(_krex_mcp(_alone(tmp_path))) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        out = tools["evaluate_kernel"].output_schema or {}
+        undescribed = [n for n, p in out["properties"].items() if not p.get("description")]
+        assert len(out["properties"]) == 14 and not undescribed, undescribed
+        assert out["properties"]["verdict"]["enum"] == list(VERDICTS)
+        status = tools["gpu_status"].output_schema or {}
+        gpu = status["properties"]["gpus"]["items"]
+        assert {"index", "gate", "holder", "queue"} <= set(gpu["properties"]), gpu
+        history = tools["region_history"].output_schema or {}
+        row = history["properties"]["rows"]["items"]["properties"]
+        assert {"region", "gpu", "user", "granted_at", "released_at"} <= set(row), row
+        args = tools["region_history"].input_schema["properties"]
+        assert set(args) == {"user", "since_hours", "limit"} and all(a.get("description") for a in args.values())
+        for tool in tools.values():
+            assert tool.input_schema.get("additionalProperties") is False, tool.name
+        refused = await session.call_tool("region_history", {"limit": 5, "timeout": 5})
+        assert refused.is_error and "timeout" in refused.content[0].text, refused.content[0].text
+        assert "Extra inputs are not permitted" in refused.content[0].text
+        refused = await session.call_tool("evaluate_kernel", {"reference": "r.py", "candidate": "c.py", "timeout": 5})
+        assert refused.is_error and "timeout" in refused.content[0].text
+
+
+@pytest.mark.timeout(180)
+async def test_without_an_arbiter_each_tool_says_why_and_history_reads_the_database(tmp_path: Path) -> None:
+    env = _alone(tmp_path)
+    arb = ArbiterProc(Path(env["KREX_RUNTIME_DIR"]), gpus=1).start()  # one region, recorded; then gone
+    try:
+        held = subprocess.run(
+            [sys.executable, "-m", "krex_lab.cli", "exclusive", "--quiet", "--", "true"],
+            env=arb.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert held.returncode == 0, held.stderr
+    finally:
+        arb.stop()
+    async with stdio_client(_krex_mcp(env)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        status = await session.call_tool("gpu_status", {})
+        assert status.is_error and "no KREX arbiter answers at" in status.content[0].text, status.content[0].text
+        history = await session.call_tool("region_history", {"limit": 5})
+        assert not history.is_error, history.content[0].text
+        found = history.structured_content or {}
+        assert len(found["rows"]) == 1 and found["rows"][0]["gpu"] == 0, found
+        assert "history database" in found["source"], found
+
+
+@pytest.mark.timeout(300)
+async def test_the_pool_the_server_started_ends_with_it(tmp_path: Path) -> None:
+    env = _alone(tmp_path)
+    endpoint = f"ipc://{env['KREX_RUNTIME_DIR']}/pool.sock"
+    async with stdio_client(_krex_mcp(env)) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        result = await session.call_tool(
+            "evaluate_kernel",
+            {
+                "reference": str(problem("kb_softmax")),
+                "candidate": str(problem("kb_softmax", "correct.py")),
+                "measure": False,
+                "exclusive": False,
+            },
+        )
+        assert (result.structured_content or {}).get("verdict") == "correct", result.content[0].text
+        with PoolClient.connect(endpoint, start=False) as pool:
+            assert pool.info is not None
+            pid = pool.info.pid
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=30)
 
 
 def test_print_config_names_this_installation_by_absolute_path(tmp_path: Any) -> None:

@@ -11,9 +11,11 @@ allows it (the default of a root multi-user arbiter: ``--cgroups auto``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -119,3 +121,60 @@ def test_a_region_leaves_no_parent_stopped(alice: User, mallory: User, parent: s
                 os.close(master)
             kill_tree(proc)
         assert_healthy(arb, {alice.uid, mallory.uid})
+
+
+def _guardian_of(pid: int) -> int:
+    def find() -> int | None:
+        for kid in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "krex_lab.arbiter.guardian" in " ".join(kid.cmdline()):
+                    return kid.pid
+        return None
+
+    wait_for(lambda: find() is not None, timeout=10.0)
+    found = find()
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize("killed", ["arbiter and guardian", "arbiter"])
+def test_a_crash_in_sigstop_mode_leaves_no_wrapper_stopped(alice: User, mallory: User, killed: str) -> None:
+    """mallory's region freezes alice's session, started through root ``runuser`` (which stops
+    itself when its child stops). The arbiter (and its guardian) are SIGKILLed inside the region:
+    whoever undoes the journal (the guardian, or the restarted arbiter) must continue the wrapper
+    too, not only alice's process. Before the wrapper was journaled, it stayed in T for good and
+    alice's command never returned."""
+    with multi_user_arbiter("--cgroups=off", "--guard-neighbours") as arb, agents() as made:
+        proc, _ = _start_under("runuser", alice)
+        try:
+            sleep = _sleep_of(proc)
+            a = Agent(alice, arb)
+            made.append(a)
+            assert a.call("register", tag="a", gpu=0, pid=sleep)["ok"]
+            m = Agent(mallory, arb)
+            made.append(m)
+            assert m.call("register", tag="m", gpu=0)["ok"]
+            m.call("acquire", tag="r", session="m", opts={"gpu": 0, "max_hold": 60})
+            granted = m.event("granted|acquire_failed", "r")
+            assert granted["event"] == "granted", granted
+            assert sleep in granted["report"]["frozen"], granted["report"]
+            wait_for(lambda: proc_state(proc.pid) == "T", timeout=5.0)  # runuser stopped itself
+            assert arb.proc is not None
+            guardian = _guardian_of(arb.proc.pid)
+            if killed != "arbiter":
+                os.kill(guardian, signal.SIGKILL)
+            os.kill(arb.proc.pid, signal.SIGKILL)
+            arb.proc.wait()
+            if killed != "arbiter":
+                arb.start()  # a restarted arbiter undoes its journal before it serves
+            time.sleep(5.0)
+            states = {p: proc_state(p) for p in (proc.pid, sleep)}
+            print(f"{killed} killed: states 5 s later {states}")
+            assert states[sleep] in ("S", "R"), states
+            assert states[proc.pid] in ("S", "R"), f"runuser left stopped: {states}"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            kill_tree(proc)
+            if killed == "arbiter":  # the guardian ends once it has undone; start one to stop
+                arb.start()

@@ -54,10 +54,10 @@ def lab(tmp_path: Path) -> Iterator[Any]:
     """Start ``krex lab`` (no pool) in an environment; returns (process, log path)."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(env: dict[str, str], *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = tmp_path / "lab.log"
         cmd = [sys.executable, "-m", "krex_lab.cli", "lab", "--backend=fake", "--no-pool", "--no-browser"]
-        cmd += ["--port", str(_free_port()), "--ServerApp.token=", f"--notebook-dir={tmp_path}"]
+        cmd += ["--port", str(_free_port()), "--ServerApp.token=", f"--notebook-dir={tmp_path}", *extra]
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

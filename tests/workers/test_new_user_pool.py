@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +99,8 @@ def test_a_false_region_claim_does_not_join_it(arb: ArbiterProc, pool: PoolProc,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # SIGTERM reaches the shell, which ends without its sleep: the group goes at the end
+        start_new_session=True,
     )
     try:
         wait_for(marker.exists, 20)
@@ -112,6 +117,8 @@ def test_a_false_region_claim_does_not_join_it(arb: ArbiterProc, pool: PoolProc,
     finally:
         holder.terminate()
         holder.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)  # the sleep the shell left
     pool.wait_ready()
 
 

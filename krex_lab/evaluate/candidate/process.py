@@ -122,6 +122,12 @@ class Candidate:
         except Exception:
             os._exit(3)
 
+    def op_confine(self, body: dict[str, Any], arrays: list[Any]) -> None:
+        """The sandbox's file part, before any candidate code (:mod:`.sandbox`)."""
+        from .sandbox import confine_files
+
+        self.chan.send("confined", confine_files(body["build_dir"], body["scratch"], list(body["readable"])))
+
     def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
         """The harness alone: a no-op that returns a fresh copy of an array like the expected output
         (allocated and written, as a real output is: its pages cost what a real one's do)."""
@@ -291,8 +297,8 @@ class Candidate:
         return out[:8]
 
 
-def serve(sock_fd: int, device: str) -> None:
-    """The spare's life: its context, ``ready``, one candidate, exit."""
+def serve(sock_fd: int, device: str, sandbox: dict[str, str] | None = None) -> None:
+    """The spare's life: its context, ``ready`` (with what its sandbox held), one candidate, exit."""
     import socket
 
     sock = socket.socket(fileno=sock_fd)
@@ -303,7 +309,7 @@ def serve(sock_fd: int, device: str) -> None:
         torch.cuda.init()
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
-    chan.send("ready", {"pid": os.getpid(), "device": device})
+    chan.send("ready", {"pid": os.getpid(), "device": device, "sandbox": sandbox or {}})
     Candidate(chan, device).serve()
     sys.stdout.flush()
     os._exit(0)

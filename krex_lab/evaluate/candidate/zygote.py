@@ -21,6 +21,7 @@ import socket
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 def _die_with_parent() -> None:
@@ -39,6 +40,9 @@ def _preload() -> None:
         except Exception:
             pass
     from . import process  # noqa: F401  (what every child serves with, loaded once)
+    from .sandbox import preload
+
+    preload()
 
     # everything loaded so far lives as long as the children: frozen out of the collector's walks,
     # a collection in a candidate (one may land inside a timed call) walks the candidate's own
@@ -56,8 +60,11 @@ def _child(ctl: socket.socket, fd: int, device: str) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a candidate's, as any program's
         from .process import serve
+        from .sandbox import lock_process
 
-        serve(fd, device)
+        # now, while this process has one thread: every thread it will have (CUDA's, torch's,
+        # the candidate's) is born inside the sandbox
+        serve(fd, device, lock_process())
     finally:
         os._exit(0)
 
@@ -65,6 +72,9 @@ def _child(ctl: socket.socket, fd: int, device: str) -> None:
 def main(argv: list[str]) -> None:
     # An interrupt is for a job, never for the zygote (it ends with its judge's socket or death)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # every candidate process starts as a copy of this one: no process of the user may read or
+    # write its memory (a candidate that did would be in every later candidate's process)
+    ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     fd, device = int(argv[0]), argv[1]
     parent = os.getppid()
     _die_with_parent()

@@ -29,6 +29,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from ..candidate.sandbox import summary as sandbox_summary
 from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_arrays, share_input
 from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
@@ -40,6 +41,7 @@ from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
 from .startup import planted_startup_code
+from .tracebacks import user_traceback
 from .values import CandidateFailed, own, replace_arrays, tree_of
 
 __all__ = ["CandidateFailed", "Judge", "run"]
@@ -201,8 +203,11 @@ class Judge:
             kind in ("SyntaxError", "ImportError", "ModuleNotFoundError", "LookupError", "IndentationError")
             or "error building extension" in text.lower()
         ):
-            return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
-        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{tb[-1500:]}"[:3000])
+            if "error building extension" in text.lower():
+                return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
+            # the user's file and line, not the harness's frames that compiled it
+            return CandidateFailed("compile_error", "compilation_error", f"{text}\n{user_traceback(tb)[-2000:]}")
+        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{user_traceback(tb)[-1500:]}"[:3000])
 
     phase = "load"
 
@@ -239,16 +244,14 @@ class Judge:
         t0 = time.perf_counter()
         try:
             try:
-                self.proc = spares_for(self.device).take()
-                mark("load", self.job.nonce, self.proc.pid)
-                self._calibrate()
+                self._ready_spare()
             except (CandidateFailed, ChannelError, OSError):  # a spare killed while it waited: once more
                 if self.proc is not None:
                     self.proc.end()
-                self.proc = spares_for(self.device).take()
-                mark("load", self.job.nonce, self.proc.pid)
-                self._calibrate()
+                self._ready_spare()
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
+            assert self.proc is not None
+            result.metadata["sandbox"] = sandbox_summary(self.proc.sandbox)
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -262,8 +265,7 @@ class Judge:
             "filename": _filename(job.candidate, "candidate"),
             "module": f"krex_candidate_{job.candidate.sha256[:12]}",
             "build_dir": self.build_dir,
-            "path": ([self.candidate_layout] if self.candidate_layout else [])
-            + [os.path.dirname(p) for p in (job.candidate.path, job.reference.path) if p],
+            "path": self._import_dirs(),
             "init": init,
             "init_seed": self.opts.init_seed,
             "output_path": self.output_path,
@@ -280,6 +282,21 @@ class Judge:
             result.fail(exc.verdict, exc.key, exc.message)
             result.compiled = exc.key != "compilation_error"
         return result
+
+    def _import_dirs(self) -> list[str]:
+        """Where the candidate imports from besides the environment: the problem's files."""
+        job = self.job
+        return ([self.candidate_layout] if self.candidate_layout else []) + [
+            os.path.dirname(p) for p in (job.candidate.path, job.reference.path) if p
+        ]
+
+    def _ready_spare(self) -> None:
+        """A spare taken, its sandbox closed on this evaluation's build directory, its harness
+        calibrated: all before any candidate code is in it."""
+        self.proc = spares_for(self.device).take()
+        mark("load", self.job.nonce, self.proc.pid)
+        self.proc.confine(self.build_dir, self._import_dirs())
+        self._calibrate()
 
     def _calibrate(self) -> None:
         """The harness's own cost on this spare, before any candidate code is in it: rounds of a

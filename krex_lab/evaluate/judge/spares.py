@@ -10,6 +10,7 @@ at once, so it makes its CUDA context while the current candidate compiles and i
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,27 @@ class CandidateProc:
         self.chan = chan
         self.zygote = zygote
         self.calibration: dict[str, float] = {}
+        #: what its sandbox held (:mod:`..candidate.sandbox`), as it said before any candidate
+        #: code was in it and as the kernel shows it from outside
+        self.sandbox: dict[str, str] = {}
+        self.scratch = ""
+
+    def confine(self, build_dir: str, readable: list[str], timeout: float = 60.0) -> None:
+        """Its writes to ``build_dir`` alone (its temporary directory in it), its reads to the
+        system, the Python environment and ``readable``: before any candidate code is in it."""
+        self.scratch = os.path.join(build_dir, "tmp", str(self.pid))
+        self.chan.send("confine", {"build_dir": build_dir, "scratch": self.scratch, "readable": readable})
+        self.chan.sock.settimeout(timeout)
+        try:
+            env, fds = self.chan.recv()
+        finally:
+            self.chan.sock.settimeout(None)
+        for fd in fds:
+            os.close(fd)
+        if env.op != "confined":
+            raise ChannelError(f"a spare said {env.op!r} when confined")
+        self.sandbox.update({str(k): str(v) for k, v in env.body.items()})
+        self.sandbox.update(kernel_view(self.pid, self.sandbox))
 
     def status(self, timeout: float = 1.0) -> int | None:
         """Its wait status once it has exited (read from the zygote), else None."""
@@ -66,7 +88,8 @@ class CandidateProc:
         return out
 
     def end(self) -> None:
-        """Kill it and everything it started (deepest first), daemons that left its tree included."""
+        """Kill it and everything it started (deepest first), daemons that left its tree included;
+        its temporary directory goes with it."""
         with _quiet():
             self.chan.sock.close()
         for _ in range(200):
@@ -82,6 +105,27 @@ class CandidateProc:
                 break
             time.sleep(0.002)
         self.zygote.forget(self.pid)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def kernel_view(pid: int, said: dict[str, str]) -> dict[str, str]:
+    """What ``/proc/PID/status`` shows of a sandbox part said to hold, where it shows otherwise
+    (no_new_privs, seccomp, capabilities): the claim is replaced by what the kernel says."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(ln.rstrip("\n").split(":\t", 1) for ln in f if ":\t" in ln)
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    if said.get("no_new_privs", "").startswith("held") and status.get("NoNewPrivs") != "1":
+        out["no_new_privs"] = "failed: the kernel shows it unset"
+    if said.get("seccomp", "").startswith("held") and status.get("Seccomp") != "2":
+        out["seccomp"] = "failed: the kernel shows no filter"
+    caps = [int(status.get(k, "0"), 16) for k in ("CapEff", "CapPrm", "CapInh", "CapAmb")]
+    if said.get("capabilities", "").startswith("held") and any(caps):
+        out["capabilities"] = "failed: the kernel shows capabilities held"
+    return out
 
 
 class _quiet:
@@ -199,6 +243,7 @@ class Spares:
         if env.op != "ready":
             raise ChannelError(f"a spare said {env.op!r} before it was ready")
         proc = CandidateProc(pid, chan, self)
+        proc.sandbox = {str(k): str(v) for k, v in dict(env.body.get("sandbox") or {}).items()}
         self.fork_spare()
         return proc
 

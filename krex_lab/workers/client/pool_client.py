@@ -104,6 +104,8 @@ class PoolClient:
         self._sockets: list[zmq.Socket[bytes]] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: the pool this client started on demand (its pid), None where one already answered
+        self.started_pid: int | None = None
 
     @classmethod
     def connect(cls, endpoint: str | None = None, start: bool = True, *, allow_tcp: bool | None = None) -> PoolClient:
@@ -259,6 +261,7 @@ class PoolClient:
             )
         self.info = info
         if info.pid == proc.pid:  # ours (not one that won a race): say it, once
+            self.started_pid = proc.pid
             self._say_started(log_dir / "pool.log")
 
     def _say_started(self, log: Path) -> None:

@@ -68,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
     # drops the caller's (Run.keep_env), so that this command needs no GPU backend registry.
     env = dict(os.environ)
     client = PoolClient.connect(start=True)
+    if args.gpu is not None and client.info is not None and args.gpu not in client.info.gpus:
+        from .follow import serve_gpu  # a pool started before the node's arbiter: it follows it
+
+        try:
+            client = serve_gpu(client, args.gpu)
+        except InvalidRequest as exc:
+            client.close()
+            print(f"krex run: {exc}", file=sys.stderr)
+            return 2
     if client.info is not None and client.info.no_arbiter and not args.exclusive and not paths.quiet():
         # (--exclusive says it in its own error) Without an arbiter nothing is protected: say so
         # here, not only in the pool's log.

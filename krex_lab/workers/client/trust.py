@@ -27,7 +27,8 @@ import errno
 import os
 import pwd
 import stat
-from dataclasses import dataclass
+
+import msgspec
 
 from ...errors import PoolUnavailable
 from ...peercred import listener_credentials
@@ -49,8 +50,7 @@ def is_untrusted(exc: BaseException) -> bool:
     return bool(getattr(exc, "untrusted", False))
 
 
-@dataclass(frozen=True)
-class PoolPeer:
+class PoolPeer(msgspec.Struct, frozen=True):
     """The listener of a verified ipc endpoint, as the kernel described it."""
 
     pid: int

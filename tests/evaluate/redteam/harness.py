@@ -121,6 +121,13 @@ def recycle_workers(pool: Any) -> None:
     pool.wait_ready(120)
 
 
+def _denied(ev: Any) -> bool:
+    """The cheat was stopped by the candidate's sandbox (a signal to the judge refused): it ran
+    no time past the limit at all, and its verdict names the denial."""
+    text = str(ev.metadata.get("runtime_error", ""))
+    return ev.verdict == "runtime_error" and ("Operation not permitted" in text or "Permission denied" in text)
+
+
 def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, limits: dict[str, float]) -> Record:
     """The honest twin (which also caches an honest reference time), then the cheat, then what its
     checks ask for; the twin must be correct at the plain honest candidate's speed."""
@@ -136,7 +143,7 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     rec = Record(cheat, twin, ev)
     if "speed" in cheat.checks and (why := forged_speed(ev, twin)):
         rec.found.append(why)
-    if "limit" in cheat.checks and ev.verdict != "timeout":
+    if "limit" in cheat.checks and ev.verdict != "timeout" and not _denied(ev):
         rec.found.append(f"it spent 10 s in one call with a check limit of 3 s: {ev.verdict}, not timeout")
     if "daemon" in cheat.checks and left:
         rec.found.append(f"its process(es) {left} outlived the evaluation")

@@ -1,0 +1,121 @@
+"""The suite leaves the machine as it found it: a pytest plugin (loaded by ``tests/conftest.py``).
+
+- Caches that torch and Ray write by default in /tmp (``/tmp/torchinductor_USER``, ``/tmp/ray``)
+  go into the run's own temporary directory, which pytest rotates.
+- Every process the run starts carries a mark in its environment; one still alive when the run
+  ends (an orphan: its parent gone, it is no test's child any more) is named, killed, and fails the
+  run.
+- ``git status --porcelain`` of the checkout at the end must be what it was at the start: a file
+  written into the checkout (or one deleted) is named and fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+#: the environment variable that marks this run's processes
+MARK = "KREX_TEST_RUN"
+#: how long processes that were just killed by the last fixtures may take to go
+GRACE_S = 5.0
+
+_state: dict[str, object] = {}
+
+
+def _git_status(root: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=all"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _marked(token: str) -> list[psutil.Process]:
+    """Processes other than this one and its ancestors whose environment carries ``token``."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get(MARK) == token:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:120]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temporary root
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # a distributed worker: the controller checks
+        return
+    token = uuid.uuid4().hex
+    os.environ[MARK] = token
+    _state["token"] = token
+    _state["root"] = Path(str(config.rootpath))
+    _state["status"] = _git_status(Path(str(config.rootpath)))
+    # The run's temporary root (created now, as pytest's tmp_path would): torch's and Ray's caches
+    # go there, set before any test or fixture starts a process that inherits them.
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    for var, name in (("TORCHINDUCTOR_CACHE_DIR", "torchinductor"), ("TRITON_CACHE_DIR", "triton")):
+        os.environ.setdefault(var, str(base / name))
+    # Ray's sockets live under its temp dir: pytest's root is short enough for their 107 bytes.
+    os.environ.setdefault("RAY_TMPDIR", str(base / "ray"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    token = _state.get("token")
+    if not isinstance(token, str):
+        return
+    problems: list[str] = []
+    deadline = time.monotonic() + GRACE_S
+    left = _marked(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    if left:
+        problems.append("processes the run started outlive it (killed now):")
+        problems += [f"  {_describe(p)}" for p in left]
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    root = _state["root"]
+    assert isinstance(root, Path)
+    before, after = _state.get("status"), _git_status(root)
+    if isinstance(before, str) and after is not None and before != after:
+        was, now = set(before.splitlines()), set(after.splitlines())
+        problems.append("the run changed the checkout (git status --porcelain):")
+        problems += [f"  now:    {line}" for line in sorted(now - was)]
+        problems += [f"  before: {line}" for line in sorted(was - now)]
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = "\n".join(["", "what the run left behind:", *problems])
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        else:
+            print(text)
+        if session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
