@@ -114,6 +114,8 @@ ARBITER_USERS = {
     "krex_lab.hub.admin_page": "the admin service administers the node: the arbiter's quotas and history",
     "krex_lab.ray.node": "Ray's node service runs the node's arbiter and reads its history",
     "krex_lab.slurm": "the Slurm prolog admits jobs to the arbiter: it writes the job records the arbiter reads",
+    "krex_lab.evaluate.mcp_tools": "`krex mcp`'s region history reads the arbiter's database where none answers, "
+    "as `krex history` does",
 }
 
 
