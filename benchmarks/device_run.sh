@@ -124,6 +124,11 @@ for stage in "${stages[@]}"; do
       # as .kb: REDTEAMBATCH_ARGS="--kernelbench .kb")
       timeout ${REDTEAMBATCH_TIMEOUT:-560} python3 benchmarks/redteam_batch.py --jobs 16 --hogs 3 --hog-gib 20 \
         ${REDTEAMBATCH_ARGS:-} 2>&1 | tail -60 | tee "$OUT/redteambatch.log" ;;
+    redteamtests)  # the GPU red-team tests alone: every GPU cheat with its twin, then one of each kind in a batch
+      # of 16 evaluations at once beside honest candidates (tests/gpu/test_redteam_gpu.py, test_redteam_batch_gpu.py)
+      timeout ${REDTEAMTESTS_TIMEOUT:-580} python3 -m pytest -p no:cacheprovider -v -rA --tb=short -m gpu \
+        tests/gpu/test_redteam_gpu.py tests/gpu/test_redteam_batch_gpu.py -o addopts="" > "$OUT/redteam_tests.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|forged|correct at" "$OUT/redteam_tests.log" | tail -60 ;;
     evalbatch)  # krex eval --batch (16 warm workers, regions) vs KernelBench's batch way (compile all in parallel,
       # then one fresh process per evaluation), 22 problems / 31 candidates (CUDA load_inline, Triton, torch), then the
       # > 1 ms ones alone again (benchmarks/eval_batch.py); about 8-9 min. JSON and log go straight to the device's $OUT

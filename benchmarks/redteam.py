@@ -65,6 +65,7 @@ def record(rec: Record) -> dict[str, Any]:
         "cheat": rec.cheat.name,
         "problem": rec.cheat.problem,
         "class": rec.cheat.kind,
+        "defence": rec.cheat.defence,
         "checks": list(rec.cheat.checks),
         "forged": rec.found,
         "cheat_eval": flags(rec.ev),

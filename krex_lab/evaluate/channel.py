@@ -14,6 +14,7 @@ changes only what it sends, and everything it sends is checked on the judge's si
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import socket
@@ -29,6 +30,7 @@ __all__ = [
     "Channel",
     "ChannelError",
     "Shared",
+    "array_in",
     "decode_tree",
     "encode_tree",
 ]
@@ -116,16 +118,21 @@ class Shared:
         most 253 descriptors, and a round's sets of a three-input problem are 300 arrays."""
         need = (max(1, nbytes) + 63) // 64 * 64  # every dtype's alignment
         if self.arena is None or self.arena[2] + need > self.arena[0].size():
-            size = max(_ARENA_BYTES, need)
-            fd = os.memfd_create("krex-inputs", os.MFD_CLOEXEC)
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-            self.fds.append(fd)
-            self.keep.append(mm)
-            self.arena = (mm, len(self.fds) - 1, 0)
+            mm, index = self.region(max(_ARENA_BYTES, need), "krex-inputs")
+            self.arena = (mm, index, 0)
         mm, index, used = self.arena
         self.arena = (mm, index, used + need)
         return mm, index, used
+
+    def region(self, nbytes: int, name: str = "krex-set") -> tuple[mmap.mmap, int]:
+        """A memfd of its own for this message: (the sender's mapping, its fd's index). Nothing
+        else lies in it, so an array there reaches no other array of the message through its
+        memory (a view past its end runs off the file)."""
+        fd = sealed_memfd(name, max(1, nbytes))
+        mm = mmap.mmap(fd, max(1, nbytes))
+        self.fds.append(fd)
+        self.keep.append(mm)
+        return mm, len(self.fds) - 1
 
     def pack(self, desc: ArrayDesc, contiguous: Any) -> None:
         nbytes = int(contiguous.nbytes)
@@ -156,6 +163,42 @@ class Shared:
         self.fds = []
 
 
+def sealed_memfd(name: str, nbytes: int) -> int:
+    """A memfd of ``nbytes`` whose size no process can change any more: the other side holds its
+    fd too, and a file it shrank would kill the judge with SIGBUS on its next read."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, nbytes)
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def array_in(lib: str, dtype: str, shape: list[int], mm: mmap.mmap, index: int, at: int) -> tuple[ArrayDesc, Any]:
+    """A contiguous array at byte ``at`` of a message's memfd ``index`` (mapped here as ``mm``):
+    (its descriptor, the sender's own array over it)."""
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    itemsize = _itemsize(lib, dtype)
+    arr = _view(lib, dtype, shape, None, at // itemsize, mm, numel)
+    desc = ArrayDesc(
+        lib=lib,
+        dtype=dtype,
+        shape=[int(n) for n in shape],
+        strides=_contiguous_strides([int(n) for n in shape]),
+        offset=at // itemsize,
+        where="memfd",
+        nbytes=mm.size(),
+        fd=index,
+    )
+    return desc, arr
+
+
 def memfd_array(lib: str, dtype: str, shape: list[int], fill: Any = None) -> tuple[Any, int, mmap.mmap]:
     """A new contiguous array over a memfd: (array, fd, mapping); ``fill`` copied in when given."""
     numel = 1
@@ -163,8 +206,7 @@ def memfd_array(lib: str, dtype: str, shape: list[int], fill: Any = None) -> tup
         numel *= int(s)
     itemsize = _itemsize(lib, dtype)
     nbytes = max(1, numel * itemsize)
-    fd = os.memfd_create("krex-array", os.MFD_CLOEXEC)
-    os.ftruncate(fd, nbytes)
+    fd = sealed_memfd("krex-array", nbytes)
     mm = mmap.mmap(fd, nbytes)
     arr = _view(lib, dtype, shape, None, 0, mm, numel)
     if fill is not None:
@@ -175,6 +217,7 @@ def memfd_array(lib: str, dtype: str, shape: list[int], fill: Any = None) -> tup
     return arr, fd, mm
 
 
+@functools.lru_cache(maxsize=64)
 def _itemsize(lib: str, dtype: str) -> int:
     if lib == "torch":
         import torch

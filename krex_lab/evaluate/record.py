@@ -172,7 +172,7 @@ def collect(
 ) -> Reproducibility:
     """The record of ``job`` as the judge starts it.
 
-    ``seed``: the inputs' seed the judge drew (or was given: ``job.options.seed``); ``device``: the
+    ``seed``: the seed the caller gave (``job.options.seed``; None: each set's drawn alone); ``device``: the
     device's name as the result states it (the GPU's model, or ``cpu: <model>``). ``nvml_index``:
     the GPU's NVML index where the caller knows it (default: found by the UUID of torch's current
     CUDA device, where torch has initialised CUDA; none on a CPU). ``nvml``: an

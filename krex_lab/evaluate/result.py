@@ -150,8 +150,10 @@ class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What it takes to run an evaluation again and compare: made by the judge
     (:func:`krex_lab.evaluate.record.collect`) as the evaluation starts.
 
-    ``seed``: the inputs' seed the judge used (drawn in secret unless the caller gave one:
-    ``seed_given``); ``init_seed``: KernelBench's public seed before both models are built.
+    ``seed``: the seed the caller gave (``seed_given``), from which every input set's seed is
+    derived; without one each set's seed is drawn alone from the CSPRNG, and ``seeds`` lists them
+    all (said once the candidate's process is gone); ``init_seed``: KernelBench's public seed
+    before both models are built.
     ``sources``: sha256 of the reference, the candidate and every laid-out file (``files``).
     ``timing``: the method asked for and every setting it ran under; ``tolerances``: atol and rtol
     as given (None: by the output's precision); ``numerics``: the floating-point switches both sides
@@ -166,6 +168,8 @@ class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
     clocks_mhz: dict[str, int] = {}
     seed: int | None = None
     seed_given: bool = False
+    #: every input set's seed, in the order drawn (each from the CSPRNG unless ``seed`` was given)
+    seeds: list[int] = []
     init_seed: int | None = None
     reference_sha256: str
     candidate_sha256: str

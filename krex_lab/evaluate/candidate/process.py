@@ -7,10 +7,12 @@ Forked from the zygote (:mod:`.zygote`) as a *spare*: it makes its CUDA context 
   so the judge learns what the harness itself costs on this process (its outside bound's overhead);
 * ``load``: limits set (host memory, output file size), fd 1 and 2 into the candidate's output
   file, the candidate compiled and imported, its model built;
-* ``call``: the candidate once on the judge's shared inputs, its outputs shared back;
-* ``sets`` / ``round``: input sets registered once, then rounds of timed calls, one per set, each
-  timed in-process by the format's method (an event pair on a GPU, the host clock on a CPU); the
-  round's outputs shared back for the judge to re-check;
+* ``call``: the candidate once on the judge's shared inputs, its return value copied into the
+  output buffers the judge handed with them (:mod:`.outputs`);
+* ``round``: a round of timed calls, one per input set; the sets come with the round, each in
+  memory of its own that the candidate had never seen; each call is timed in-process by the
+  format's method (an event pair on a GPU, after KernelBench's and GPU MODE's L2 thrash; the host
+  clock on a CPU), and its value lands in the judge's buffers for that set before the round ends;
 * ``quit``.
 
 Nothing here is trusted: the candidate may patch any of it in its own process. The judge checks
@@ -30,7 +32,12 @@ import traceback
 import types
 from typing import Any
 
-from ..channel import Channel, ChannelError, Shared, decode_tree, encode_tree, open_arrays, spans
+from ..channel import Channel, ChannelError, decode_tree, open_arrays, spans
+from .outputs import deliver
+
+#: what KernelBench's and GPU MODE's timing write before every timed call to thrash the L2 cache
+#: (their ``clear_l2_cache``: 32 x 1024 x 1024 int64, 256 MiB)
+L2_FLUSH_SHAPE = (32, 1024, 1024)
 
 __all__ = ["serve"]
 
@@ -39,17 +46,6 @@ def _sync() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-
-
-def _plain(out: Any) -> Any:
-    """A tensor subclass's values made now, inside the timed call (a lazy result's work is the
-    call's), as a plain tensor; anything else as it is."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(out, torch.Tensor) and type(out) is not torch.Tensor:
-        return torch.Tensor.clone(out).as_subclass(torch.Tensor)
-    if isinstance(out, (tuple, list)):
-        return type(out)(_plain(o) for o in out)
-    return out
 
 
 def _fit_threads() -> None:
@@ -73,12 +69,9 @@ class Candidate:
         self.chan = chan
         self.device = device
         self.fn: Any = None
-        #: the input sets of the case being timed, and the arrays they were made of (in order)
-        self.sets: dict[int, Any] = {}
-        self.set_arrays: list[Any] = []
-        self.kept: Shared | None = None
-        self.call: tuple[Any, list[Any]] = ((), [])
-        self.warm: list[Any] | None = None
+        #: the input sets of the round: (arguments, output buffers, spans of the inputs' memory)
+        self.sets: dict[int, tuple[Any, list[Any], list[tuple[int, int, int]]]] = {}
+        self.call: tuple[Any, list[Any], list[tuple[int, int, int]]] = ((), [], [])
         self.threads_before = set(threading.enumerate())
         self.filename = ""
 
@@ -129,16 +122,19 @@ class Candidate:
         self.chan.send("confined", confine_files(body["build_dir"], body["scratch"], list(body["readable"])))
 
     def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        """The harness alone: a no-op that returns a fresh copy of an array like the expected output
-        (allocated and written, as a real output is: its pages cost what a real one's do)."""
-        sample = arrays[0] if arrays else None
+        """The harness alone, on sets shaped as a round's (taken over as a round takes them): a
+        no-op that returns fresh copies of arrays like the expected output (allocated and written,
+        as a real output is), which land in the set's buffers as a real call's value does."""
 
-        def noop(*_: Any) -> Any:
-            if sample is None:
-                return None
-            return sample.clone() if hasattr(sample, "clone") else sample.copy()
+        def noop(bufs: Any) -> Any:
+            return [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
 
-        self.sets = {k: () for k in range(int(body["calls"]))}
+        if "sets" in body:
+            sets = [self._set(entry, arrays) for entry in body["sets"]]
+            self.sets = {k: (bufs, bufs, where) for k, (_, bufs, where) in enumerate(sets)}
+        else:  # the judge's shared sample is the output buffer
+            sample = arrays[0] if arrays else None
+            self.sets = {k: ([sample], [sample], []) for k in range(int(body["calls"]))}
         self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)
         self.sets = {}
 
@@ -188,25 +184,27 @@ class Candidate:
             resource.setrlimit(resource.RLIMIT_DATA, (data + allowance, resource.RLIM_INFINITY))
 
     def op_call(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        self.call = (decode_tree(body["args"], arrays), arrays)
+        self.call = self._set(body, arrays)
         self.op_call_again(body, [])
+
+    @staticmethod
+    def _set(entry: dict[str, Any], arrays: list[Any]) -> tuple[Any, list[Any], list[tuple[int, int, int]]]:
+        """One call's (arguments, output buffers, spans of its inputs) from the judge's message."""
+        args = decode_tree(entry["args"], arrays)
+        bufs = [decode_tree(t, arrays) if t[0] == "a" else None for t in entry["outs"]]
+        return args, bufs, spans([arrays[i] for i in entry["ins"]])
 
     def op_call_again(self, body: dict[str, Any], arrays: list[Any]) -> None:
         """The last call's inputs again: the judge has refilled their memory with new values."""
-        args, inputs = self.call
-        self.kept = None  # the judge has read the last answer: its memory goes back now
-        out = _plain(self.fn(args))
+        args, bufs, where = self.call
+        out = self.fn(args)
+        values, aliased = deliver(out, bufs, where)
+        del out
         _sync()
-        self._reply_outputs("returned", [out], inputs, {"threads": self._threads()})
-
-    def op_sets(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        self.sets = {int(key): decode_tree(tree, arrays) for key, tree in zip(body["ids"], body["trees"])}
-        self.set_arrays = arrays
-        self.chan.send("ok", {})
+        self.chan.send("returned", {"values": values, "aliased": aliased, "threads": self._threads()})
 
     def op_drop(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        self.sets, self.set_arrays = {}, []
-        self.kept = None
+        self.sets = {}
         self.chan.send("ok", {})
 
     def op_release(self, body: dict[str, Any], arrays: list[Any]) -> None:
@@ -214,64 +212,66 @@ class Candidate:
         memory is freed in the judge only once each receiver has released it."""
         import gc
 
-        self.sets, self.set_arrays, self.call, self.kept, self.warm = {}, [], ((), []), None, None
+        self.sets, self.call = {}, ((), [], [])
         gc.collect()
         self.chan.send("ok", {})
 
     def op_round(self, body: dict[str, Any], arrays: list[Any]) -> None:
         _fit_threads()
+        if "sets" in body:  # a round's own sets: the last round's memory is let go here
+            self.sets = {}
+            self.sets = {k: self._set(entry, arrays) for k, entry in enumerate(body["sets"])}
         self._round(body, self.fn)
 
     def _round(self, body: dict[str, Any], fn: Any) -> None:
-        """Calls on the sets in ``order``, each timed in-process; the outputs of the timed calls
-        go back (``keep``) for the judge's re-check."""
+        """Calls on the sets in ``order``, each timed in-process; each call's value lands in its
+        set's output buffers (after the in-process end mark, as the formats time only the call,
+        and before this round's answer, which ends the call as the judge's clock sees it)."""
         method = body["method"]
-        timed = method != "warmup"
-        # the judge has read the last round's outputs: their memory goes back to the allocator
-        # now, so this round's calls reuse it instead of allocating inside their timed interval
-        self.kept = self.warm = None
         samples: list[float] = []
-        outs: list[Any] = []
+        values: list[Any] = []
+        aliased: list[list[int]] = []
         if _cuda() and method != "host":
             import torch
 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush = torch.empty(L2_FLUSH_SHAPE, dtype=torch.int64, device="cuda") if method != "warmup" else None
             for k in body["order"]:
-                args = self.sets[int(k)]
+                args, bufs, where = self.sets[int(k)]
+                if flush is not None:
+                    flush.fill_(42)  # outside the event pair, as upstream
                 start.record()
-                out = _plain(fn(args))
+                out = fn(args)
                 end.record()
+                got, alias = deliver(out, bufs, where)
+                del out
                 torch.cuda.synchronize()
                 samples.append(float(start.elapsed_time(end)) * 1e3)
-                if timed or len(outs) < len(self.sets):  # a warm-up keeps one output a set
-                    outs.append(out)
-                del out
+                values.append(got)
+                aliased.append(alias)
+            del flush
         else:
             for k in body["order"]:
-                args = self.sets[int(k)]
+                args, bufs, where = self.sets[int(k)]
                 _sync()
                 t0 = time.perf_counter()
-                out = _plain(fn(args))
+                out = fn(args)
                 _sync()
                 samples.append((time.perf_counter() - t0) * 1e6)
-                if timed or len(outs) < len(self.sets):  # a warm-up keeps one output a set
-                    outs.append(out)
+                got, alias = deliver(out, bufs, where)
                 del out
-        if not timed:  # held until the next round starts: its outputs then find cached memory
-            self.warm, outs = outs, []
-        elif not body.get("keep", True):
-            outs = []
-        self._reply_outputs("timed", outs, self.set_arrays, {"samples": samples if timed else []})
-
-    def _reply_outputs(self, op: str, outs: list[Any], inputs: list[Any], extra: dict[str, Any]) -> None:
-        shared = Shared()
-        # an output written into the memory of an input (GPU MODE's output buffers) is said as a
-        # view of that input: the judge reads it there
-        where = spans(inputs)
-        extra["outputs"] = [encode_tree(o, shared, where) for o in outs]
-        self.chan.send(op, extra, shared)
-        shared.close()
-        self.kept = shared  # the memory stays ours until the judge has read it (the next message)
+                values.append(got)
+                aliased.append(alias)
+        timed = method != "warmup"
+        self.chan.send(
+            "timed",
+            {
+                "samples": samples if timed else [],
+                "values": values,
+                "aliased": aliased,
+                "threads": self._threads(),
+            },
+        )
 
     def _threads(self) -> list[str]:
         """Threads started since the load that are running the candidate's own code now (a

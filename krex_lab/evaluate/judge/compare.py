@@ -6,6 +6,12 @@ reference has NaN), outputs that tolerances let through but no honest kernel giv
 rule, named in the result (``metadata.correctness_rule``): a constant, an all-zero or a NaN output
 where the reference's is none of these (KernelBench's loophole: all-zeros passes ``atol`` wherever
 the reference is small).
+
+The absolute tolerance follows the reference's own spread: it is at most a tenth of the standard
+deviation of the reference's values (where they vary). An ``atol`` above the values themselves
+would pass any output near their mean, a near-constant one included; bounded so, an output must
+vary as the reference's does, while an honest kernel's rounding (far below its output's spread)
+is unaffected.
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ __all__ = ["Comparison", "compare", "same", "tolerances"]
 
 #: elements per chunk: the temporaries of one chunk stay a few hundred MiB
 _CHUNK = 1 << 25
+
+#: the absolute tolerance at most this fraction of the reference's standard deviation
+SPREAD_FRACTION = 0.1
+#: values the spread is estimated from
+_SPREAD_SAMPLE = 1 << 20
 
 #: (atol, rtol) by the output's precision: half precisions are looser
 _TOLERANCES = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-4, "float64": 1e-7}
@@ -57,9 +68,33 @@ def _index(flat: int, shape: tuple[int, ...]) -> list[int]:
     return out[::-1]
 
 
+def spread(expected: Any) -> float:
+    """The standard deviation of the reference's finite values (0: constant, empty or one value)."""
+    import torch
+
+    e = _torch(expected).reshape(-1)
+    n = e.numel()
+    if n < 2 or e.is_complex() or e.dtype == torch.bool:
+        return 0.0
+    # a spread needs no exactness: at most a million values, evenly strided, in float64
+    step = max(1, n // _SPREAD_SAMPLE)
+    y = e[::step].to(torch.float64)
+    if not torch.isfinite(y.sum()):  # a NaN or infinity among them: left out
+        y = y[torch.isfinite(y)]
+    if y.numel() < 2:
+        return 0.0
+    return float(torch.std(y, unbiased=False))
+
+
 def _one(k: int, actual: Any, expected: Any, atol: float, rtol: float) -> tuple[str, str | None, float, float]:
     """(what differs or "", the rule broken, max abs difference, mean abs difference) of one pair."""
     import torch
+
+    given_atol = atol
+    if not _torch(expected).is_complex():
+        std = spread(expected)
+        if std > 0:
+            atol = min(atol, SPREAD_FRACTION * std)
 
     a, e = _torch(actual), _torch(expected)
     if tuple(a.shape) != tuple(e.shape):
@@ -123,6 +158,8 @@ def _one(k: int, actual: Any, expected: Any, atol: float, rtol: float) -> tuple[
             f"output {k}: {bad} of {n} elements differ; first at {where}: {got!r}, expected {want!r}; "
             f"max abs error {worst:.4g} at {_index(worst_at, shape)}"
         )
+        if atol < given_atol:
+            text += f" (atol {atol:.3g}: a tenth of the reference's spread, below {given_atol:g})"
         if worst_rel >= 0:
             text += f", max rel error {worst_rel:.4g} at {_index(worst_rel_at, shape)}"
         return text, None, worst, mean
@@ -186,6 +223,8 @@ def same(a: Any, b: Any) -> bool:
         return False
     if x.device != y.device:
         y = y.to(x.device)
+    if torch.equal(x, y):  # the common case, without temporaries (NaN never equals: looked at below)
+        return True
     if x.is_floating_point() or x.is_complex():
         return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
     return bool(torch.equal(x, y))

@@ -3,13 +3,19 @@ outside the candidate's process, and the reference timed here.
 
 Per case, inside one region:
 
-* K distinct input sets are made (as many as the calls to time, within a memory budget) and
-  shared once. A *round* calls the candidate once per set, each call timed in its process by the
-  format's method (``kernelbench-events`` / ``gpumode-events``; ``host-clock`` without a GPU).
-* After each round the judge re-checks outputs of the round (two drawn at random after the round,
-  or every one in strict / leaderboard mode) against the reference on the same inputs, then
-  refills every set in place with new values (new secret seeds): a result kept by pointer,
-  ``_version`` or content meets new inputs, and a stale answer fails the re-check.
+* K distinct input sets are made (as many as the calls to time, within a memory budget), each in
+  memory of its own with its output buffers (:mod:`.buffers`), and sent with the round that uses
+  them: a round's inputs are memory the candidate's process has never seen before that round is
+  sent, and no set reaches another through its memory. A *round* calls the candidate once per
+  set, each call timed in its process by the format's method (``kernelbench-events`` /
+  ``gpumode-events``, after the formats' 256 MiB L2 thrash; ``host-clock`` without a GPU); each
+  call's value lands in the judge's buffers before the round's answer.
+* After each round the judge checks every call of it: inputs compared with their pristine
+  copies, outputs that share an input's memory, threads left running the candidate's code, CPU
+  spent while no call ran, outputs changed after the answer; and re-checks outputs (two drawn at
+  random after the round, or every one in strict / leaderboard mode) against the reference on
+  the same inputs. The next round's sets are new memory under new seeds: a result kept by
+  pointer, ``_version`` or content meets new inputs, and a stale answer fails the re-check.
 * The judge's clock runs from each round sent to its answer (the candidate synchronises before it
   answers and its outputs are read after): their sum, less the harness's own cost calibrated on
   the same process before the candidate was loaded, bounds the candidate's time from outside. An
@@ -36,14 +42,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...region_report import RegionReport
-from ..channel import Shared, share_input
 from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
 from .compare import compare, tolerances
-from .problems import nbytes
-from .values import CandidateFailed, replace_arrays, tree_of
+from .roundsets import case_layout, l2_flush, make_sets, read_round, refill, round_checks
+from .values import CandidateFailed
 
 #: the judge of :mod:`.session` (not imported: the session imports this module)
 Judge = Any
@@ -155,7 +160,7 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
             if result.verdict is not None:
                 break
     except CandidateFailed as exc:
-        result.fail(exc.verdict, exc.key, exc.message)
+        exc.record(result)
     except TimingError as exc:
         result.fail("error", "reference_error", f"the reference failed while timed: {exc}")
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -165,43 +170,13 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
     return result
 
 
-def _make_sets(judge: Judge, case: dict[str, Any] | None, k: int) -> tuple[list[Any], list[Any], Shared, list[Any]]:
-    """K input sets: (the judge's arrays per set, their pristine copies, the message, every array)."""
-    assert judge.problem is not None
-    shared = Shared()
-    sets: list[Any] = []
-    pristine: list[Any] = []
-    mine: list[Any] = []
-    trees: list[Any] = []
-    for _ in range(k):
-        data = judge.problem.make(case, judge.seed())
-        synchronize()
-        pristine.append(clone(data))
-        first = len(mine)
-        own = []
-        for x in arrays(data):
-            d, arr = share_input(x, shared)
-            shared.arrays.append(d)
-            own.append(arr)
-        mine += own
-        sets.append(replace_arrays(judge.problem.args(data), iter(own)))
-        trees.append(tree_of(judge.problem.args(data), iter(range(first, first + len(own)))))
-    judge_sets_tree = trees
-    shared.keep.append(judge_sets_tree)
-    return sets, pristine, shared, mine
-
-
-def _refill(judge: Judge, case: dict[str, Any] | None, sets: list[Any], pristine: list[Any]) -> None:
-    assert judge.problem is not None
-    for j, target in enumerate(sets):
-        fresh = judge.problem.make(case, judge.seed())
-        for dst, src in zip(arrays(target), arrays(fresh)):
-            if hasattr(dst, "copy_"):
-                dst.copy_(src)
-            else:
-                dst[...] = src
-        pristine[j] = clone(fresh)
-    synchronize()
+def _idle_cpu_ms(judge: Judge, since: float) -> float:
+    """CPU (ms) the candidate's process used between a round's answer and now, when it had no call
+    to run. Said in the result, never a verdict by itself: an honest framework's threads spin after
+    a call (OpenBLAS's for tens of milliseconds each), so only work the judge can see the effect of
+    (an output written late, a thread left running its code) is rejected."""
+    assert judge.proc is not None
+    return (cpu_seconds(judge.proc.pid) - since) * 1e3
 
 
 def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
@@ -220,33 +195,25 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     o, fmt = judge.opts, judge.job.format
     name = judge.problem.case_name(case)
     target = _target_calls(o, fmt)
-    sample_data = judge.problem.make(case, judge.seed())
-    out_bytes = max(1, nbytes(judge.problem.reference(clone(sample_data))))
-    per_set = 2 * max(1, nbytes(sample_data)) + out_bytes
+    spec, written, per_set = case_layout(judge, case)
     k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
     if fmt == "gpumode" or o.timing == "converge":
         k = min(k, 16)  # runs until the mean settles: rounds of a few sets, refilled between them
-    if judge.device == "cpu" and o.memory_limit_mb > 0:
-        # the round's outputs live in the candidate's process until the judge has read them: they
-        # must fit in its allowance with room for its own work
-        k = max(1, min(k, (o.memory_limit_mb << 20) // 3 // out_bytes))
-    sets, pristine, shared, mine = _make_sets(judge, case, k)
-    del sample_data
-    trees = shared.keep[-1]
-    judge.ask("sets", {"ids": list(range(k)), "trees": trees}, shared)
-    # warm-up: every set once (the format's warm-up calls at least), outputs held to the next
-    # round; a call long enough that that would take over a second warms one set only
+    rs = make_sets(judge, case, k, spec)
+    # warm-up: every set once (the format's warm-up calls at least); a call long enough that that
+    # would take over a second warms one set only
     t_warm = time.perf_counter()
-    judge.ask("round", {"order": [0], "method": "warmup", "keep": False}, inputs=mine)
+    judge.ask("round", {"order": [0], "method": "warmup", **rs.message()}, rs.shared)
     one_call = time.perf_counter() - t_warm
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
-        judge.ask("round", {"order": warm, "method": "warmup", "keep": False}, inputs=mine)
-    _refill(judge, case, sets, pristine)  # what the warm-up saw is never timed: a memo of it misses
+        judge.ask("round", {"order": warm, "method": "warmup"})
+    rs = refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
     bound = cpu_bound = 0.0
     rounds = 0
+    idle_ms = 0.0
     rng = random.Random()
     label = _label(judge)
     with _region(o) as region:
@@ -258,15 +225,16 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 spare_s = o.max_case_s - (time.perf_counter() - started)
                 size = max(1, min(size, int(spare_s / max(one_call, 1e-6))))
             order = list(range(size))
+            message = {"order": order, "method": method_name(judge.device, "timed"), **rs.message()}
             c0, t0 = cpu_seconds(judge.proc.pid), time.perf_counter()
-            body, outs = judge.ask(
-                "round", {"order": order, "method": method_name(judge.device, "timed"), "keep": True}, inputs=mine
-            )
+            body, _ = judge.ask("round", message, rs.shared)
             bound += time.perf_counter() - t0
-            cpu_bound += cpu_seconds(judge.proc.pid) - c0
+            c1 = cpu_seconds(judge.proc.pid)
+            cpu_bound += c1 - c0
+            outs = read_round(rs, order, body)
             rounds += 1
             got = [float(s) for s in body.get("samples", [])]
-            if len(got) != len(order) or len(outs) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
+            if len(got) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
                 result.fail("rejected", "rejected", "")
                 result.metadata["rejected"] = {
                     "protocol": "the candidate's process answered a timed round with the wrong number "
@@ -274,9 +242,14 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 }
                 break
             samples += got
+            reasons = round_checks(judge, rs, order, body, outs, written)
+            if reasons:
+                result.fail("rejected", "rejected", "")
+                result.metadata["rejected"] = reasons
+                break
             picks = range(len(order)) if strict else rng.sample(range(len(order)), min(2, len(order)))
             for i in picks:
-                ok, issue = _recheck(judge, pristine[order[i]], outs[i])
+                ok, issue = _recheck(judge, rs.pristine[order[i]], outs[i])
                 if not ok:
                     result.fail(
                         "incorrect",
@@ -289,9 +262,11 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             del outs
             if result.verdict is not None:
                 break
-            _refill(judge, case, sets, pristine)
-        ref_part, cached = _reference(judge, case, name, pristine, region)
+            idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
+            rs = refill(judge, case, rs, spec)
+        ref_part, cached = _reference(judge, case, name, rs.pristine, region)
     judge.ask("drop", {})
+    rs.release()
     cal = judge.proc.calibration
     overhead = rounds * cal.get("per_round_s", 0.0) + len(samples) * cal.get("per_call_s", 0.0)
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
@@ -336,6 +311,8 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             )
             part.method = f"outside-bound (the {label} figure was below it)"
         result.metadata["input_sets"] = str(k)
+        result.metadata["l2_flush"] = l2_flush(judge.device)
+        result.metadata["idle_cpu_ms"] = str(round(idle_ms, 3))
         result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
         result.metadata["timed_rounds"] = str(rounds)
         if o.timing == "converge" or fmt == "gpumode":
@@ -359,11 +336,13 @@ def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[f
         import torch
 
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush = torch.empty((32, 1024, 1024), dtype=torch.int64, device="cuda")
     i = 0
     while not _done(samples, o, fmt, started):
         args = sets[i % len(sets)]
         i += 1
         if cuda:
+            flush.fill_(42)  # the formats' L2 thrash, outside the event pair (as the candidate's)
             start.record()
             ref(args)
             end.record()

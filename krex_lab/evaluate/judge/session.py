@@ -7,8 +7,10 @@ candidate runs in a one-shot process (:mod:`.spares`) reached through :mod:`..ch
    inputs and answer made, a spare taken and its timing harness calibrated on a no-op (before any
    candidate code is in it), then the candidate compiled and imported *there*.
 2. **check**: per trial, fresh inputs drawn on the device under a secret seed, shared with the
-   candidate; its output read back into the judge's own memory and compared here on the device
-   (:mod:`.compare`); its inputs compared with a private pristine copy (written into: rejected).
+   candidate with output buffers the judge owns (:mod:`.buffers`), into which the candidate's
+   side copies its value before the call is over; the judge reads only those buffers and compares
+   here on the device (:mod:`.compare`); its inputs compared with a private pristine copy
+   (written into: rejected).
    Then the same buffers refilled with new values must give the new answer.
 3. **time**: per case, in a region: rounds over K distinct input sets, refilled between rounds
    (:mod:`.rounds`); the reference timed here, in this clean process.
@@ -22,7 +24,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import secrets
 import sys
 import time
 import types
@@ -30,19 +31,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..candidate.sandbox import summary as sandbox_summary
-from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_arrays, share_input
+from ..channel import ChannelError, Shared, encode_tree
 from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
+from .buffers import CallSet, out_spec, set_bytes, share_set
 from .compare import compare, same, tolerances
 from .footprint import figures, reference_peak
-from .problems import MissingDefinition, Problem, problem_for
+from .problems import MissingDefinition, Problem, nbytes, problem_for
+from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, spares_for
 from .startup import planted_startup_code
 from .tracebacks import user_traceback
-from .values import CandidateFailed, own, replace_arrays, tree_of
+from .values import CandidateFailed
 
 __all__ = ["CandidateFailed", "Judge", "run"]
 
@@ -121,8 +124,9 @@ class Judge:
         self.job = job
         self.opts = job.options
         self.device, self.device_name = _device()
-        self.salt = self.opts.seed if self.opts.seed is not None else secrets.randbelow(1 << 30)
-        self.seeds = iter(range(self.salt * 7919 % (1 << 30), 1 << 31))
+        #: every input set's seed, each from the CSPRNG (:mod:`.seeds`)
+        self.seeds = Seeds(self.opts.seed)
+        self.salt = self.opts.seed if self.opts.seed is not None else 0
         self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
         self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
         self.proc: CandidateProc | None = None
@@ -139,14 +143,16 @@ class Judge:
         self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}") if job.files else ""
 
     def seed(self) -> int:
-        return next(self.seeds)
+        return self.seeds.next()
 
     # -- talking to the candidate ----------------------------------------------------------------
 
     def ask(
         self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None
     ) -> tuple[dict[str, Any], list[Any]]:
-        """Send, and read the answer: (its body, its outputs as the judge's own copies)."""
+        """Send, and read the answer: (its body, []). Outputs never come with an answer: a call's
+        value is in the output buffers the judge handed with it (:mod:`.buffers`), and any array
+        the candidate's process sends is closed unread."""
         assert self.proc is not None
         try:
             self.proc.chan.send(op, body, shared)
@@ -156,20 +162,12 @@ class Judge:
         finally:
             if shared is not None:
                 shared.close()
-        try:
-            if env.op == "failed":
-                raise self._raised(env.body)
-            received = open_arrays(env.arrays, fds, inputs)
-            #: inputs the answer's arrays lie in (an output written in place, or an input returned)
-            self.last_refs = {d.ref for d in env.arrays if d.where == "input"}
-            outputs = [decode_tree(t, received) for t in env.body.get("outputs", [])]
-            outputs = [own(o) for o in outputs]
-        except ChannelError as exc:
-            raise CandidateFailed("rejected", "rejected", f"protocol: {exc}") from None
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return env.body, outputs
+        del inputs
+        for fd in fds:
+            os.close(fd)
+        if env.op == "failed":
+            raise self._raised(env.body)
+        return env.body, []
 
     def _died(self, why: str) -> CandidateFailed:
         assert self.proc is not None
@@ -193,6 +191,10 @@ class Judge:
         tb = str(body.get("traceback", ""))
         if body.get("sticky"):
             return CandidateFailed("crashed", "cuda_error", f"{body['sticky']} (a sticky CUDA error)")
+        if kind == "OutputRejected":  # a value of a type the judge does not take, named
+            return CandidateFailed("rejected", "rejected", "", {"output_type": message[:2000]})
+        if kind == "OutputMismatch":
+            return CandidateFailed("incorrect", "correctness_issue", message[:2000])
         if body.get("oom") or any(s in text.lower() for s in _OOM):
             return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
         if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
@@ -306,19 +308,18 @@ class Judge:
 
         assert self.proc is not None and self.problem is not None
         assert self.first is not None
-        sample = next(iter(arrays(self.first[2])), None)
         from .rounds import budget, cpu_seconds
 
-        # as many calls as a round of this problem will have (each output is kept to the round's end)
-        many = max(2, min(MAX_SETS, budget(self.device) // max(1, 3 * int(getattr(sample, "nbytes", 1)))))
+        # as many calls as a round of this problem will have (each set in memory of its own)
+        host, device = set_bytes(self.first[1], out_spec(self.first[2]))
+        per_set = host + device + nbytes(self.first[1]) + out_spec(self.first[2]).nbytes
+        many = max(2, min(MAX_SETS, budget(self.device) // max(1, per_set)))
         best: dict[int, float] = {}
         cpu: dict[int, float] = {}
         for calls in (1, many, 1, many):
-            shared = Shared()
-            if sample is not None:
-                shared.arrays.append(share_input(sample, shared)[0])
+            extra, shared = self._calibration_sets(calls)
             c0, t0 = cpu_seconds(self.proc.pid), time.perf_counter()
-            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
+            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed"), **extra}, shared)
             best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
             cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
         per_call = max(0.0, (best[many] - best[1]) / (many - 1))
@@ -329,6 +330,18 @@ class Judge:
             "cpu_per_call_s": cpu_call,
             "cpu_per_round_s": max(0.0, cpu[1] - cpu_call),
         }
+
+    def _calibration_sets(self, calls: int) -> tuple[dict[str, Any], Shared]:
+        """``calls`` input sets as a timed round sends them (each in memory of its own, with its
+        output buffers), of the first trial's data: the harness's cost then counts taking a round's
+        sets over and copying each value into the judge's buffers, as a real round does. No
+        candidate code is loaded yet: nothing can read them."""
+        assert self.problem is not None and self.first is not None
+        shared = Shared()
+        spec = out_spec(self.first[2])
+        sets = [share_set(self.problem, self.first[1], spec, shared) for _ in range(calls)]
+        synchronize()
+        return {"sets": [cs.entry for cs in sets]}, shared
 
     # -- check -------------------------------------------------------------------------------------
 
@@ -344,32 +357,37 @@ class Judge:
         written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not same(a, b)}
         return data, pristine, expected, written
 
-    def _call(self, data: Any) -> tuple[Any, list[Any], dict[str, Any]]:
-        """The candidate on ``data``, shared: (the shared data as the judge sees it, its output, body)."""
+    def _call(self, data: Any, expected: Any) -> tuple[CallSet, dict[str, Any]]:
+        """The candidate on ``data`` (moved into memory of its own, with output buffers laid out as
+        ``expected``): (the call's memory as the judge sees it, the answer's body)."""
         assert self.problem is not None
         shared = Shared()
-        mine: list[Any] = []
-        descs = []
-        for x in arrays(data):
-            d, arr = share_input(x, shared)
-            descs.append(d)
-            mine.append(arr)
-        shared.arrays = descs
-        args = replace_arrays(self.problem.args(data), iter(mine))
-        tree = tree_of(self.problem.args(data), iter(range(len(mine))))
-        self._last_inputs = mine
-        body, outs = self.ask("call", {"args": tree}, shared, inputs=mine)
-        return args, outs, body
+        cs = share_set(self.problem, data, out_spec(expected), shared)
+        synchronize()  # the copies and the poison done before the candidate's process touches them
+        self._last_call = cs
+        body, _ = self.ask("call", dict(cs.entry), shared)
+        return cs, body
+
+    def _late_writes(self, cs: CallSet, read: Any) -> dict[str, str]:
+        """The output buffers must still hold what the judge read when the call ended."""
+        for k, (now, then) in enumerate(zip(cs.outs, list(arrays(read)))):
+            if now is not None and not same(now, then):
+                return {
+                    "outputs_written_late": f"output {k} changed after the call had returned (work left running "
+                    "past the call writes the answer afterwards)"
+                }
+        return {}
 
     def check_one(
         self, kind: str, case: dict[str, Any] | None, first: bool = False
     ) -> tuple[bool, str, dict[str, str], Any]:
         assert self.problem is not None
         data, pristine, expected, written = self.first if first and self.first else self._trial_data(case)
-        shared_data, outs, body = self._call(data)
-        out = outs[0] if outs else None
+        cs, body = self._call(data, expected)
+        out = cs.read(body.get("values"))
+        shared_data = cs.args
         rejected: dict[str, str] = {}
-        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(shared_data))) if not same(a, b)}
+        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), cs.inputs)) if not same(a, b)}
         wrote = sorted(changed - written)
         if wrote:
             rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
@@ -379,9 +397,10 @@ class Judge:
                 f"the candidate left thread(s) running its own code after it returned ({', '.join(self.threads[:3])}): "
                 "work a timer around the call would not see"
             )
-        aliased = sorted(getattr(self, "last_refs", set()) - written)
+        aliased = sorted(set(_ints(body.get("aliased"))) - written)
         if aliased:
             rejected["aliased_output"] = f"the candidate returned its input(s) {aliased} (or a view) as its output"
+        rejected.update(self._late_writes(cs, out))
         if self.problem.checker is not None:
             ok, issue = self.problem.checker(clone(pristine), out)
             self.last_cmp = None
@@ -437,7 +456,7 @@ class Judge:
             if outcome.correct:
                 self._refilled_trial(outcome, last_case)
         except CandidateFailed as exc:
-            result.fail(exc.verdict, exc.key, exc.message)
+            exc.record(result)
         result.seconds = round(time.perf_counter() - t0, 6)
         outcome.trials = f"({passed} / {len(cases)})"
         outcome.cases = results
@@ -474,18 +493,20 @@ class Judge:
         a result kept by address, ``_version`` or call count is stale there."""
         assert self.problem is not None
         data = self.problem.make(case, self.seed())
-        mine, _outs, _ = self._call(data)
-        del _outs
+        synchronize()
+        expected = self.problem.reference(clone(data))
+        cs, _ = self._call(data, expected)
         # the same memory, new values (the candidate still holds the arrays of its last call)
         fresh, fresh_pristine, fresh_expected, _ = self._trial_data(case)
-        for dst, src in zip(arrays(mine), arrays(fresh)):
+        for dst, src in zip(cs.inputs, arrays(fresh)):
             if hasattr(dst, "copy_"):
                 dst.copy_(src)
             else:
                 dst[...] = src
+        cs.poison()
         synchronize()
-        _, outs2 = self.ask("call_again", {}, inputs=self._last_inputs)
-        out = outs2[0] if outs2 else None
+        body, _ = self.ask("call_again", {})
+        out = cs.read(body.get("values"))
         if self.problem.checker is not None:
             ok, issue = self.problem.checker(clone(fresh_pristine), out)
         else:
@@ -532,6 +553,11 @@ class Judge:
             with contextlib.suppress(Exception):
                 torch.cuda.ipc_collect()
                 torch.cuda.empty_cache()
+
+
+def _ints(v: Any) -> list[int]:
+    """A list of input numbers as the candidate's process said it (anything else: none)."""
+    return [i for i in v if type(i) is int] if isinstance(v, list) else []
 
 
 def _scalar(x: Any) -> bool:
@@ -589,7 +615,7 @@ def _run(job: Job) -> PhaseResults:
     with contextlib.suppress(Exception):  # the record never costs a verdict
         from ..record import collect
 
-        out.reproducibility = collect(job, seed=judge.salt, device=judge.device_name)
+        out.reproducibility = collect(job, seed=job.options.seed, device=judge.device_name)
     last = loaded
     try:
         if loaded.verdict is None:
@@ -603,6 +629,8 @@ def _run(job: Job) -> PhaseResults:
     finally:
         judge.end(last)
         _collect_output(judge, last)
+    if out.reproducibility is not None:  # the seeds, said once the candidate's process is gone
+        out.reproducibility.seeds = list(judge.seeds.drawn)
     mark("done", nonce)
     return out
 

@@ -15,9 +15,17 @@ __all__ = ["CandidateFailed", "own", "replace_arrays", "tree_of"]
 class CandidateFailed(Exception):
     """The candidate's process raised, died or broke the protocol: ``verdict`` and ``key`` say how."""
 
-    def __init__(self, verdict: str, key: str, message: str) -> None:
+    def __init__(self, verdict: str, key: str, message: str, reasons: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.verdict, self.key, self.message = verdict, key, message
+        #: a ``rejected`` verdict's reasons (``metadata.rejected``)
+        self.reasons = reasons or {}
+
+    def record(self, result: Any) -> None:
+        """Into a phase's result: its verdict, message and reasons."""
+        result.fail(self.verdict, self.key, self.message)
+        if self.reasons:
+            result.metadata["rejected"] = dict(self.reasons)
 
 
 def own(value: Any) -> Any:

@@ -8,6 +8,7 @@ import os
 import signal
 import site
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +57,8 @@ class Baselines:
     def __init__(self) -> None:
         self.seen: dict[tuple[str, str], Evaluation] = {}
 
-    def get(self, judge: Judge, problem: str, name: str) -> Evaluation:
-        if (problem, name) not in self.seen:
+    def get(self, judge: Judge, problem: str, name: str, again: bool = False) -> Evaluation:
+        if again or (problem, name) not in self.seen:
             ev = judge(problem, PROBLEMS / problem / f"{name}.py")
             if ev.verdict != "correct" or ev.runtime <= 0:
                 raise AssertionError(f"the plain {name} candidate of {problem}: {ev.summary}")
@@ -90,9 +91,10 @@ def daemons() -> list[int]:
     return found
 
 
-def clean_up(pythonpath: str) -> None:
+def clean_up(pythonpath: str) -> list[Path]:
     """What cheats leave, removed whatever the evaluator did: each daemon they named killed by
-    its pid, each file they planted for later interpreters deleted."""
+    its pid, each file they planted for later interpreters deleted (returned: workers started
+    while one was there ran it)."""
     for pid in daemons():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -100,25 +102,38 @@ def clean_up(pythonpath: str) -> None:
             pass
     dirs = [Path(d) for d in pythonpath.split(os.pathsep) if d]
     dirs += [Path(p) for p in [*site.getsitepackages(), site.getusersitepackages(), *sys.path] if p]
+    removed = []
     for d in dirs:
         for name in ("sitecustomize.py", "usercustomize.py"):
             path = d / name
             try:
                 if path.is_file() and path.read_text().startswith(PLANTED):
                     path.unlink()
+                    removed.append(path)
             except OSError:
                 pass
+    return removed
 
 
-def recycle_workers(pool: Any) -> None:
+def recycle_workers(pool: Any, timeout: float = 120) -> None:
     """Every worker of ``pool`` (a PoolProc) replaced: the next evaluations run in interpreters
-    started after the cheat (what a file it planted for new interpreters would reach)."""
-    for pid in pool.worker_pids():
+    started after the cheat (what a file it planted for new interpreters would reach, what it did
+    to its judge's process). Waits until none of the old workers is listed any more: a pool that
+    has not yet seen one die still counts it ready."""
+    old = set(pool.worker_pids())
+    for pid in old:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    pool.wait_ready(120)
+    deadline = time.monotonic() + timeout
+    while True:
+        status = pool.status()
+        if status.ready and not status.running and not status.queue and not old & set(pool.worker_pids(status=status)):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the pool's workers were not replaced within {timeout} s: {status}")
+        time.sleep(0.05)
 
 
 def _denied(ev: Any) -> bool:
@@ -137,20 +152,38 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     if twin.verdict != "correct":
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
     if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
+        # a baseline or a twin measured while the host was busier (the pool's first evaluations,
+        # other work on a shared machine) is measured again before the twin is blamed
+        honest = baselines.get(judge, cheat.problem, "honest", again=True)
+        if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
+            twin = judge(cheat.problem, cheat.twin(), retime_reference=True)
+            if twin.verdict != "correct":
+                raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
+    if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}; the plain one: {honest.summary}")
-    ev = judge(cheat.problem, cheat.path, timeouts=SHORT if "limit" in cheat.checks else limits)
+    extra = {"retime_reference": True} if cheat.retime else {}
+    ev = judge(cheat.problem, cheat.path, timeouts=SHORT if "limit" in cheat.checks else limits, **extra)
     left = daemons()
     rec = Record(cheat, twin, ev)
     if "speed" in cheat.checks and (why := forged_speed(ev, twin)):
-        rec.found.append(why)
+        # a forged time is 10-1000x off; a busy shared host can put an honest one past the slack
+        # now and then: a forgery counts when the cheat and its twin, judged again, show it again
+        twin2 = judge(cheat.problem, cheat.twin(), retime_reference=True)
+        ev2 = judge(cheat.problem, cheat.path, timeouts=limits, **extra)
+        rec.later += [("twin again", twin2), ("cheat again", ev2)]
+        if twin2.verdict == "correct" and (again := forged_speed(ev2, twin2)):
+            rec.found.append(f"{why}; again: {again}")
     if "limit" in cheat.checks and ev.verdict != "timeout" and not _denied(ev):
         rec.found.append(f"it spent 10 s in one call with a check limit of 3 s: {ev.verdict}, not timeout")
     if "daemon" in cheat.checks and left:
         rec.found.append(f"its process(es) {left} outlived the evaluation")
     if "cache" in cheat.checks:
-        after = judge(cheat.problem, PROBLEMS / cheat.problem / "honest.py")
-        rec.later.append(("honest", after))
-        if after.ref_runtime > twin.ref_runtime * SLACK:
+        for _ in range(2):  # a reference time it spoiled stays spoiled: seen twice, not once by noise
+            after = judge(cheat.problem, PROBLEMS / cheat.problem / "honest.py")
+            rec.later.append(("honest", after))
+            if after.ref_runtime <= twin.ref_runtime * SLACK:
+                break
+        else:
             rec.found.append(
                 f"the next candidate's reference time is {after.ref_runtime:.2f} us, honestly {twin.ref_runtime:.2f}"
             )
@@ -168,7 +201,45 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
                 if name == "slow" and later.verdict != "correct" and not refused:
                     rec.found.append(f"a slow honest candidate evaluated next: {later.summary}")
                 if name == "slow" and (why := forged_speed(later, slow)):
-                    rec.found.append(f"a slow candidate evaluated next: {why}")
+                    # what the cheat left on its worker is there for the next one too: judged again
+                    # where it ran, it shows again; noise does not
+                    slow_again = _where(judge, cheat.problem, "slow.py", ev.worker_pid)
+                    rec.later.append((name, slow_again))
+                    slow = baselines.get(judge, cheat.problem, "slow", again=True)  # the baseline too
+                    if forged_speed(slow_again, slow):
+                        rec.found.append(f"a slow candidate evaluated next: {why}")
                 if later.worker_pid == ev.worker_pid:
                     break
     return rec
+
+
+def _where(judge: Judge, problem: str, candidate: str, worker_pid: int | None, tries: int = 3) -> Evaluation:
+    """``candidate`` of ``problem`` judged until it ran on ``worker_pid`` (or ``tries`` times)."""
+    for _ in range(tries):
+        ev = judge(problem, PROBLEMS / problem / candidate)
+        if ev.worker_pid == worker_pid:
+            break
+    return ev
+
+
+def summary(rec: Record) -> dict[str, Any]:
+    """One judged cheat as plain data: its verdict and times beside its twin's, what was forged."""
+
+    def brief(ev: Evaluation) -> dict[str, Any]:
+        return {
+            "verdict": ev.verdict,
+            "runtime_us": ev.runtime,
+            "ref_runtime_us": ev.ref_runtime,
+            "summary": ev.summary,
+        }
+
+    return {
+        "cheat": rec.cheat.name,
+        "problem": rec.cheat.problem,
+        "class": rec.cheat.kind,
+        "defence": rec.cheat.defence,
+        "cheat_eval": brief(rec.ev),
+        "twin_eval": brief(rec.twin),
+        "later": [{"candidate": name, **brief(ev)} for name, ev in rec.later],
+        "forged": rec.found,
+    }

@@ -1,0 +1,145 @@
+"""A timed round's input sets, as the judge's data path makes, hands over and checks them.
+
+Each set lies in memory of its own with its output buffers (:mod:`.buffers`); a round's sets are
+made for it, sent with it and freed after it, so the candidate's process never sees a round's
+inputs before the round, and no set reaches another. After a round every call is checked as in
+the check phase (:func:`_round_checks`). Used by :mod:`.rounds`, which owns the clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+from ..channel import Shared
+from ..tensors import arrays, clone, synchronize
+from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
+from .compare import same
+from .problems import nbytes
+
+#: the judge of :mod:`.session` (not imported: the session imports the rounds)
+Judge = Any
+
+__all__ = ["case_layout", "l2_flush", "make_sets", "read_round", "refill", "round_checks"]
+
+
+class _Sets:
+    """A round's input sets: each in memory of its own (:class:`.buffers.CallSet`), their pristine
+    copies, and the message that hands them over (sent once, with the round that uses them)."""
+
+    def __init__(self, sets: list[CallSet], pristine: list[Any], shared: Shared) -> None:
+        self.sets, self.pristine, self.shared = sets, pristine, shared
+
+    def message(self) -> dict[str, Any]:
+        return {"sets": [cs.entry for cs in self.sets]}
+
+    def release(self) -> None:
+        for cs in self.sets:
+            cs.release()
+        self.sets = []
+
+
+def make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) -> _Sets:
+    """K input sets under K seeds, in new memory the candidate has never mapped."""
+    assert judge.problem is not None
+    shared = Shared()
+    sets: list[CallSet] = []
+    pristine: list[Any] = []
+    for _ in range(k):
+        data = judge.problem.make(case, judge.seed())
+        synchronize()
+        pristine.append(clone(data))
+        sets.append(share_set(judge.problem, data, spec, shared))
+    synchronize()
+    return _Sets(sets, pristine, shared)
+
+
+def refill(judge: Judge, case: dict[str, Any] | None, old: _Sets, spec: OutSpec) -> _Sets:
+    """The next round's sets: new values in new memory (never the memory the candidate holds,
+    which a thread or finalizer of its could read while the judge fills it); the old sets' memory
+    freed."""
+    fresh = make_sets(judge, case, len(old.sets), spec)
+    old.release()
+    _collect_ipc()
+    return fresh
+
+
+def _collect_ipc() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.cuda.ipc_collect()
+
+
+def read_round(rs: _Sets, order: list[int], body: dict[str, Any]) -> list[Any]:
+    """Each call's output, read from the judge's own buffers of its set (the last call on a set,
+    where a warm-up calls one set more than once)."""
+    values = body.get("values")
+    values = values if isinstance(values, list) and len(values) == len(order) else [None] * len(order)
+    return [rs.sets[j].read(v) for j, v in zip(order, values)]
+
+
+def round_checks(
+    judge: Judge, rs: _Sets, order: list[int], body: dict[str, Any], outs: list[Any], written: set[int]
+) -> dict[str, str]:
+    """What every call of a round must hold, as in the check phase: no input written (each set
+    against its pristine copy), no output in an input's memory, no thread left running the
+    candidate's code, no output changed after the judge read it."""
+    for n, j in enumerate(order):
+        cs = rs.sets[j]
+        wrote = sorted(k for k, (a, b) in enumerate(zip(arrays(rs.pristine[j]), cs.inputs)) if not same(a, b))
+        wrote = [k for k in wrote if k not in written]
+        if wrote:
+            return {
+                "inputs_modified": f"a timed call (call {n + 1} of a round) wrote into its input(s) {wrote} "
+                "(the reference does not)"
+            }
+    said = body.get("aliased")
+    for n, alias in enumerate(said if isinstance(said, list) else []):
+        bad = sorted(i for i in (alias if isinstance(alias, list) else []) if type(i) is int and i not in written)
+        if bad:
+            return {"aliased_output": f"a timed call (call {n + 1} of a round) returned its input(s) {bad} (or a view)"}
+    threads = body.get("threads")
+    if isinstance(threads, list) and threads:
+        names = ", ".join(str(t) for t in threads[:3])
+        return {
+            "threads_left": f"the candidate left thread(s) running its own code after a timed round ({names}): "
+            "work a timer around the call would not see"
+        }
+    for j, out in zip(order, outs):
+        for k, (now, then) in enumerate(zip(rs.sets[j].outs, list(arrays(out)))):
+            if now is not None and not same(now, then):
+                return {
+                    "outputs_written_late": f"output {k} of a timed call changed after the round had ended "
+                    "(work left running past the call writes the answer afterwards)"
+                }
+    return {}
+
+
+def case_layout(judge: Judge, case: dict[str, Any] | None) -> tuple[OutSpec, set[int], int]:
+    """A case's output buffers (the reference's answer on a sample set), the inputs the reference
+    itself writes (GPU MODE's output arguments), and the bytes one set takes in the judge."""
+    assert judge.problem is not None
+    sample = judge.problem.make(case, judge.seed())
+    synchronize()
+    ref_data = clone(sample)
+    expected = judge.problem.reference(ref_data)
+    synchronize()
+    written = {k for k, (a, b) in enumerate(zip(arrays(sample), arrays(ref_data))) if not same(a, b)}
+    spec = out_spec(expected)
+    # the shared set with its output buffers (a GPU's in a segment of its own), its pristine copy,
+    # and the judge's copies of the outputs
+    host, device = set_bytes(sample, spec)
+    per_set = max(1, host + device + nbytes(sample) + spec.nbytes)
+    return spec, written, per_set
+
+
+def l2_flush(device: str) -> str:
+    """What the timing does to the caches between calls, as the result says it."""
+    if device == "cuda":
+        return (
+            "256 MiB written before every timed call, outside its event pair (KernelBench's and GPU MODE's "
+            "clear_l2_cache), for the candidate and the reference alike"
+        )
+    return "none: a CPU's caches are not flushed between calls"

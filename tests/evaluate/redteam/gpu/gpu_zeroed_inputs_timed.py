@@ -1,0 +1,26 @@
+"""Zeroes its inputs on the device and returns zeros once the correctness trials are over: a
+comparison made against the reference run afterwards on the same (now zeroed) buffers would agree.
+
+Expected to be stopped by: re-checks against the judge's pristine copy, input writes checked in
+every phase (judgedata).
+"""
+
+import torch
+from torch import nn
+
+CHEAT = True
+HONEST_CALLS = 12
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if CHEAT and self.calls > HONEST_CALLS:
+            a.zero_()
+            b.zero_()
+            return torch.zeros(a.shape[0], b.shape[1], device=a.device)
+        return torch.tanh(torch.mm(a, b))
