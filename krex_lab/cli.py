@@ -187,8 +187,8 @@ def _status(args: argparse.Namespace) -> int:
         return int(run(args))
     import json
 
-    from .arbiter.status import format_table
     from .client import status
+    from .node_status import format_table
 
     try:
         table = status()

@@ -339,7 +339,7 @@ class Exclusive:
 
     def _withdraw(self, session: Session, conn: Connection) -> None:
         # We do not know the region id before the grant; releasing by session withdraws it.
-        from .arbiter.status import NodeStatus
+        from .node_status import NodeStatus
 
         table = NodeStatus.of(conn.call(protocol.Status(ticket=conn.ticket()), timeout=2.0))
         for g in table.gpus:

@@ -288,8 +288,8 @@ class KrexMagics(Magics):
     def krex_status(self, line: str = "") -> None:
         """Print the node's GPUs, holders, queues and sessions."""
         __tracebackhide__ = True
-        from .arbiter.status import format_table
         from .client import status
+        from .node_status import format_table
         from .serverext.arbiter_kind import describe, kind_of_current
 
         try:

@@ -70,7 +70,7 @@ class Placements:
     def _choose_with_pending(self, status: object) -> int:
         """The GPU with the fewest sessions, counting the kernels placed but not yet registered
         (``status``: the arbiter's ``Status`` answer), then the most free memory."""
-        from .arbiter.status import NodeStatus
+        from .node_status import NodeStatus
 
         gpus = NodeStatus.of(status).gpus
         registered = {s.pid for g in gpus for s in g.sessions}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import psutil
 import pytest
 
 import krex_lab
+from krex_lab import launcher
 
 #: The directory that holds the ``krex_lab`` package (a checkout's root, or site-packages).
 ROOT = Path(krex_lab.__file__).resolve().parent.parent
@@ -69,44 +69,42 @@ class ArbiterProc:
 
     def start(self, timeout: float = 20) -> ArbiterProc:
         """Start it and return once it answers ``hello`` (raises, with its output, if it does not)."""
-        with open(self.log_path, "ab") as out:  # the child keeps a descriptor of its own
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "krex_lab.cli",
-                    "arbiter",
-                    "--backend",
-                    self.backend,
-                    "--fake-gpus",
-                    str(self.gpus),
-                    # A test's regions keep other sessions off their cores, never the machine's other
-                    # processes (tests running beside it, the developer's shell): the shield's own
-                    # tests ask for more.
-                    # KREX_TEST_SHIELD names another (the GPU run of the region tests with cpuset).
-                    *(
-                        ()
-                        if any("shield" in a for a in self.extra)
-                        else (f"--Arbiter.shield={os.environ.get('KREX_TEST_SHIELD') or 'sessions'}",)
-                    ),
-                    *self.extra,
-                ],
-                env=self.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
         from krex_lab import client
         from krex_lab.errors import ArbiterUnavailable
 
-        deadline = time.monotonic() + timeout
-        while True:
+        self.proc = proc = launcher.start(
+            launcher.command(
+                "krex_lab.cli",
+                "arbiter",
+                "--backend",
+                self.backend,
+                "--fake-gpus",
+                str(self.gpus),
+                # A test's regions keep other sessions off their cores, never the machine's other
+                # processes (tests running beside it, the developer's shell): the shield's own
+                # tests ask for more.
+                # KREX_TEST_SHIELD names another (the GPU run of the region tests with cpuset).
+                *(
+                    ()
+                    if any("shield" in a for a in self.extra)
+                    else (f"--Arbiter.shield={os.environ.get('KREX_TEST_SHIELD') or 'sessions'}",)
+                ),
+                *self.extra,
+            ),
+            self.log_path,
+            env=self.env(),
+        )
+
+        def answers() -> bool:
             try:
                 client.hello(self.endpoint, timeout=0.5)  # waits up to 0.5 s for the socket to answer
-                return self
+                return True
             except ArbiterUnavailable:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"arbiter did not start:\n{self.output()}") from None
-                time.sleep(0.05)  # no socket yet: connecting fails at once, so poll
+                return False  # no socket yet: connecting fails at once, so poll
+
+        if not launcher.wait_until(answers, lambda: proc.poll() is None, timeout):
+            raise RuntimeError(f"arbiter did not start:\n{self.output()}")
+        return self
 
     def output(self) -> str:
         """What the arbiter and its guardian have printed so far."""
@@ -141,13 +139,8 @@ class ArbiterProc:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            launcher.stop(self.proc, 10)
 
 
 def running_arbiter(

@@ -33,7 +33,7 @@ from . import paths
 from .errors import KrexError
 
 if TYPE_CHECKING:
-    from .arbiter.sessions import SessionRow
+    from .node_status import SessionRow
 
 #: Slurm keeps a node's reason short in its listings; ours says what and where first
 REASON_MAX = 200
@@ -141,7 +141,7 @@ def prolog(args: argparse.Namespace) -> int:
 
 def _job_sessions(table: object, job: str) -> list[SessionRow]:
     """The sessions of Slurm job ``job`` in ``table`` (the arbiter's status answer)."""
-    from .arbiter.status import NodeStatus
+    from .node_status import NodeStatus
 
     return [s for g in NodeStatus.of(table).gpus for s in g.sessions if (s.slurm_job or "") == job]
 

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from .paths import quiet
 
 if TYPE_CHECKING:
-    from .arbiter.status import HolderRow
+    from .node_status import HolderRow
 
 #: set by a notebook's kernel for the processes it starts: the identity (``st_dev:st_ino``) of its
 #: stderr, the pipe ipykernel forwards into the running cell
@@ -91,7 +91,7 @@ def wait_line(status: object, gpu: int, session: str) -> tuple[tuple[object, ...
     """What to say of ``session``'s wait for ``gpu`` in ``status`` (the arbiter's ``Status`` answer, or
     its JSON form): a key that changes only when the holder or the place changes, and the line; None
     when the session is not (or no longer) queued."""
-    from .arbiter.status import NodeStatus  # only while a request waits
+    from .node_status import NodeStatus  # only while a request waits
 
     entry = next((g for g in NodeStatus.of(status).gpus if g.index == gpu), None)
     if entry is None:

@@ -4,6 +4,7 @@ inside functions. Every import of a ``krex_lab`` module counts, wherever it is w
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
+    """Every ``krex_lab`` module and the ``krex_lab`` modules it imports (a fresh copy each call)."""
+    return {m: set(ts) for m, ts in _parsed_graph().items()}
+
+
+@functools.cache
+def _parsed_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
@@ -99,6 +106,19 @@ FORBIDDEN = [
 ]
 
 
+#: the only modules outside ``krex_lab.arbiter`` that may import it: what runs or administers an
+#: arbiter. Every other module reads the arbiter through the wire (``protocol``, ``node_status``,
+#: ``connection``), so a client, a notebook kernel or a pool never loads the server's code.
+ARBITER_USERS = {
+    "krex_lab.cli": "`krex arbiter` and `krex supervise` run one, `krex history` reads its database",
+    "krex_lab.hub.admin_page": "the admin service administers the node: the arbiter's quotas and history",
+    "krex_lab.ray.node": "Ray's node service runs the node's arbiter and reads its history",
+    "krex_lab.slurm": "the Slurm prolog admits jobs to the arbiter: it writes the job records the arbiter reads",
+    "krex_lab.evaluate.mcp_tools": "`krex mcp`'s region history reads the arbiter's database where none answers, "
+    "as `krex history` does",
+}
+
+
 def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
@@ -110,12 +130,42 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
             found.append(f"{m} -> krex_lab (a server package imports the facade)")
         for src, dst, why in FORBIDDEN:
             found += [f"{m} -> {t} ({why})" for t in sorted(targets) if _under(m, src) and _under(t, dst)]
+        if not _under(m, "krex_lab.arbiter") and m not in ARBITER_USERS:
+            found += [
+                f"{m} -> {t} (neither runs nor administers an arbiter: read it through the wire)"
+                for t in sorted(targets)
+                if _under(t, "krex_lab.arbiter")
+            ]
     return found
 
 
-def test_the_layer_checker_sees_an_edge_back_up() -> None:
-    graph = {"krex_lab.workers.x": {"krex_lab.evaluate.y"}, "krex_lab.arbiter.a": {"krex_lab"}}
-    assert len(forbidden_edges(graph)) == 2
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [
+        ("krex_lab.arbiter.app", "krex_lab"),
+        ("krex_lab.workers.pool.service", "krex_lab"),
+        ("krex_lab.serverext.app", "krex_lab"),
+        ("krex_lab.hub.config", "krex_lab"),
+        ("krex_lab.workers.context.worker", "krex_lab.evaluate.judge.spares"),
+        ("krex_lab.arbiter.history_cli", "krex_lab.client"),
+        ("krex_lab.client", "krex_lab.arbiter.status"),
+        ("krex_lab.serverext.handlers", "krex_lab.arbiter.sessions"),
+        ("krex_lab.workers.pool.gates", "krex_lab.arbiter"),
+        ("krex_lab.node_status", "krex_lab.arbiter.slurm_jobs"),
+    ],
+)
+def test_the_layer_checker_sees_a_planted_edge(importer: str, imported: str) -> None:
+    graph = import_graph()
+    assert forbidden_edges(graph) == []
+    graph.setdefault(importer, set()).add(imported)
+    assert [e.split(" (")[0] for e in forbidden_edges(graph)] == [f"{importer} -> {imported}"]
+
+
+def test_the_arbiter_users_are_real_and_need_it() -> None:
+    """Each module let through imports the arbiter today: one that stopped needing it leaves the list."""
+    graph = import_graph()
+    for m in ARBITER_USERS:
+        assert any(_under(t, "krex_lab.arbiter") for t in graph[m]), f"{m} no longer imports the arbiter"
 
 
 def test_no_import_runs_back_up_through_the_layers() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import pytest
 
-from krex_lab.arbiter.status import format_table
+from krex_lab.node_status import format_table
 from tests.hubsupport.venv import VenvUnavailable, build_venv
 from tests.security.users import User, make_user
 from tests.slurm.cluster import REPO, Cluster, missing, stopped_processes, wait_until

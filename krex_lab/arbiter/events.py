@@ -17,12 +17,12 @@ import msgspec
 
 from .. import protocol
 from ..gpu import GpuBackend
+from ..node_status import GpuProcessRow, NodeStatus, Telemetry
 from ..region_report import RegionReport
 from ..rpc_server import Service
 from .privacy import public_event
 from .region import Region
 from .sessions import Session
-from .status import GpuProcessRow, NodeStatus, Telemetry
 
 log = logging.getLogger("krex.arbiter")
 

@@ -23,8 +23,8 @@ import math
 import time
 from collections.abc import Sequence
 
+from ..node_status import ShareRow
 from .region import Region
-from .status import ShareRow
 
 
 class FairShare:

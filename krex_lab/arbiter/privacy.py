@@ -14,9 +14,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ..node_status import HolderRow, NodeStatus, QueueRow, SessionRow
 from ..region_report import PUBLIC, RegionReport
-from .sessions import SessionRow
-from .status import HolderRow, NodeStatus, QueueRow
 
 #: what anyone may know of another user's region: the report's public fields, and what a
 #: status row (a holder, a waiter) or an event adds to them

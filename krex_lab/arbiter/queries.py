@@ -13,13 +13,13 @@ from typing import Any
 
 from .. import protocol
 from ..errors import InvalidRequest, KrexError, RequestRejected
+from ..node_status import NodeStatus
 from ..rpc_server import Peer
 from .history import USAGE_KEYS, Recent, RecentView, RegionHistory, Usage, usage_of
 from .identity import Tickets
 from .privacy import report_view, status_view
 from .quotas import Quotas
 from .scheduler import Scheduler
-from .status import NodeStatus
 
 HISTORY_LIMIT = 5000
 #: the usage window of a ``history --usage`` request that names no start

@@ -36,6 +36,7 @@ from ..enforcement.watch import AffinityWatch
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
+from ..node_status import ArbiterRow, NodeStatus
 from ..procfiles import KEPT
 from ..rpc_server import Peer, Service, lock_holder
 from .enforcement import Enforcement
@@ -51,7 +52,7 @@ from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
 from .sessions import SessionTable
 from .slurm_jobs import SlurmJobs
-from .status import ArbiterRow, NodeStatus, node_table
+from .status import node_table
 
 log = logging.getLogger("krex.arbiter")
 

@@ -20,26 +20,10 @@ import msgspec
 import psutil
 
 from ..errors import InvalidRequest, PermissionDenied, UnknownSession
+from ..node_status import SessionRow, SlurmJob
 from ..procutil import real_and_effective_uid, start_time
-from .slurm_jobs import SlurmJob
 
 log = logging.getLogger("krex.sessions")
-
-
-class SessionRow(SlurmJob, kw_only=True, omit_defaults=True):
-    """A session as ``krex status`` lists it, and as a session event carries it (beside
-    ``event``). A field that is None was not given (a hand-made or an older table)."""
-
-    id: str
-    pid: int
-    uid: int
-    user: str
-    role: str
-    name: str
-    gpu: int
-    within: str | None = None
-    cgroup: str | None = None
-    since: float | None = None
 
 
 @dataclass

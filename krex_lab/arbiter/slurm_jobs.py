@@ -24,20 +24,12 @@ from pathlib import Path
 import msgspec
 
 from .. import paths
+from ..node_status import SlurmJob
 
 log = logging.getLogger("krex.slurm")
 
 #: the directory of the prolog's job records, inside the arbiter's runtime dir
 JOBS_DIR = "slurm-jobs"
-
-
-class SlurmJob(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The Slurm job a session runs in, as its status rows and region reports carry it (flat, beside
-    the row's own fields: an encoded row of a session in no job has none of them)."""
-
-    slurm_job: str | None = None
-    slurm_step: str | None = None
-    account: str | None = None
 
 
 class JobRecord(msgspec.Struct):

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ..arbiter.status import GpuProcessRow, NodeStatus, Telemetry
+from ..node_status import GpuProcessRow, NodeStatus, Telemetry
 from ..region_report import RegionReport
 
 #: regions kept per GPU for the timeline

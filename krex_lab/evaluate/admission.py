@@ -72,8 +72,8 @@ MemoryReader = Callable[[], dict[int, GpuMemory]]
 
 def arbiter_memory(pool: PoolClient | None) -> MemoryReader | None:
     """The GPUs' memory as the pool's arbiter reads it (None: no arbiter answers, nothing to read)."""
-    from ..arbiter.status import NodeStatus
     from ..connection import status
+    from ..node_status import NodeStatus
 
     endpoint: str | None = None
     if pool is not None:

@@ -24,7 +24,7 @@ from pydantic import Field
 from pydantic.json_schema import JsonSchemaValue
 
 from ..arbiter.history import HistoryRow
-from ..arbiter.status import NodeStatus
+from ..node_status import NodeStatus
 from .compact import Compact, compact
 from .mcp_pool import server_pool  # the server's one pool (ended with it)
 from .progress import PHASES

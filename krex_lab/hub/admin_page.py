@@ -39,8 +39,8 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import protocol
 from ..arbiter.history import HistoryRow, Recent, Usage
-from ..arbiter.status import NodeStatus, holder_row, queue_row
 from ..errors import KrexError
+from ..node_status import NodeStatus, holder_row, queue_row
 from ..region_report import RegionReport
 from .charts import Bar, Sample, gantt_svg, utilisation_svg
 from .config import ADMIN_SCOPE

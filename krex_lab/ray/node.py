@@ -14,28 +14,26 @@ made it: the node's service, until :func:`stop_nodes` or the node's end).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 
+from .. import launcher
 from ..arbiter.history import HistoryRow, Recent
-from ..arbiter.status import NodeStatus as ArbiterStatus
 from ..gpu.vendors import vendor
+from ..node_status import NodeStatus as ArbiterStatus
 from ..workers.wire import PoolTable
 
 #: the Ray namespace of the node actors
 NAMESPACE = "krex"
 #: the custom resource a node declares for each simulated (fake backend) GPU; on real GPUs Ray's own "GPU"
 FAKE_RESOURCE = "krex_gpu"
-_PR_SET_PDEATHSIG = 1
 
 
 class NodeInfo(msgspec.Struct, kw_only=True):
@@ -95,10 +93,6 @@ def actor_name(node_id: str) -> str:
     return f"krex-node-{node_id}"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 class NodeService:
     """This node's arbiter and pool (see the module's docstring)."""
 
@@ -131,28 +125,17 @@ class NodeService:
 
     # -- start or find ------------------------------------------------------------------------------
     def _spawn(self, what: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.runtime_dir / f"{what}.log", "ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd="/",
-                preexec_fn=_die_with_parent,
-            )
+        log = self.runtime_dir / f"{what}.log"
+        proc = launcher.start(cmd, log, env=self.env, cwd="/", kill_with_parent=True)
         self.procs[what] = proc
         self.owned[what] = True
         return proc
 
-    def _wait(self, what: str, answers: Any) -> None:
-        deadline = time.monotonic() + self.config.start_timeout
+    def _wait(self, what: str, answers: Callable[[], bool]) -> None:
         proc = self.procs[what]
-        while not answers():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (self.runtime_dir / f"{what}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the {what} of node {self.name} did not start (code {proc.poll()}):\n{tail}")
-            time.sleep(0.1)
+        if not launcher.wait_until(answers, lambda: proc.poll() is None, self.config.start_timeout, 0.1):
+            tail = (self.runtime_dir / f"{what}.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the {what} of node {self.name} did not start (code {proc.poll()}):\n{tail}")
 
     def _arbiter_answers(self) -> bool:
         from krex_lab import client
@@ -247,10 +230,5 @@ class NodeService:
         """Stop what this service started (SIGTERM: the pool ends its jobs, the arbiter undoes its regions)."""
         for what in ("pool", "arbiter"):
             proc = self.procs.pop(what, None)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if proc is not None:
+                launcher.stop(proc, 15)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def format_cluster(nodes: list[ClusterNode]) -> str:
     """One block per node: a header line, the arbiter's table (indented), the pool's workers."""
-    from krex_lab.arbiter.status import format_table
+    from krex_lab.node_status import format_table
 
     lines = [f"Ray cluster: {len(nodes)} node(s) with KREX"]
     for n in nodes:

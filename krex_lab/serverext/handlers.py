@@ -24,9 +24,8 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
-from ..arbiter.sessions import SessionRow
-from ..arbiter.status import NodeStatus
 from ..errors import KrexError
+from ..node_status import NodeStatus, SessionRow
 from ..region_report import RegionReport
 from . import metrics
 from .metrics import RegionStats

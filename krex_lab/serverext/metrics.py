@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..arbiter.status import ArbiterRow, NodeStatus
+from ..node_status import ArbiterRow, NodeStatus
 from ..region_report import RegionReport
 from .processes import ServicesInfo
 

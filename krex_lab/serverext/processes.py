@@ -4,7 +4,7 @@
 embedded one when none answers, starts the pool service, exports both endpoints into
 ``os.environ`` (kernels inherit them) and, at server stop, ends what it started: the arbiter
 first (its shutdown thaws and unlocks everything it did), then the pool and every process
-left under it. Children run under :mod:`krex_lab.serverext._guard`, so they also end when
+left under it. Children run under :mod:`krex_lab.launcher`'s guard, so they also end when
 the server itself is killed.
 """
 
@@ -18,18 +18,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import msgspec
 import psutil
 
-from .. import discovery, paths, protocol
+from .. import discovery, launcher, paths, protocol
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS
 from . import arbiter_kind
@@ -74,21 +73,11 @@ class ManagedProcess:
         self.env = env
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     def start(self, say: bool = True) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - held while the process runs
-        os.chmod(self.log_path, 0o600)
-        cmd = [sys.executable, "-m", "krex_lab.serverext._guard", str(os.getpid()), self.module, *self.args]
-        self.proc = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        cmd = launcher.command(self.module, *self.args, parent=os.getpid())
+        self.proc = launcher.start(cmd, self.log_path, env=self.env, new_session=True, private_log=True)
         if say:
             self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
 
@@ -137,9 +126,6 @@ class ManagedProcess:
                     p.kill()
                 except psutil.Error:
                     pass
-        if self._log is not None:
-            self._log.close()
-            self._log = None
         self.log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
 
 
@@ -340,15 +326,7 @@ class Services:
         self._say_using(str(self.arbiter.log_path))
 
     def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
-        deadline = time.monotonic() + self.options.startup_timeout
-        while time.monotonic() < deadline:
-            result = probe()
-            if result:
-                return result
-            if not proc.alive():
-                return None
-            time.sleep(0.05)
-        return None
+        return launcher.wait_until(probe, proc.alive, self.options.startup_timeout)
 
     def start_pool(self) -> None:
         if not pool_available():

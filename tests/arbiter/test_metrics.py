@@ -132,7 +132,7 @@ def test_degraded_regions_are_counted_by_user_and_gpu() -> None:
     from prometheus_client import generate_latest
 
     from krex_lab.arbiter.metrics import ArbiterMetrics
-    from krex_lab.arbiter.status import ArbiterRow
+    from krex_lab.node_status import ArbiterRow
     from krex_lab.region_report import RegionReport
     from krex_lab.serverext.metrics import RegionStats
 

@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 
 from krex_lab import protocol
-from krex_lab.arbiter.status import format_table
 from krex_lab.client import Session
+from krex_lab.node_status import format_table
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 
 

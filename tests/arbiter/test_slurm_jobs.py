@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from krex_lab.arbiter.history import OWN_COLUMNS, RegionHistory, columns
-from krex_lab.arbiter.slurm_jobs import JOBS_DIR, SlurmJob, SlurmJobs
+from krex_lab.arbiter.slurm_jobs import JOBS_DIR, SlurmJobs
+from krex_lab.node_status import SlurmJob
 from krex_lab.pytest_plugin import ArbiterProc, wait_for
 from krex_lab.region_report import RegionReport
 

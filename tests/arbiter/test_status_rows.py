@@ -1,5 +1,5 @@
 """The status table's rows for every viewer: ``krex status``, ``%krex_status`` and the admin page
-render the holder and the queue from :func:`krex_lab.arbiter.status.gpu_rows`, whatever the
+render the holder and the queue from :func:`krex_lab.node_status.gpu_rows`, whatever the
 privacy view left of another user's region (a private arbiter drops its session name and pid)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from krex_lab.arbiter.privacy import status_view
-from krex_lab.arbiter.status import NodeStatus, QueueRow, format_table, gpu_rows, who
+from krex_lab.node_status import NodeStatus, QueueRow, format_table, gpu_rows, who
 
 ALICE, BOB = 1001, 1002
 

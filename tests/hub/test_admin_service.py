@@ -261,9 +261,8 @@ def test_the_quota_table_shows_each_users_limits() -> None:
     from tornado.template import Loader
 
     from krex_lab.arbiter.quotas import Quotas
-    from krex_lab.arbiter.sessions import SessionRow
-    from krex_lab.arbiter.status import GpuRow, NodeStatus, holder_row, queue_row
     from krex_lab.hub.admin_page import TEMPLATES, QuotaLimits, quota_use
+    from krex_lab.node_status import GpuRow, NodeStatus, SessionRow, holder_row, queue_row
 
     nobody = pwd.getpwnam("nobody")
     session = SessionRow(id="s1", pid=1, uid=nobody.pw_uid, user="nobody", role="kernel", name="k", gpu=0)

@@ -41,11 +41,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def embedded_children() -> list[psutil.Process]:
     """Arbiters the server started (under its guard), not the node arbiter the test started."""
     me = psutil.Process()
-    return [
-        p
-        for p in me.children(recursive=True)
-        if "krex_lab.serverext._guard" in p.cmdline() and "arbiter" in p.cmdline()
-    ]
+    return [p for p in me.children(recursive=True) if "krex_lab.launcher" in p.cmdline() and "arbiter" in p.cmdline()]
 
 
 def status(jp_fetch: Any, jp_asyncio_loop: Any) -> dict[str, Any]:

@@ -219,40 +219,32 @@ class PoolClient:
 
     def _start_pool(self) -> None:
         """Start a detached pool on demand and wait until it answers."""
-        import subprocess  # here only: a run on a pool that answers never pays for it
+        from ... import launcher  # here only: a run on a pool that answers never pays for it
 
         sock = ipc_path(self.endpoint)
         log_dir = Path(sock).parent if sock else paths.own_runtime_dir()
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "krex_lab.workers.pool", "--on-demand", f"--endpoint={self.endpoint}"]
+        cmd = launcher.command("krex_lab.workers.pool", "--on-demand", f"--endpoint={self.endpoint}")
 
         def spawn() -> subprocess.Popen[bytes]:
-            with open(log_dir / "pool.log", "ab") as log:
-                return subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    cwd="/",
-                )
+            return launcher.start(cmd, log_dir / "pool.log", new_session=True, cwd="/")
 
         proc = spawn()
         spawned = 1
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if not self._lock_free():
-                try:
-                    self.info = self._request(Ping(), timeout=1.0)
-                    if self.info.pid == proc.pid:  # ours (not one that won a race): say it, once
-                        self.started_pid = proc.pid
-                        self._say_started(log_dir / "pool.log")
-                    return
-                except PoolUnavailable as exc:
-                    if is_untrusted(exc):  # someone else bound the endpoint first: never talk to it
-                        raise
-                    self._drop_socket()  # not listening yet: the next try checks (and connects) afresh
+
+        def answers() -> PoolInfo | None:
+            if self._lock_free():
+                return None
+            try:
+                return self._request(Ping(), timeout=1.0)
+            except PoolUnavailable as exc:
+                if is_untrusted(exc):  # someone else bound the endpoint first: never talk to it
+                    raise
+                self._drop_socket()  # not listening yet: the next try checks (and connects) afresh
+                return None
+
+        def alive() -> bool:
+            nonlocal proc, spawned
             code = proc.poll()
             if code is not None and self._lock_free():
                 if code != 0:
@@ -260,10 +252,17 @@ class PoolClient:
                     raise PoolUnavailable(f"the pool started on demand exited with code {code}:\n{tail}")
                 if spawned < 5:  # it lost a race with a pool that has since exited: try again
                     proc, spawned = spawn(), spawned + 1
-            time.sleep(0.05)
-        raise PoolUnavailable(
-            f"the pool started on demand did not answer within {START_TIMEOUT:g} s (see {log_dir / 'pool.log'})"
-        )
+            return True
+
+        info = launcher.wait_until(answers, alive, START_TIMEOUT)
+        if info is None:
+            raise PoolUnavailable(
+                f"the pool started on demand did not answer within {START_TIMEOUT:g} s (see {log_dir / 'pool.log'})"
+            )
+        self.info = info
+        if info.pid == proc.pid:  # ours (not one that won a race): say it, once
+            self.started_pid = proc.pid
+            self._say_started(log_dir / "pool.log")
 
     def _say_started(self, log: Path) -> None:
         """One line on stderr: a pool now runs in the background, how long it stays, how to stop it."""

@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from ... import client, discovery, protocol
-from ...arbiter.status import NodeStatus
 from ...enforcement.gate import GateEvent
+from ...node_status import NodeStatus
 
 log = logging.getLogger("krex.pool")
 
