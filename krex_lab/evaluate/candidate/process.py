@@ -3,8 +3,8 @@
 Forked from the zygote (:mod:`.zygote`) as a *spare*: it makes its CUDA context while idle, says
 ``ready``, and then serves exactly one candidate, message by message (:mod:`..channel`):
 
-* ``calibrate``: a round of the timing harness on a no-op, *before* any candidate code is loaded,
-  so the judge learns what the harness itself costs on this process (its outside bound's overhead);
+* ``calibrate``: a round of the timing harness on a no-op, in a spare no candidate code has run in
+  (the judge's calibration twin): what the harness itself costs, which the judge subtracts;
 * ``load``: limits set (host memory, output file size), fd 1 and 2 into the candidate's output
   file, the candidate compiled and imported, its model built;
 * ``call``: the candidate once on the judge's shared inputs, its outputs shared back;
@@ -123,14 +123,28 @@ class Candidate:
             os._exit(3)
 
     def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        """The harness alone: a no-op that returns a fresh copy of an array like the expected output
-        (allocated and written, as a real output is: its pages cost what a real one's do)."""
+        """The harness alone, on a no-op that returns a new array like the expected output. The
+        harness keeps a round's outputs to its end, so a real call's output takes fresh memory:
+        on a host the no-op touches one byte a page of its own (the page faults, not the write,
+        which is the call's work). The judge sends this to a clean spare (its calibration twin),
+        never to the candidate's process."""
         sample = arrays[0] if arrays else None
 
         def noop(*_: Any) -> Any:
             if sample is None:
                 return None
-            return sample.clone() if hasattr(sample, "clone") else sample.copy()
+            if hasattr(sample, "new_empty"):  # torch
+                out = sample.new_empty(sample.shape)
+                if out.is_cuda:  # the caching allocator's memory: no page to fault
+                    return out
+                flat, size = out.view(-1), out.element_size()
+            else:
+                import numpy as np
+
+                out = np.empty_like(sample)
+                flat, size = out.reshape(-1), out.itemsize
+            flat[:: max(1, 4096 // size)] = 0
+            return out
 
         self.sets = {k: () for k in range(int(body["calls"]))}
         self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)

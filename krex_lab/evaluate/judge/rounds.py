@@ -10,12 +10,12 @@ Per case, inside one region:
   or every one in strict / leaderboard mode) against the reference on the same inputs, then
   refills every set in place with new values (new secret seeds): a result kept by pointer,
   ``_version`` or content meets new inputs, and a stale answer fails the re-check.
-* The judge's clock runs from each round sent to its answer (the candidate synchronises before it
-  answers and its outputs are read after): their sum, less the harness's own cost calibrated on
-  the same process before the candidate was loaded, bounds the candidate's time from outside. An
-  in-process figure below a third of the bound (on a host without a GPU: below 2 us and a tenth
-  of it), and further below it than the harness's noise, is not believed: the result says so
-  (``metadata.timing_bound``) and the bound is the runtime.
+* The figure is the judge's (:mod:`.clock`): each round bracketed by its clock until the round is
+  over as seen from outside the candidate's process (the driver's lock on a GPU), less a round
+  trip calibrated in the same region on a clean twin; on a CPU the CPU time of the candidate's
+  cgroup. The candidate's in-process figure stays only where it agrees (GPU).
+* The reference is timed with the candidate's processes held (locked, frozen), after the
+  judge's own scheduling is put back.
 
 Reference times are kept in this judge's memory only (per problem, GPU model, method, settings):
 no file the candidate's user can write holds a time that a verdict uses.
@@ -40,6 +40,7 @@ from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
+from .clock import OutsideClock, Refused
 from .compare import compare, tolerances
 from .problems import nbytes
 from .values import CandidateFailed, replace_arrays, tree_of
@@ -56,19 +57,6 @@ _BUDGET = {"cuda": 512 << 20, "cpu": 256 << 20}
 _REFERENCE_TIMES: dict[str, ReferenceEntry] = {}
 #: input sets of a case at most (a round's calls)
 MAX_SETS = 128
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid`` so far (the kernel's accounting, which no process can
-    forge; ``schedstat``'s nanoseconds, not ``stat``'s 10 ms ticks)."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    except OSError:
-        pass
-    return total / 1e9
 
 
 def budget(device: str) -> int:
@@ -146,6 +134,9 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
             result.parts.append(part)
             if result.verdict is not None:
                 break
+    except Refused as exc:
+        result.fail("rejected", "rejected", "")
+        result.metadata["rejected"] = {exc.name: exc.message}
     except CandidateFailed as exc:
         result.fail(exc.verdict, exc.key, exc.message)
     except TimingError as exc:
@@ -213,7 +204,8 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     name = judge.problem.case_name(case)
     target = _target_calls(o, fmt)
     sample_data = judge.problem.make(case, judge.seed())
-    out_bytes = max(1, nbytes(judge.problem.reference(clone(sample_data))))
+    sample_out = judge.problem.reference(clone(sample_data))
+    out_bytes = max(1, nbytes(sample_out))
     per_set = 2 * max(1, nbytes(sample_data)) + out_bytes
     k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
     if fmt == "gpumode" or o.timing == "converge":
@@ -234,14 +226,21 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask("round", {"order": warm, "method": "warmup", "keep": False}, inputs=mine)
+    clock = OutsideClock(judge, next(iter(arrays(sample_out)), None))
+    del sample_out
+    clock.prepare(k)
+    clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
     _refill(judge, case, sets, pristine)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
-    bound = cpu_bound = 0.0
     rounds = 0
     rng = random.Random()
     label = _label(judge)
     with _region(o) as region:
+        judge.scheduling.pin()
+        _own_scheduling(judge, clock)
+        with clock.hold():  # the twin timed with no candidate code running
+            clock.calibrate(k)
         started = time.perf_counter()
         while not _done(samples, o, fmt, started):
             left = (target if (fmt == "kernelbench" and o.timing != "converge") else o.max_runs) - len(samples)
@@ -250,12 +249,13 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 spare_s = o.max_case_s - (time.perf_counter() - started)
                 size = max(1, min(size, int(spare_s / max(one_call, 1e-6))))
             order = list(range(size))
-            c0, t0 = cpu_seconds(judge.proc.pid), time.perf_counter()
-            body, outs = judge.ask(
-                "round", {"order": order, "method": method_name(judge.device, "timed"), "keep": True}, inputs=mine
-            )
-            bound += time.perf_counter() - t0
-            cpu_bound += cpu_seconds(judge.proc.pid) - c0
+            with clock.round(len(order)) as bracket:
+                body, outs = judge.ask(
+                    "round",
+                    {"order": order, "method": method_name(judge.device, "timed"), "keep": True},
+                    inputs=mine,
+                    on_answer=bracket.answered,
+                )
             rounds += 1
             got = [float(s) for s in body.get("samples", [])]
             if len(got) != len(order) or len(outs) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
@@ -282,10 +282,12 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             if result.verdict is not None:
                 break
             _refill(judge, case, sets, pristine)
-        ref_part, cached = _reference(judge, case, name, pristine, region)
+        with clock.hold():  # no candidate code runs while the twin and the reference are timed
+            clock.stop()
+            clock.calibrate(k)
+            _own_scheduling(judge, clock)
+            ref_part, cached = _reference(judge, case, name, pristine, region)
     judge.ask("drop", {})
-    cal = judge.proc.calibration
-    overhead = rounds * cal.get("per_round_s", 0.0) + len(samples) * cal.get("per_call_s", 0.0)
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
     part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)
     if ref_part is not None and not cached:
@@ -294,47 +296,46 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if cached:
         result.metadata["ref_runtime_cached"] = "the reference's time measured earlier by this judge"
     if samples:
-        honest_us = max(0.0, (bound - overhead) / len(samples) * 1e6)
-        if judge.device == "cpu":
-            # on a host whose cores others share, the wall clock counts the candidate's waits for
-            # a core too; the CPU time it used does not (a GPU's waits may sleep: wall time there)
-            cpu_overhead = rounds * cal.get("cpu_per_round_s", 0.0) + len(samples) * cal.get("cpu_per_call_s", 0.0)
-            honest_us = min(honest_us, max(0.0, (cpu_bound - cpu_overhead) / len(samples) * 1e6))
-            overhead = min(overhead, cpu_overhead)
-        result.metadata.setdefault("timing_bound_us", [])
-        result.metadata["timing_bound_us"].append(round(honest_us, 4))  # type: ignore[union-attr]
-        slack = max(5.0, 0.5 * overhead / len(samples) * 1e6)  # the harness's noise on a busy host
-        # A host without a GPU: the harness's own cost there (sharing outputs through memory) is
-        # not what the calibration sees, by up to a millisecond a call; there only a figure below
-        # any torch call's on a CPU (2 us) and a tenth of the raw bound is disbelieved, and the
-        # honest figure is at least half the raw bound.
-        raw_us = min(bound, cpu_bound if judge.device == "cpu" else bound) / len(samples) * 1e6
-        if judge.device == "cuda":
-            disbelieved = st.mean < honest_us / 3 and honest_us - st.mean > slack
-        else:
-            disbelieved = st.mean < 2.0 and st.mean < raw_us / 10
-            honest_us = max(honest_us, raw_us / 2)
-        if disbelieved:
-            result.metadata["timing_bound"] = (
-                f"{name or 'forward'}: the candidate's process reported {st.mean:.3f} us a call; from outside it "
-                f"took at least {honest_us:.3f} us a call: the outside figure is used"
-            )
-            part.stats = SampleStats(
-                mean=round(honest_us, 4),
-                std=0.0,
-                min=round(honest_us, 4),
-                max=round(honest_us, 4),
-                num_trials=len(samples),
-            )
-            part.method = f"outside-bound (the {label} figure was below it)"
+        fig = clock.figure(samples, label, name or "")
+        part.stats = fig.stats
+        part.method = fig.method
+        meta = result.metadata
+        for key, value in (
+            ("timing_bound_us", fig.outside),
+            ("timing_roundtrip_us", fig.roundtrip),
+            *((("timing_wall_us", fig.wall),) if fig.wall is not None else ()),
+        ):
+            meta.setdefault(key, [])
+            meta[key].append(round(value, 4))  # type: ignore[union-attr]
+        meta["timing_accounting"] = clock.accounting()
+        if fig.text:
+            meta["timing_bound"] = fig.text
+        if clock.notes:
+            meta["timing_calibration"] = "; ".join(clock.notes)
         result.metadata["input_sets"] = str(k)
-        result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
+        result.metadata["timing_overhead_us"] = str(round(fig.overhead, 3))
         result.metadata["timed_rounds"] = str(rounds)
         if o.timing == "converge" or fmt == "gpumode":
             result.metadata["converged"] = str(
                 st.mean > 0 and st.err / st.mean <= (0.001 if o.timing == "converge" else o.max_rel_err)
             )
     return part, cached
+
+
+def _own_scheduling(judge: Judge, clock: OutsideClock) -> None:
+    """The judge's threads back to their own nice value and the region's cores (its zygote's and
+    the twin's nice value too: the next candidate's process and the calibration inherit them); a
+    change found was the candidate's (nothing else renices a judge): rejected, the reference left
+    untimed."""
+    from .spares import spares_for
+
+    zygote = spares_for(judge.device).pid
+    judge.rescheduled += judge.scheduling.reset((zygote, clock.twin.pid if clock.twin is not None else None))
+    if judge.rescheduled:
+        raise Refused(
+            "judge_rescheduled",
+            "the judge's scheduling was changed while the candidate ran: " + "; ".join(judge.rescheduled[:4]),
+        )
 
 
 def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[float]]:
@@ -362,9 +363,11 @@ def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[f
             torch.cuda.synchronize()
             samples.append(float(start.elapsed_time(end)) * 1e3)
         else:
-            t0 = time.perf_counter()
+            # the CPU time the judge used (its threads: torch's among them), as the candidate's
+            # figure is its cgroup's: a shared host's waits for a core are in neither
+            t0 = time.process_time()
             ref(args)
-            samples.append((time.perf_counter() - t0) * 1e6)
+            samples.append((time.process_time() - t0) * 1e6)
     return _label(judge), samples
 
 

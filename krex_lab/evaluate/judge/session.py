@@ -4,8 +4,8 @@
 candidate runs in a one-shot process (:mod:`.spares`) reached through :mod:`..channel`.
 
 1. **load**: the reference imported here (once per problem and worker), the problem's first
-   inputs and answer made, a spare taken and its timing harness calibrated on a no-op (before any
-   candidate code is in it), then the candidate compiled and imported *there*.
+   inputs and answer made, a spare taken and placed in a cgroup of its own (before any candidate
+   code is in it), then the candidate compiled and imported *there*.
 2. **check**: per trial, fresh inputs drawn on the device under a secret seed, shared with the
    candidate; its output read back into the judge's own memory and compared here on the device
    (:mod:`.compare`); its inputs compared with a private pristine copy (written into: rejected).
@@ -26,7 +26,7 @@ import secrets
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..channel import ChannelError, Shared, decode_tree, encode_tree, open_arrays, share_input
@@ -34,6 +34,8 @@ from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
+from .account import CandidateGroup, place
+from .clock import Scheduling
 from .compare import compare, same, tolerances
 from .problems import MissingDefinition, Problem, problem_for
 from .spares import CandidateProc, proc_alive, spares_for
@@ -122,6 +124,12 @@ class Judge:
         self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
         self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
         self.proc: CandidateProc | None = None
+        #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
+        self.group: CandidateGroup | None = None
+        #: the judge's nice value and, in a region, affinities: put back before anything is timed
+        self.scheduling = Scheduling()
+        #: changes to the judge's scheduling found (the candidate's doing)
+        self.rescheduled: list[str] = []
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
         #: the first trial's (data, pristine copy, answer, arrays the reference writes), made at load
@@ -140,19 +148,30 @@ class Judge:
     # -- talking to the candidate ----------------------------------------------------------------
 
     def ask(
-        self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None
+        self,
+        op: str,
+        body: dict[str, Any],
+        shared: Shared | None = None,
+        inputs: list[Any] | None = None,
+        proc: CandidateProc | None = None,
+        on_answer: Callable[[], object] | None = None,
     ) -> tuple[dict[str, Any], list[Any]]:
-        """Send, and read the answer: (its body, its outputs as the judge's own copies)."""
-        assert self.proc is not None
+        """Send, and read the answer: (its body, its outputs as the judge's own copies).
+        ``proc``: another process than the candidate's (the calibration twin); ``on_answer``: run
+        as soon as the answer has arrived, before anything of it is read (the round's end)."""
+        proc = proc or self.proc
+        assert proc is not None
         try:
-            self.proc.chan.send(op, body, shared)
-            env, fds = self.proc.chan.recv()
+            proc.chan.send(op, body, shared)
+            env, fds = proc.chan.recv()
         except (ChannelError, OSError) as exc:
             raise self._died(f"{type(exc).__name__}: {exc}") from None
         finally:
             if shared is not None:
                 shared.close()
         try:
+            if on_answer is not None and env.op != "failed":
+                on_answer()
             if env.op == "failed":
                 raise self._raised(env.body)
             received = open_arrays(env.arrays, fds, inputs)
@@ -232,14 +251,15 @@ class Judge:
             try:
                 self.proc = spares_for(self.device).take()
                 mark("load", self.job.nonce, self.proc.pid)
-                self._calibrate()
             except (CandidateFailed, ChannelError, OSError):  # a spare killed while it waited: once more
                 if self.proc is not None:
                     self.proc.end()
                 self.proc = spares_for(self.device).take()
                 mark("load", self.job.nonce, self.proc.pid)
-                self._calibrate()
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
+            # its own cgroup before any candidate code is in it: its CPU time (threads and
+            # children included) and its freeze are the judge's from here on
+            self.group = place(self.proc.pid, self.proc.strays)
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -270,38 +290,6 @@ class Judge:
             result.fail(exc.verdict, exc.key, exc.message)
             result.compiled = exc.key != "compilation_error"
         return result
-
-    def _calibrate(self) -> None:
-        """The harness's own cost on this spare, before any candidate code is in it: rounds of a
-        no-op that returns an array like the expected output, of 1 call and of as many calls as a
-        round may have, the best of two each (the first rounds of a fresh process are slow)."""
-        from .rounds import MAX_SETS, method_name
-
-        assert self.proc is not None and self.problem is not None
-        assert self.first is not None
-        sample = next(iter(arrays(self.first[2])), None)
-        from .rounds import budget, cpu_seconds
-
-        # as many calls as a round of this problem will have (each output is kept to the round's end)
-        many = max(2, min(MAX_SETS, budget(self.device) // max(1, 3 * int(getattr(sample, "nbytes", 1)))))
-        best: dict[int, float] = {}
-        cpu: dict[int, float] = {}
-        for calls in (1, many, 1, many):
-            shared = Shared()
-            if sample is not None:
-                shared.arrays.append(share_input(sample, shared)[0])
-            c0, t0 = cpu_seconds(self.proc.pid), time.perf_counter()
-            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed")}, shared)
-            best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
-            cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
-        per_call = max(0.0, (best[many] - best[1]) / (many - 1))
-        cpu_call = max(0.0, (cpu[many] - cpu[1]) / (many - 1))
-        self.proc.calibration = {
-            "per_call_s": per_call,
-            "per_round_s": max(0.0, best[1] - per_call),
-            "cpu_per_call_s": cpu_call,
-            "cpu_per_round_s": max(0.0, cpu[1] - cpu_call),
-        }
 
     # -- check -------------------------------------------------------------------------------------
 
@@ -495,6 +483,11 @@ class Judge:
             }
         self.proc.end()
         self.proc = None
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+        with contextlib.suppress(Exception):  # nothing the candidate changed outlives it
+            self.rescheduled += self.scheduling.reset((spares_for(self.device).pid,))
         self.first = None
         import gc
 

@@ -1,0 +1,356 @@
+"""The judge's own figure for a timed case: measured from outside the candidate's process.
+
+Per case, inside its region (:mod:`.rounds` drives it):
+
+* **Brackets.** The judge's clock runs from each round sent until the round is over *as seen from
+  outside*: on a GPU, the candidate's answer and then the driver's lock on each of its processes,
+  which returns only once every stream's work is done (:mod:`.outside`); on a CPU, its answer.
+* **A round trip calibrated in the same region**, right before and right after the timed rounds
+  (the best of several), on a *twin*: the judge's next spare, a process forked from the same clean
+  zygote with no candidate code in it, running the same harness on a no-op, bracketed the same
+  way. The candidate cannot make it slow: the twin is not its process, and the candidate is held
+  (locked and frozen) while the twin is timed.
+* **The figure.** GPU: the brackets less the calibrated round trips, per call; the candidate's
+  in-process event figure stays only where it is not below that by more than max(5 %, 1 us a call)
+  (over-reporting costs only the candidate); otherwise the outside figure is the verdict's, and
+  ``metadata.timing_bound`` says both. CPU: the CPU time of the candidate's cgroup (every thread
+  and child, exited ones included) over the timed rounds, less the twin's harness CPU time, per
+  call; never the candidate's own clock. The rounds' wall time, corrected the same way, is kept
+  beside it (``metadata.timing_wall_us``).
+* **Held while the reference is timed**: the candidate's processes locked (GPU) and frozen, so
+  no candidate code runs while the judge times the reference or the twin; thawed and unlocked
+  before the region ends (a process left stopped would be found by the next region's drain).
+* **The judge's scheduling is its own**: before the rounds and again before the reference, every
+  thread of the judge gets back its nice value from the evaluation's start and its affinity from
+  the region's; a change found is the candidate's doing and rejects it (``judge_rescheduled``).
+
+A candidate that skips its harness (patched) saves at most the calibrated harness cost a call
+(``metadata.timing_overhead_us``): the one figure the judge cannot see from outside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...procutil import tree
+from ..channel import Shared, share_input
+from ..outcomes import SampleStats
+from ..timers import stats
+from .outside import Drain, DrainFailed, drain_for
+from .values import CandidateFailed
+
+__all__ = ["Figure", "OutsideClock", "Refused", "Scheduling", "harness_cpu"]
+
+#: how many no-op rounds of each size the twin runs, before and after (the best one counts)
+REPS = 3
+#: the least disagreement that counts, a call
+FLOOR_US = 1.0
+#: the share of the outside figure within which the in-process one agrees
+SHARE = 0.05
+
+_DRAINS: dict[str, Drain] = {}
+
+
+class Refused(CandidateFailed):
+    """A cheat found from outside: ``rejected``, with ``name`` in ``metadata.rejected``."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__("rejected", "rejected", message)
+        self.name = name
+
+
+def harness_cpu(pid: int) -> float:
+    """CPU time of every live thread of ``pid`` (the twin's: its threads never exit)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except OSError:
+        pass
+    return total / 1e9
+
+
+def _tids() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [os.getpid()]
+
+
+class Scheduling:
+    """The judge's nice values (taken when the evaluation starts) and affinities (taken when a
+    region is granted), put back on demand; what had changed is reported."""
+
+    def __init__(self) -> None:
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self.affinity: dict[int, set[int]] = {}
+
+    def pin(self) -> None:
+        """The affinity of every thread now (the region's cores) is the one to keep."""
+        self.affinity = {}
+        for tid in _tids():
+            with contextlib.suppress(OSError):
+                self.affinity[tid] = os.sched_getaffinity(tid)
+
+    def reset(self, others: tuple[int | None, ...] = ()) -> list[str]:
+        """Every thread of the judge (and of ``others``: its zygote, the calibration twin) back to
+        the judge's nice value, the judge's to its pinned affinity; what was changed."""
+        found: list[str] = []
+        tids = [(tid, "the judge") for tid in _tids()]
+        for pid in others:
+            if pid:
+                with contextlib.suppress(OSError):
+                    tids += [(int(t), f"process {pid}") for t in os.listdir(f"/proc/{pid}/task")]
+        for tid, whose in tids:
+            try:
+                nice = os.getpriority(os.PRIO_PROCESS, tid)
+            except OSError:
+                continue
+            if nice != self.nice:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, tid, self.nice)
+                    found.append(f"{whose}: thread {tid} reniced from {self.nice} to {nice} (undone)")
+                except OSError as exc:
+                    found.append(
+                        f"{whose}: thread {tid} reniced from {self.nice} to {nice} (not undone: {exc.strerror})"
+                    )
+            want = self.affinity.get(tid)
+            if want is not None:
+                with contextlib.suppress(OSError):
+                    if os.sched_getaffinity(tid) != want:
+                        os.sched_setaffinity(tid, want)
+        return found
+
+
+@dataclass
+class Figure:
+    """A case's figures, us a call: ``outside`` (the judge's), ``inprocess`` (the candidate's
+    process's mean), and what the verdict uses (``stats``, ``method``, ``text`` when replaced)."""
+
+    outside: float
+    inprocess: float
+    believed: bool
+    stats: SampleStats
+    method: str
+    text: str = ""
+    wall: float | None = None
+    roundtrip: float = 0.0
+    overhead: float = 0.0
+
+
+@dataclass
+class _Round:
+    clock: OutsideClock
+    pids: list[int]
+    start: float = field(default_factory=time.perf_counter)
+    end: float | None = None
+
+    def answered(self) -> None:
+        """The candidate (or the twin) answered: wait for its device work, read the clock."""
+        self.end = self.clock.settle(self.pids)
+
+
+def _fit(table: dict[int, float]) -> tuple[float, float]:
+    """(a round's own cost, a call's) from the best time of each round size."""
+    if not table:
+        return 0.0, 0.0
+    small, big = min(table), max(table)
+    per_call = max(0.0, (table[big] - table[small]) / (big - small)) if big > small else 0.0
+    return max(0.0, table[small] - per_call * small), per_call
+
+
+class OutsideClock:
+    """One case's outside figure (see the module's docstring). ``sample``: an array like the
+    case's output (what the twin's no-op returns)."""
+
+    def __init__(self, judge: Any, sample: Any) -> None:
+        self.judge = judge
+        self.cuda = judge.device == "cuda"
+        self.drain = _DRAINS.get(judge.device) or _DRAINS.setdefault(judge.device, drain_for(judge.device))
+        self.sample = sample
+        self.wall: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}
+        self.rounds: list[tuple[int, float]] = []
+        self.notes: list[str] = []
+        self.twin: Any = None
+        self.cpu0 = self.cpu1 = 0.0
+        self.limit_s = max(1.0, float(judge.opts.limit("time")))
+
+    # -- the candidate's processes -------------------------------------------------------------
+
+    def _candidate_pids(self) -> list[int]:
+        group = getattr(self.judge, "group", None)
+        if group is not None:
+            return group.pids()
+        return tree(self.judge.proc.pid)
+
+    def _cpu(self) -> float:
+        group = getattr(self.judge, "group", None)
+        if group is not None:
+            return float(group.cpu_seconds())
+        from .account import proc_cpu_seconds
+
+        return proc_cpu_seconds(tree(self.judge.proc.pid))
+
+    def settle(self, pids: list[int]) -> float:
+        """Wait for the device work of ``pids`` (the drain), read the clock, let them go on."""
+        try:
+            held = self.drain.settle(pids, self.limit_s)
+        except DrainFailed as exc:
+            if exc.kind == "stopped":
+                raise Refused("stopped_process", str(exc)) from None
+            if exc.kind == "timeout":
+                raise CandidateFailed("timeout", "timeout", str(exc)) from None
+            raise CandidateFailed("error", "evaluation_error", str(exc)) from None
+        end = time.perf_counter()
+        self.drain.release(held)
+        return end
+
+    @contextlib.contextmanager
+    def round(self, calls: int) -> Iterator[_Round]:
+        """A timed round of ``calls`` calls: pass ``answered`` to the judge's ``ask``."""
+        r = _Round(self, self._candidate_pids())
+        yield r
+        if r.end is not None:
+            self.rounds.append((calls, r.end - r.start))
+
+    def start(self) -> None:
+        """The CPU window opens (before the inputs of the first timed round are filled)."""
+        self.cpu0 = self._cpu()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """No candidate code runs inside: its device work drained and held (GPU), its processes
+        frozen; thawed, then unlocked, on the way out whatever happens (lock before freeze)."""
+        held = self.drain.settle(self._candidate_pids(), self.limit_s) if self.drain.available else []
+        group = getattr(self.judge, "group", None)
+        try:
+            if group is not None:
+                group.freeze()
+            try:
+                yield
+            finally:
+                if group is not None:
+                    group.thaw()
+        finally:
+            self.drain.release(held)
+
+    def stop(self) -> None:
+        """The CPU window closes (the candidate held: nothing of it runs now)."""
+        self.cpu1 = self._cpu()
+
+    # -- the twin ------------------------------------------------------------------------------------
+
+    def prepare(self, size: int) -> None:
+        """The twin found and warmed (its first rounds are slow), before the region."""
+        from .spares import spares_for
+
+        try:
+            self.twin = spares_for(self.judge.device).twin()
+        except Exception as exc:
+            self.notes.append(f"no calibration twin ({type(exc).__name__}: {exc}): the round trip is not subtracted")
+            self.twin = None
+            return
+        self._twin_rounds([1, size], record=False)
+
+    def calibrate(self, size: int) -> None:
+        """The best of :data:`REPS` no-op rounds of 1 call and of ``size`` calls on the twin (call
+        it with the candidate held)."""
+        self._twin_rounds([1, size] * REPS, record=True)
+
+    def _twin_rounds(self, sizes: list[int], record: bool) -> None:
+        if self.twin is None:
+            return
+        from .rounds import method_name
+
+        for calls in sizes:
+            shared = Shared()
+            if self.sample is not None:
+                shared.arrays.append(share_input(self.sample, shared)[0])
+            r = _Round(self, [self.twin.pid])
+            c0 = harness_cpu(self.twin.pid)
+            try:
+                self.judge.ask(
+                    "calibrate",
+                    {"calls": calls, "method": method_name(self.judge.device, "timed")},
+                    shared,
+                    proc=self.twin,
+                    on_answer=r.answered,
+                )
+            except Exception as exc:  # the twin failed (or was killed): no calibration from it
+                self.notes.append(f"the calibration twin failed ({type(exc).__name__}: {exc})")
+                from .spares import spares_for
+
+                with contextlib.suppress(Exception):
+                    spares_for(self.judge.device).drop_twin()
+                self.twin = None
+                return
+            if record and r.end is not None:
+                self.wall[calls] = min(self.wall.get(calls, float("inf")), r.end - r.start)
+                self.cpu[calls] = min(self.cpu.get(calls, float("inf")), harness_cpu(self.twin.pid) - c0)
+
+    def accounting(self) -> str:
+        """Where the outside figure comes from, in words (``metadata.timing_accounting``)."""
+        if self.cuda:
+            return f"the judge's clock; a round ends at {self.drain.what}"
+        group = getattr(self.judge, "group", None)
+        if group is not None:
+            return str(group.accounting)
+        return "/proc: the candidate's tree's own and reaped children's CPU time"
+
+    # -- the figure -----------------------------------------------------------------------------------
+
+    def figure(self, samples: list[float], label: str, name: str) -> Figure:
+        """The case's figure from the rounds, the calibration and the candidate's ``samples``."""
+        calls = sum(n for n, _ in self.rounds) or len(samples) or 1
+        inproc = statistics.fmean(samples) if samples else 0.0
+        wall_round, wall_call = _fit(self.wall)
+        raw_wall = sum(t for _, t in self.rounds)
+        wall = raw_wall - sum(wall_round + wall_call * n for n, _ in self.rounds)
+        if wall <= 0:  # calibration noise above the whole bracket: the uncorrected bracket
+            wall = raw_wall
+        wall_us = wall / calls * 1e6
+        if self.cuda:
+            outside, overhead = wall_us, wall_call * 1e6
+        else:
+            cpu_round, cpu_call = _fit(self.cpu)
+            raw = self.cpu1 - self.cpu0
+            used = raw - sum(cpu_round + cpu_call * n for n, _ in self.rounds)
+            outside, overhead = (used if used > 0 else raw) / calls * 1e6, cpu_call * 1e6
+        outside = max(outside, 0.0)
+        slack = max(SHARE * outside, FLOOR_US)
+        believed = inproc >= outside - slack
+        flat = SampleStats(
+            mean=round(outside, 4), std=0.0, min=round(outside, 4), max=round(outside, 4), num_trials=len(samples)
+        )
+        fig = Figure(
+            outside=outside,
+            inprocess=inproc,
+            believed=believed,
+            stats=flat,
+            method=label,
+            wall=None if self.cuda else wall_us,
+            roundtrip=self.wall[min(self.wall)] * 1e6 if self.wall else 0.0,
+            overhead=overhead,
+        )
+        if self.cuda and believed:
+            fig.stats = stats(samples)
+        elif not self.cuda and believed and inproc > 0:
+            # a CPU's figure is always the judge's; the spread is the candidate's, scaled to it
+            fig.stats = stats([s * outside / inproc for s in samples])
+        what = "CPU time of its cgroup" if not self.cuda else "from outside its process"
+        if not believed:
+            fig.text = (
+                f"{name or 'forward'}: the candidate's process reported {inproc:.3f} us a call; {what} it took "
+                f"{outside:.3f} us a call: the outside figure is used"
+            )
+            if self.cuda:
+                fig.method = f"outside (the {label} figure was below it)"
+        return fig
