@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from krex_lab.evaluate import Evaluation
+from krex_lab.procutil import children
 from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import twin
 from tests.evaluate.redteam.harness import SLACK, Baselines, forged_speed, make_judge
@@ -29,7 +31,7 @@ def baselines() -> Baselines:
     return Baselines()
 
 
-def _judged(name: str, eval_pool: PoolProc, baselines: Baselines) -> tuple[object, object]:
+def _judged(name: str, eval_pool: PoolProc, baselines: Baselines) -> tuple[Evaluation, Evaluation]:
     judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
     honest = baselines.get(judge, PROBLEM, "honest")
     path = HERE / f"{name}.py"
@@ -48,8 +50,8 @@ def test_work_moved_out_of_the_call_is_still_the_candidates(
     name: str, eval_pool: PoolProc, baselines: Baselines
 ) -> None:
     honest_twin, ev = _judged(name, eval_pool, baselines)
-    why = forged_speed(ev, honest_twin)  # type: ignore[arg-type]
-    assert why is None, f"{name}: {ev.summary}: {why}\n{ev.metadata}"  # type: ignore[attr-defined]
+    why = forged_speed(ev, honest_twin)
+    assert why is None, f"{name}: {ev.summary}: {why}\n{ev.metadata}"
 
 
 @pytest.mark.timeout(600)
@@ -73,12 +75,13 @@ def test_a_candidate_that_renices_the_judge_is_rejected_and_changes_nothing(
     judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
     honest = baselines.get(judge, PROBLEM, "honest")
     honest_twin, ev = _judged("renice_judge", eval_pool, baselines)
-    assert forged_speed(ev, honest_twin) is None, ev.summary  # type: ignore[arg-type]
-    assert ev.verdict == "rejected" and "judge_rescheduled" in ev.metadata["rejected"], ev.metadata  # type: ignore[attr-defined,operator]
+    assert forged_speed(ev, honest_twin) is None, ev.summary
+    assert ev.verdict == "rejected" and "judge_rescheduled" in ev.metadata["rejected"], ev.metadata
     # the judge's nice value is its own again, and so is its zygote's (the next spares' parent)
-    for pid in eval_pool.worker_pids():
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            assert os.getpriority(os.PRIO_PROCESS, int(tid)) == 0, (pid, tid)
+    for worker in eval_pool.worker_pids():
+        for pid in [worker, *children(worker)]:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                assert os.getpriority(os.PRIO_PROCESS, int(tid)) == 0, (worker, pid, tid)
     for _ in range(2):  # on both workers: an honest reference time, never the slowed one
         after = judge(PROBLEM, Path(__file__).parent / "redteam" / "problems" / PROBLEM / "honest.py")
         assert after.verdict == "correct", after.summary

@@ -99,9 +99,13 @@ class Scheduling:
             with contextlib.suppress(OSError):
                 self.affinity[tid] = os.sched_getaffinity(tid)
 
+    def unpin(self) -> None:
+        """The region is over: its cores are no longer the judge's to keep."""
+        self.affinity = {}
+
     def reset(self, others: tuple[int | None, ...] = ()) -> list[str]:
         """Every thread of the judge (and of ``others``: its zygote, the calibration twin) back to
-        the judge's nice value, the judge's to its pinned affinity; what was changed."""
+        the judge's nice value, the judge's to its pinned affinity (in a region); what was changed."""
         found: list[str] = []
         tids = [(tid, "the judge") for tid in _tids()]
         for pid in others:
@@ -148,7 +152,8 @@ class Figure:
 @dataclass
 class _Round:
     clock: OutsideClock
-    pids: list[int]
+    #: whose device work ends the round (None: the candidate's processes, listed at its answer)
+    pids: list[int] | None = None
     start: float = field(default_factory=time.perf_counter)
     end: float | None = None
 
@@ -199,16 +204,22 @@ class OutsideClock:
 
         return proc_cpu_seconds(tree(self.judge.proc.pid))
 
-    def settle(self, pids: list[int]) -> float:
-        """Wait for the device work of ``pids`` (the drain), read the clock, let them go on."""
+    def _drain(self, pids: list[int] | None) -> list[int]:
+        """The device work of ``pids`` (None: the candidate's) waited for; those now held."""
+        if not self.drain.available:
+            return []
         try:
-            held = self.drain.settle(pids, self.limit_s)
+            return self.drain.settle(self._candidate_pids() if pids is None else pids, self.limit_s)
         except DrainFailed as exc:
             if exc.kind == "stopped":
                 raise Refused("stopped_process", str(exc)) from None
             if exc.kind == "timeout":
                 raise CandidateFailed("timeout", "timeout", str(exc)) from None
             raise CandidateFailed("error", "evaluation_error", str(exc)) from None
+
+    def settle(self, pids: list[int] | None) -> float:
+        """Wait for the device work of ``pids`` (the drain), read the clock, let them go on."""
+        held = self._drain(pids)
         end = time.perf_counter()
         self.drain.release(held)
         return end
@@ -216,7 +227,7 @@ class OutsideClock:
     @contextlib.contextmanager
     def round(self, calls: int) -> Iterator[_Round]:
         """A timed round of ``calls`` calls: pass ``answered`` to the judge's ``ask``."""
-        r = _Round(self, self._candidate_pids())
+        r = _Round(self)
         yield r
         if r.end is not None:
             self.rounds.append((calls, r.end - r.start))
@@ -229,7 +240,7 @@ class OutsideClock:
     def hold(self) -> Iterator[None]:
         """No candidate code runs inside: its device work drained and held (GPU), its processes
         frozen; thawed, then unlocked, on the way out whatever happens (lock before freeze)."""
-        held = self.drain.settle(self._candidate_pids(), self.limit_s) if self.drain.available else []
+        held = self._drain(None)
         group = getattr(self.judge, "group", None)
         try:
             if group is not None:

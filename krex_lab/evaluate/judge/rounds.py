@@ -236,8 +236,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     rounds = 0
     rng = random.Random()
     label = _label(judge)
-    with _region(o) as region:
-        judge.scheduling.pin()
+    with _region(o) as region, _pinned(judge):
         _own_scheduling(judge, clock)
         with clock.hold():  # the twin timed with no candidate code running
             clock.calibrate(k)
@@ -320,6 +319,17 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 st.mean > 0 and st.err / st.mean <= (0.001 if o.timing == "converge" else o.max_rel_err)
             )
     return part, cached
+
+
+@contextlib.contextmanager
+def _pinned(judge: Judge) -> Iterator[None]:
+    """The judge's affinity in its region is the one its scheduling is put back to, until the
+    region ends."""
+    judge.scheduling.pin()
+    try:
+        yield
+    finally:
+        judge.scheduling.unpin()
 
 
 def _own_scheduling(judge: Judge, clock: OutsideClock) -> None:
