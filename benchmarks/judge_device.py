@@ -78,6 +78,8 @@ def main() -> None:
                     "wall_us": ev.metadata.get("timing_wall_us"),
                     "accounting": ev.metadata.get("timing_accounting"),
                     "outside_used": "timing_bound" in ev.metadata,
+                    "defence_ms": ev.metadata.get("timing_cost_ms"),
+                    "cgroup_s": ev.metadata.get("candidate_cgroup_s"),
                     "spare_wait_s": ev.metadata.get("spare_wait_s"),
                     "summary": ev.summary,
                 }

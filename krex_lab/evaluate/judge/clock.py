@@ -184,6 +184,8 @@ class OutsideClock:
         self.cpu: dict[int, float] = {}
         self.rounds: list[tuple[int, float]] = []
         self.notes: list[str] = []
+        #: seconds each defence took in this case (``metadata.timing_cost_ms``)
+        self.spent: dict[str, float] = {}
         self.twin: Any = None
         self.cpu0 = self.cpu1 = 0.0
         self.limit_s = max(1.0, float(judge.opts.limit("time")))
@@ -219,9 +221,12 @@ class OutsideClock:
 
     def settle(self, pids: list[int] | None) -> float:
         """Wait for the device work of ``pids`` (the drain), read the clock, let them go on."""
+        t0 = time.perf_counter()
         held = self._drain(pids)
         end = time.perf_counter()
         self.drain.release(held)
+        if self.drain.available:
+            self.spent["drain"] = self.spent.get("drain", 0.0) + time.perf_counter() - t0
         return end
 
     @contextlib.contextmanager
@@ -237,21 +242,33 @@ class OutsideClock:
         self.cpu0 = self._cpu()
 
     @contextlib.contextmanager
+    def _spending(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[what] = self.spent.get(what, 0.0) + time.perf_counter() - t0
+
+    @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """No candidate code runs inside: its device work drained and held (GPU), its processes
         frozen; thawed, then unlocked, on the way out whatever happens (lock before freeze)."""
-        held = self._drain(None)
+        with self._spending("hold"):
+            held = self._drain(None)
         group = getattr(self.judge, "group", None)
         try:
             if group is not None:
-                group.freeze()
+                with self._spending("hold"):
+                    group.freeze()
             try:
                 yield
             finally:
                 if group is not None:
-                    group.thaw()
+                    with self._spending("hold"):
+                        group.thaw()
         finally:
-            self.drain.release(held)
+            with self._spending("hold"):
+                self.drain.release(held)
 
     def stop(self) -> None:
         """The CPU window closes (the candidate held: nothing of it runs now)."""
@@ -263,18 +280,21 @@ class OutsideClock:
         """The twin found and warmed (its first rounds are slow), before the region."""
         from .spares import spares_for
 
-        try:
-            self.twin = spares_for(self.judge.device).twin()
-        except Exception as exc:
-            self.notes.append(f"no calibration twin ({type(exc).__name__}: {exc}): the round trip is not subtracted")
-            self.twin = None
-            return
-        self._twin_rounds([1, size], record=False)
+        with self._spending("twin"):
+            try:
+                self.twin = spares_for(self.judge.device).twin()
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                self.notes.append(f"no calibration twin ({why}): the round trip is not subtracted")
+                self.twin = None
+                return
+            self._twin_rounds([1, size], record=False)
 
     def calibrate(self, size: int) -> None:
         """The best of :data:`REPS` no-op rounds of 1 call and of ``size`` calls on the twin (call
         it with the candidate held)."""
-        self._twin_rounds([1, size] * REPS, record=True)
+        with self._spending("calibration"):
+            self._twin_rounds([1, size] * REPS, record=True)
 
     def _twin_rounds(self, sizes: list[int], record: bool) -> None:
         if self.twin is None:

@@ -311,6 +311,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             meta["timing_bound"] = fig.text
         if clock.notes:
             meta["timing_calibration"] = "; ".join(clock.notes)
+        meta["timing_cost_ms"] = {k: f"{v * 1e3:.2f}" for k, v in clock.spent.items()}
         result.metadata["input_sets"] = str(k)
         result.metadata["timing_overhead_us"] = str(round(fig.overhead, 3))
         result.metadata["timed_rounds"] = str(rounds)

@@ -259,7 +259,9 @@ class Judge:
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
             # its own cgroup before any candidate code is in it: its CPU time (threads and
             # children included) and its freeze are the judge's from here on
+            t_group = time.perf_counter()
             self.group = place(self.proc.pid, self.proc.strays)
+            result.metadata["candidate_cgroup_s"] = f"{time.perf_counter() - t_group:.4f}"
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
