@@ -23,7 +23,7 @@ from tests.support.pool import PoolProc
 HERE = Path(__file__).parent / "outside"
 PROBLEM = "kb_mm_tanh"
 PERF_TRIALS = 30
-MOVED = ["thread_exits", "child_process", "finalizer_next_round", "slow_calibration"]
+MOVED = ["thread_exits", "child_process", "finalizer_next_round", "slow_calibration", "cgroup_escape"]
 
 
 @pytest.fixture(scope="module")

@@ -150,6 +150,17 @@ class Candidate:
         self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)
         self.sets = {}
 
+    def op_calibrated(self, body: dict[str, Any], arrays: list[Any]) -> None:
+        """The judge's calibration is over: its outputs let go and, on a GPU, their memory given
+        back to the device (a spare waits for its candidate holding none)."""
+        import gc
+
+        self.kept = self.warm = None
+        gc.collect()
+        if _cuda():
+            sys.modules["torch"].cuda.empty_cache()
+        self.chan.send("ok", {})
+
     def op_load(self, body: dict[str, Any], arrays: list[Any]) -> None:
         self._limits(body)
         os.chdir(body["build_dir"])

@@ -187,7 +187,9 @@ class OutsideClock:
         #: seconds each defence took in this case (``metadata.timing_cost_ms``)
         self.spent: dict[str, float] = {}
         self.twin: Any = None
-        self.cpu0 = self.cpu1 = 0.0
+        self.cpu0 = self.cpu1 = self.proc0 = 0.0
+        #: the candidate's processes found outside its cgroup when the CPU window opened or closed
+        self.strayed: list[int] = []
         self.limit_s = max(1.0, float(judge.opts.limit("time")))
 
     # -- the candidate's processes -------------------------------------------------------------
@@ -237,9 +239,23 @@ class OutsideClock:
         if r.end is not None:
             self.rounds.append((calls, r.end - r.start))
 
+    def _outside_group(self) -> list[int]:
+        """The candidate's processes that are not in its cgroup now (a cpuset shield's partition
+        took them for the region, or the candidate moved itself): its CPU time is then read from
+        /proc instead."""
+        group = getattr(self.judge, "group", None)
+        if group is None or self.cuda or group.path is None:
+            return []
+        return [p for p in group.pids() if not group.holds(p)]
+
     def start(self) -> None:
         """The CPU window opens (before the inputs of the first timed round are filled)."""
         self.cpu0 = self._cpu()
+        if not self.cuda:
+            from .account import proc_cpu_seconds
+
+            self.strayed = self._outside_group()
+            self.proc0 = proc_cpu_seconds(self._candidate_pids())
 
     @contextlib.contextmanager
     def _spending(self, what: str) -> Iterator[None]:
@@ -273,6 +289,12 @@ class OutsideClock:
     def stop(self) -> None:
         """The CPU window closes (the candidate held: nothing of it runs now)."""
         self.cpu1 = self._cpu()
+        if not self.cuda:
+            from .account import proc_cpu_seconds
+
+            self.strayed += self._outside_group()
+            if self.strayed:
+                self.cpu0, self.cpu1 = self.proc0, proc_cpu_seconds(self._candidate_pids())
 
     # -- the twin ------------------------------------------------------------------------------------
 
@@ -295,6 +317,12 @@ class OutsideClock:
         it with the candidate held)."""
         with self._spending("calibration"):
             self._twin_rounds([1, size] * REPS, record=True)
+
+    def finish(self) -> None:
+        """The twin lets go of what the calibration left it (it is the next candidate's process)."""
+        if self.twin is not None:
+            with contextlib.suppress(Exception):
+                self.judge.ask("calibrated", {}, proc=self.twin)
 
     def _twin_rounds(self, sizes: list[int], record: bool) -> None:
         if self.twin is None:
@@ -332,9 +360,10 @@ class OutsideClock:
         if self.cuda:
             return f"the judge's clock; a round ends at {self.drain.what}"
         group = getattr(self.judge, "group", None)
-        if group is not None:
+        if group is not None and not self.strayed:
             return str(group.accounting)
-        return "/proc: the candidate's tree's own and reaped children's CPU time"
+        why = f" (processes {sorted(set(self.strayed))[:4]} were outside its cgroup)" if self.strayed else ""
+        return f"/proc: the candidate's processes' own and reaped children's CPU time{why}"
 
     # -- the figure -----------------------------------------------------------------------------------
 

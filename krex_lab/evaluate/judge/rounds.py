@@ -287,6 +287,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             _own_scheduling(judge, clock)
             ref_part, cached = _reference(judge, case, name, pristine, region)
     judge.ask("drop", {})
+    clock.finish()
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
     part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)
     if ref_part is not None and not cached:
