@@ -53,14 +53,14 @@ def _plain(out: Any) -> Any:
 
 
 def _fit_threads() -> None:
-    """On a CPU, torch's threads to the cores this process may use now (a region's shield narrows
-    them): more threads than cores spin-wait on each other, and a 10 us call takes milliseconds."""
+    """On a CPU, torch's work in one thread while timed: the judge's figure there is the CPU time
+    of every thread of the candidate's (threads only add to it), and the reference is timed in one
+    thread too. The candidate may set its own; it is its CPU time that counts."""
     torch = sys.modules.get("torch")
     if torch is None or torch.cuda.is_available():
         return
-    cores = max(1, len(os.sched_getaffinity(0)))
-    if torch.get_num_threads() != cores:
-        torch.set_num_threads(cores)
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _cuda() -> bool:

@@ -352,35 +352,54 @@ def _own_scheduling(judge: Judge, clock: OutsideClock) -> None:
 
 def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[float]]:
     """The reference timed as the candidate is: the same sets in turn, one call each, after a
-    warm-up over all of them (an event pair and a synchronisation per call on a GPU)."""
+    warm-up over all of them (an event pair and a synchronisation per call on a GPU; on a CPU the
+    judge's CPU time, in one thread, as the candidate's harness runs it)."""
     o, fmt = judge.opts, judge.job.format
-    for args in sets:
-        ref(args)
-    synchronize()
-    samples: list[float] = []
-    started = time.perf_counter()
     cuda = judge.device == "cuda"
-    if cuda:
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    i = 0
-    while not _done(samples, o, fmt, started):
-        args = sets[i % len(sets)]
-        i += 1
+    samples: list[float] = []
+    with _one_thread(cuda):
+        for args in sets:
+            ref(args)
+        synchronize()
+        started = time.perf_counter()
         if cuda:
-            start.record()
-            ref(args)
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(float(start.elapsed_time(end)) * 1e3)
-        else:
-            # the CPU time the judge used (its threads: torch's among them), as the candidate's
-            # figure is its cgroup's: a shared host's waits for a core are in neither
-            t0 = time.process_time()
-            ref(args)
-            samples.append((time.process_time() - t0) * 1e6)
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        i = 0
+        while not _done(samples, o, fmt, started):
+            args = sets[i % len(sets)]
+            i += 1
+            if cuda:
+                start.record()
+                ref(args)
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(float(start.elapsed_time(end)) * 1e3)
+            else:
+                # the CPU time the judge used, as the candidate's figure is its cgroup's: a shared
+                # host's waits for a core are in neither
+                t0 = time.process_time()
+                ref(args)
+                samples.append((time.process_time() - t0) * 1e6)
     return _label(judge), samples
+
+
+@contextlib.contextmanager
+def _one_thread(cuda: bool) -> Iterator[None]:
+    """On a CPU, torch's work in this thread alone while the reference is timed, as the candidate's
+    harness has it: a CPU-time figure counts every thread, and threads that spin at a barrier while
+    a shared host keeps their peer off a core would count their wait (ten times the work, seen)."""
+    torch = sys.modules.get("torch")
+    if cuda or torch is None:
+        yield
+        return
+    before = int(torch.get_num_threads())
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _reference(
