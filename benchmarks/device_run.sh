@@ -2,7 +2,7 @@
 # Everything that needs the GPU machine, in one batch (device time is scarce).
 # Usage on a GPU machine, from the repo root, with the package's dependencies importable:
 #   bash benchmarks/device_run.sh [STAGE ...]
-# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam judge (default: info
+# Stages: info gputests fidelity latency latencygap before proccost lockcost warm warmcpu quickstart lag modes study studylong study0 multigpu bench evalbatch redteam outsidetime judge (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
 # (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
@@ -97,6 +97,11 @@ for stage in "${stages[@]}"; do
         | grep -v "IPKernelApp.*without encryption" | tail -60 | tee "$OUT/notebook02.log" ;;
     multigpu)
       timeout 300 python3 benchmarks/multi_gpu.py ${MULTIGPU_ARGS:-} 2>&1 | grep -v "IPKernelApp.*without encryption" | tail -90 | tee "$OUT/multigpu.log" ;;
+    outsidetime)  # the judge's figure from outside the candidate: the driver's lock ends a round, the side-stream
+      # and event-patch cheats get the outside figure, honest candidates keep theirs (about 5 min)
+      timeout ${OUTSIDETIME_TIMEOUT:-420} python3 -m pytest -p no:cacheprovider -v -rA --tb=short --timeout 300 -m gpu \
+        tests/gpu/test_outside_gpu.py tests/gpu/test_redteam_gpu.py tests/gpu/test_evaluate_gpu.py -o addopts="" \
+        > "$OUT/outsidetime.log" 2>&1; tail -40 "$OUT/outsidetime.log" ;;
     judge)  # one evaluation at a time on one warm worker, phase by phase (benchmarks/judge_device.py)
       timeout 300 python3 benchmarks/judge_device.py --backend nvidia --problems ${JUDGE_PROBLEMS:-15,13,04,17} \
         --repeat 3 2>&1 | tail -30 | tee "$OUT/judge.log" ;;
