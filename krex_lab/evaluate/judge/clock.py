@@ -173,10 +173,12 @@ def _fit(table: dict[int, float]) -> tuple[float, float]:
 
 class OutsideClock:
     """One case's outside figure (see the module's docstring). ``sample``: an array like the
-    case's output (what the twin's no-op returns)."""
+    case's output (what the twin's no-op returns); ``method``: the harness's timing method."""
 
-    def __init__(self, judge: Any, sample: Any) -> None:
+    def __init__(self, judge: Any, sample: Any, method: str = "host") -> None:
         self.judge = judge
+        #: what the harness times each call with (the twin's rounds are timed as the candidate's)
+        self.method = method
         self.cuda = judge.device == "cuda"
         self.drain = _DRAINS.get(judge.device) or _DRAINS.setdefault(judge.device, drain_for(judge.device))
         self.sample = sample
@@ -327,8 +329,6 @@ class OutsideClock:
     def _twin_rounds(self, sizes: list[int], record: bool) -> None:
         if self.twin is None:
             return
-        from .rounds import method_name
-
         for calls in sizes:
             shared = Shared()
             if self.sample is not None:
@@ -338,7 +338,7 @@ class OutsideClock:
             try:
                 self.judge.ask(
                     "calibrate",
-                    {"calls": calls, "method": method_name(self.judge.device, "timed")},
+                    {"calls": calls, "method": self.method},
                     shared,
                     proc=self.twin,
                     on_answer=r.answered,

@@ -226,7 +226,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask("round", {"order": warm, "method": "warmup", "keep": False}, inputs=mine)
-    clock = OutsideClock(judge, next(iter(arrays(sample_out)), None))
+    clock = OutsideClock(judge, next(iter(arrays(sample_out)), None), method_name(judge.device, "timed"))
     del sample_out
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
