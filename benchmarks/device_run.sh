@@ -108,6 +108,11 @@ for stage in "${stages[@]}"; do
         | grep -v "IPKernelApp.*without encryption" | tail -60 | tee "$OUT/notebook02.log" ;;
     multigpu)
       timeout 300 python3 benchmarks/multi_gpu.py ${MULTIGPU_ARGS:-} 2>&1 | grep -v "IPKernelApp.*without encryption" | tail -90 | tee "$OUT/multigpu.log" ;;
+    outsidetime)  # the judge's figure from outside the candidate: the driver's lock ends a round, the side-stream
+      # and event-patch cheats get the outside figure, honest candidates keep theirs (about 5 min)
+      timeout ${OUTSIDETIME_TIMEOUT:-420} python3 -m pytest -p no:cacheprovider -v -rA --tb=short --timeout 300 -m gpu \
+        tests/gpu/test_outside_gpu.py tests/gpu/test_redteam_gpu.py tests/gpu/test_evaluate_gpu.py -o addopts="" \
+        > "$OUT/outsidetime.log" 2>&1; tail -40 "$OUT/outsidetime.log" ;;
     judge)  # one evaluation at a time on one warm worker, phase by phase (benchmarks/judge_device.py)
       timeout 300 python3 benchmarks/judge_device.py --backend nvidia --problems ${JUDGE_PROBLEMS:-15,13,04,17} \
         --repeat 3 2>&1 | tail -30 | tee "$OUT/judge.log" ;;

@@ -62,6 +62,21 @@ def regions_of(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def timing_of(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The judge's calibrated round trip in every evaluation (it stays near a quiet GPU's when
+    the calibration is in the region) and how many verdicts used the outside figure."""
+    metas = [r.get("metadata") or {} for recs in results.values() for r in recs]
+    trips = [float(x) for m in metas for x in (m.get("timing_roundtrip_us") or [])]
+    return {
+        "roundtrip_us": {
+            "n": len(trips),
+            "median": statistics.median(trips) if trips else None,
+            "max": max(trips) if trips else None,
+        },
+        "outside_figure_used": sum(1 for m in metas if "timing_bound" in m),
+    }
+
+
 def per_evaluation(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each pair's verdict, phases, admission and every timing_* figure the judge reported."""
     out: dict[str, Any] = {}
@@ -120,6 +135,7 @@ def summarise(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
         "long_ms": args.long_ms,
         "deviation_krex_vs_baseline": deviations(base["evals"], firsts, long_us),
         "regions": regions_of(krex["results"]),
+        "timing": timing_of(krex["results"]),
     }
     summary["exactly_one_result_each"] = all(n == 1 for n in summary["krex_results_per_pair"].values()) and all(
         n == 1 for n in summary["baseline_results_per_pair"].values()
@@ -151,3 +167,5 @@ def report(s: dict[str, Any]) -> None:
         f"correct: (b) {s['correct']['baseline']}, (a) {s['correct']['krex']}; verdicts differ: {s['verdicts_differ']}"
     )
     print(f"regions: {s['regions']}; one result per pair each way: {s['exactly_one_result_each']}")
+    if "timing" in s:
+        print(f"judge's round trip (us) and outside figures used: {s['timing']}")

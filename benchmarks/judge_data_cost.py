@@ -48,9 +48,10 @@ def measure(p: Path) -> dict[str, object]:
     from krex_lab.evaluate.channel import Shared, share_input
     from krex_lab.evaluate.job import build_job
     from krex_lab.evaluate.judge.buffers import out_spec, share_set
+    from krex_lab.evaluate.judge.clock import harness_cpu as cpu_seconds
     from krex_lab.evaluate.judge.compare import same, spread
     from krex_lab.evaluate.judge.problems import problem_for
-    from krex_lab.evaluate.judge.rounds import MAX_SETS, budget, cpu_seconds
+    from krex_lab.evaluate.judge.rounds import MAX_SETS, budget
     from krex_lab.evaluate.judge.seeds import Seeds
     from krex_lab.evaluate.judge.session import _module
     from krex_lab.evaluate.tensors import arrays, clone

@@ -74,6 +74,12 @@ def main() -> None:
                     "method": ev.timing_method,
                     "bound_us": ev.metadata.get("timing_bound_us"),
                     "overhead_us": ev.metadata.get("timing_overhead_us"),
+                    "roundtrip_us": ev.metadata.get("timing_roundtrip_us"),
+                    "wall_us": ev.metadata.get("timing_wall_us"),
+                    "accounting": ev.metadata.get("timing_accounting"),
+                    "outside_used": "timing_bound" in ev.metadata,
+                    "defence_ms": ev.metadata.get("timing_cost_ms"),
+                    "cgroup_s": ev.metadata.get("candidate_cgroup_s"),
                     "spare_wait_s": ev.metadata.get("spare_wait_s"),
                     "summary": ev.summary,
                 }
@@ -81,7 +87,8 @@ def main() -> None:
                 print(
                     f"{p.name:22s} #{k} {ev.verdict:10s} wall {wall:6.3f} s  load {ev.phases.get('load', 0):.3f} "
                     f"check {ev.phases.get('check', 0):.3f} time {ev.phases.get('time', 0):.3f}  "
-                    f"{ev.runtime:.2f} us (bound {row['bound_us']}) ref {ev.ref_runtime:.2f} us",
+                    f"{ev.runtime:.2f} us (bound {row['bound_us']}, round trip {row['roundtrip_us']}) "
+                    f"ref {ev.ref_runtime:.2f} us",
                     flush=True,
                 )
     finally:

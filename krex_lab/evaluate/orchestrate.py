@@ -377,7 +377,7 @@ def _time(ev: Evaluation, job: Job, timed: TimeResult, bench_checked: dict[str, 
     checks = [p.timing_check for p in parts if p.timing_check is not None]
     ev.timing_check = TimingChecks(method="device-sync", cases=checks) if checks else None
     if not ev.gpu_timed:
-        ev.warnings.append("no GPU was timed: times are host-clock times around each call (CPU or fake backend)")
+        ev.warnings.append("no GPU was timed: times are CPU times the judge accounted (CPU or fake backend)")
     notices = [p.notice for p in parts if p.notice]
     if notices:
         ev.warnings.append(notices[0])

@@ -3,8 +3,8 @@
 Forked from the zygote (:mod:`.zygote`) as a *spare*: it makes its CUDA context while idle, says
 ``ready``, and then serves exactly one candidate, message by message (:mod:`..channel`):
 
-* ``calibrate``: a round of the timing harness on a no-op, *before* any candidate code is loaded,
-  so the judge learns what the harness itself costs on this process (its outside bound's overhead);
+* ``calibrate``: a round of the timing harness on a no-op, in a spare no candidate code has run in
+  (the judge's calibration twin): what the harness itself costs, which the judge subtracts;
 * ``load``: limits set (host memory, output file size), fd 1 and 2 into the candidate's output
   file, the candidate compiled and imported, its model built;
 * ``call``: the candidate once on the judge's shared inputs, its return value copied into the
@@ -49,14 +49,14 @@ def _sync() -> None:
 
 
 def _fit_threads() -> None:
-    """On a CPU, torch's threads to the cores this process may use now (a region's shield narrows
-    them): more threads than cores spin-wait on each other, and a 10 us call takes milliseconds."""
+    """On a CPU, torch's work in one thread while timed: the judge's figure there is the CPU time
+    of every thread of the candidate's (threads only add to it), and the reference is timed in one
+    thread too. The candidate may set its own; it is its CPU time that counts."""
     torch = sys.modules.get("torch")
     if torch is None or torch.cuda.is_available():
         return
-    cores = max(1, len(os.sched_getaffinity(0)))
-    if torch.get_num_threads() != cores:
-        torch.set_num_threads(cores)
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _cuda() -> bool:
@@ -124,7 +124,8 @@ class Candidate:
     def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
         """The harness alone, on sets shaped as a round's (taken over as a round takes them): a
         no-op that returns fresh copies of arrays like the expected output (allocated and written,
-        as a real output is), which land in the set's buffers as a real call's value does."""
+        as a real output is), which land in the set's buffers as a real call's value does. The
+        judge sends this to a clean spare (its calibration twin), never to the candidate's process."""
 
         def noop(bufs: Any) -> Any:
             return [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
@@ -137,6 +138,17 @@ class Candidate:
             self.sets = {k: ([sample], [sample], []) for k in range(int(body["calls"]))}
         self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)
         self.sets = {}
+
+    def op_calibrated(self, body: dict[str, Any], arrays: list[Any]) -> None:
+        """The judge's calibration is over: its outputs let go and, on a GPU, their memory given
+        back to the device (a spare waits for its candidate holding none)."""
+        import gc
+
+        self.kept = self.warm = None
+        gc.collect()
+        if _cuda():
+            sys.modules["torch"].cuda.empty_cache()
+        self.chan.send("ok", {})
 
     def op_load(self, body: dict[str, Any], arrays: list[Any]) -> None:
         self._limits(body)

@@ -16,12 +16,12 @@ Per case, inside one region:
   random after the round, or every one in strict / leaderboard mode) against the reference on
   the same inputs. The next round's sets are new memory under new seeds: a result kept by
   pointer, ``_version`` or content meets new inputs, and a stale answer fails the re-check.
-* The judge's clock runs from each round sent to its answer (the candidate synchronises before it
-  answers and its outputs are read after): their sum, less the harness's own cost calibrated on
-  the same process before the candidate was loaded, bounds the candidate's time from outside. An
-  in-process figure below a third of the bound (on a host without a GPU: below 2 us and a tenth
-  of it), and further below it than the harness's noise, is not believed: the result says so
-  (``metadata.timing_bound``) and the bound is the runtime.
+* The figure is the judge's (:mod:`.clock`): each round bracketed by its clock until the round is
+  over as seen from outside the candidate's process (the driver's lock on a GPU), less a round
+  trip calibrated in the same region on a clean twin; on a CPU the CPU time of the candidate's
+  cgroup. The candidate's in-process figure stays only where it agrees (GPU).
+* The reference is timed with the candidate's processes held (locked, frozen), after the
+  judge's own scheduling is put back.
 
 Reference times are kept in this judge's memory only (per problem, GPU model, method, settings):
 no file the candidate's user can write holds a time that a verdict uses.
@@ -46,6 +46,7 @@ from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from ..tensors import arrays, clone, synchronize
 from ..timers import TimingError, stats
+from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
 from .roundsets import case_layout, l2_flush, make_sets, read_round, refill, round_checks
 from .values import CandidateFailed
@@ -62,19 +63,6 @@ _BUDGET = {"cuda": 512 << 20, "cpu": 256 << 20}
 _REFERENCE_TIMES: dict[str, ReferenceEntry] = {}
 #: input sets of a case at most (a round's calls)
 MAX_SETS = 128
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid`` so far (the kernel's accounting, which no process can
-    forge; ``schedstat``'s nanoseconds, not ``stat``'s 10 ms ticks)."""
-    total = 0
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-    except OSError:
-        pass
-    return total / 1e9
 
 
 #: GPU memory the running job was admitted with for its input sets (bytes; 0: no admission)
@@ -159,6 +147,9 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
             result.parts.append(part)
             if result.verdict is not None:
                 break
+    except Refused as exc:
+        result.fail("rejected", "rejected", "")
+        result.metadata["rejected"] = {exc.name: exc.message}
     except CandidateFailed as exc:
         exc.record(result)
     except TimingError as exc:
@@ -176,7 +167,7 @@ def _idle_cpu_ms(judge: Judge, since: float) -> float:
     a call (OpenBLAS's for tens of milliseconds each), so only work the judge can see the effect of
     (an output written late, a thread left running its code) is rejected."""
     assert judge.proc is not None
-    return (cpu_seconds(judge.proc.pid) - since) * 1e3
+    return (harness_cpu(judge.proc.pid) - since) * 1e3
 
 
 def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
@@ -208,15 +199,20 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask("round", {"order": warm, "method": "warmup"})
+    clock = OutsideClock(judge, method_name(judge.device, "timed"))
+    clock.prepare(k)
+    clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
     rs = refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
-    bound = cpu_bound = 0.0
     rounds = 0
     idle_ms = 0.0
     rng = random.Random()
     label = _label(judge)
-    with _region(o) as region:
+    with _region(o) as region, _pinned(judge):
+        _own_scheduling(judge, clock)
+        with clock.hold():  # the twin timed with no candidate code running
+            clock.calibrate(k)
         started = time.perf_counter()
         while not _done(samples, o, fmt, started):
             left = (target if (fmt == "kernelbench" and o.timing != "converge") else o.max_runs) - len(samples)
@@ -226,11 +222,9 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 size = max(1, min(size, int(spare_s / max(one_call, 1e-6))))
             order = list(range(size))
             message = {"order": order, "method": method_name(judge.device, "timed"), **rs.message()}
-            c0, t0 = cpu_seconds(judge.proc.pid), time.perf_counter()
-            body, _ = judge.ask("round", message, rs.shared)
-            bound += time.perf_counter() - t0
-            c1 = cpu_seconds(judge.proc.pid)
-            cpu_bound += c1 - c0
+            with clock.round(len(order)) as bracket:
+                body, _ = judge.ask("round", message, rs.shared, on_answer=bracket.answered)
+            c1 = harness_cpu(judge.proc.pid)
             outs = read_round(rs, order, body)
             rounds += 1
             got = [float(s) for s in body.get("samples", [])]
@@ -264,11 +258,14 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 break
             idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
             rs = refill(judge, case, rs, spec)
-        ref_part, cached = _reference(judge, case, name, rs.pristine, region)
+        with clock.hold():  # no candidate code runs while the twin and the reference are timed
+            clock.stop()
+            clock.calibrate(k)
+            _own_scheduling(judge, clock)
+            ref_part, cached = _reference(judge, case, name, rs.pristine, region)
     judge.ask("drop", {})
     rs.release()
-    cal = judge.proc.calibration
-    overhead = rounds * cal.get("per_round_s", 0.0) + len(samples) * cal.get("per_call_s", 0.0)
+    clock.finish()
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
     part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)
     if ref_part is not None and not cached:
@@ -277,43 +274,27 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     if cached:
         result.metadata["ref_runtime_cached"] = "the reference's time measured earlier by this judge"
     if samples:
-        honest_us = max(0.0, (bound - overhead) / len(samples) * 1e6)
-        if judge.device == "cpu":
-            # on a host whose cores others share, the wall clock counts the candidate's waits for
-            # a core too; the CPU time it used does not (a GPU's waits may sleep: wall time there)
-            cpu_overhead = rounds * cal.get("cpu_per_round_s", 0.0) + len(samples) * cal.get("cpu_per_call_s", 0.0)
-            honest_us = min(honest_us, max(0.0, (cpu_bound - cpu_overhead) / len(samples) * 1e6))
-            overhead = min(overhead, cpu_overhead)
-        result.metadata.setdefault("timing_bound_us", [])
-        result.metadata["timing_bound_us"].append(round(honest_us, 4))  # type: ignore[union-attr]
-        slack = max(5.0, 0.5 * overhead / len(samples) * 1e6)  # the harness's noise on a busy host
-        # A host without a GPU: the harness's own cost there (sharing outputs through memory) is
-        # not what the calibration sees, by up to a millisecond a call; there only a figure below
-        # any torch call's on a CPU (2 us) and a tenth of the raw bound is disbelieved, and the
-        # honest figure is at least half the raw bound.
-        raw_us = min(bound, cpu_bound if judge.device == "cpu" else bound) / len(samples) * 1e6
-        if judge.device == "cuda":
-            disbelieved = st.mean < honest_us / 3 and honest_us - st.mean > slack
-        else:
-            disbelieved = st.mean < 2.0 and st.mean < raw_us / 10
-            honest_us = max(honest_us, raw_us / 2)
-        if disbelieved:
-            result.metadata["timing_bound"] = (
-                f"{name or 'forward'}: the candidate's process reported {st.mean:.3f} us a call; from outside it "
-                f"took at least {honest_us:.3f} us a call: the outside figure is used"
-            )
-            part.stats = SampleStats(
-                mean=round(honest_us, 4),
-                std=0.0,
-                min=round(honest_us, 4),
-                max=round(honest_us, 4),
-                num_trials=len(samples),
-            )
-            part.method = f"outside-bound (the {label} figure was below it)"
+        fig = clock.figure(samples, label, name or "")
+        part.stats = fig.stats
+        part.method = fig.method
+        meta = result.metadata
+        for key, value in (
+            ("timing_bound_us", fig.outside),
+            ("timing_roundtrip_us", fig.roundtrip),
+            *((("timing_wall_us", fig.wall),) if fig.wall is not None else ()),
+        ):
+            meta.setdefault(key, [])
+            meta[key].append(round(value, 4))  # type: ignore[union-attr]
+        meta["timing_accounting"] = clock.accounting()
+        if fig.text:
+            meta["timing_bound"] = fig.text
+        if clock.notes:
+            meta["timing_calibration"] = "; ".join(clock.notes)
+        meta["timing_cost_ms"] = {k: f"{v * 1e3:.2f}" for k, v in clock.spent.items()}
         result.metadata["input_sets"] = str(k)
         result.metadata["l2_flush"] = l2_flush(judge.device)
         result.metadata["idle_cpu_ms"] = str(round(idle_ms, 3))
-        result.metadata["timing_overhead_us"] = str(round(overhead / len(samples) * 1e6, 3))
+        result.metadata["timing_overhead_us"] = str(round(fig.overhead, 3))
         result.metadata["timed_rounds"] = str(rounds)
         if o.timing == "converge" or fmt == "gpumode":
             result.metadata["converged"] = str(
@@ -322,37 +303,85 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     return part, cached
 
 
+@contextlib.contextmanager
+def _pinned(judge: Judge) -> Iterator[None]:
+    """The judge's affinity in its region is the one its scheduling is put back to, until the
+    region ends."""
+    judge.scheduling.pin()
+    try:
+        yield
+    finally:
+        judge.scheduling.unpin()
+
+
+def _own_scheduling(judge: Judge, clock: OutsideClock) -> None:
+    """The judge's threads back to their own nice value and the region's cores (its zygote's and
+    the twin's nice value too: the next candidate's process and the calibration inherit them); a
+    change found was the candidate's (nothing else renices a judge): rejected, the reference left
+    untimed."""
+    from .spares import spares_for
+
+    zygote = spares_for(judge.device).pid
+    judge.rescheduled += judge.scheduling.reset((zygote, clock.twin.pid if clock.twin is not None else None))
+    if judge.rescheduled:
+        raise Refused(
+            "judge_rescheduled",
+            "the judge's scheduling was changed while the candidate ran: " + "; ".join(judge.rescheduled[:4]),
+        )
+
+
 def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[float]]:
     """The reference timed as the candidate is: the same sets in turn, one call each, after a
-    warm-up over all of them (an event pair and a synchronisation per call on a GPU)."""
+    warm-up over all of them (an event pair and a synchronisation per call on a GPU; on a CPU the
+    judge's CPU time, in one thread, as the candidate's harness runs it)."""
     o, fmt = judge.opts, judge.job.format
-    for args in sets:
-        ref(args)
-    synchronize()
-    samples: list[float] = []
-    started = time.perf_counter()
     cuda = judge.device == "cuda"
-    if cuda:
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        flush = torch.empty((32, 1024, 1024), dtype=torch.int64, device="cuda")
-    i = 0
-    while not _done(samples, o, fmt, started):
-        args = sets[i % len(sets)]
-        i += 1
+    samples: list[float] = []
+    with _one_thread(cuda):
+        for args in sets:
+            ref(args)
+        synchronize()
+        started = time.perf_counter()
         if cuda:
-            flush.fill_(42)  # the formats' L2 thrash, outside the event pair (as the candidate's)
-            start.record()
-            ref(args)
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(float(start.elapsed_time(end)) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            ref(args)
-            samples.append((time.perf_counter() - t0) * 1e6)
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            flush = torch.empty((32, 1024, 1024), dtype=torch.int64, device="cuda")
+        i = 0
+        while not _done(samples, o, fmt, started):
+            args = sets[i % len(sets)]
+            i += 1
+            if cuda:
+                flush.fill_(42)  # the formats' L2 thrash, outside the event pair (as the candidate's)
+                start.record()
+                ref(args)
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(float(start.elapsed_time(end)) * 1e3)
+            else:
+                # the CPU time the judge used, as the candidate's figure is its cgroup's: a shared
+                # host's waits for a core are in neither
+                t0 = time.process_time()
+                ref(args)
+                samples.append((time.process_time() - t0) * 1e6)
     return _label(judge), samples
+
+
+@contextlib.contextmanager
+def _one_thread(cuda: bool) -> Iterator[None]:
+    """On a CPU, torch's work in this thread alone while the reference is timed, as the candidate's
+    harness has it: a CPU-time figure counts every thread, and threads that spin at a barrier while
+    a shared host keeps their peer off a core would count their wait (ten times the work, seen)."""
+    torch = sys.modules.get("torch")
+    if cuda or torch is None:
+        yield
+        return
+    before = int(torch.get_num_threads())
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _reference(

@@ -4,8 +4,8 @@
 candidate runs in a one-shot process (:mod:`.spares`) reached through :mod:`..channel`.
 
 1. **load**: the reference imported here (once per problem and worker), the problem's first
-   inputs and answer made, a spare taken and its timing harness calibrated on a no-op (before any
-   candidate code is in it), then the candidate compiled and imported *there*.
+   inputs and answer made, a spare taken and placed in a cgroup of its own (before any candidate
+   code is in it), then the candidate compiled and imported *there*.
 2. **check**: per trial, fresh inputs drawn on the device under a secret seed, shared with the
    candidate with output buffers the judge owns (:mod:`.buffers`), into which the candidate's
    side copies its value before the call is over; the judge reads only those buffers and compares
@@ -27,7 +27,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..candidate.sandbox import summary as sandbox_summary
@@ -37,7 +37,9 @@ from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from ..tensors import arrays, clone, synchronize
-from .buffers import CallSet, out_spec, set_bytes, share_set
+from .account import CandidateGroup, place
+from .buffers import CallSet, out_spec, share_set
+from .clock import Scheduling
 from .compare import compare, same, tolerances
 from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
@@ -130,6 +132,12 @@ class Judge:
         self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
         self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
         self.proc: CandidateProc | None = None
+        #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
+        self.group: CandidateGroup | None = None
+        #: the judge's nice value and, in a region, affinities: put back before anything is timed
+        self.scheduling = Scheduling()
+        #: changes to the judge's scheduling found (the candidate's doing)
+        self.rescheduled: list[str] = []
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
         #: the first trial's (data, pristine copy, answer, arrays the reference writes), made at load
@@ -148,15 +156,24 @@ class Judge:
     # -- talking to the candidate ----------------------------------------------------------------
 
     def ask(
-        self, op: str, body: dict[str, Any], shared: Shared | None = None, inputs: list[Any] | None = None
+        self,
+        op: str,
+        body: dict[str, Any],
+        shared: Shared | None = None,
+        inputs: list[Any] | None = None,
+        proc: CandidateProc | None = None,
+        on_answer: Callable[[], object] | None = None,
     ) -> tuple[dict[str, Any], list[Any]]:
         """Send, and read the answer: (its body, []). Outputs never come with an answer: a call's
         value is in the output buffers the judge handed with it (:mod:`.buffers`), and any array
-        the candidate's process sends is closed unread."""
-        assert self.proc is not None
+        the candidate's process sends is closed unread. ``proc``: another process than the
+        candidate's (the calibration twin); ``on_answer``: run as soon as the answer has arrived,
+        before anything of it is read (the round's end, as the judge's clock sees it)."""
+        proc = proc or self.proc
+        assert proc is not None
         try:
-            self.proc.chan.send(op, body, shared)
-            env, fds = self.proc.chan.recv()
+            proc.chan.send(op, body, shared)
+            env, fds = proc.chan.recv()
         except (ChannelError, OSError) as exc:
             raise self._died(f"{type(exc).__name__}: {exc}") from None
         finally:
@@ -165,6 +182,8 @@ class Judge:
         del inputs
         for fd in fds:
             os.close(fd)
+        if on_answer is not None and env.op != "failed":
+            on_answer()
         if env.op == "failed":
             raise self._raised(env.body)
         return env.body, []
@@ -237,7 +256,6 @@ class Judge:
         except Exception as exc:
             result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
             return result
-        from .problems import nbytes
         from .rounds import MAX_SETS
 
         data, _, answer, _ = self.first
@@ -254,6 +272,11 @@ class Judge:
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
             assert self.proc is not None
             result.metadata["sandbox"] = sandbox_summary(self.proc.sandbox)
+            # its own cgroup before any candidate code is in it: its CPU time (threads and
+            # children included) and its freeze are the judge's from here on
+            t_group = time.perf_counter()
+            self.group = place(self.proc.pid, self.proc.strays)
+            result.metadata["candidate_cgroup_s"] = f"{time.perf_counter() - t_group:.4f}"
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -293,49 +316,18 @@ class Judge:
         ]
 
     def _ready_spare(self) -> None:
-        """A spare taken, its sandbox closed on this evaluation's build directory, its harness
-        calibrated: all before any candidate code is in it."""
+        """A spare taken and its sandbox closed on this evaluation's build directory, before any
+        candidate code is in it (its harness is calibrated on a clean twin, in the region:
+        :mod:`.clock`)."""
         self.proc = spares_for(self.device).take()
         mark("load", self.job.nonce, self.proc.pid)
         self.proc.confine(self.build_dir, self._import_dirs())
-        self._calibrate()
-
-    def _calibrate(self) -> None:
-        """The harness's own cost on this spare, before any candidate code is in it: rounds of a
-        no-op that returns an array like the expected output, of 1 call and of as many calls as a
-        round may have, the best of two each (the first rounds of a fresh process are slow)."""
-        from .rounds import MAX_SETS, method_name
-
-        assert self.proc is not None and self.problem is not None
-        assert self.first is not None
-        from .rounds import budget, cpu_seconds
-
-        # as many calls as a round of this problem will have (each set in memory of its own)
-        host, device = set_bytes(self.first[1], out_spec(self.first[2]))
-        per_set = host + device + nbytes(self.first[1]) + out_spec(self.first[2]).nbytes
-        many = max(2, min(MAX_SETS, budget(self.device) // max(1, per_set)))
-        best: dict[int, float] = {}
-        cpu: dict[int, float] = {}
-        for calls in (1, many, 1, many):
-            extra, shared = self._calibration_sets(calls)
-            c0, t0 = cpu_seconds(self.proc.pid), time.perf_counter()
-            self.ask("calibrate", {"calls": calls, "method": method_name(self.device, "timed"), **extra}, shared)
-            best[calls] = min(best.get(calls, float("inf")), time.perf_counter() - t0)
-            cpu[calls] = min(cpu.get(calls, float("inf")), cpu_seconds(self.proc.pid) - c0)
-        per_call = max(0.0, (best[many] - best[1]) / (many - 1))
-        cpu_call = max(0.0, (cpu[many] - cpu[1]) / (many - 1))
-        self.proc.calibration = {
-            "per_call_s": per_call,
-            "per_round_s": max(0.0, best[1] - per_call),
-            "cpu_per_call_s": cpu_call,
-            "cpu_per_round_s": max(0.0, cpu[1] - cpu_call),
-        }
 
     def _calibration_sets(self, calls: int) -> tuple[dict[str, Any], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
         output buffers), of the first trial's data: the harness's cost then counts taking a round's
-        sets over and copying each value into the judge's buffers, as a real round does. No
-        candidate code is loaded yet: nothing can read them."""
+        sets over and copying each value into the judge's buffers, as a real round does. They go
+        to the calibration twin, in which no candidate code runs."""
         assert self.problem is not None and self.first is not None
         shared = Shared()
         spec = out_spec(self.first[2])
@@ -543,6 +535,11 @@ class Judge:
             }
         self.proc.end()
         self.proc = None
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+        with contextlib.suppress(Exception):  # nothing the candidate changed outlives it
+            self.rescheduled += self.scheduling.reset((spares_for(self.device).pid,))
         self.first = None
         import gc
 

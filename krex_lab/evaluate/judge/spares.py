@@ -87,13 +87,18 @@ class CandidateProc:
                     out.append(f"{pid} ({cmd[:80] or '?'})")
         return out
 
+    def strays(self) -> list[int]:
+        """Processes that left its tree for the worker (a daemon's double fork): the worker's
+        children that are neither the zygote nor the spare."""
+        return [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+
     def end(self) -> None:
         """Kill it and everything it started (deepest first), daemons that left its tree included;
         its temporary directory goes with it."""
         with _quiet():
             self.chan.sock.close()
         for _ in range(200):
-            strays = [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+            strays = self.strays()
             pids = [p for p in tree(self.pid) + strays if proc_state(p) not in (None, "Z")]
             for p in reversed(pids):
                 with _quiet():
@@ -169,6 +174,8 @@ class Spares:
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
         self.spare: tuple[int, socket.socket] | None = None
+        #: the spare once it said ``ready`` while lent as a calibration twin (taken as it is next)
+        self.ready: CandidateProc | None = None
         self.forked: set[int] = set()
         self.buf = b""
         self._expect("ready", timeout=120.0)
@@ -179,7 +186,7 @@ class Spares:
         return {self.pid}
 
     def is_own(self, pid: int) -> bool:
-        return self.spare is not None and pid == self.spare[0]
+        return (self.spare is not None and pid == self.spare[0]) or (self.ready is not None and pid == self.ready.pid)
 
     def alive(self) -> bool:
         return proc_state(self.pid) not in (None, "Z")
@@ -224,16 +231,25 @@ class Spares:
         try:
             return self._take(timeout)
         except (ChannelError, OSError):
-            self.spare = None
+            self.spare = self.ready = None
             return self._take(timeout)
 
     def _take(self, timeout: float) -> CandidateProc:
+        proc = self._ready(timeout)
+        self.ready = None
+        contain.unkeep(proc.pid)
+        self.fork_spare()
+        return proc
+
+    def _ready(self, timeout: float) -> CandidateProc:
+        """The spare, once it has said ``ready`` (its context made)."""
+        if self.ready is not None:
+            return self.ready
         if self.spare is None:
             self.fork_spare()
         assert self.spare is not None
         pid, sock = self.spare
         self.spare = None
-        contain.unkeep(pid)
         chan = Channel(sock)
         sock.settimeout(timeout)
         try:
@@ -242,10 +258,26 @@ class Spares:
             sock.settimeout(None)
         if env.op != "ready":
             raise ChannelError(f"a spare said {env.op!r} before it was ready")
-        proc = CandidateProc(pid, chan, self)
-        proc.sandbox = {str(k): str(v) for k, v in dict(env.body.get("sandbox") or {}).items()}
+        self.ready = CandidateProc(pid, chan, self)
+        self.ready.sandbox = {str(k): str(v) for k, v in dict(env.body.get("sandbox") or {}).items()}
+        return self.ready
+
+    def twin(self, timeout: float = 120.0) -> CandidateProc:
+        """The spare, lent as it is (kept as the spare): no candidate code has run in it, so the
+        judge times its harness on a no-op there (the round trip it subtracts). Its next use is as
+        a candidate's process, as any spare's."""
+        try:
+            return self._ready(timeout)
+        except (ChannelError, OSError):
+            self.spare = self.ready = None
+            return self._ready(timeout)
+
+    def drop_twin(self) -> None:
+        """The twin failed (it may have been killed): a fresh spare replaces it."""
+        if self.ready is not None:
+            self.ready.end()
+        self.ready = self.spare = None
         self.fork_spare()
-        return proc
 
     def exit_status(self, pid: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,277 @@
+"""The candidate's processes as the judge sees them from outside: a cgroup of their own, the CPU
+time they used (every thread and child, exited ones included), and a freeze.
+
+The candidate's process is moved into a cgroup of its own before any candidate code is loaded
+(:func:`place`); whatever it starts is born there. The kernel accounts every task's CPU time to
+its cgroup as it runs, so a thread that exits, a child process or a finalizer cannot take its
+work out of the figure, and no clock of the candidate's own is read.
+
+* cgroup v2 (a pure v2 host, or the ``unified`` hierarchy of a hybrid one): ``cpu.stat``'s
+  ``usage_usec`` (present whether or not the cpu controller is enabled) and ``cgroup.freeze``;
+* cgroup v1 ``cpuacct`` (a v1-only host): ``cpuacct.usage``, and SIGSTOP to freeze;
+* neither (no permission to make a cgroup: not root and nothing delegated): the processes' own
+  and reaped children's CPU time from ``/proc`` (threads that exited are in their process's
+  figure; a child reaped by someone else, or one that left the candidate's tree, is not), and
+  SIGSTOP. :attr:`CandidateGroup.accounting` says which was used.
+
+The group is made as a child of the process's current cgroup, so that a freeze of an enclosing
+cgroup (the arbiter's, for a region elsewhere) still reaches the candidate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ...procutil import GONE, STOPPED, proc_state, tree
+
+__all__ = ["CandidateGroup", "place", "proc_cpu_seconds"]
+
+PREFIX = "krex-cand-"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _mounts() -> tuple[Path | None, Path | None]:
+    """(the cgroup v2 mount, the v1 cpuacct mount), None where there is none."""
+    v2: Path | None = None
+    v1: Path | None = None
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 4:
+                    continue
+                where, kind, opts = Path(parts[1]), parts[2], parts[3].split(",")
+                if kind == "cgroup2" and (v2 is None or len(where.parts) < len(v2.parts)):
+                    v2 = where
+                elif kind == "cgroup" and "cpuacct" in opts and v1 is None:
+                    v1 = where
+    except OSError:
+        pass
+    return v2, v1
+
+
+def _cgroup_line(pid: int, v2: bool) -> str | None:
+    """The process's cgroup in the v2 hierarchy (``v2``) or the v1 one holding cpuacct."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if v2 and hier == "0" and controllers == "":
+            return path
+        if not v2 and "cpuacct" in controllers.split(","):
+            return path
+    return None
+
+
+def proc_cpu_seconds(pids: list[int]) -> float:
+    """CPU time of ``pids`` from /proc: per process, the larger of its stat figure (every thread,
+    exited ones included, and its reaped children; kept in clock ticks) and the sum of its live
+    threads' ``schedstat`` (nanoseconds)."""
+    total = 0.0
+    for pid in pids:
+        ticks = 0.0
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+            ticks = sum(int(x) for x in fields[11:15]) / _TICK
+        fine = 0
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with (
+                    contextlib.suppress(OSError, ValueError, IndexError),
+                    open(f"/proc/{pid}/task/{tid}/schedstat") as f,
+                ):
+                    fine += int(f.read().split()[0])
+        total += max(ticks, fine / 1e9)
+    return total
+
+
+class CandidateGroup:
+    """One candidate's processes: ``pid`` and everything it started (see the module's docstring).
+
+    ``known`` lists the processes the judge knows as the candidate's besides the cgroup's (its
+    tree, daemons re-parented to the worker); the group adds those the cgroup holds."""
+
+    def __init__(self, pid: int, known: Callable[[], list[int]], path: Path | None, kind: str, why: str = "") -> None:
+        self.pid = pid
+        self.known = known
+        #: the cgroup's directory (None: no cgroup, /proc accounting)
+        self.path = path
+        #: "v2", "v1" or "proc"
+        self.kind = kind
+        #: why no cgroup could be made (empty where one was)
+        self.why = why
+        self._stopped: list[int] = []
+        self._frozen = False
+
+    @property
+    def accounting(self) -> str:
+        """Which accounting the CPU figures come from, in words (for the verdict's metadata)."""
+        if self.kind == "v2":
+            return f"cgroup v2 cpu.stat of the candidate's own cgroup ({self.path})"
+        if self.kind == "v1":
+            return f"cgroup v1 cpuacct.usage of the candidate's own cgroup ({self.path})"
+        return (
+            "/proc: the candidate's processes' own and reaped children's CPU time (no cgroup could be made: "
+            f"{self.why}); a child reaped elsewhere is not counted"
+        )
+
+    def cgroup_pids(self) -> list[int]:
+        if self.path is None:
+            return []
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def pids(self) -> list[int]:
+        """Every live process of the candidate's: the cgroup's and the ones the judge knows."""
+        seen: dict[int, None] = dict.fromkeys(self.cgroup_pids())
+        for pid in [*tree(self.pid), *self.known()]:
+            seen.setdefault(pid, None)
+        return [p for p in seen if proc_state(p) not in (None, *GONE)]
+
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is in this group's cgroup (with no cgroup: whether it is alive)."""
+        if self.path is None:
+            return proc_state(pid) is not None
+        line = _cgroup_line(pid, self.kind == "v2")
+        root = _mounts()[0 if self.kind == "v2" else 1]
+        return line is not None and root is not None and root / line.lstrip("/") == self.path
+
+    def cpu_seconds(self) -> float:
+        """CPU time the candidate's processes have used since the group was made (cgroup), or so
+        far (/proc). Only differences of two readings mean anything."""
+        try:
+            if self.kind == "v2":
+                for line in (self.path / "cpu.stat").read_text().splitlines():  # type: ignore[operator]
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+            elif self.kind == "v1":
+                return int((self.path / "cpuacct.usage").read_text()) / 1e9  # type: ignore[operator]
+        except (OSError, ValueError):
+            pass
+        return proc_cpu_seconds(self.pids())
+
+    # -- freeze ------------------------------------------------------------------------------------
+
+    def freeze(self, timeout: float = 2.0) -> None:
+        """No process of the candidate's runs until :meth:`thaw`: the cgroup frozen (v2) and every
+        process of its outside the cgroup (or all of them, without a v2 cgroup) stopped."""
+        deadline = time.monotonic() + timeout
+        if self.kind == "v2" and self.path is not None:
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.freeze").write_text("1")
+                self._frozen = True
+                while time.monotonic() < deadline:
+                    if "frozen 1" in (self.path / "cgroup.events").read_text().splitlines():
+                        break
+                    time.sleep(0.0002)
+        # processes outside the cgroup (a shield partition took them, or there is none): stopped,
+        # as often as new ones appear (one may fork while the list is read)
+        inside = set(self.cgroup_pids()) if self._frozen else set()
+        for _ in range(8):
+            fresh = [p for p in self.pids() if p not in inside and p not in self._stopped]
+            if not fresh:
+                break
+            for pid in fresh:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGSTOP)
+                    self._stopped.append(pid)
+        for pid in self._stopped:  # SIGSTOP lands asynchronously: wait until each one is stopped
+            while time.monotonic() < deadline and proc_state(pid) not in (None, *GONE, *STOPPED):
+                time.sleep(0.0002)
+
+    def thaw(self) -> None:
+        """Undo :meth:`freeze` (every process it stopped continued; never left stopped)."""
+        for pid in self._stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        self._stopped = []
+        if self._frozen and self.path is not None:
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.freeze").write_text("0")
+            self._frozen = False
+
+    def remove(self) -> None:
+        """The cgroup removed once its processes are gone (killed first if any is left)."""
+        self.thaw()
+        if self.path is None:
+            return
+        for i in range(200):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                pass
+            if i == 0 and self.kind == "v2":
+                with contextlib.suppress(OSError):
+                    (self.path / "cgroup.kill").write_text("1")
+            for pid in self.cgroup_pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+
+
+def _sweep(parent: Path) -> None:
+    """Groups left by judges that died (their pid is in the name) removed where empty."""
+    with contextlib.suppress(OSError):
+        for entry in parent.iterdir():
+            name = entry.name
+            if not name.startswith(PREFIX):
+                continue
+            judge = name[len(PREFIX) :].split("-")[0]
+            if judge.isdigit() and proc_state(int(judge)) in (None, *GONE):
+                with contextlib.suppress(OSError):
+                    entry.rmdir()
+
+
+def _make(pid: int, kind: str) -> Path:
+    v2, v1 = _mounts()
+    root = v2 if kind == "v2" else v1
+    if root is None:
+        raise OSError(f"no cgroup {kind} hierarchy is mounted")
+    line = _cgroup_line(pid, kind == "v2")
+    if line is None:
+        raise OSError(f"the process is in no cgroup {kind}")
+    parent = root / line.lstrip("/")
+    _sweep(parent)
+    path = parent / f"{PREFIX}{os.getpid()}-{pid}"
+    path.mkdir()
+    try:
+        (path / "cgroup.procs").write_text(str(pid))
+        if kind == "v2" and not (path / "cpu.stat").exists():
+            raise OSError("cpu.stat is missing in the new cgroup")
+        if kind == "v1" and not (path / "cpuacct.usage").exists():
+            raise OSError("cpuacct.usage is missing in the new cgroup")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            (parent / "cgroup.procs").write_text(str(pid))
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        raise
+    return path
+
+
+def place(pid: int, known: Callable[[], list[int]], kinds: tuple[str, ...] = ("v2", "v1")) -> CandidateGroup:
+    """``pid`` (a candidate's process, before its code loads) in a cgroup of its own: v2 first,
+    then v1 cpuacct; a group without a cgroup (/proc accounting) where neither can be made."""
+    why: list[str] = []
+    for kind in kinds:
+        try:
+            return CandidateGroup(pid, known, _make(pid, kind), kind)
+        except OSError as exc:
+            why.append(f"{kind}: {exc.strerror or exc}")
+    return CandidateGroup(pid, known, None, "proc", "; ".join(why) or "no cgroup asked for")

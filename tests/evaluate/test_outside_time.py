@@ -1,0 +1,88 @@
+"""The figure is the judge's, measured from outside the candidate's process (CPU, fake backend).
+
+Hostile candidates (tests/evaluate/outside/) move their work where a clock of their own, or an
+accounting of their process's live threads, does not see it: a thread that exits before the
+clock reads, a child process, a finalizer that fills a cache between rounds, a slowed
+calibration harness, a reniced judge. Each is judged without a forged speedup, and its honest
+twin (``CHEAT = False``) is ``correct`` within noise of the plain honest candidate."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from krex_lab.evaluate import Evaluation
+from krex_lab.procutil import children
+from tests.evaluate.helpers import LIMITS
+from tests.evaluate.redteam import twin
+from tests.evaluate.redteam.harness import SLACK, Baselines, forged_speed, make_judge
+from tests.support.pool import PoolProc
+
+HERE = Path(__file__).parent / "outside"
+PROBLEM = "kb_mm_tanh"
+PERF_TRIALS = 30
+MOVED = ["thread_exits", "child_process", "finalizer_next_round", "slow_calibration", "cgroup_escape"]
+
+
+@pytest.fixture(scope="module")
+def baselines() -> Baselines:
+    return Baselines()
+
+
+def _judged(name: str, eval_pool: PoolProc, baselines: Baselines) -> tuple[Evaluation, Evaluation]:
+    judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
+    honest = baselines.get(judge, PROBLEM, "honest")
+    path = HERE / f"{name}.py"
+    honest_twin = judge(PROBLEM, twin(path.read_text()), retime_reference=True)
+    assert honest_twin.verdict == "correct", honest_twin.summary
+    assert honest.runtime / SLACK <= honest_twin.runtime <= honest.runtime * SLACK, (
+        honest_twin.summary,
+        honest.summary,
+    )
+    return honest_twin, judge(PROBLEM, path)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", MOVED)
+def test_work_moved_out_of_the_call_is_still_the_candidates(
+    name: str, eval_pool: PoolProc, baselines: Baselines
+) -> None:
+    honest_twin, ev = _judged(name, eval_pool, baselines)
+    why = forged_speed(ev, honest_twin)
+    assert why is None, f"{name}: {ev.summary}: {why}\n{ev.metadata}"
+
+
+@pytest.mark.timeout(600)
+def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc, baselines: Baselines) -> None:
+    judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
+    ev = baselines.get(judge, PROBLEM, "honest")
+    meta = ev.metadata
+    assert "cgroup" in str(meta["timing_accounting"]), meta  # root on this machine: a cgroup was made
+    assert meta["timing_bound_us"] == [ev.runtime], meta  # the verdict's figure is the judge's
+    assert isinstance(meta["timing_roundtrip_us"], list) and meta["timing_roundtrip_us"][0] > 0, meta
+    assert "timing_bound" not in meta and "rejected" not in meta, meta
+    # no candidate cgroup is left behind
+    leftovers = [p for p in Path("/sys/fs/cgroup").rglob("krex-cand-*") if p.is_dir()]
+    assert not leftovers, leftovers
+
+
+@pytest.mark.timeout(600)
+def test_a_candidate_that_renices_the_judge_is_rejected_and_changes_nothing(
+    eval_pool: PoolProc, baselines: Baselines
+) -> None:
+    judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
+    honest = baselines.get(judge, PROBLEM, "honest")
+    honest_twin, ev = _judged("renice_judge", eval_pool, baselines)
+    assert forged_speed(ev, honest_twin) is None, ev.summary
+    assert ev.verdict == "rejected" and "judge_rescheduled" in ev.metadata["rejected"], ev.metadata
+    # the judge's nice value is its own again, and so is its zygote's (the next spares' parent)
+    for worker in eval_pool.worker_pids():
+        for pid in [worker, *children(worker)]:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                assert os.getpriority(os.PRIO_PROCESS, int(tid)) == 0, (worker, pid, tid)
+    for _ in range(2):  # on both workers: an honest reference time, never the slowed one
+        after = judge(PROBLEM, Path(__file__).parent / "redteam" / "problems" / PROBLEM / "honest.py")
+        assert after.verdict == "correct", after.summary
+        assert after.ref_runtime <= honest.ref_runtime * SLACK, (after.summary, honest.summary)
