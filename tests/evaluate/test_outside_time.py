@@ -69,14 +69,18 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
 
 
 @pytest.mark.timeout(600)
-def test_a_candidate_that_renices_the_judge_is_rejected_and_changes_nothing(
+def test_a_candidate_that_renices_the_judge_changes_nothing(
     eval_pool: PoolProc, baselines: Baselines
 ) -> None:
     judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
     honest = baselines.get(judge, PROBLEM, "honest")
     honest_twin, ev = _judged("renice_judge", eval_pool, baselines)
     assert forged_speed(ev, honest_twin) is None, ev.summary
-    assert ev.verdict == "rejected" and "judge_rescheduled" in ev.metadata["rejected"], ev.metadata
+    # the sandbox refuses the renice (seccomp: priority of itself alone); where it could not, the
+    # judge finds it and rejects the candidate: either way nothing of it is left
+    sandboxed = "seccomp" in str(ev.metadata.get("sandbox", "")).split("degraded")[0]
+    if not sandboxed:
+        assert ev.verdict == "rejected" and "judge_rescheduled" in ev.metadata["rejected"], ev.metadata
     # the judge's nice value is its own again, and so is its zygote's (the next spares' parent)
     for worker in eval_pool.worker_pids():
         for pid in [worker, *children(worker)]:
