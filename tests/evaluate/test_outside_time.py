@@ -69,9 +69,7 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
 
 
 @pytest.mark.timeout(600)
-def test_a_candidate_that_renices_the_judge_changes_nothing(
-    eval_pool: PoolProc, baselines: Baselines
-) -> None:
+def test_a_candidate_that_renices_the_judge_changes_nothing(eval_pool: PoolProc, baselines: Baselines) -> None:
     judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
     honest = baselines.get(judge, PROBLEM, "honest")
     honest_twin, ev = _judged("renice_judge", eval_pool, baselines)
