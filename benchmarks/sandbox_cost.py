@@ -36,6 +36,7 @@ def syscall_ns(n: int) -> float:
 
 def one(build: str, cuda: bool, calls: int) -> dict[str, object]:
     from krex_lab.evaluate.candidate import sandbox
+    from krex_lab.evaluate.judge.spares import sandbox_summary
 
     r, w = os.pipe()
     pid = os.fork()
@@ -57,7 +58,7 @@ def one(build: str, cuda: bool, calls: int) -> dict[str, object]:
         report.update(sandbox.confine_files(build, os.path.join(build, "tmp", str(os.getpid())), []))
         out["confine_ms"] = (time.perf_counter() - t2) * 1e3
         out["getppid_ns"] = syscall_ns(calls)
-        out["sandbox"] = sandbox.summary(report)
+        out["sandbox"] = sandbox_summary(report)
         os.write(w, json.dumps(out).encode())
         os._exit(0)
     os.close(w)

@@ -103,7 +103,14 @@ SERVER_PACKAGES = ("krex_lab.arbiter", "krex_lab.workers", "krex_lab.serverext",
 FORBIDDEN = [
     ("krex_lab.workers", "krex_lab.evaluate", "the pool runs jobs; the evaluator is one of its clients"),
     ("krex_lab.arbiter", "krex_lab.client", "the arbiter's own tools speak through krex_lab.connection"),
+    ("krex_lab.evaluate.judge", "krex_lab.evaluate.candidate", "the judge never loads the candidate's side"),
+    ("krex_lab.evaluate.candidate", "krex_lab.evaluate.judge", "the candidate's side knows nothing of the judge"),
 ]
+
+#: what the candidate's side (the hostile process) may import of the package besides itself: the
+#: channel to its judge, and leaves (modules that import nothing of the package)
+CANDIDATE = "krex_lab.evaluate.candidate"
+CANDIDATE_MAY = ("krex_lab.evaluate.channel",)
 
 
 #: the only modules outside ``krex_lab.arbiter`` that may import it: what runs or administers an
@@ -130,6 +137,12 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
             found.append(f"{m} -> krex_lab (a server package imports the facade)")
         for src, dst, why in FORBIDDEN:
             found += [f"{m} -> {t} ({why})" for t in sorted(targets) if _under(m, src) and _under(t, dst)]
+        if _under(m, CANDIDATE):
+            found += [
+                f"{m} -> {t} (the candidate's side imports only the channel and leaves)"
+                for t in sorted(targets)
+                if not _under(t, CANDIDATE) and t not in CANDIDATE_MAY and graph.get(t)
+            ]
         if not _under(m, "krex_lab.arbiter") and m not in ARBITER_USERS:
             found += [
                 f"{m} -> {t} (neither runs nor administers an arbiter: read it through the wire)"
@@ -152,6 +165,8 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
         ("krex_lab.serverext.handlers", "krex_lab.arbiter.sessions"),
         ("krex_lab.workers.pool.gates", "krex_lab.arbiter"),
         ("krex_lab.node_status", "krex_lab.arbiter.slurm_jobs"),
+        ("krex_lab.evaluate.judge.session", "krex_lab.evaluate.candidate.sandbox"),
+        ("krex_lab.evaluate.candidate.process", "krex_lab.workers.context.runner"),
     ],
 )
 def test_the_layer_checker_sees_a_planted_edge(importer: str, imported: str) -> None:

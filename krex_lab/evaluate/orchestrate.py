@@ -120,7 +120,7 @@ class _Watch:
 
 def _failure(ev: Evaluation, phase: str, limit: float, result: Any) -> None:
     """A phase job that did not return: the verdict its end stands for."""
-    from ..workers.context.runner import sticky_cuda_line
+    from ..cuda_errors import sticky_cuda_line
 
     error = result.error or "the job failed"
     tail = (result.traceback or "").strip()[-3000:]

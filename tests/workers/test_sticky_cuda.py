@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from krex_lab.workers.context.runner import sticky_cuda_error, sticky_cuda_line
+from krex_lab.cuda_errors import sticky_cuda_error, sticky_cuda_line
 
 # torch 2.x's message for a kernel that wrote to a bad address, as the worker's traceback ends
 TORCH_MESSAGE = (

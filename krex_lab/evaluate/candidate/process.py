@@ -118,7 +118,7 @@ class Candidate:
                     os.close(fd)
 
     def _failed(self, exc: BaseException) -> None:
-        from ...workers.context.runner import sticky_cuda_error
+        from ...cuda_errors import sticky_cuda_error
 
         body = {
             "kind": type(exc).__name__,

@@ -34,7 +34,7 @@ import platform
 import tempfile
 from collections.abc import Iterable
 
-__all__ = ["confine_files", "landlock_abi", "lock_process", "preload", "summary"]
+__all__ = ["confine_files", "landlock_abi", "lock_process", "preload"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -391,13 +391,3 @@ def confine_files(build_dir: str, scratch: str, readable: list[str], scopes: boo
     except OSError as exc:
         report["sockets"] = f"unavailable: {exc}"
     return report
-
-
-def summary(report: dict[str, str]) -> str:
-    """One line for the verdict: what held, and what did not and why."""
-    weak = [f"{k} {v}" for k, v in report.items() if not v.startswith("held")]
-    held = [k for k, v in report.items() if v.startswith("held")]
-    line = "held: " + ", ".join(held) if held else "nothing held"
-    if "landlock" in report and report["landlock"].startswith("held"):
-        line += f" ({report['landlock'][6:-1]})"
-    return line + ("; degraded: " + "; ".join(weak) if weak else "")

@@ -30,7 +30,6 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..candidate.sandbox import summary as sandbox_summary
 from ..channel import ChannelError, Shared, encode_tree
 from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
@@ -44,7 +43,7 @@ from .compare import compare, same, tolerances
 from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
-from .spares import CandidateProc, proc_alive, spares_for
+from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
 from .startup import planted_startup_code
 from .tracebacks import user_traceback
 from .values import CandidateFailed

@@ -114,6 +114,16 @@ class CandidateProc:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def sandbox_summary(report: dict[str, str]) -> str:
+    """One line for the verdict: what held, and what did not and why."""
+    weak = [f"{k} {v}" for k, v in report.items() if not v.startswith("held")]
+    held = [k for k, v in report.items() if v.startswith("held")]
+    line = "held: " + ", ".join(held) if held else "nothing held"
+    if "landlock" in report and report["landlock"].startswith("held"):
+        line += f" ({report['landlock'][6:-1]})"
+    return line + ("; degraded: " + "; ".join(weak) if weak else "")
+
+
 def kernel_view(pid: int, said: dict[str, str]) -> dict[str, str]:
     """What ``/proc/PID/status`` shows of a sandbox part said to hold, where it shows otherwise
     (no_new_privs, seccomp, capabilities): the claim is replaced by what the kernel says."""
