@@ -5,14 +5,15 @@
     ev.verdict, ev.correctness, ev.runtime, ev.ref_runtime, ev.speedup, ev.metadata
     print(ev.to_json())
 
-Client side: :mod:`.api` (``evaluate``), :mod:`.orchestrate` (the phases on one leased worker),
-:mod:`.source` (reading programs, telling their format), :mod:`.cache` (builds, reference times),
+Client side: :mod:`.api` (``evaluate``), :mod:`.orchestrate` (the phases on one pool job),
+:mod:`.source` (reading programs, telling their format), :mod:`.cache` (build directories),
 :mod:`.batch` and :mod:`.cli` (``krex eval``), :mod:`.many` (``evaluate_many``: many pairs over every GPU,
-admitted by GPU memory: :mod:`.admission`), :mod:`.mcp_server` (``krex mcp``). Worker side:
-:mod:`.phases` (load, check, timing), the formats :mod:`.kernelbench` and :mod:`.gpumode`,
-:mod:`.checking` (one trial), :mod:`.tensors`, :mod:`.guards`, :mod:`.timers`. Both:
-:mod:`.result` (``Evaluation``) and :mod:`.options`. Importing this package imports no torch.
-See ``docs/evaluate.md``.
+admitted by GPU memory: :mod:`.admission`), :mod:`.mcp_server` (``krex mcp``). The judge (the pool
+job; it never runs candidate code): :mod:`.judge` (:mod:`.judge.session` load and check,
+:mod:`.judge.rounds` timing, :mod:`.judge.clock` the figure from outside). The candidate's side
+(a sandboxed one-shot process): :mod:`.candidate`. Between them: :mod:`.channel`. Both:
+:mod:`.result` (``Evaluation``), :mod:`.options`, :mod:`.tensors`, :mod:`.timers`. Importing this
+package imports no torch. See ``docs/evaluate.md``.
 """
 
 from __future__ import annotations

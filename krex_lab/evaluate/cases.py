@@ -1,7 +1,7 @@
 """GPU MODE's cases, on the client side: ``key: value; key: value`` lines, one case a line.
 
-Tests are checked; benchmarks are checked once, then timed. The worker side of the format is
-:mod:`.gpumode`; this module imports nothing of it (nor numpy, nor torch).
+Tests are checked; benchmarks are checked once, then timed. The judge's side of the format is
+:mod:`.judge.problems`; this module imports nothing of it (nor numpy, nor torch).
 """
 
 from __future__ import annotations

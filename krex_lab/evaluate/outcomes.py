@@ -1,7 +1,8 @@
-"""What the worker side of an evaluation hands back to the client side, as typed structs.
+"""What the judge (the evaluation's pool job) hands back to the client side, as typed structs.
 
-:mod:`.phases` makes them (one per phase, in one :class:`PhaseResults`), the formats make the
-:class:`CheckOutcome` that the check phase reads, and :mod:`.orchestrate` reads them to judge the
+:mod:`.judge.session` and :mod:`.judge.rounds` make them (one per phase, in one
+:class:`PhaseResults`), the problems (:mod:`.judge.problems`) make the :class:`CheckOutcome` that
+the check phase reads, and :mod:`.orchestrate` reads them to judge the
 candidate. They travel as msgpack (:func:`encode` on the worker, :func:`decode` on the client), so
 the client imports nothing of the worker side. :mod:`.cache` keeps :class:`ReferenceTime` entries
 on disk under a :class:`ReferenceKey`. This module imports msgspec alone.
