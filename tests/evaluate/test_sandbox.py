@@ -220,6 +220,26 @@ def test_an_honest_candidate_is_judged_inside_the_sandbox_and_the_verdict_says_s
         assert "landlock" in said and "sockets" in said, said
 
 
+#: what a compiler's cache does (Triton's writes into a temporary directory beside the entry, then
+#: renames it into place): a move between two directories of the candidate's own build directory
+CACHE_MOVE = """
+import tempfile
+_root = tempfile.mkdtemp()
+os.makedirs(os.path.join(_root, "entry", "tmp.part"))
+with open(os.path.join(_root, "entry", "tmp.part", "module.so"), "w") as f:
+    f.write("built")
+os.replace(os.path.join(_root, "entry", "tmp.part", "module.so"), os.path.join(_root, "entry", "module.so"))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_compiler_cache_may_move_files_within_the_build_directory(judge_source: JudgeSource) -> None:
+    """Every landlock layer refuses a move across directories unless a rule of its own grants it:
+    the signal-scopes layer, which has no file rules, made Triton's cache fail with EXDEV."""
+    ev = judge_source(PRELUDE + CACHE_MOVE + HONEST)
+    assert ev.verdict == "correct", (ev.summary, ev.metadata.get("runtime_error"))
+
+
 # -- the sandbox alone, root and an unprivileged user ------------------------------------------
 
 #: attacks whose success bare depends on who runs them (root's capabilities), said by the probe

@@ -270,11 +270,17 @@ def _scope_signals() -> bool:
     """A landlock layer of scopes alone (ABI 6): no signal to, and no abstract UNIX socket of, a
     process outside the candidate's own. Set while the process has one thread, every later
     thread and child inherits it."""
-    attr = _RulesetAttr(0, 0, _SCOPE)
+    # every layer denies moving a file to another directory (REFER) unless a rule of its own
+    # grants it, whatever it handles: this layer grants it everywhere, the file layer decides
+    # (without it, a compiler's cache that writes into a temporary directory and renames into
+    # place, as Triton's does, fails with EXDEV)
+    attr = _RulesetAttr(_REFER, 0, _SCOPE)
     ruleset = int(_SYS_SYSCALL(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(24), ctypes.c_uint32(0)))
     if ruleset < 0:
         return False
     try:
+        if not _add_rule(ruleset, "/", _REFER):
+            return False
         return int(_SYS_SYSCALL(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))) == 0
     finally:
         os.close(ruleset)
