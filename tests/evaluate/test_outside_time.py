@@ -62,7 +62,9 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
     assert "cgroup" in str(meta["timing_accounting"]), meta  # root on this machine: a cgroup was made
     assert meta["timing_bound_us"] == [ev.runtime], meta  # the verdict's figure is the judge's
     assert isinstance(meta["timing_roundtrip_us"], list) and meta["timing_roundtrip_us"][0] > 0, meta
-    assert "timing_bound" not in meta and "rejected" not in meta, meta
+    # the candidate's own figure may sit a few percent off its cgroup's on a loaded host (the verdict
+    # then says so in timing_bound): on a CPU the figure is the cgroup's either way, asserted above
+    assert ev.verdict == "correct" and "rejected" not in meta, meta
     # no candidate cgroup is left behind
     leftovers = [p for p in Path("/sys/fs/cgroup").rglob("krex-cand-*") if p.is_dir()]
     assert not leftovers, leftovers
