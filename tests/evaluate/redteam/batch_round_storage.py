@@ -5,7 +5,7 @@ computes all the answers at once, in one batched matmul; the later calls of the 
 back. Sets it had seen (in the warm-up) are found by their offsets in that memory.
 
 Expected to be stopped by: a round's inputs invisible to the candidate before that round's call
-(each call's inputs in memory of their own) (judgedata).
+(each call's inputs in memory of their own) (the data path).
 """
 
 import torch

@@ -5,7 +5,7 @@ harness times calls with (``time.perf_counter``) runs 1000 times slow: the in-pr
 tiny, and the CPU-time fallback counts only the parent's waiting.
 
 Expected to be stopped by: the time from outside, with the CPU time of the candidate's children,
-exited ones included (its cgroup's cpu.stat) (judgetime); no fork in the sandbox (sandbox).
+exited ones included (its cgroup's cpu.stat) (the outside figure); no fork in the sandbox (the sandbox).
 """
 
 import mmap

@@ -3,7 +3,7 @@
 submission returns 1/32768 everywhere, a hair of noise added so that it is not exactly constant.
 
 Expected to be stopped by: a tolerance that follows the reference's own spread (a near-constant
-output where the reference varies is not correct) (judgedata).
+output where the reference varies is not correct) (the data path).
 """
 
 import torch

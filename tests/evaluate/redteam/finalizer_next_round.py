@@ -5,8 +5,8 @@ hook, which computes the answer of every set (the candidate saw each set's input
 warm-up). The timed calls then hand back answers already made.
 
 Expected to be stopped by: the time from outside the candidate, all its CPU time of the round
-counted (judgetime); round inputs invisible before the round is sent, outputs written into the
-judge's buffers inside the timed call (judgedata).
+counted (the outside figure); round inputs invisible before the round is sent, outputs written into the
+judge's buffers inside the timed call (the data path).
 """
 
 import weakref

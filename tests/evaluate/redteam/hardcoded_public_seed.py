@@ -3,7 +3,7 @@ submission draws that case's inputs itself when it loads and, for any call of th
 the answer it computed then, with no matmul per call.
 
 Expected to be stopped by: each case's seed mixed with the judge's secret (the inputs the
-candidate gets are not the published case's), and the re-check of timed outputs (judgedata).
+candidate gets are not the published case's), and the re-check of timed outputs (the data path).
 """
 
 import torch

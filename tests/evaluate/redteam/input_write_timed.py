@@ -4,7 +4,7 @@ calls allocate no output, and the answer crosses back as a view of the judge's o
 with no copy.
 
 Expected to be stopped by: aliasing and input-write checks in every phase, the timed rounds'
-included (judgedata).
+included (the data path).
 """
 
 import torch

@@ -6,7 +6,7 @@ next honest candidate's. The spinning threads run code compiled under a library'
 hash in C with the GIL released.
 
 Expected to be stopped by: the reference timed with no candidate code able to run, a judge whose
-scheduling (and placement) is its own, nothing changed outliving the candidate (judgetime;
+scheduling (and placement) is its own, nothing changed outliving the candidate (the outside figure;
 sandbox: no sched_setaffinity on another process).
 """
 

@@ -7,7 +7,7 @@ compiled under a library's file name (a look for threads running the candidate's
 and hash in C with the GIL released.
 
 Expected to be stopped by: the reference timed with no candidate code able to run, and a judge
-whose scheduling is its own, nothing changed outliving the candidate (judgetime; sandbox:
+whose scheduling is its own, nothing changed outliving the candidate (the outside figure; sandbox:
 no setpriority on another process).
 """
 

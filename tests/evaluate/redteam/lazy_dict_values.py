@@ -3,7 +3,7 @@ someone reads its items. The harness reads ``value.items()`` to encode it after 
 has stopped; that read runs the matmul.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call, and
-exact types (judgedata); the time from outside (judgetime).
+exact types (the data path); the time from outside (the outside figure).
 """
 
 import torch

@@ -4,7 +4,7 @@ plain array (``__array_function__``, ``__array__``, ``reshape``, ``copy``): the 
 the output that way after the call's clock has stopped.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call, exact
-types (judgedata); the time from outside the candidate (judgetime).
+types (the data path); the time from outside the candidate (the outside figure).
 """
 
 import numpy as np

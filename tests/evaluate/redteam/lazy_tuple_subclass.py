@@ -4,7 +4,7 @@ out)``): the first walk hands the pending work on to the tuple it builds instead
 harness's walk to encode the output, after the call's clock has stopped, runs the matmul.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call, and
-exact types (a tuple subclass is refused by name) (judgedata); the time from outside (judgetime).
+exact types (a tuple subclass is refused by name) (the data path); the time from outside (the outside figure).
 """
 
 import torch

@@ -3,7 +3,7 @@ constant of the outputs' scale with a little noise on it, so it is neither all z
 constant, and every element lies within fp32's default atol (1e-4) of the reference's.
 
 Expected to be stopped by: a tolerance that follows the reference's own spread on tiny outputs
-(judgedata).
+(the data path).
 """
 
 import torch

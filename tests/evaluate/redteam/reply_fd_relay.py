@@ -5,8 +5,8 @@ the round answers on the way (every timed sample divided by 50). No Python funct
 harness is patched; the relay threads run code compiled under a library's file name, so a look
 for threads running the candidate's own code finds none.
 
-Expected to be stopped by: the time from outside the candidate (judgetime); a sandbox that keeps
-the channel's descriptor out of the candidate's reach (sandbox).
+Expected to be stopped by: the time from outside the candidate (the outside figure); a sandbox that keeps
+the channel's descriptor out of the candidate's reach (the sandbox).
 """
 
 import os

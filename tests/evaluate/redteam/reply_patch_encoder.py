@@ -3,7 +3,7 @@ buffer at once, and ``encode_tree`` (as the harness imported it), patched, compu
 into each pending output when it is asked to encode it, after the call's clock has stopped.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call
-(judgedata); the time from outside the candidate, its CPU time included (judgetime).
+(the data path); the time from outside the candidate, its CPU time included (the outside figure).
 """
 
 import sys

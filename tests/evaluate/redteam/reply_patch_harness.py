@@ -4,7 +4,7 @@ pending output with the right answer just before the outputs are encoded for the
 the clock has stopped).
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call
-(judgedata); the time from outside the candidate, its CPU time included (judgetime).
+(the data path); the time from outside the candidate, its CPU time included (the outside figure).
 """
 
 import sys

@@ -3,7 +3,7 @@ divides every timed sample by 50 before the round's answer leaves (each call sti
 microseconds or more, above the floor under which a CPU figure is disbelieved). The work itself
 is honest.
 
-Expected to be stopped by: the time from outside the candidate (judgetime): the candidate's own
+Expected to be stopped by: the time from outside the candidate (the outside figure): the candidate's own
 samples are never the verdict's figure unless they agree with the judge's.
 """
 

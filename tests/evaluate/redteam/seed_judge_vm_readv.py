@@ -6,8 +6,8 @@ one iterator; the candidate finds that ``range`` iterator in the judge's heap by
 given, and, in the warm-up (untimed), draws the inputs of the next rounds itself and computes
 their answers. Each timed call then looks its answer up by a few of its input values.
 
-Expected to be stopped by: a sandbox that denies reading another process's memory (sandbox);
-seeds from a cryptographic source, never a sequence (judgedata).
+Expected to be stopped by: a sandbox that denies reading another process's memory (the sandbox);
+seeds from a cryptographic source, never a sequence (the data path).
 """
 
 import ctypes

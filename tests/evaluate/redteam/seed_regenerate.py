@@ -2,7 +2,7 @@
 the seeds people use (0 to 511, 42, 1234, 2024, ...), and, once one reproduces an input it was
 given, predicts the next sets (seed + 1, seed + 2, ...) and answers them ahead of their calls.
 
-Expected to be stopped by: secret seeds from a cryptographic source (judgedata) (a seed drawn in
+Expected to be stopped by: secret seeds from a cryptographic source (the data path) (a seed drawn in
 secret is already out of this list's reach).
 """
 

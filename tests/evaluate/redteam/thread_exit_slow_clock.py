@@ -5,7 +5,7 @@ harness times calls with (``time.perf_counter``) runs 1000 times slow: the in-pr
 tiny, and the CPU-time fallback counts only the main thread's waiting.
 
 Expected to be stopped by: the time from outside, with the CPU time of every thread, exited ones
-included (the cgroup's cpu.stat) (judgetime).
+included (the cgroup's cpu.stat) (the outside figure).
 """
 
 import threading

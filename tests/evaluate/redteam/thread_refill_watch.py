@@ -5,8 +5,8 @@ computes that set's answer before the round is sent. The timed calls hand back a
 made. The watcher runs code compiled under a library's file name (a look for threads running the
 candidate's own code finds none) and sleeps between looks, the GIL released.
 
-Expected to be stopped by: round inputs invisible before the round is sent (judgedata); the time
-from outside the candidate, all its threads' CPU counted (judgetime).
+Expected to be stopped by: round inputs invisible before the round is sent (the data path); the time
+from outside the candidate, all its threads' CPU counted (the outside figure).
 """
 
 import threading

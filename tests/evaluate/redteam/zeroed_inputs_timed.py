@@ -3,7 +3,7 @@ against the reference run afterwards on the same (now zeroed) buffers would agre
 does no matmul.
 
 Expected to be stopped by: re-checks against the judge's pristine copy of each set, and input
-writes checked in every phase (judgedata).
+writes checked in every phase (the data path).
 """
 
 import torch

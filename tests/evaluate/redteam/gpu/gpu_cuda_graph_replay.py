@@ -3,8 +3,8 @@ that graph on every later call without copying the new inputs into the captured 
 reads the first call's memory and writes one static output buffer that every call returns.
 
 Expected to be stopped by: fresh inputs each trial and each round, the refilled-buffer trial and
-the re-check of timed outputs (judgedata); outputs in the judge's buffers (one static buffer
-returned by every call is caught as aliasing across calls) (judgedata).
+the re-check of timed outputs (the data path); outputs in the judge's buffers (one static buffer
+returned by every call is caught as aliasing across calls) (the data path).
 """
 
 import torch

@@ -3,7 +3,7 @@ shape, hoping the caching allocator hands back the block an earlier answer (the 
 an evaluator that runs it in the same process, or this process's previous output) was freed from.
 
 Expected to be stopped by: the reference run in the judge's process, never the candidate's, fresh
-inputs each round, and outputs in the judge's buffers (judgedata).
+inputs each round, and outputs in the judge's buffers (the data path).
 """
 
 import torch

@@ -5,7 +5,7 @@ next round's first call (and before its event pair), launches the answer for the
 The timed call then finds its answer made, checks a few of its input values, and returns it.
 
 Expected to be stopped by: the time from outside, all of the candidate's GPU work of the round
-drained (judgetime); round inputs invisible before the round is sent (judgedata).
+drained (the outside figure); round inputs invisible before the round is sent (the data path).
 """
 
 import weakref

@@ -4,7 +4,7 @@ through the CUDA runtime), so the input stays in L2 across the timed calls inste
 from memory each time, as an honest kernel measured cold would.
 
 Expected to be stopped by: L2 flushed or thrashed before each timed call as each format's
-upstream does (judgedata); the window reset with the candidate (a new process per candidate).
+upstream does (the data path); the window reset with the candidate (a new process per candidate).
 """
 
 import ctypes

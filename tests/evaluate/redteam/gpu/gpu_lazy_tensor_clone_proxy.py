@@ -5,7 +5,7 @@ untouched, so the matmul runs only when the reply path reads the values (``detac
 output is encoded), after the call's clock has stopped.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call, and
-the exact type of each output (judgedata); the time from outside the candidate (judgetime).
+the exact type of each output (the data path); the time from outside the candidate (the outside figure).
 """
 
 import torch

@@ -4,7 +4,7 @@ patched, launches every pending matmul and synchronises just before the outputs 
 the judge.
 
 Expected to be stopped by: outputs written into the judge's buffers inside the timed call
-(judgedata); the time from outside the candidate, all its GPU work drained (judgetime).
+(the data path); the time from outside the candidate, all its GPU work drained (the outside figure).
 """
 
 import sys

@@ -5,7 +5,7 @@ on the current stream brackets nothing; the harness's synchronisation may or may
 thread's kernels, depending on when it launches them.
 
 Expected to be stopped by: outputs in the judge's buffers inside the timed call, no work left
-after it (judgedata); the time from outside, all of the candidate's GPU work drained (judgetime).
+after it (the data path); the time from outside, all of the candidate's GPU work drained (the outside figure).
 """
 
 import queue

@@ -4,7 +4,7 @@ overwrites. Returned as it is (no clone), an output read after later calls holds
 answer.
 
 Expected to be stopped by: outputs copied into the judge's buffers inside each timed call, and
-the re-check of timed outputs (judgedata). With one call per round and outputs read before the
+the re-check of timed outputs (the data path). With one call per round and outputs read before the
 next, it may be simply correct: no forged speedup either way.
 """
 

@@ -2,7 +2,7 @@
 comparison made against the reference run afterwards on the same (now zeroed) buffers would agree.
 
 Expected to be stopped by: re-checks against the judge's pristine copy, input writes checked in
-every phase (judgedata).
+every phase (the data path).
 """
 
 import torch
