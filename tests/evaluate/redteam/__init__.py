@@ -123,6 +123,7 @@ CHEATS = [
     Cheat("finalizer_next_round", KB, "work in a finalizer", defence=TIME),
     Cheat("thread_refill_watch", KB, "work in a thread during the refill", defence=DATA),
     Cheat("batch_round_storage", KB, "a round answered from its first call", defence=DATA),
+    Cheat("round_proc_self_fd", KB, "a round answered from its first call (/proc/self/fd)", defence=TIME),
     Cheat("child_fork_slow_clock", KB, "work in a child, clock slowed", defence=TIME),
     Cheat("thread_exit_slow_clock", KB, "work in an exited thread, clock slowed", defence=TIME),
     # outputs and inputs
