@@ -8,11 +8,12 @@ on a 2-core CI machine; the batch queues what the workers cannot run at once."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
-from tests.evaluate.redteam import CHEATS
+from tests.evaluate.redteam import APART, CHEATS
 from tests.evaluate.redteam.batch import judge_batch
 from tests.support.pool import PoolProc
 
@@ -65,4 +66,19 @@ def test_cheats_in_a_batch_beside_honest_candidates(batch_pool: PoolProc) -> Non
     cheats = [by_name[n] for n in BATCH_CHEATS]
     assert len(cheats) + sum(HONEST.values()) == JOBS
     outcome = judge_batch(cheats, HONEST, batch_pool, JOBS, timeouts=LIMITS, perf_trials=30)
+    assert not outcome.found, "\n".join(outcome.found) + "\n" + outcome.table()
+
+
+#: two copies of one cheat that collude (tests/evaluate/redteam/collude_dev_shm.py), on its problem
+COLLUDE, COLLUDE_PROBLEM = "collude_dev_shm", "kb_outer_tanh"
+
+
+@pytest.mark.timeout(600)
+def test_two_candidates_colluding_across_gpus(batch_pool: PoolProc) -> None:
+    """Two copies of the colluding cheat and two honest candidates of its problem in one batch: the
+    pairs go to both GPUs, and a CPU-timed case holds both GPUs' regions, so the co-processor is
+    frozen while its client is timed (the client's calls then compute their own answers)."""
+    cheat = next(c for c in APART if c.name == COLLUDE)
+    copies = [replace(cheat, name=f"{COLLUDE}-{k}", file=COLLUDE) for k in (1, 2)]
+    outcome = judge_batch(copies, {COLLUDE_PROBLEM: 2}, batch_pool, 4, timeouts=LIMITS, perf_trials=30)
     assert not outcome.found, "\n".join(outcome.found) + "\n" + outcome.table()

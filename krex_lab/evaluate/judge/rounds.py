@@ -209,7 +209,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     idle_ms = 0.0
     rng = random.Random()
     label = _label(judge)
-    with _region(o) as region, _pinned(judge):
+    with _region(o, judge.device != "cuda") as region, _pinned(judge):
         _own_scheduling(judge, clock)
         with clock.hold():  # the twin timed with no candidate code running
             clock.calibrate(k)
@@ -442,17 +442,23 @@ class _Region:
 
 
 @contextlib.contextmanager
-def _region(opts: Options) -> Iterator[_Region]:
+def _region(opts: Options, cpu: bool) -> Iterator[_Region]:
+    """The case's region; on a CPU every other GPU's of the node too (:mod:`.node_region`)."""
     holder = _Region()
     if not opts.exclusive:
         holder.notice = "timed without a region (exclusive=False): other work may have shared the GPU"
         yield holder
         return
     from ...client import exclusive
+    from .node_region import hold_node, release_all
 
     region = exclusive(max_hold=opts.limit("time"))
+    others: list[Any] = []
     try:
-        region.acquire()
+        if cpu:
+            others = hold_node(region, opts.limit("time"))
+        else:
+            region.acquire()
     except Exception as exc:
         holder.notice = f"timed without a region ({type(exc).__name__}: {exc})"
         yield holder
@@ -461,7 +467,10 @@ def _region(opts: Options) -> Iterator[_Region]:
     try:
         yield holder
     finally:
-        holder.report = region.release()
+        try:
+            holder.report = region.release()
+        finally:
+            release_all(others)
         if threads is not None:
             sys.modules["torch"].set_num_threads(threads)
 

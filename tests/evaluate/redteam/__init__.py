@@ -47,10 +47,12 @@ class Cheat:
     lasting: bool = False
     defence: str = "process"
     retime: bool = False
+    #: the file's name when it is not the cheat's (copies of one file judged side by side)
+    file: str = ""
 
     @property
     def path(self) -> Path:
-        return (GPU if self.problem.startswith("gpu_") else HERE) / f"{self.name}.py"
+        return (GPU if self.problem.startswith("gpu_") else HERE) / f"{self.file or self.name}.py"
 
     def source(self) -> str:
         return self.path.read_text()
@@ -144,6 +146,11 @@ CHEATS = [
     # the judge's own process slowed: its workers are replaced after each
     Cheat("judge_renice_spin", KB, "judge reniced, spinning threads", JUDGE, True, TIME, retime=True),
     Cheat("judge_affinity_spin", KB, "judge pinned, spinning threads", JUDGE, True, TIME, retime=True),
+]
+
+#: cheats that take more than one evaluation at once: judged in a batch only
+APART = [
+    Cheat("collude_dev_shm", "kb_outer_tanh", "two candidates colluding through shared memory", defence=SANDBOX),
 ]
 
 GPU_KB = "gpu_kb_mm_tanh"
