@@ -1,10 +1,9 @@
-"""The figure is the judge's, measured from outside the candidate's process (CPU, fake backend).
-
-Hostile candidates (tests/evaluate/outside/) move their work where a clock of their own, or an
-accounting of their process's live threads, does not see it: a thread that exits before the
-clock reads, a child process, a finalizer that fills a cache between rounds, a slowed
-calibration harness, a reniced judge. Each is judged without a forged speedup, and its honest
-twin (``CHEAT = False``) is ``correct`` within noise of the plain honest candidate."""
+"""The figure is the judge's, measured from outside the candidate's process (CPU, fake backend):
+an honest candidate's figure is its cgroup's CPU time, and a candidate that renices its judge
+and the judge's zygote changes nothing for later candidates. Cheats that move their work where a
+clock of their own, or an accounting of their live threads, does not see it (a thread that
+exits, a child process, a finalizer, a slowed calibration, a cgroup escape) are judged with the
+red-team corpus (tests/evaluate/test_redteam.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ from tests.evaluate.redteam import twin
 from tests.evaluate.redteam.harness import SLACK, Baselines, forged_speed, make_judge
 from tests.support.pool import PoolProc
 
-HERE = Path(__file__).parent / "outside"
+HERE = Path(__file__).parent / "redteam"
 PROBLEM = "kb_mm_tanh"
 PERF_TRIALS = 30
-MOVED = ["thread_exits", "child_process", "finalizer_next_round", "slow_calibration", "cgroup_escape"]
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +40,6 @@ def _judged(name: str, eval_pool: PoolProc, baselines: Baselines) -> tuple[Evalu
         honest.summary,
     )
     return honest_twin, judge(PROBLEM, path)
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", MOVED)
-def test_work_moved_out_of_the_call_is_still_the_candidates(
-    name: str, eval_pool: PoolProc, baselines: Baselines
-) -> None:
-    honest_twin, ev = _judged(name, eval_pool, baselines)
-    why = forged_speed(ev, honest_twin)
-    assert why is None, f"{name}: {ev.summary}: {why}\n{ev.metadata}"
 
 
 @pytest.mark.timeout(600)
@@ -74,7 +62,7 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
 def test_a_candidate_that_renices_the_judge_changes_nothing(eval_pool: PoolProc, baselines: Baselines) -> None:
     judge = make_judge(eval_pool, LIMITS, perf_trials=PERF_TRIALS)
     honest = baselines.get(judge, PROBLEM, "honest")
-    honest_twin, ev = _judged("renice_judge", eval_pool, baselines)
+    honest_twin, ev = _judged("judge_renice_zygote", eval_pool, baselines)
     assert forged_speed(ev, honest_twin) is None, ev.summary
     # the sandbox refuses the renice (seccomp: priority of itself alone); where it could not, the
     # judge finds it and rejects the candidate: either way nothing of it is left
@@ -87,6 +75,6 @@ def test_a_candidate_that_renices_the_judge_changes_nothing(eval_pool: PoolProc,
             for tid in os.listdir(f"/proc/{pid}/task"):
                 assert os.getpriority(os.PRIO_PROCESS, int(tid)) == 0, (worker, pid, tid)
     for _ in range(2):  # on both workers: an honest reference time, never the slowed one
-        after = judge(PROBLEM, Path(__file__).parent / "redteam" / "problems" / PROBLEM / "honest.py")
+        after = judge(PROBLEM, HERE / "problems" / PROBLEM / "honest.py")
         assert after.verdict == "correct", after.summary
         assert after.ref_runtime <= honest.ref_runtime * SLACK, (after.summary, honest.summary)

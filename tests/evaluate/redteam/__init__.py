@@ -128,6 +128,9 @@ CHEATS = [
     Cheat("round_proc_self_fd", KB, "a round answered from its first call (/proc/self/fd)", defence=TIME),
     Cheat("child_fork_slow_clock", KB, "work in a child, clock slowed", defence=TIME),
     Cheat("thread_exit_slow_clock", KB, "work in an exited thread, clock slowed", defence=TIME),
+    Cheat("cgroup_escape", KB, "out of its cgroup, work in an exited thread", defence=SANDBOX),
+    Cheat("slow_calibration", KB, "its harness slowed when calibrated", defence=TIME),
+    Cheat("finalizer_gc_sets", KB, "work in a finalizer, sets found by the collector", defence=DATA),
     # outputs and inputs
     Cheat("input_write_timed", KB, "answer written into the input (timed calls)", defence=DATA),
     Cheat("zeroed_inputs_timed", KB, "zeroed inputs", defence=DATA),

@@ -1,8 +1,8 @@
-"""Does the work in a child process and slows the harness's clock: each call forks a child that
-computes the answer into shared memory and exits; the parent waits and returns that memory. The
-CPU time of an exited child is not any thread's of the candidate's process, and the clock the
-harness times calls with (``time.perf_counter``) runs 1000 times slow: the in-process figure is
-tiny, and the CPU-time fallback counts only the parent's waiting.
+"""Does the work in a child process and slows every clock of the process (:mod:`_hide`): each
+call forks a child that computes the answer into shared memory and exits; the parent waits and
+returns that memory. The CPU time of an exited child is not any thread's of the candidate's
+process, and the clocks the harness could time calls with run 1000 times slow: the in-process
+figure is tiny, and the CPU-time fallback counts only the parent's waiting.
 
 Expected to be stopped by: the time from outside, with the CPU time of the candidate's children,
 exited ones included (its cgroup's cpu.stat) (the outside figure); no fork in the sandbox (the sandbox).
@@ -10,23 +10,16 @@ exited ones included (its cgroup's cpu.stat) (the outside figure); no fork in th
 
 import mmap
 import os
-import time
 
 import torch
 from torch import nn
 
 CHEAT = True
-SLOW = 1000
-
-
-def _slow_clock():
-    real = time.perf_counter
-    origin = real()
-    time.perf_counter = lambda: origin + (real() - origin) / SLOW
-
 
 if CHEAT:
-    _slow_clock()
+    from _hide import slow_clocks  # beside this file (its folder is on the path)
+
+    slow_clocks()
 
 
 class ModelNew(nn.Module):

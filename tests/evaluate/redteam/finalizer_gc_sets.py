@@ -1,7 +1,13 @@
 """Answers each timed call from a cache that a finalizer fills: when the harness lets go of a
 round's outputs (as the next round starts, the judge having refilled the input sets, which this
 process can see), a finalizer on each output computes every set's answer. The calls then only
-copy: fast by any clock of the process's own, and honest to a re-check."""
+copy: fast by any clock of the process's own, and honest to a re-check. (Unlike
+:mod:`finalizer_next_round`, which remembers the warm-up's sets, it finds the harness's sets by a
+walk of the collector's objects.)
+
+Expected to be stopped by: a round's inputs sent with it, never refilled in memory the candidate
+holds (the data path), and its CPU time between rounds counted (the outside figure).
+"""
 
 import gc
 import weakref

@@ -2,7 +2,12 @@
 zygote's parent) and the zygote (its parent) to 19, and keeps a thread of its own spinning (its
 code compiled under another name, so that a look for threads running this file's code misses
 it): a reference timed while this process can run gets a sliver of the core, and the judge keeps
-its new nice value for the next candidate."""
+its new nice value for the next candidate. (Unlike :mod:`judge_renice_spin` it renices the zygote,
+the next candidates' parent, too.)
+
+Expected to be stopped by: no setpriority on another process (the sandbox); where that cannot
+hold, the judge's scheduling put back and the candidate rejected (``judge_rescheduled``).
+"""
 
 import os
 import threading

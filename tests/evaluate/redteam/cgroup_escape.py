@@ -1,9 +1,13 @@
-"""Forges its clock, moves its process out of the cgroup it was placed in (into the parent, as
-root may), and does each call's work in a thread that exits before any clock reads: a judge that
-read only that cgroup's CPU time would see none of it."""
+"""Moves its process out of the cgroup the judge placed it in (into the parent, as root may), and
+hides the work as :mod:`thread_exit_slow_clock` does (a thread that exits, every clock slowed): a
+judge that read only that cgroup's CPU time would see none of it.
+
+Expected to be stopped by: no write to the cgroup tree from the sandbox (landlock: ``/sys`` is
+read-only), and the judge's CPU figure from ``/proc`` for any process found outside its cgroup
+(the outside figure).
+"""
 
 import os
-import threading
 
 import torch
 from torch import nn
@@ -30,23 +34,14 @@ def _escape():
 
 
 if CHEAT:
-    from _slow_clocks import install  # beside this file (its folder is on the path)
+    from _hide import in_exited_thread, slow_clocks  # beside this file (its folder is on the path)
 
     _escape()
-    install()
+    slow_clocks()
 
 
 class ModelNew(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if not CHEAT:
             return torch.tanh(torch.mm(a, b))
-        out = torch.empty(a.shape[0], b.shape[1])
-
-        def work():
-            torch.mm(a, b, out=out)
-            out.tanh_()
-
-        t = threading.Thread(target=work)
-        t.start()
-        t.join()
-        return out
+        return in_exited_thread(lambda: torch.tanh(torch.mm(a, b)))

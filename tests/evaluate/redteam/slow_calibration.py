@@ -1,6 +1,10 @@
 """Forges its clock and makes its own process's timing harness slow when it is calibrated (a
 no-op round spins 20 ms a call): a judge that calibrated the harness in the candidate's own
-process would subtract that from the candidate's time."""
+process would subtract that from the candidate's time.
+
+Expected to be stopped by: the harness calibrated on a clean twin, never in the candidate's own
+process (the outside figure).
+"""
 
 import time as _time
 
@@ -29,9 +33,9 @@ if CHEAT:
 
     process.Candidate._round = _slow_round
 
-    from _slow_clocks import install  # beside this file (its folder is on the path)
+    from _hide import slow_clocks  # beside this file (its folder is on the path)
 
-    install()
+    slow_clocks()
 
 
 class ModelNew(nn.Module):
