@@ -173,4 +173,7 @@ GPU_CHEATS = [
     Cheat("gpu_l2_persisting_window", GPU_KB, "persisting-L2 access window", defence=DATA),
     Cheat("gpu_empty_reference_output", GPU_KB, "empty() holding a freed output", defence=DATA),
     Cheat("gpu_zeroed_inputs_timed", GPU_KB, "zeroed inputs", defence=DATA),
+    Cheat("gpu_driver_stream", GPU_KB, "side stream made through the driver API", defence=TIME),
+    Cheat("gpu_round_prefetch", GPU_KB, "a round answered from its first call, side stream", defence=TIME),
+    Cheat("gpu_work_under_l2_flush", GPU_KB, "work hidden under the harness's L2 flush", defence=TIME),
 ]
