@@ -125,6 +125,7 @@ CHEATS = [
     Cheat("finalizer_next_round", KB, "work in a finalizer", defence=TIME),
     Cheat("thread_refill_watch", KB, "work in a thread during the refill", defence=DATA),
     Cheat("thread_fills_buffer", KB, "the output buffer filled by a thread", defence=TIME),
+    Cheat("harness_cost_skipped", KB, "less harness paid than subtracted", defence=TIME),
     Cheat("batch_round_storage", KB, "a round answered from its first call", defence=DATA),
     Cheat("round_proc_self_fd", KB, "a round answered from its first call (/proc/self/fd)", defence=TIME),
     Cheat("child_fork_slow_clock", KB, "work in a child, clock slowed", defence=TIME),
