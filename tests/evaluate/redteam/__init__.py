@@ -177,4 +177,5 @@ GPU_CHEATS = [
     Cheat("gpu_driver_stream", GPU_KB, "side stream made through the driver API", defence=TIME),
     Cheat("gpu_round_prefetch", GPU_KB, "a round answered from its first call, side stream", defence=TIME),
     Cheat("gpu_work_under_l2_flush", GPU_KB, "work hidden under the harness's L2 flush", defence=TIME),
+    Cheat("gpu_ipc_kept_storage", GPU_KB, "inputs watched in memory kept past its round", defence=DATA),
 ]
