@@ -29,6 +29,9 @@ def hold_node(own: Any, max_hold: float) -> list[Any]:
 
     session = current_session() or attach(None)
     mine = session.gpu
+    if mine is None:  # no GPU to name (nothing else to hold)
+        own.acquire()
+        return []
     gpus = sorted({row.index for row in NodeStatus.of(status(session.endpoint)).gpus} | {mine})
     others: list[Any] = []
     try:

@@ -155,7 +155,7 @@ CHEATS = [
 
 #: cheats that take more than one evaluation at once: judged in a batch only
 APART = [
-    Cheat("collude_dev_shm", "kb_outer_tanh", "two candidates colluding through shared memory", defence=SANDBOX),
+    Cheat("collude_dev_shm", "kb_outer_tanh", "two candidates colluding through shared memory", defence=TIME),
 ]
 
 GPU_KB = "gpu_kb_mm_tanh"

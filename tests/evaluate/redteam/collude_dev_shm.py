@@ -7,10 +7,10 @@ and sleeps until the answer is written: the work's CPU time is charged to the ot
 evaluation's process, its own cgroup counts only the copies. Where the other copy does not
 answer (it is frozen: a region of its GPU), the call computes its answer itself.
 
-Not stopped yet where the two run on different GPUs of a CPU-timed (fake) node: a region freezes
-only its own GPU's other jobs, and the CPU figure is each candidate's own cgroup's. On one GPU the
-region freezes the co-processor (the calls compute their own answers); on a real GPU the judge's
-bracket of the round counts the wait.
+Expected to be stopped by: a CPU-timed case holding every GPU's region of the node, so that the
+co-processor, judged on another GPU, is frozen while its client is timed (the calls then compute
+their own answers); on a GPU, the judge's bracket of the round, which counts the wait (the outside
+figure).
 """
 
 import ctypes
