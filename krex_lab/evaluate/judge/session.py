@@ -36,7 +36,6 @@ from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
-from ..tensors import arrays, clone, synchronize
 from .account import CandidateGroup, place
 from .buffers import CallSet, out_spec, share_set
 from .clock import Scheduling
@@ -46,6 +45,7 @@ from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
 from .startup import planted_startup_code
+from .tensors import arrays, clone, synchronize
 from .tracebacks import user_traceback
 from .values import CandidateFailed
 
@@ -614,7 +614,7 @@ def _run(job: Job) -> PhaseResults:
     _static_flags(job, loaded)
     out = PhaseResults(load=loaded)
     with contextlib.suppress(Exception):  # the record never costs a verdict
-        from ..record import collect
+        from .record import collect
 
         out.reproducibility = collect(job, seed=job.options.seed, device=judge.device_name)
     last = loaded
