@@ -143,6 +143,12 @@ for stage in "${stages[@]}"; do
       OUT=$FINAL timeout ${EVALBATCH_TIMEOUT:-560} python3 benchmarks/eval_batch.py --backend nvidia \
         --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} >> "$FINAL/evalbatch.log" 2>&1
       tail -45 "$FINAL/evalbatch.log" ;;
+    gpufiles)  # some files of tests/gpu (GPU_FILES="tests/gpu/a.py ..."; GPU_LOG names the log): tests/gpu whole
+      # in two calls of the device's 10-minute limit. The log goes straight to the device's $OUT (a cut run says which
+      # tests ended how).
+      KREX_GPU_DIAG="$FINAL/diag" timeout ${GPUTESTS_TIMEOUT:-540} python3 -m pytest -p no:cacheprovider -v -rA \
+        --tb=short --timeout 240 -m gpu ${GPU_FILES:-tests/gpu} -o addopts="" > "$FINAL/${GPU_LOG:-gpu_files}.log" 2>&1
+      grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$FINAL/${GPU_LOG:-gpu_files}.log" | tail -40 ;;
     pmpp)  # GPU MODE's reference kernels as published (problems/pmpp, carried into .pmpp/: nothing is fetched here):
       # every problem's submission and solutions, published and gathered layouts (benchmarks/gpumode_pmpp.py); ~3-5 min
       timeout ${PMPP_TIMEOUT:-560} python3 benchmarks/gpumode_pmpp.py ${PMPP_DIR:-.pmpp/problems/pmpp} --backend nvidia \

@@ -54,7 +54,7 @@ def measure(p: Path) -> dict[str, object]:
     from krex_lab.evaluate.judge.rounds import MAX_SETS, budget
     from krex_lab.evaluate.judge.seeds import Seeds
     from krex_lab.evaluate.judge.session import _module
-    from krex_lab.evaluate.tensors import arrays, clone
+    from krex_lab.evaluate.judge.tensors import arrays, clone
 
     ref = p / "reference.py"
     job = build_job(ref, ref.read_text() + "\nModelNew = Model\n")

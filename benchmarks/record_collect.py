@@ -1,4 +1,4 @@
-"""How long the judge's reproducibility record takes: ``krex_lab.evaluate.record.collect``.
+"""How long the judge's reproducibility record takes: ``krex_lab.evaluate.judge.record.collect``.
 
 The first call reads the static facts (package versions, the GPU's name, UUID and driver through
 NVML); every later call reads the clocks alone. Target: under 5 ms after the first call. On a
@@ -15,8 +15,8 @@ import time
 
 from common import REPO, machine, write_result
 
-from krex_lab.evaluate import record
 from krex_lab.evaluate.job import build_job
+from krex_lab.evaluate.judge import record
 
 
 def main() -> None:

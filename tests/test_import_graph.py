@@ -187,6 +187,36 @@ def test_no_import_runs_back_up_through_the_layers() -> None:
     assert forbidden_edges(import_graph()) == []
 
 
+EVALUATE = "krex_lab.evaluate"
+JUDGE = "krex_lab.evaluate.judge"
+
+
+def judge_only_at_the_root(graph: dict[str, set[str]]) -> list[str]:
+    """Modules at the evaluator's root that only the judge imports: they belong in ``judge/``, so that
+    the folders say who runs each file (the root holds the client's side and what both sides share)."""
+    found = []
+    for m in sorted(graph):
+        if m.rpartition(".")[0] != EVALUATE or m == JUDGE:
+            continue
+        importers = {i for i, ts in graph.items() if m in ts}
+        if importers and all(_under(i, JUDGE) for i in importers):
+            found.append(f"{m} (imported by {', '.join(sorted(importers))})")
+    return found
+
+
+def test_the_root_checker_sees_a_judge_only_module() -> None:
+    graph = import_graph()
+    graph[f"{EVALUATE}.planted"] = set()
+    graph[f"{JUDGE}.session"].add(f"{EVALUATE}.planted")
+    assert judge_only_at_the_root(graph) == [f"{EVALUATE}.planted (imported by {JUDGE}.session)"]
+    graph[f"{EVALUATE}.api"].add(f"{EVALUATE}.planted")
+    assert judge_only_at_the_root(graph) == []
+
+
+def test_the_evaluators_root_holds_no_judge_only_module() -> None:
+    assert judge_only_at_the_root(import_graph()) == []
+
+
 def test_no_test_module_imports_from_a_conftest() -> None:
     """A conftest.py holds fixtures and hooks that pytest finds; what tests import from each other
     lives in a helpers module (a conftest imported as a module is loaded twice, under two names)."""

@@ -10,10 +10,11 @@ Client side: :mod:`.api` (``evaluate``), :mod:`.orchestrate` (the phases on one 
 :mod:`.batch` and :mod:`.cli` (``krex eval``), :mod:`.many` (``evaluate_many``: many pairs over every GPU,
 admitted by GPU memory: :mod:`.admission`), :mod:`.mcp_server` (``krex mcp``). The judge (the pool
 job; it never runs candidate code): :mod:`.judge` (:mod:`.judge.session` load and check,
-:mod:`.judge.rounds` timing, :mod:`.judge.clock` the figure from outside). The candidate's side
-(a sandboxed one-shot process): :mod:`.candidate`. Between them: :mod:`.channel`. Both:
-:mod:`.result` (``Evaluation``), :mod:`.options`, :mod:`.tensors`, :mod:`.timers`. Importing this
-package imports no torch. See ``docs/evaluate.md``.
+:mod:`.judge.rounds` timing, :mod:`.judge.clock` the figure from outside, :mod:`.judge.tensors` the
+problem's arrays, :mod:`.judge.timers` the statistics, :mod:`.judge.record` the reproducibility record).
+The candidate's side (a sandboxed one-shot process): :mod:`.candidate`. Between them: :mod:`.channel`.
+Both: :mod:`.result` (``Evaluation``), :mod:`.options`, :mod:`.outcomes`, :mod:`.numerics`. Importing
+this package imports no torch. See ``docs/evaluate.md``.
 """
 
 from __future__ import annotations

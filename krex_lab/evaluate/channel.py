@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 
+from . import cuda_ipc
+
 __all__ = [
     "ALLOWED_DTYPES",
     "ArrayDesc",
@@ -273,6 +275,7 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
     if lib == "torch" and x.is_cuda:
         storage = x.untyped_storage()
         fields = list(storage._share_cuda_())
+        cuda_ipc.note(fields)  # taken back if the receiver dies holding it
         shared.keep.append(x)
         return ArrayDesc(
             lib=lib,

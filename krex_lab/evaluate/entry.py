@@ -1,5 +1,5 @@
 """The job an evaluation sends its worker, pickled by name: the client never imports the worker
-side (:mod:`.phases` and the formats), whose imports cost a tenth of a second."""
+side (:mod:`.judge` and the formats), whose imports cost a tenth of a second."""
 
 from __future__ import annotations
 

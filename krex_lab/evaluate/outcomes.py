@@ -36,7 +36,7 @@ __all__ = [
 
 class SampleStats(TimingStats, kw_only=True):
     """:class:`~.result.TimingStats` of a list of samples (µs) plus GPU MODE's ``err`` (the
-    standard error of the mean); made by :func:`krex_lab.evaluate.timers.stats`."""
+    standard error of the mean); made by :func:`krex_lab.evaluate.judge.timers.stats`."""
 
     err: float = 0.0
 
@@ -115,7 +115,7 @@ class PhaseResults(msgspec.Struct, kw_only=True):
     load: LoadResult
     check: CheckResult | None = None
     time: TimeResult | None = None
-    #: :func:`krex_lab.evaluate.record.collect`'s record, made by the judge as it starts
+    #: :func:`krex_lab.evaluate.judge.record.collect`'s record, made by the judge as it starts
     reproducibility: Reproducibility | None = None
 
 

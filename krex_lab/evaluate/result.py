@@ -148,7 +148,7 @@ class Packages(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class Reproducibility(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What it takes to run an evaluation again and compare: made by the judge
-    (:func:`krex_lab.evaluate.record.collect`) as the evaluation starts.
+    (:func:`krex_lab.evaluate.judge.record.collect`) as the evaluation starts.
 
     ``seed``: the seed the caller gave (``seed_given``), from which every input set's seed is
     derived; without one each set's seed is drawn alone from the CSPRNG, and ``seeds`` lists them

@@ -9,10 +9,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from krex_lab.evaluate import record
 from krex_lab.evaluate.cli import _options, add_arguments
 from krex_lab.evaluate.compact import LIMIT, compact
 from krex_lab.evaluate.job import build_job
+from krex_lab.evaluate.judge import record
 from krex_lab.evaluate.progress import phase_started, reporting
 from krex_lab.evaluate.result import CaseResult, Evaluation, Reproducibility, TimingStats
 from krex_lab.gpu.nvml import NvmlApi

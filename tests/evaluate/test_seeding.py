@@ -8,7 +8,7 @@ import traceback
 
 import pytest
 
-from krex_lab.evaluate.tensors import seed_torch
+from krex_lab.evaluate.judge.tensors import seed_torch
 
 torch = pytest.importorskip("torch")
 

@@ -28,7 +28,7 @@ def rules(source: str, origin: str = "krex") -> set[str]:
 KREX_CASES: dict[str, tuple[list[str], list[str]]] = {
     "krex-patch": (
         [
-            "import krex_lab.evaluate.timers as t\nt.elapsed = lambda *a: 1e-6\n",
+            "import krex_lab.evaluate.judge.timers as t\nt.elapsed = lambda *a: 1e-6\n",
             "import krex_lab\nsetattr(krex_lab.evaluate.checking, 'allclose', lambda *a, **k: True)\n",
             "import sys\nmod = sys.modules['krex_lab.evaluate.checking']\nmod.compare = None\n",
             "import sys, types\nsys.modules['krex_lab.bench'] = types.ModuleType('fake')\n",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..channel import Shared, array_in, describe
-from ..tensors import _is_array, _is_torch, arrays
+from .tensors import _is_array, _is_torch, arrays
 from .values import replace_arrays, tree_of
 
 __all__ = ["CallSet", "OutSpec", "device_footprint", "out_spec", "set_bytes", "share_set"]

@@ -40,8 +40,8 @@ from typing import Any
 
 from ...procutil import tree
 from ..outcomes import SampleStats
-from ..timers import stats
 from .outside import Drain, DrainFailed, drain_for
+from .timers import stats
 from .values import CandidateFailed
 
 __all__ = ["Figure", "OutsideClock", "Refused", "Scheduling", "harness_cpu"]

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..cases import format_case
 from ..options import Job
-from ..tensors import arrays, clone, seed_torch
+from .tensors import arrays, clone, seed_torch
 
 __all__ = ["GpuModeProblem", "KernelBenchProblem", "MissingDefinition", "Problem", "problem_for"]
 

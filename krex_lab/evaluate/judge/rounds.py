@@ -44,11 +44,11 @@ from typing import Any
 from ...region_report import RegionReport
 from ..options import Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
-from ..tensors import arrays, clone, synchronize
-from ..timers import TimingError, stats
 from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
 from .roundsets import case_layout, l2_flush, make_sets, read_round, refill, round_checks
+from .tensors import arrays, clone, synchronize
+from .timers import TimingError, stats
 from .values import CandidateFailed
 
 #: the judge of :mod:`.session` (not imported: the session imports this module)

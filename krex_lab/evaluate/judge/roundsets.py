@@ -13,10 +13,10 @@ import sys
 from typing import Any
 
 from ..channel import Shared
-from ..tensors import arrays, clone, synchronize
 from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
 from .compare import same
 from .problems import nbytes
+from .tensors import arrays, clone, synchronize
 
 #: the judge of :mod:`.session` (not imported: the session imports the rounds)
 Judge = Any

@@ -30,12 +30,12 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .. import cuda_ipc
 from ..channel import ChannelError, Shared, encode_tree
 from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
-from ..tensors import arrays, clone, synchronize
 from .account import CandidateGroup, place
 from .buffers import CallSet, out_spec, share_set
 from .clock import Scheduling
@@ -45,6 +45,7 @@ from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
 from .startup import planted_startup_code
+from .tensors import arrays, clone, synchronize
 from .tracebacks import user_traceback
 from .values import CandidateFailed
 
@@ -137,6 +138,8 @@ class Judge:
         self.scheduling = Scheduling()
         #: changes to the judge's scheduling found (the candidate's doing)
         self.rescheduled: list[str] = []
+        #: the judge's CUDA shares its dead candidate still held at the end (let go then)
+        self.taken_back = 0
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
         #: the first trial's (data, pristine copy, answer, arrays the reference writes), made at load
@@ -545,7 +548,9 @@ class Judge:
         gc.collect()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            # the candidate's memory this judge mapped (CUDA IPC) goes back with it
+            # what the dead candidate still held of the judge's sets is let go (torch would keep
+            # it for the judge's life), and the candidate's memory this judge mapped goes with it
+            self.taken_back += cuda_ipc.take_back()
             with contextlib.suppress(Exception):
                 torch.cuda.ipc_collect()
                 torch.cuda.empty_cache()
@@ -609,7 +614,7 @@ def _run(job: Job) -> PhaseResults:
     _static_flags(job, loaded)
     out = PhaseResults(load=loaded)
     with contextlib.suppress(Exception):  # the record never costs a verdict
-        from ..record import collect
+        from .record import collect
 
         out.reproducibility = collect(job, seed=job.options.seed, device=judge.device_name)
     last = loaded

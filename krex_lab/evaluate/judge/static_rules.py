@@ -241,7 +241,7 @@ class _Rules:
                     self.aliases[target.id] = dotted
 
     def dotted(self, node: ast.AST) -> str | None:
-        """What an expression names, as a dotted path (``krex_lab.evaluate.timers.now``), if it names one."""
+        """What an expression names, as a dotted path (``krex_lab.evaluate.judge.timers.now``), if it names one."""
         parts: list[str] = []
         while True:
             if isinstance(node, ast.Attribute):

@@ -34,14 +34,14 @@ def own(value: Any) -> Any:
     def copy(x: Any) -> Any:
         return x.clone() if hasattr(x, "clone") else x.copy()
 
-    from ..tensors import _map
+    from .tensors import _map
 
     return _map(value, copy)
 
 
 def tree_of(value: Any, ids: Iterator[int]) -> Any:
     """``value``'s tree for the channel, its arrays numbered in order (the shared message's)."""
-    from ..tensors import _is_array
+    from .tensors import _is_array
 
     if _is_array(value):
         return ["a", next(ids)]
@@ -55,6 +55,6 @@ def tree_of(value: Any, ids: Iterator[int]) -> Any:
 
 
 def replace_arrays(value: Any, mine: Iterator[Any]) -> Any:
-    from ..tensors import _map
+    from .tensors import _map
 
     return _map(value, lambda _x: next(mine))

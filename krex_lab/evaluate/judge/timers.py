@@ -1,12 +1,12 @@
 """Timing statistics, as both formats report them (µs per call): KernelBench's ``runtime_stats``
-and GPU MODE's standard error. The timing itself happens in rounds (:mod:`.judge.rounds`)."""
+and GPU MODE's standard error. The timing itself happens in rounds (:mod:`.rounds`)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 
-from .outcomes import SampleStats
+from ..outcomes import SampleStats
 
 __all__ = ["TimingError", "stats"]
 

@@ -22,9 +22,9 @@ import socket
 import sys
 from typing import Any
 
-from .numerics import settings_for
-from .options import Job
-from .result import Packages, Reproducibility
+from ..numerics import settings_for
+from ..options import Job
+from ..result import Packages, Reproducibility
 
 __all__ = ["collect", "packages", "timing_settings"]
 
@@ -99,7 +99,7 @@ class _Gpu:
     def _open(self) -> Any:
         if self.api is None and not self.failed:
             try:
-                from ..gpu.nvml import PynvmlApi
+                from ...gpu.nvml import PynvmlApi
 
                 self.api = PynvmlApi()
             except Exception:  # no NVML here (an AMD GPU, a container without it): the record says less

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..bench.correctness import compare_output, poison, to_numpy
+from ...bench.correctness import compare_output, poison, to_numpy
 
 __all__ = [
     "arrays",
