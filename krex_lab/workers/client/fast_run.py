@@ -130,7 +130,7 @@ def socket_path(env: dict[str, str] | os._Environ[str] = os.environ) -> str | No
 def _own_runtime_dir(env: dict[str, str] | os._Environ[str]) -> str | None:
     euid = os.geteuid()
     for directory in (env.get("KREX_RUNTIME_DIR"), "/run/krex" if euid == 0 else None):
-        if directory:  # krex_lab.paths.runtime_dir: the first of these that is set
+        if directory:  # krex_lab.paths.runtime_dir: the first of these that is set, if it is ours
             try:
                 st = os.lstat(directory)
             except OSError:
@@ -139,20 +139,28 @@ def _own_runtime_dir(env: dict[str, str] | os._Environ[str]) -> str | None:
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg and os.access(xdg, os.W_OK):
         return os.path.join(xdg, "krex")
+    return _own_tmp_dir()
+
+
+def _own_tmp_dir() -> str | None:
+    """The first of :func:`krex_lab.paths._own_tmp_dirs` (``krex-<uid>``, then ``krex-<uid>-*`` by
+    name; real directories of this uid closed to others); None if there is none."""
+    euid = os.geteuid()
     legacy, prefix, found = f"krex-{euid}", f"krex-{euid}-", []
     try:
         with os.scandir("/tmp") as entries:
             for entry in entries:
                 if entry.name == legacy or entry.name.startswith(prefix):
-                    st = entry.stat(follow_symlinks=False)
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
                     if entry.is_dir(follow_symlinks=False) and st.st_uid == euid and not st.st_mode & 0o077:
                         found.append(entry.name)
     except OSError:
         return None
-    if not found:
-        return None
     found.sort(key=lambda name: (name != legacy, name))
-    return os.path.join("/tmp", found[0])
+    return os.path.join("/tmp", found[0]) if found else None
 
 
 def parse(argv: list[str]) -> dict[str, Any] | None:
