@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 SUFFIX = ".run"
 #: the largest frame either side accepts (the pool's own message limit: a script's stdin travels whole)
 MAX_FRAME = 256 << 20
+#: seconds a pool has to greet a connection (it does so before reading anything)
+HELLO_TIMEOUT = 2.0
 #: the fields of the frames, by struct (the test checks each against the struct of that name)
 FIELDS = {
     "PoolInfo": ("pid", "uid", "gpus", "no_arbiter"),
@@ -285,7 +287,9 @@ def run(argv: list[str]) -> int | None:
 
 def _run_on(sock: _unix_socket, path: str, opts: dict[str, Any]) -> int | None:
     frames = _Frames(sock)
+    sock.settimeout(HELLO_TIMEOUT)  # a pool greets at once; a listener that does not is no pool
     info = frames.next()
+    sock.settimeout(None)
     if info is None or info.get("uid") != os.geteuid() or not isinstance(info.get("gpus"), list):
         return None
     if opts["gpu"] is not None and opts["gpu"] not in info["gpus"]:
