@@ -7,6 +7,7 @@ short one cannot serve (nothing sent, stdin unread)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import msgspec
 import pytest
-import tomllib
 
 from krex_lab import paths
 from krex_lab.cli import parse_run_args
@@ -65,7 +65,9 @@ def env(pool: PoolProc) -> dict[str, str]:
     return {**pool.env, "KREX_TEST_VAR": "from-the-caller"}
 
 
-def run(cmd: list[str], env: dict[str, str], *args: str, stdin: bytes | None = None, cwd: Path | None = None):
+def run(
+    cmd: list[str], env: dict[str, str], *args: str, stdin: bytes | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [*cmd, *args],
         env=env,
@@ -88,9 +90,12 @@ PROBE = (
 )
 
 
-def installed_entry() -> str:
-    """What the installed ``krex`` runs (pyproject's console script): ``module:function``."""
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["krex"]
+def installed_entry(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """What the installed ``krex`` runs, ``module:function`` (pyproject's ``[project.scripts]``; read
+    without tomllib, which Python 3.10 lacks)."""
+    found = re.search(r'^krex\s*=\s*"([\w.]+:\w+)"', pyproject.read_text(), re.M)
+    assert found is not None, f"no krex console script in {pyproject}"
+    return found.group(1)
 
 
 def test_a_warm_run_imports_neither_zmq_nor_msgspec_nor_typing(env: dict[str, str], tmp_path: Path) -> None:
@@ -122,7 +127,9 @@ def test_the_short_way_gives_what_the_full_way_gives(env: dict[str, str], tmp_pa
     }
     for name, text in scripts.items():
         (tmp_path / name).write_text(text)
-    cases = [(name, [str(tmp_path / name), "one", "--gpu", "7"], None) for name in scripts]
+    cases: list[tuple[str, list[str], bytes | None]] = [
+        (name, [str(tmp_path / name), "one", "--gpu", "7"], None) for name in scripts
+    ]
     cases += [
         ("stdin.py", [str(tmp_path / "stdin.py")], b"piped \xc3\xa9 text\n" * 1000),
         ("gpu.py", ["--gpu", "1", "--quiet", str(tmp_path / "gpu.py")], None),
@@ -143,7 +150,7 @@ def test_a_timeout_ends_the_script_as_the_full_way_says(env: dict[str, str], tmp
     assert short.stdout == full.stdout == b"start\n" and short.stderr == full.stderr
 
 
-def test_ctrl_c_interrupts_the_script_as_the_full_way_does(pool: PoolProc, env: dict[str, str], tmp_path: Path):
+def test_ctrl_c_interrupts_the_script_as_the_full_way_does(pool: PoolProc, env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "sleepy.py"
     script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
     results = []
@@ -156,7 +163,7 @@ def test_ctrl_c_interrupts_the_script_as_the_full_way_does(pool: PoolProc, env: 
         time.sleep(0.3)  # into time.sleep (line 3)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
-        assert alive(worker), "a first Ctrl-C interrupts the script, not its worker"
+        assert worker is not None and alive(worker), "a first Ctrl-C interrupts the script, not its worker"
         results.append((proc.returncode, err))
         pool.wait_ready()
     assert results[0] == results[1]
@@ -164,7 +171,9 @@ def test_ctrl_c_interrupts_the_script_as_the_full_way_does(pool: PoolProc, env: 
     assert code == 130 and err.endswith(b"KeyboardInterrupt\n") and b'sleepy.py", line 3' in err, err
 
 
-def test_a_second_ctrl_c_kills_a_script_that_ignores_the_first(pool: PoolProc, env: dict[str, str], tmp_path: Path):
+def test_a_second_ctrl_c_kills_a_script_that_ignores_the_first(
+    pool: PoolProc, env: dict[str, str], tmp_path: Path
+) -> None:
     script = tmp_path / "stubborn.py"
     script.write_text(
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\n"
@@ -261,7 +270,7 @@ def test_the_socket_is_found_where_the_pool_puts_it(tmp_path: Path, monkeypatch:
 
 
 def test_every_field_the_client_names_is_the_structs(tmp_path: Path) -> None:
-    structs = {
+    structs: dict[str, type[msgspec.Struct]] = {
         "PoolInfo": wire.PoolInfo,
         "FastRun": wire.FastRun,
         "JobSpec": wire.JobSpec,
@@ -299,7 +308,8 @@ def test_what_the_client_sends_is_what_the_pool_reads(tmp_path: Path) -> None:
     interrupt = msgspec.json.decode(fast_run._frame({"op": "interrupt", "force": True})[4:], type=wire.FastInterrupt)
     assert interrupt.force
     result = msgspec.json.encode(wire.FastResult(result=JobResult(ok=False, exit_code=3, error="e ✓")))
-    assert fast_run._loads(result.decode())["result"] == {"ok": False, "exit_code": 3, "error": "e ✓"}
+    decoded = fast_run._loads(result.decode())
+    assert isinstance(decoded, dict) and decoded["result"] == {"ok": False, "exit_code": 3, "error": "e ✓"}
     with pytest.raises(UnicodeEncodeError):  # bytes that are no text go the full way (msgpack)
         fast_run._frame({"env": {"A": "\udcff"}})
 
