@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -27,11 +28,26 @@ from krex_lab.workers import wire
 from krex_lab.workers.client import fast_run
 from krex_lab.workers.endpoint import default_endpoint, ipc_path
 from krex_lab.workers.results import JobResult
+from tests import test_cli_exits
 from tests.support import ROOT
 from tests.support.pool import PoolProc, alive
 from tests.workers.test_pool import SCRIPTS
 
-SHORT = [sys.executable, "-m", "krex_lab.command", "run"]
+#: the installed krex's entry; with KREX_PROBE_OUT set it writes there the modules it imported, which
+#: tells whether the short way served (the full way imports zmq)
+SHORT = [
+    sys.executable,
+    "-c",
+    "import atexit, os, sys\n"
+    "def dump():\n"
+    "    if os.environ.get('KREX_PROBE_OUT'):\n"
+    "        with open(os.environ['KREX_PROBE_OUT'], 'w') as f:\n"
+    "            f.write(' '.join(sorted(sys.modules)))\n"
+    "atexit.register(dump)\n"
+    "from krex_lab.command import main\n"
+    "main(sys.argv[1:])\n",
+    "run",
+]
 FULL = [sys.executable, "-m", "krex_lab.cli", "run"]
 
 
@@ -136,8 +152,10 @@ def test_the_short_way_gives_what_the_full_way_gives(env: dict[str, str], tmp_pa
         ("gpu.py", ["--gpu=0", "--timeout", "30", str(tmp_path / "gpu.py")], None),
         ("ok.py", ["--timeout=0.5", str(tmp_path / "ok.py")], None),
     ]
+    probe = tmp_path / "modules"
     for name, args, stdin in cases:
-        short = run(SHORT, env, *args, stdin=stdin, cwd=tmp_path)
+        short = run(SHORT, {**env, "KREX_PROBE_OUT": str(probe)}, *args, stdin=stdin, cwd=tmp_path)
+        assert "zmq" not in probe.read_text().split(), f"{name}: the short way declined"
         full = run(FULL, env, *args, stdin=stdin, cwd=tmp_path)
         assert (short.returncode, short.stdout, short.stderr) == (full.returncode, full.stdout, full.stderr), name
 
@@ -383,3 +401,35 @@ def test_a_dead_pools_socket_file_goes_the_full_way(tmp_path: Path, monkeypatch:
     assert fast_run.run([str(tmp_path / "s.py")]) is None
     monkeypatch.setenv("KREX_POOL_ENDPOINT", "tcp://127.0.0.1:9")
     assert fast_run.run([str(tmp_path / "s.py")]) is None
+
+
+# -- a closed pipe, a pool without an arbiter ---------------------------------------------------------
+
+pool_env = test_cli_exits.pool_env  # fixture: an on-demand pool of its own, no arbiter, no preload
+
+
+def test_a_closed_pipe_ends_the_short_way_quietly(env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "big.py"
+    script.write_text("for i in range(200000):\n    print(i)\n")
+    for cmd in (SHORT, FULL):
+        out = subprocess.run(
+            f"{shlex.join([*cmd, str(script)])} | head -1; echo ${{PIPESTATUS[0]}}",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            executable="/bin/bash",
+        )
+        assert out.stdout == "0\n141\n" and out.stderr == "", (cmd, out.stdout, out.stderr)
+
+
+def test_without_an_arbiter_both_ways_say_so_alike(pool_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    started = run(FULL, pool_env, str(script))  # starts the pool (quietly: KREX_QUIET)
+    assert started.returncode == 0 and started.stdout == b"ran\n", started.stderr
+    loud = {k: v for k, v in pool_env.items() if k != "KREX_QUIET"}
+    short, full = run(SHORT, loud, str(script)), run(FULL, loud, str(script))
+    assert (short.returncode, short.stdout, short.stderr) == (full.returncode, full.stdout, full.stderr)
+    assert short.stderr.decode().startswith("krex run: no KREX arbiter answers at "), short.stderr
