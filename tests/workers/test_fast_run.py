@@ -433,3 +433,25 @@ def test_without_an_arbiter_both_ways_say_so_alike(pool_env: dict[str, str], tmp
     short, full = run(SHORT, loud, str(script)), run(FULL, loud, str(script))
     assert (short.returncode, short.stdout, short.stderr) == (full.returncode, full.stdout, full.stderr)
     assert short.stderr.decode().startswith("krex run: no KREX arbiter answers at "), short.stderr
+
+
+def test_a_pool_that_dies_mid_run_ends_the_run_with_one_line(pool_env: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('running', flush=True)\ntime.sleep(60)\n")
+    (tmp_path / "ok.py").write_text("pass\n")
+    assert run(FULL, pool_env, str(tmp_path / "ok.py")).returncode == 0  # the pool is up, on demand
+    probe = tmp_path / "modules"
+    proc = subprocess.Popen(
+        [*SHORT, str(script)],
+        env={**pool_env, "KREX_PROBE_OUT": str(probe)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"running\n"
+    runtime = Path(pool_env["KREX_RUNTIME_DIR"])
+    pid = int((runtime / "pool.sock.lock").read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=20)
+    assert "zmq" not in probe.read_text().split()
+    assert (proc.returncode, err.decode()) == (1, f"krex run: {fast_run.pool_died_line(pid)}\n")
