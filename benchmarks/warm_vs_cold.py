@@ -77,8 +77,10 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
+    """The command's wall time, stdin /dev/null: a pipe the harness holds open on stdin would make
+    every ``krex run`` wait 50 ms for it (its stdin forwarding) and measure the harness."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -155,7 +157,10 @@ def floor(krex: list[str], empty: Path, runs: int, env: dict[str, str]) -> dict[
 def concurrent(cmd: list[str], env: dict[str, str], n: int) -> float:
     """Seconds from starting n copies at once until the last has exited."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(n)]
+    procs = [
+        subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(n)
+    ]
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:

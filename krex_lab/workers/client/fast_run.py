@@ -294,26 +294,27 @@ def _run_on(sock: _unix_socket, path: str, opts: dict[str, Any]) -> int | None:
         return None
     if opts["gpu"] is not None and opts["gpu"] not in info["gpus"]:
         return None  # the full path makes the pool serve it
-    job = {
-        "kind": "script",
-        "path": path,
-        "argv": list(opts["args"]),
-        "cwd": os.getcwd(),
-        "env": dict(os.environ),
-        "gpu": opts["gpu"],
-        "timeout": opts["timeout"],
-        "stdin": None,
-    }
     try:
+        job = {
+            "kind": "script",
+            "path": path,
+            "argv": list(opts["args"]),
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "gpu": opts["gpu"],
+            "timeout": opts["timeout"],
+            "stdin": None,
+        }
         _frame({"op": "run", "job": job})
-    except UnicodeEncodeError:  # bytes that are no text (a raw environment value): msgpack carries them
+    except (OSError, UnicodeEncodeError):  # a cwd gone, bytes that are no text: the full way says what
         return None
     # From here on this path serves the call: stdin is read, so no other path can.
+    from ...errors import InvalidRequest  # imported already, by krex_lab itself
     from .stdin import UNREAD_PIPE, read_stdin, stdin_is_pipe
 
     try:
         stdin = read_stdin()
-    except Exception as exc:  # InvalidRequest: larger than a job carries
+    except InvalidRequest as exc:  # larger than a job carries
         print(f"krex run: {exc}", file=sys.stderr)
         return 2
     if stdin is None and stdin_is_pipe():
@@ -322,7 +323,7 @@ def _run_on(sock: _unix_socket, path: str, opts: dict[str, Any]) -> int | None:
         import binascii  # msgspec reads bytes in JSON as base64
 
         job["stdin"] = binascii.b2a_base64(stdin, newline=False).decode()
-    quiet = os.environ.get("KREX_QUIET", "") not in ("", "0")
+    quiet = os.environ.get("KREX_QUIET", "") not in ("", "0")  # krex_lab.paths.quiet(), without pathlib
     if info.get("no_arbiter") and not quiet:
         print(no_arbiter_line(info["no_arbiter"]), file=sys.stderr, flush=True)
     sock.sendall(_frame({"op": "run", "job": job}))
