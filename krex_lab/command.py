@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> None:
             code = run(argv[1:])
         except KeyboardInterrupt:  # before the job was sent (after it, the run handles Ctrl-C)
             code = 130
+        except BrokenPipeError:  # a reader of stdout or stderr that has gone, as the full way ends
+            from .workers.client.fast_run import quiet_stdout
+
+            quiet_stdout()
+            code = 141
         if code is not None:
             sys.exit(code)
     from .cli import main as full

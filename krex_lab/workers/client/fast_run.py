@@ -355,7 +355,7 @@ def _follow(frames: _Frames) -> _Result | int | None:
                     target.flush()
                 except BrokenPipeError:  # `krex run big.py | head`: the job ends too
                     _send_quietly(sock, {"op": "interrupt", "force": True})
-                    _quiet_stdout()
+                    quiet_stdout()
                     return 141
             elif kind == "result":
                 return _Result(msg.get("result") or {})
@@ -379,7 +379,8 @@ def _send_quietly(sock: _unix_socket, obj: object) -> None:
         pass  # the pool went away: the next read says so
 
 
-def _quiet_stdout() -> None:
+def quiet_stdout() -> None:
+    """stdout's reader has gone: point it at /dev/null, so that nothing fails on the way out (as cli's)."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
