@@ -11,8 +11,6 @@ Public API (imports are cheap; vendor libraries load lazily)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._version import __version__
 from .errors import (
     ArbiterUnavailable,
@@ -67,7 +65,11 @@ __all__ = [
     "submit",
 ]
 
+# `typing` costs a command's start (re, functools...): the checker alone reads these names.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from .bench import Measurement, bench, check
     from .client import attach, exclusive
     from .dashboard import dashboard

@@ -26,7 +26,9 @@ from the classes below, so a new class crosses the wire the moment it is defined
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # `typing` costs every command's start; the checker alone reads Any
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class KrexError(Exception):

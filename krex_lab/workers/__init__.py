@@ -16,9 +16,10 @@ statuses), :mod:`.endpoint` (where the pool listens, its lock file).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # `typing` costs `krex run`'s start; the checker alone reads these names
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..errors import PoolUnavailable, RemoteError
     from .client import PoolClient, submit
     from .results import JobResult

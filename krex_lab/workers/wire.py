@@ -257,6 +257,33 @@ class Output(msgspec.Struct, tag_field="kind", tag="output", kw_only=True):
     text: str
 
 
+# -- the short way of ``krex run`` (a plain UNIX socket, JSON frames: client.fast_run) -----------
+class FastRun(msgspec.Struct, tag_field="op", tag="run", forbid_unknown_fields=True):
+    """Run one script job (the pool answers with :class:`Accepted`, :class:`Output`, then one
+    :class:`FastResult` or :class:`FastError`)."""
+
+    job: JobSpec
+
+
+class FastInterrupt(msgspec.Struct, tag_field="op", tag="interrupt", forbid_unknown_fields=True):
+    """KeyboardInterrupt in the connection's job (``force``: kill its worker)."""
+
+    force: bool = False
+
+
+class FastResult(msgspec.Struct, tag_field="kind", tag="result"):
+    """The job's one result."""
+
+    result: JobResult
+
+
+class FastError(msgspec.Struct, tag_field="kind", tag="error"):
+    """The job was refused (``type``: the error's class, as :func:`krex_lab.errors.error_from_wire` reads it)."""
+
+    type: str
+    message: str
+
+
 class _Kind(msgspec.Struct):
     kind: str | None = None
 

@@ -34,6 +34,7 @@ from .users import User, as_user, make_user
 FAKE_POOL = r"""
 import fcntl, os, select, socket, sys
 path, record = sys.argv[1], sys.argv[2]
+greeting = bytes.fromhex(sys.argv[3]) if len(sys.argv) > 3 else b""
 lock = open(path + ".lock", "a+")
 fcntl.flock(lock, fcntl.LOCK_EX)
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,6 +48,7 @@ while True:
     for s in ready:
         if s is listener:
             conns.append(listener.accept()[0])
+            conns[-1].sendall(greeting)
             continue
         data = s.recv(65536)
         if not data:
@@ -81,15 +83,15 @@ def connect_as_alice(endpoint: str, start: bool) -> Callable[[], int]:
 class FakePool:
     """bob's fake pool in ``shared`` (a 1777 directory), recording into a directory of bob's."""
 
-    def __init__(self, bob: User, shared: Path) -> None:
-        self.path = shared / "pool.sock"
+    def __init__(self, bob: User, shared: Path, name: str = "pool.sock", greeting: bytes = b"") -> None:
+        self.path = shared / name
         self.endpoint = f"ipc://{self.path}"
         self.dir = Path(tempfile.mkdtemp(prefix="krex-bob-"))
         os.chown(self.dir, bob.uid, bob.gid)
         self.record = self.dir / "received"
         python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
         self.proc = subprocess.Popen(
-            [python, "-c", FAKE_POOL, str(self.path), str(self.record)],
+            [python, "-c", FAKE_POOL, str(self.path), str(self.record), greeting.hex()],
             user=bob.uid,
             group=bob.gid,
             extra_groups=[],

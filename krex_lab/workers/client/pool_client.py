@@ -59,6 +59,7 @@ from ..wire import (
     Submit,
     decode_incoming,
 )
+from .fast_run import pool_died_line
 from .region_claim import region_claim
 from .stdin import STDIN_LIMIT, read_stdin
 from .trust import PoolPeer, is_untrusted, tcp_allowed, untrusted, verify_ipc_endpoint
@@ -339,7 +340,7 @@ class PoolClient:
                         status="died",
                         job_id=job_id,
                         exit_code=1 if job.kind == "script" else None,
-                        error=f"the pool (pid {self.info.pid if self.info else '?'}) exited while the job ran",
+                        error=pool_died_line(self.info.pid if self.info else "?"),
                     )
             except KeyboardInterrupt:
                 interrupts += 1

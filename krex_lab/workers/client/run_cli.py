@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ..results import JobResult
+from .fast_run import no_arbiter_line
+from .run_report import report
+
+__all__ = ["add_arguments", "report", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,12 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if client.info is not None and client.info.no_arbiter and not args.exclusive and not paths.quiet():
         # (--exclusive says it in its own error) Without an arbiter nothing is protected: say so
         # here, not only in the pool's log.
-        print(
-            f"krex run: {client.info.no_arbiter}: this run has no GPU exclusivity and regions are unavailable; "
-            "start one with `krex arbiter`",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(no_arbiter_line(client.info.no_arbiter), file=sys.stderr, flush=True)
     try:
         result = client.run_script(
             path,
@@ -101,26 +96,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return report(result, quiet=args.quiet)
-
-
-def report(result: JobResult, quiet: bool = False) -> int:
-    """Print what ``python`` would have printed at the end, plus what only KREX knows; the exit code."""
-    never_ran = bool(result.error and result.error.startswith("exclusive=True"))
-    if result.error and never_ran:
-        # the region was never had (no arbiter, a refused request): the script did not run, and
-        # the worker's frames that found it out are KREX's, not the script's
-        why = re.sub(r"\bkrex_lab\.errors\.\w+: ", "", result.error.removeprefix("exclusive=True: "))
-        print(f"krex run: --exclusive: {why}", file=sys.stderr)
-    elif result.status in ("exception", "interrupted") and result.traceback:
-        sys.stderr.write(result.traceback)
-    elif result.status in ("died", "timeout", "failed", "cancelled") or (not result.ok and result.exit_code is None):
-        print(f"krex run: {result.error}", file=sys.stderr)
-    if result.notice and not never_ran:  # "ran without GPU exclusivity": it did not run at all
-        print(f"krex run: {result.notice}", file=sys.stderr)
-    if result.region and not quiet:
-        print(result.region.summary(), file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if result.exit_code is not None:
-        return result.exit_code
-    return 0 if result.ok else 1

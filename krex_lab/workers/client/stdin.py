@@ -6,8 +6,6 @@ import os
 import select
 import stat
 
-from ...errors import InvalidRequest
-
 #: the most stdin a script job carries (:func:`read_stdin`): it travels whole, in the submit
 STDIN_LIMIT = 64 << 20
 #: how long a pipe on stdin may stay empty before ``krex run`` goes on without it
@@ -51,6 +49,8 @@ def read_stdin(limit: int = STDIN_LIMIT) -> bytes | None:
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
+            from ...errors import InvalidRequest  # here only: `krex run`'s start pays for no import it need not
+
             raise InvalidRequest(
                 f"stdin is larger than {limit >> 20} MiB: `krex run` sends a script's stdin whole; "
                 "pass a file name instead"

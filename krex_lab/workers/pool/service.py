@@ -64,6 +64,7 @@ from ..wire import (
 from . import handle
 from .clients import ClientWatch
 from .dispatcher import DispatchConfig, Dispatcher
+from .fast_server import FastServer
 from .gates import GateWatcher
 from .handle import WorkerHandle
 from .jobs import Job, job_of
@@ -219,6 +220,9 @@ class Pool(LoggingConfigurable):
             lossless=True,
             signals=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
         )
+        ipc = ipc_path(self.bound)
+        #: the short way of `krex run` (a plain socket beside the ipc one; none for tcp)
+        self.fast = FastServer(ipc, self._ping, self._submit, self._interrupt) if ipc else None
 
     # -- workers ------------------------------------------------------------------------------------
     def spawn_args(self, wid: int, gpu: int) -> tuple[list[str], dict[str, str], Init]:
@@ -346,6 +350,8 @@ class Pool(LoggingConfigurable):
         try:
             gpus = await self._discover()
             self.service.bind()
+            if self.fast is not None:
+                await self.fast.start()
         except BaseException:
             self.gates.close()
             self.service.close()
@@ -374,6 +380,8 @@ class Pool(LoggingConfigurable):
     async def shutdown(self) -> None:
         d = self.dispatcher
         d.closing = True
+        if self.fast is not None:
+            self.fast.close()  # no new job; those in flight still get their results below
         for job in list(d.jobs.values()):
             d.finish(
                 job,
