@@ -88,7 +88,7 @@ class Load(Body):
     load_file_limit: int
     memory_limit_mb: int
     #: the format's TF32/cuDNN switches (:mod:`.numerics`); None: torch's defaults
-    numerics: dict[str, Any] | None = None
+    numerics: dict[str, bool | str] | None = None
 
 
 class Call(Body):

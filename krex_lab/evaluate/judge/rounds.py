@@ -43,7 +43,7 @@ from typing import Any
 
 from ...region_report import RegionReport
 from ..messages import Drop, Ok, Round, Timed
-from ..options import Options
+from ..options import Case, Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
@@ -182,7 +182,7 @@ def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
     return cmp.ok, cmp.issue
 
 
-def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) -> tuple[TimedCase, bool]:
+def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[TimedCase, bool]:
     assert judge.problem is not None and judge.proc is not None
     o, fmt = judge.opts, judge.job.format
     name = judge.problem.case_name(case)
@@ -386,7 +386,7 @@ def _one_thread(cuda: bool) -> Iterator[None]:
 
 
 def _reference(
-    judge: Judge, case: dict[str, Any] | None, name: str | None, pristine: list[Any], region: _Region
+    judge: Judge, case: Case | None, name: str | None, pristine: list[Any], region: _Region
 ) -> tuple[ReferenceTime | None, bool]:
     """The reference's time on this case: measured here, in the same region, unless this judge
     measured it before with the same settings on the same GPU model."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..channel import Shared
 from ..messages import CallEntry, Timed
+from ..options import Case
 from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
 from .compare import same
 from .problems import nbytes
@@ -41,7 +42,7 @@ class _Sets:
         self.sets = []
 
 
-def make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) -> _Sets:
+def make_sets(judge: Judge, case: Case | None, k: int, spec: OutSpec) -> _Sets:
     """K input sets under K seeds, in new memory the candidate has never mapped."""
     assert judge.problem is not None
     shared = Shared()
@@ -56,7 +57,7 @@ def make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) 
     return _Sets(sets, pristine, shared)
 
 
-def refill(judge: Judge, case: dict[str, Any] | None, old: _Sets, spec: OutSpec) -> _Sets:
+def refill(judge: Judge, case: Case | None, old: _Sets, spec: OutSpec) -> _Sets:
     """The next round's sets: new values in new memory (never the memory the candidate holds,
     which a thread or finalizer of its could read while the judge fills it); the old sets' memory
     freed."""
@@ -115,7 +116,7 @@ def round_checks(
     return {}
 
 
-def case_layout(judge: Judge, case: dict[str, Any] | None) -> tuple[OutSpec, set[int], int]:
+def case_layout(judge: Judge, case: Case | None) -> tuple[OutSpec, set[int], int]:
     """A case's output buffers (the reference's answer on a sample set), the inputs the reference
     itself writes (GPU MODE's output arguments), and the bytes one set takes in the judge."""
     assert judge.problem is not None

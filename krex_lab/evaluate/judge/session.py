@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from ..channel import ChannelError, Shared, encode_tree
 from ..messages import Body, Call, CallAgain, CallEntry, Failed, Load, Loaded, Ok, Release, Returned
 from ..numerics import applied, settings_for
-from ..options import Job, ProgramSource
+from ..options import Case, Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from .account import CandidateGroup, place
@@ -347,7 +347,7 @@ class Judge:
 
     # -- check -------------------------------------------------------------------------------------
 
-    def _trial_data(self, case: dict[str, Any] | None) -> tuple[Any, Any, Any, set[int]]:
+    def _trial_data(self, case: Case | None) -> tuple[Any, Any, Any, set[int]]:
         """(the data, its pristine copy, the reference's answer, the arrays the reference writes)."""
         assert self.problem is not None
         data = self.problem.make(case, self.seed())
@@ -379,9 +379,7 @@ class Judge:
                 }
         return {}
 
-    def check_one(
-        self, kind: str, case: dict[str, Any] | None, first: bool = False
-    ) -> tuple[bool, str, dict[str, str], Any]:
+    def check_one(self, kind: str, case: Case | None, first: bool = False) -> tuple[bool, str, dict[str, str], Any]:
         assert self.problem is not None
         data, pristine, expected, written = self.first if first and self.first else self._trial_data(case)
         cs, body = self._call(data, expected)
@@ -431,7 +429,7 @@ class Judge:
         passed = 0
         outcome = CheckOutcome(correct=True, trials="")
         results: list[CaseResult] = []
-        last_case: dict[str, Any] | None = None
+        last_case: Case | None = None
         try:
             for i, (kind, case) in enumerate(cases):
                 ok, issue, rejected, _ = self.check_one(kind, case, first=i == 0)
@@ -489,7 +487,7 @@ class Judge:
             if cmp.rule:
                 self.rule = cmp.rule
 
-    def _refilled_trial(self, outcome: CheckOutcome, case: dict[str, Any] | None) -> None:
+    def _refilled_trial(self, outcome: CheckOutcome, case: Case | None) -> None:
         """The last trial's buffers, refilled in place with new values, must give the new answer:
         a result kept by address, ``_version`` or call count is stale there."""
         assert self.problem is not None
