@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from redteam import CPU_LIMITS, GPU_LIMITS, KB_SPEEDUP, flags, kernelbench_cases, start_pool
 
 from krex_lab.evaluate.batch import BatchRecord, Pair, run_batch
+from krex_lab.evaluate.options import EvaluateOptions
 from tests.evaluate.redteam import CHEATS, GPU_CHEATS, PROBLEMS, Cheat
 from tests.evaluate.redteam.harness import forged_speed
 
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> Path:
             run_batch(
                 pairs,
                 jobs=args.jobs,
-                defaults={"timeouts": GPU_LIMITS if gpu else CPU_LIMITS, **({"gpu": 0} if gpu else {})},
+                defaults=EvaluateOptions.of(
+                    {"timeouts": GPU_LIMITS if gpu else CPU_LIMITS, **({"gpu": 0} if gpu else {})}
+                ),
                 pool=pool.client,
                 emit=lambda rec: records.__setitem__(rec.index, rec),
             )

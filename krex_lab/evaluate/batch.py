@@ -19,13 +19,14 @@ import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, TextIO
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from .options import EvaluateArgs
+from .options import EvaluateOptions
 from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
+from .task import Case
 
 if TYPE_CHECKING:
     from ..workers.client import PoolClient
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["PAIR_OPTIONS", "BatchRecord", "Pair", "Progress", "error_result", "parse_manifest", "run_batch"]
 
 #: GPU MODE cases on a manifest line: their text, or a list of lines or argument objects
-_ManifestCases = str | list[str | dict[str, Any]]
+_ManifestCases = str | list[str | Case]
 
 
 class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,9 +59,11 @@ class ManifestLine(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rtol: float | UnsetType | None = UNSET
     max_case_s: float | UnsetType | None = UNSET
 
-    def options(self) -> EvaluateArgs:
-        """The options the line sets (checked by type on decoding)."""
-        return cast(EvaluateArgs, {k: v for k in PAIR_OPTIONS if (v := getattr(self, k)) is not UNSET})
+    def options(self) -> dict[str, object]:
+        """The options the line sets (checked by type on decoding, by range here: ValueError)."""
+        given = {k: v for k in PAIR_OPTIONS if (v := getattr(self, k)) is not UNSET}
+        EvaluateOptions.of(given)
+        return given
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -86,7 +89,10 @@ def parse_manifest(text: str, base: str | os.PathLike[str] = ".") -> list[Pair]:
                 continue
             pair.reference, pair.candidate = item.reference, item.candidate
             pair.id = None if item.id is None else str(item.id)
-            pair.options = item.options()
+            try:
+                pair.options = item.options()
+            except ValueError as exc:
+                pair.problem = f"manifest line {n}: {exc}"
         else:
             fields = line.split()
             if len(fields) not in (2, 3):
@@ -102,7 +108,7 @@ def run_batch(
     pairs: Sequence[Pair],
     *,
     jobs: int,
-    defaults: EvaluateArgs,
+    defaults: EvaluateOptions,
     pool: PoolClient | None,
     emit: Callable[[BatchRecord], None],
     progress: TextIO | None = None,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .task import Task
+    from .task import Case, Task
 
 __all__ = ["MODES", "format_case", "load_cases", "parse_cases"]
 
@@ -61,7 +61,7 @@ def format_case(case: Mapping[str, Any]) -> str:
 
 def load_cases(
     value: Any, beside: str | None, name: str, task: Task | None = None, mode: str = "benchmark"
-) -> list[dict[str, Any]]:
+) -> list[Case]:
     """Cases from a file, its text, a list of dicts or lines; None: ``<name>.txt`` beside the
     reference, else the problem's ``task.yml`` (``task``: its lists; in a timing mode, ranked by
     ``last``, its last benchmark alone, as GPU MODE's runner runs them), else none (the worker then
@@ -80,7 +80,7 @@ def load_cases(
             return parse_cases(Path(value).read_text())
         return parse_cases(text)
     if isinstance(value, Sequence):
-        out: list[dict[str, Any]] = []  # the user's keyword arguments: any values
+        out: list[Case] = []  # the user's keyword arguments: any values
         for item in value:
             out += parse_cases(item) if isinstance(item, str) else [dict(item)]
         return out

@@ -1,6 +1,7 @@
 """The judge <-> candidate channel: messages, and arrays that cross as memory, never as objects.
 
-A socketpair carries length-prefixed msgpack of the tagged structs below (never pickle: the judge
+A socketpair carries length-prefixed msgpack of an operation's name, its body (a struct of
+:mod:`.messages`, checked as it is read) and the descriptors of its arrays (never pickle: the judge
 decodes nothing the candidate could shape into code). Arrays travel as descriptors that the
 *receiver* turns into its own ``torch.Tensor`` / ``numpy.ndarray``: CUDA IPC handles on a GPU,
 memfd file descriptors (``SCM_RIGHTS``) on the CPU. So the judge only ever holds objects of exact
@@ -20,17 +21,19 @@ import os
 import socket
 import struct
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from . import cuda_ipc
+from .messages import Body
 
 __all__ = [
     "ALLOWED_DTYPES",
     "ArrayDesc",
     "Channel",
     "ChannelError",
+    "Envelope",
     "Shared",
     "array_in",
     "decode_tree",
@@ -478,12 +481,37 @@ def decode_tree(tree: Any, arrays: list[Any], depth: int = 0) -> Any:
 # -- the socket -------------------------------------------------------------------------------------
 
 
+B = TypeVar("B", bound=Body)
+
+
 class Envelope(msgspec.Struct, kw_only=True):
-    """One message: what it says (``op`` and ``body``), and the arrays it carries."""
+    """One message as it arrived: its operation, its body still unread (:meth:`read` checks it
+    against the operation's struct, :mod:`.messages`), and the arrays it carries."""
 
     op: str
-    body: dict[str, Any] = {}
+    body: msgspec.Raw
     arrays: list[ArrayDesc] = []
+
+    def read(self, kind: type[B]) -> B:
+        """The body, as ``kind`` (the operation expected): any other operation, or a body of
+        another shape, is a :class:`ChannelError` that says which."""
+        if self.op != kind.op:
+            raise ChannelError(f"a {kind.op!r} message was expected, not {self.op[:64]!r}")
+        try:
+            return _body_decoder(kind).decode(self.body)
+        except msgspec.DecodeError as exc:
+            raise ChannelError(f"a {self.op!r} message's body is malformed: {str(exc)[:500]}") from None
+
+
+class _Outgoing(msgspec.Struct, kw_only=True):
+    op: str
+    body: Body
+    arrays: list[ArrayDesc] = []
+
+
+@functools.cache
+def _body_decoder(kind: type[B]) -> msgspec.msgpack.Decoder[B]:
+    return msgspec.msgpack.Decoder(kind)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -496,11 +524,11 @@ class Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
 
-    def send(self, op: str, body: dict[str, Any] | None = None, shared: Shared | None = None) -> None:
+    def send(self, body: Body, shared: Shared | None = None) -> None:
+        """``body`` (its operation's struct, :mod:`.messages`) and the arrays of ``shared``."""
         if shared is not None:
             shared.finish()
-        env = Envelope(op=op, body=body or {}, arrays=shared.arrays if shared else [])
-        data = _encoder.encode(env)
+        data = _encoder.encode(_Outgoing(op=body.op, body=body, arrays=shared.arrays if shared else []))
         header = struct.pack("!I", len(data))
         fds = shared.fds if shared else []
         if fds:  # the fds ride on the header's first byte; the body follows as plain stream data

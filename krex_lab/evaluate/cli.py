@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..workers.client.run_cli import _positive  # seconds > 0, as krex run --timeout takes them
-from .options import EvaluateArgs
+from .options import EvaluateOptions
 
 if TYPE_CHECKING:
     from .batch import BatchRecord
@@ -145,13 +145,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _options(args: argparse.Namespace) -> EvaluateArgs:
+def _options(args: argparse.Namespace) -> EvaluateOptions:
+    """The flags as the evaluation's options, checked (ValueError names a bad one)."""
     timeouts = {
         phase: getattr(args, f"{phase}_timeout")
         for phase in ("load", "check", "time")
         if getattr(args, f"{phase}_timeout") is not None
     }
-    options: EvaluateArgs = {
+    options: dict[str, object] = {
         "format": args.format,
         "gpu": args.gpu,
         "timing": args.timing,
@@ -168,10 +169,10 @@ def _options(args: argparse.Namespace) -> EvaluateArgs:
     }
     for name in ("seed", "atol", "rtol", "max_case_s"):  # given only: a batch line's own value stands
         if getattr(args, name) is not None:
-            options[name] = getattr(args, name)  # type: ignore[literal-required,unused-ignore]
+            options[name] = getattr(args, name)
     if timeouts:
         options["timeouts"] = timeouts
-    return options
+    return EvaluateOptions.of(options)
 
 
 def human(ev: Evaluation) -> str:
@@ -220,7 +221,10 @@ def _refuse(args: argparse.Namespace, exc: BaseException) -> int:
 def run(args: argparse.Namespace) -> int:
     from ..errors import KrexError
 
-    options = _options(args)
+    try:
+        options = _options(args)
+    except ValueError as exc:
+        return _refuse(args, exc)
     if args.batch:
         if args.reference or args.candidate:
             return _refuse(args, ValueError("--batch takes no REFERENCE CANDIDATE"))
@@ -230,14 +234,14 @@ def run(args: argparse.Namespace) -> int:
     from .api import evaluate
 
     try:
-        ev = evaluate(args.reference, args.candidate, **options)
+        ev = evaluate(args.reference, args.candidate, options=options)
     except (FileNotFoundError, ValueError, TypeError, KrexError) as exc:
         return _refuse(args, exc)
     print(ev.to_json() if args.json else human(ev))
     return 0 if ev.verdict == "correct" else 1
 
 
-def _batch(args: argparse.Namespace, options: EvaluateArgs) -> int:
+def _batch(args: argparse.Namespace, options: EvaluateOptions) -> int:
     from dataclasses import replace
 
     from ..errors import KrexError

@@ -11,65 +11,27 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from . import cache
-from .options import Job, Options, ProgramSource
-from .result import METHODS
+from .options import EvaluateOptions, Job, Options, ProgramSource
 from .source import Source, check_both_there, detect_format, read_source
 from .task import Task, find_task, read_task
 
-__all__ = ["PHASES", "build_job", "check_options"]
+__all__ = ["PHASES", "build_job"]
 
 PHASES = ("load", "check", "time")
+#: the options the judge reads (the rest are the client's: the format, the GPU, the cases, the limits)
+_JUDGED = tuple(
+    f for f in EvaluateOptions.__struct_fields__ if f not in ("format", "gpu", "tests", "benchmarks", "timeouts")
+)
 
 
 def _program(src: Source) -> ProgramSource:
     return ProgramSource(text=src.text, path=src.path, label=src.label, sha256=src.sha256)
-
-
-def _number(name: str, value: Any, *, low: float, strict: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok or (value <= low if strict else value < low):
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ValueError(f"{name} must be a number {bound}, not {value!r}")
-
-
-def check_options(kw: Mapping[str, Any]) -> dict[str, float]:
-    """Every option's type and range (None: the default); returns the phase limits given.
-    A bad option is a ValueError naming it and saying what it takes."""
-    from .cases import MODES
-
-    if kw.get("timing", "format") not in METHODS:
-        raise ValueError(f"unknown timing {kw['timing']!r}: one of {', '.join(METHODS)}")
-    if kw.get("mode", "benchmark") not in MODES:
-        raise ValueError(f"unknown mode {kw['mode']!r}: one of {', '.join(MODES)}")
-    for name in ("trials", "perf_trials"):
-        value = kw.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
-    for name in ("atol", "rtol"):
-        if kw.get(name) is not None:
-            _number(name, kw[name], low=0.0, strict=False)
-    if kw.get("max_case_s") is not None:
-        _number("max_case_s", kw["max_case_s"], low=0.0, strict=True)
-    seed = kw.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise ValueError(f"seed must be a whole number >= 0 (or None: a secret one), not {seed!r}")
-    for name in ("strict", "measure", "exclusive", "retime_reference", "time_reference"):
-        if name in kw and not isinstance(kw[name], bool):
-            raise ValueError(f"{name} must be True or False, not {kw[name]!r}")
-    budget = kw.get("memory_budget_mb")
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
-        raise ValueError(f"memory_budget_mb must be a whole number of MiB >= 0, not {budget!r}")
-    limits = dict(kw.get("timeouts") or {})
-    for phase, seconds in limits.items():
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r} in timeouts: {', '.join(PHASES)}")
-        _number(f"timeouts[{phase!r}]", seconds, low=0.0, strict=True)
-    return {p: float(s) for p, s in limits.items()}
 
 
 def _task_of(reference: Any, candidate: Source) -> tuple[Task | None, bool]:
@@ -90,13 +52,15 @@ def _task_of(reference: Any, candidate: Source) -> tuple[Task | None, bool]:
     return read_task(yml, candidate.text, reference=str(path)), False
 
 
-def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
-    """Read both programs (and the reference's task.yml, where it has one), tell their format,
-    check every option: a bad call raises here (ValueError, FileNotFoundError), before any worker
-    is asked anything."""
+def build_job(reference: Any, candidate: Any, options: EvaluateOptions | None = None, **given: object) -> Job:
+    """Read both programs (and the reference's task.yml, where it has one), tell their format:
+    a bad call raises here (ValueError, FileNotFoundError), before any worker is asked anything.
+    ``options``: checked already; else ``given``, by option name, checked here
+    (:meth:`EvaluateOptions.of`)."""
     from .cases import load_cases
 
-    limits = check_options(kw)
+    opts = options if options is not None else EvaluateOptions.of(given)
+    timeouts: dict[str, float] = {str(phase): s for phase, s in (opts.timeouts or {}).items()}
     check_both_there(reference, candidate)
     cand = read_source(candidate, "candidate")
     task, named_task = _task_of(reference, cand)
@@ -113,19 +77,18 @@ def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
         )
     else:
         ref = read_source(reference, "reference")
-    fmt = detect_format(ref, cand, kw.pop("format", "auto"))
+    fmt = detect_format(ref, cand, opts.format)
     if task is not None and fmt != "gpumode":
         if named_task:
             raise ValueError(f"{task.info.path} is a GPU MODE task, but the format asked for is {fmt!r}")
         task = None  # a task.yml beside another format's reference is none of its business
-    mode = kw.get("mode", "benchmark")
+    mode = opts.mode
     if task is not None:
         for phase in PHASES:
-            limits.setdefault(phase, task.timeout(mode))
-    tests, benchmarks = kw.pop("tests", None), kw.pop("benchmarks", None)
-    kw.pop("timeouts", None)
-    fields = {k: v for k, v in kw.items() if v is not None}
-    options = Options(limits=limits, **fields)
+            timeouts.setdefault(phase, task.timeout(mode))
+    judged = {f: v for f in _JUDGED if (v := getattr(opts, f)) is not None}  # None: the judge's default
+    options_ = msgspec.convert({**judged, "timeouts": timeouts}, Options)
+    tests, benchmarks = opts.tests, opts.benchmarks
     gm = fmt == "gpumode"
     return Job(
         id=secrets.token_hex(8),
@@ -133,7 +96,7 @@ def build_job(reference: Any, candidate: Any, **kw: Any) -> Job:
         format=fmt,
         reference=_program(ref),
         candidate=_program(cand),
-        options=options,
+        options=options_,
         build_root=str(cache.builds_dir()),
         tests=load_cases(tests, ref.directory, "tests", task, mode) if gm else [],
         benchmarks=load_cases(benchmarks, ref.directory, "benchmarks", task, mode) if gm else [],

@@ -20,13 +20,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
 from .admission import Admission, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
 from .judge.footprint import MIN_ALLOWANCE
-from .options import EvaluateArgs
+from .options import EvaluateOptions
 from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
 from .result import Evaluation
 
@@ -71,7 +71,7 @@ class _Engine:
         pairs: Sequence[Pair],
         *,
         jobs: int,
-        defaults: EvaluateArgs,
+        defaults: EvaluateOptions,
         pool: PoolClient | None,
         emit: Callable[[BatchRecord], None],
         bar: Progress,
@@ -118,7 +118,8 @@ class _Engine:
             need = self.footprints.get(item.key)
             if need is None:  # not measured yet: the largest measured so far, at least the policy's guess
                 need = max([self.policy.unknown_footprint_mb << 20, *self.footprints.values()])
-            gpu = pair.options.get("gpu", self.defaults.get("gpu"))
+            given = pair.options.get("gpu", self.defaults.gpu)
+            gpu = given if isinstance(given, int) else None
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at)
             if placed is None:
                 waiting += 1
@@ -166,13 +167,12 @@ class _Engine:
 
         if pair.problem is not None:
             return error_result(pair, pair.problem, "manifest_error")
-        args = EvaluateArgs(**self.defaults)
-        args.update(pair.options)
+        over = dict(pair.options)
         if gpu is not None:
-            args["gpu"] = gpu
+            over["gpu"] = gpu
             if self.admission.by_memory:
-                args["memory_budget_mb"] = self.admission.budget_mb(need, free)
-        return evaluate(pair.reference, pair.candidate, pool=self.pool, **args)
+                over["memory_budget_mb"] = self.admission.budget_mb(need, free)
+        return evaluate(pair.reference, pair.candidate, options=self.defaults.merged(over), pool=self.pool)
 
     def _settle(self, item: _Item, ev: Evaluation, gpu: int | None, need: int, free: int | None) -> Evaluation | None:
         """Learn its footprint; send it back to the queue (None), or give the result to deliver."""
@@ -230,7 +230,7 @@ def run_pairs(
     pairs: Sequence[Pair],
     *,
     jobs: int,
-    defaults: EvaluateArgs,
+    defaults: EvaluateOptions,
     pool: PoolClient | None,
     emit: Callable[[BatchRecord], None],
     progress: TextIO | None = None,
@@ -289,8 +289,13 @@ def _pairs(items: Iterable[PairLike]) -> list[Pair]:
                 )
                 out.append(Pair(index=i, line=i, problem=problem))
                 continue
-            opts = cast(EvaluateArgs, {k: item[k] for k in PAIR_OPTIONS if k in item})
+            opts = {k: item[k] for k in PAIR_OPTIONS if k in item}
             pid = item.get("id")
+            try:
+                EvaluateOptions.of(opts)
+            except ValueError as exc:
+                out.append(Pair(index=i, line=i, problem=f"pair {i}: {exc}"))
+                continue
             out.append(
                 Pair(
                     index=i,
@@ -337,16 +342,7 @@ def evaluate_many(
     Stopping the iteration early (``break``, ``close()``) starts no further pair; those running
     finish first. A bad option raises ValueError before anything runs.
     """
-    import inspect
-
-    from .api import evaluate
-    from .job import check_options
-
-    known = set(inspect.signature(evaluate).parameters) - {"reference", "candidate", "pool", "progress"}
-    unknown = set(options) - known
-    if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)}: evaluate()'s are {sorted(known)}")
-    check_options(options)
+    defaults = EvaluateOptions.of(options)
     listed = _pairs(pairs)
     if pool is None:
         from ..workers.client import default_client
@@ -372,7 +368,7 @@ def evaluate_many(
             run_pairs(
                 listed,
                 jobs=n,
-                defaults=cast(EvaluateArgs, options),
+                defaults=defaults,
                 pool=pool,
                 emit=emit,
                 progress=progress,

@@ -68,7 +68,6 @@ async def evaluate_kernels(
 
     given = [p.model_dump() for p in pairs]
     items = [{**p, "id": p["id"] if p["id"] is not None else str(i)} for i, p in enumerate(given)]
-    options: dict[str, Any] = {"measure": measure, "trials": trials, "perf_trials": perf_trials}
     results: list[dict[str, Any] | None] = [None] * len(items)
     done = 0
 
@@ -79,7 +78,10 @@ async def evaluate_kernels(
     def run() -> None:
         nonlocal done
         # the server's pool: one it had to start ends with the server, as evaluate_kernel's does
-        for record in evaluate_many(items, jobs=jobs, pool=server_pool(), **options):
+        given = evaluate_many(
+            items, jobs=jobs, pool=server_pool(), measure=measure, trials=trials, perf_trials=perf_trials
+        )
+        for record in given:
             body = msgspec.to_builtins(compact(record, full=detail == "full"))
             results[record.index] = {"index": record.index, "id": record.id, **body}
             done += 1

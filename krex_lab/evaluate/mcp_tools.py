@@ -29,6 +29,7 @@ from .compact import Compact, compact
 from .mcp_pool import server_pool  # the server's one pool (ended with it)
 from .progress import PHASES
 from .result import Evaluation
+from .task import Case
 
 try:  # mcp 2
     from mcp.server.mcpserver import Context
@@ -132,12 +133,10 @@ async def evaluate_kernel(
         Field(description="GPU MODE: test (check only), benchmark, leaderboard (re-check every timed run)"),
     ] = "benchmark",
     tests: Annotated[
-        str | list[dict[str, Any]] | None,
+        str | list[Case] | None,
         Field(description="GPU MODE test cases: 'key: value; key: value' lines, a file of them, or a list of objects"),
     ] = None,
-    benchmarks: Annotated[
-        str | list[dict[str, Any]] | None, Field(description="GPU MODE benchmark cases, as tests")
-    ] = None,
+    benchmarks: Annotated[str | list[Case] | None, Field(description="GPU MODE benchmark cases, as tests")] = None,
     atol: Annotated[float | None, Field(ge=0, description="absolute tolerance; default by the output's dtype")] = None,
     rtol: Annotated[float | None, Field(ge=0, description="relative tolerance; default by the output's dtype")] = None,
     seed: Annotated[
@@ -169,34 +168,14 @@ async def evaluate_kernel(
     timeout, out_of_memory, rejected, error; reason_key and reason say why; runtime and
     ref_runtime are microseconds. Progress is reported per phase (queued, load, check, time, done)."""
     from .api import evaluate
+    from .options import EvaluateOptions
 
     timeouts = {
         phase: s
         for phase, s in (("load", load_timeout), ("check", check_timeout), ("time", time_timeout))
         if s is not None
     }
-    call: dict[str, Any] = dict(
-        format=format,
-        gpu=gpu,
-        timing=timing,
-        measure=measure,
-        trials=trials,
-        perf_trials=perf_trials,
-        mode=mode,
-        tests=tests,
-        benchmarks=benchmarks,
-        atol=atol,
-        rtol=rtol,
-        seed=seed,
-        strict=strict,
-        max_case_s=max_case_s,
-        timeouts=timeouts or None,
-        memory_limit_mb=memory_limit_mb,
-        output_limit_mb=output_limit_mb,
-        retime_reference=retime_reference,
-        time_reference=time_reference,
-        exclusive=exclusive,
-    )
+    given = {k: v for k, v in locals().items() if k in EvaluateOptions.__struct_fields__}
 
     def progress(phase: str, what: str) -> None:
         if ctx is not None:
@@ -205,7 +184,8 @@ async def evaluate_kernel(
 
     def run() -> Evaluation:
         try:
-            return evaluate(reference, candidate, progress=progress, pool=server_pool(), **call)
+            options = EvaluateOptions.of({**given, "timeouts": given["timeouts"] or None})
+            return evaluate(reference, candidate, options=options, progress=progress, pool=server_pool())
         except Exception as exc:  # every failure is an answer saying why, never a bare protocol error
             kind = "evaluation_error" if isinstance(exc, (FileNotFoundError, ValueError, TypeError)) else "pool_error"
             return Evaluation(

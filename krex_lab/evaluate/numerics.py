@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
 
-__all__ = ["GPUMODE", "applied", "apply", "current", "settings_for"]
+__all__ = ["GPUMODE", "Settings", "applied", "apply", "current", "settings_for"]
+
+#: switches by name, as :func:`current` reads them and :func:`apply` sets them
+Settings = dict[str, bool | str]
 
 #: GPU MODE's programs: IEEE fp32, the rest as torch leaves it
-GPUMODE: dict[str, Any] = {
+GPUMODE: Settings = {
     "cudnn_allow_tf32": False,
     "matmul_allow_tf32": False,
     "float32_matmul_precision": "highest",
@@ -37,12 +39,12 @@ GPUMODE: dict[str, Any] = {
 }
 
 
-def settings_for(format: str) -> dict[str, Any] | None:
+def settings_for(format: str) -> Settings | None:
     """The switches ``format``'s programs run under (None: torch's defaults, untouched)."""
     return dict(GPUMODE) if format == "gpumode" else None
 
 
-def current() -> dict[str, Any] | None:
+def current() -> Settings | None:
     """The switches as they are in this process (None: torch is not imported)."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -56,7 +58,7 @@ def current() -> dict[str, Any] | None:
     }
 
 
-def apply(settings: dict[str, Any] | None) -> None:
+def apply(settings: Settings | None) -> None:
     """Set the switches ``settings`` names (nothing when None, or where torch is not imported:
     a program without torch has none of them)."""
     torch = sys.modules.get("torch")
@@ -75,7 +77,7 @@ def apply(settings: dict[str, Any] | None) -> None:
 
 
 @contextlib.contextmanager
-def applied(settings: dict[str, Any] | None) -> Iterator[None]:
+def applied(settings: Settings | None) -> Iterator[None]:
     """The switches set for the block, and put back as they were after it (the judge is a warm
     worker that serves other formats next)."""
     before = current() if settings else None

@@ -10,42 +10,107 @@ correctness trials), ``time`` (warm-up and timing, the reference's included).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 import msgspec
+from msgspec import Meta
 
-from .task import TaskInfo
+from .task import Case, TaskInfo
 
-__all__ = ["DEFAULT_LIMITS", "MARKER", "Cases", "EvaluateArgs", "Job", "Options", "ProgramSource"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "MARKER",
+    "OPTION_DEFAULTS",
+    "Case",
+    "Cases",
+    "EvaluateOptions",
+    "Job",
+    "Options",
+    "Phase",
+    "ProgramSource",
+]
 
-#: GPU MODE cases as a caller gives them: a file, its text, or a list of argument dicts or lines
-Cases = str | os.PathLike[str] | Sequence[Mapping[str, Any] | str]
+#: GPU MODE cases as a caller gives them: a file's path, its text, or a list of argument dicts or lines
+Cases = str | list[Case | str]
+#: an evaluation's phases, each with its own time limit
+Phase = Literal["load", "check", "time"]
+
+_Count = Annotated[int, Meta(ge=1)]
+_Whole = Annotated[int, Meta(ge=0)]
+_Seconds = Annotated[float, Meta(gt=0)]
+_Tolerance = Annotated[float, Meta(ge=0)]
 
 
-class EvaluateArgs(TypedDict, total=False):
-    """The keyword options of :func:`krex_lab.evaluate` that ``krex eval`` and a batch
-    manifest's lines set (:mod:`.cli` makes them, :mod:`.batch` merges a line's over them)."""
+class EvaluateOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """An evaluation's options as a caller gives them, one name each: the keywords of
+    :func:`krex_lab.evaluate`, ``krex eval``'s flags, a batch manifest's lines and the MCP tools'
+    arguments all become this, checked once (:meth:`of`). None: the default (the format's, or a
+    published task's). See :func:`krex_lab.evaluate` for what each does."""
 
-    format: str
-    gpu: int | None
-    timing: str
-    measure: bool
-    trials: int | None
-    perf_trials: int | None
-    mode: str
-    tests: Cases | None
-    benchmarks: Cases | None
-    atol: float | None
-    rtol: float | None
-    seed: int | None
-    strict: bool
-    max_case_s: float | None
-    retime_reference: bool
-    time_reference: bool
-    exclusive: bool
-    timeouts: Mapping[str, float] | None
-    memory_budget_mb: int | None
+    format: Literal["auto", "kernelbench", "gpumode"] = "auto"
+    gpu: _Whole | None = None
+    timing: Literal["format", "bench", "converge"] = "format"
+    measure: bool = True
+    trials: _Count | None = None
+    perf_trials: _Count | None = None
+    mode: Literal["test", "benchmark", "leaderboard"] = "benchmark"
+    tests: Cases | None = None
+    benchmarks: Cases | None = None
+    atol: _Tolerance | None = None
+    rtol: _Tolerance | None = None
+    seed: _Whole | None = None
+    strict: bool = False
+    max_case_s: _Seconds | None = None
+    retime_reference: bool = False
+    time_reference: bool = True
+    #: seconds per phase (a phase left out: a published task's limit for the mode, else :data:`DEFAULT_LIMITS`)
+    timeouts: dict[Phase, _Seconds] | None = None
+    memory_limit_mb: _Whole | None = None
+    output_limit_mb: _Count | None = None
+    exclusive: bool = True
+    memory_budget_mb: _Whole | None = None
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> EvaluateOptions:
+        """``given`` (option name -> value) checked, every option by its type and range: a bad one
+        is a ValueError naming it and saying what it takes. A path (``os.PathLike``) of cases is
+        taken as its string."""
+        data = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in given.items()}
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(_said(exc, set(data))) from None
+
+    def given(self) -> dict[str, Any]:
+        """The options set to other than their default (what a batch line's own options replace)."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) != OPTION_DEFAULTS[f]}
+
+    def merged(self, over: Mapping[str, Any]) -> EvaluateOptions:
+        """These options with ``over``'s in their place, checked again."""
+        return EvaluateOptions.of({**self.given(), **over})
+
+
+def _said(exc: msgspec.ValidationError, names: set[str]) -> str:
+    """msgspec's message said with the option's name (``unknown timing 'fast': one of format, ...``,
+    ``seed must be `int` >= 0``)."""
+    text = str(exc)
+    if text.startswith("Object contains unknown field"):
+        return f"unknown option {text.rpartition(' ')[2]} (the options: {', '.join(EvaluateOptions.__struct_fields__)})"
+    what, _, where = text.partition(" - at ")
+    where = where.strip("`")
+    if where.startswith("key` in `$."):  # a mapping's key: the phases of ``timeouts``
+        name = where.removeprefix("key` in `$.")
+        return f"unknown phase {what.removeprefix('Invalid enum value ')} in {name}: {', '.join(get_args(Phase))}"
+    name = where.removeprefix("$.")
+    if what.startswith("Invalid enum value ") and name in names:
+        choices = get_args(get_type_hints(EvaluateOptions)[name])
+        return f"unknown {name} {what.removeprefix('Invalid enum value ')}: one of {', '.join(choices)}"
+    return f"{name} must be {what.removeprefix('Expected ')}"
+
+
+#: each option's default, by name
+OPTION_DEFAULTS: dict[str, object] = {f: getattr(EvaluateOptions(), f) for f in EvaluateOptions.__struct_fields__}
 
 
 #: the start of a phase marker line on the job's stdout: ``<MARKER> <phase> <judge pid> <nonce> [candidate pid]``
@@ -93,7 +158,7 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     #: time the reference at all (False: no speedup)
     time_reference: bool = True
     #: seconds per phase (missing phases: :data:`DEFAULT_LIMITS`)
-    limits: dict[str, float] = {}
+    timeouts: dict[str, float] = {}
     #: host memory the candidate may add while it runs (MiB; 0: no limit)
     memory_limit_mb: int = 16384
     #: bytes the candidate may write to stdout and stderr per phase (MiB); more fails the write
@@ -105,7 +170,7 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     memory_budget_mb: int = 0
 
     def limit(self, phase: str) -> float:
-        return float(self.limits.get(phase, DEFAULT_LIMITS[phase]))
+        return float(self.timeouts.get(phase, DEFAULT_LIMITS[phase]))
 
 
 class ProgramSource(msgspec.Struct, kw_only=True, frozen=True):
@@ -131,8 +196,8 @@ class Job(msgspec.Struct, kw_only=True):
     build_root: str
     #: GPU MODE cases: the keyword arguments of the reference's ``generate_input``, as the user
     #: wrote them (any values the user's function takes)
-    tests: list[dict[str, Any]] = []
-    benchmarks: list[dict[str, Any]] = []
+    tests: list[Case] = []
+    benchmarks: list[Case] = []
     #: a published GPU MODE problem's files (name -> text), as its task.yml lays them out beside
     #: the submission (the submission's own text under its name): the worker writes them into a
     #: private directory first on ``sys.path`` (:func:`krex_lab.evaluate.task.lay_out`,

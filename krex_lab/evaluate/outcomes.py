@@ -10,12 +10,11 @@ on disk under a :class:`ReferenceKey`. This module imports msgspec alone.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from ..region_report import RegionReport
 from .result import CaseResult, Reproducibility, TimingCheck, TimingStats
+from .task import Case
 
 __all__ = [
     "CheckOutcome",
@@ -146,7 +145,7 @@ class ReferenceKey(msgspec.Struct, kw_only=True):
     settings: list[float]
     seed: int
     #: GPU MODE's benchmark cases: the arguments of ``generate_input``, as the user wrote them
-    benchmarks: list[dict[str, Any]]
+    benchmarks: list[Case]
     mode: str
     exclusive: bool
 

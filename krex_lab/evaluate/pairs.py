@@ -8,7 +8,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .options import EvaluateArgs
 from .result import Evaluation
 
 __all__ = ["PAIR_OPTIONS", "BatchRecord", "Pair", "Progress", "error_result"]
@@ -41,7 +40,8 @@ class Pair:
     reference: str = ""
     candidate: str = ""
     id: str | None = None
-    options: EvaluateArgs = field(default_factory=lambda: EvaluateArgs())
+    #: the options the pair sets over the batch's (checked when the pair is read)
+    options: dict[str, object] = field(default_factory=dict)
     #: why the line could not be read (the pair's result is an error)
     problem: str | None = None
 
@@ -56,7 +56,7 @@ class BatchRecord(Evaluation, kw_only=True):
 
 def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Evaluation:
     return Evaluation(
-        format=pair.options.get("format", "unknown"),
+        format=str(pair.options.get("format", "unknown")),
         verdict="error",
         summary=f"error: {message.splitlines()[0] if message else ''}",
         reference=pair.reference,

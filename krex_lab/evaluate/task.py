@@ -32,6 +32,7 @@ import msgspec
 __all__ = [
     "DEFAULT_TIMEOUT",
     "SUBMISSION",
+    "Case",
     "Task",
     "TaskError",
     "TaskInfo",
@@ -42,6 +43,9 @@ __all__ = [
     "layout_on_path",
     "read_task",
 ]
+
+#: a GPU MODE case: the keyword arguments of the reference's ``generate_input``, as the user wrote them
+Case = dict[str, Any]
 
 #: the ``source`` that stands for the submission in ``files:``
 SUBMISSION = "@SUBMISSION@"
@@ -80,14 +84,14 @@ class Task(msgspec.Struct, kw_only=True, frozen=True):
     #: the reference's text and its path on disk (None: the task gave none of that name)
     reference_text: str
     reference_path: str | None
-    tests: list[dict[str, Any]] = []
-    benchmarks: list[dict[str, Any]] = []
+    tests: list[Case] = []
+    benchmarks: list[Case] = []
 
     def timeout(self, mode: str) -> float:
         """The task's time limit for ``mode`` (``test``, ``benchmark``, ``leaderboard``)."""
         return self.info.timeouts[MODE_TIMEOUT[mode]]
 
-    def timed_benchmarks(self, mode: str) -> list[dict[str, Any]]:
+    def timed_benchmarks(self, mode: str) -> list[Case]:
         """The benchmarks GPU MODE's runner would run in ``mode``: ranked by ``last``, the last alone."""
         if mode != "test" and self.info.ranking_by == "last" and self.benchmarks:
             return self.benchmarks[-1:]
@@ -131,7 +135,7 @@ def _name(entry_name: Any, path: Path) -> str:
     return str(pure)
 
 
-def _cases(data: dict[str, Any], key: str, path: Path) -> list[dict[str, Any]]:
+def _cases(data: dict[str, Any], key: str, path: Path) -> list[Case]:
     listed = data.get(key) or []
     if not isinstance(listed, list) or not all(isinstance(c, Mapping) for c in listed):
         raise TaskError(f"{path}: {key}: a list of mappings (generate_input's keyword arguments)")

@@ -17,6 +17,7 @@ from krex_lab.evaluate import Evaluation
 from krex_lab.evaluate.admission import MemoryPolicy, oom_cause
 from krex_lab.evaluate.batch import BatchRecord, Pair
 from krex_lab.evaluate.many import run_pairs
+from krex_lab.evaluate.options import EvaluateOptions
 from krex_lab.gpu.fake import MEMORY_ENV, SimulatedMemory
 from krex_lab.pytest_plugin import running_arbiter
 from tests.support.pool import PoolProc
@@ -110,7 +111,7 @@ def _run(
     run_pairs(
         pairs,
         jobs=jobs,
-        defaults={"measure": False, "trials": 2, "timeouts": LIMITS},
+        defaults=EvaluateOptions.of({"measure": False, "trials": 2, "timeouts": LIMITS}),
         pool=node.pool.client,
         emit=out.append,
         progress=stream or Terminal(),

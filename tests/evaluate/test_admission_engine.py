@@ -9,6 +9,7 @@ import time
 
 from krex_lab.evaluate.admission import GpuMemory, MemoryPolicy
 from krex_lab.evaluate.many import _Engine
+from krex_lab.evaluate.options import EvaluateOptions
 from krex_lab.evaluate.pairs import Pair, Progress
 from krex_lab.evaluate.result import Evaluation
 
@@ -28,7 +29,7 @@ class Engine(_Engine):
         super().__init__(
             pairs,
             jobs=len(pairs),
-            defaults={},
+            defaults=EvaluateOptions(),
             pool=None,
             emit=out.append,
             bar=Progress(len(pairs), io.StringIO()),

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from krex_lab.evaluate.batch import BatchRecord, Pair, parse_manifest, run_batch
+from krex_lab.evaluate.options import EvaluateOptions
 from krex_lab.pytest_plugin import ArbiterProc
 from tests.support.pool import PoolProc
 
@@ -111,7 +112,7 @@ def test_batch_draws_a_progress_bar_on_a_terminal() -> None:
     pairs = [Pair(index=i, line=i + 1, problem="a bad line") for i in range(3)]
     seen: list[BatchRecord] = []
     term = _Terminal()
-    verdicts = run_batch(pairs, jobs=2, defaults={}, pool=None, emit=seen.append, progress=term)
+    verdicts = run_batch(pairs, jobs=2, defaults=EvaluateOptions(), pool=None, emit=seen.append, progress=term)
     assert verdicts == {"error": 3} and sorted(r.index for r in seen) == [0, 1, 2]
     assert "\r[" in term.getvalue() and "3/3 error 3" in term.getvalue()
 

@@ -168,7 +168,7 @@ def test_progress_calls_the_callback_of_its_block_and_drops_one_that_fails() -> 
 def _cli(*argv: str) -> dict[str, Any]:
     p = argparse.ArgumentParser()
     add_arguments(p)
-    return dict(_options(p.parse_args(["r.py", "c.py", *argv])))
+    return _options(p.parse_args(["r.py", "c.py", *argv])).given()
 
 
 def test_the_cli_takes_converge_strict_seed_and_tolerances_and_refuses_bad_ones(
@@ -193,12 +193,15 @@ def test_the_cli_takes_converge_strict_seed_and_tolerances_and_refuses_bad_ones(
     ("option", "error"),
     [
         ({"timing": "fast"}, "unknown timing 'fast': one of format, bench, converge"),
-        ({"strict": "yes"}, "strict must be True or False"),
-        ({"seed": -3}, "seed must be a whole number >= 0"),
-        ({"atol": -1.0}, "atol must be a number >= 0"),
-        ({"max_case_s": 0}, "max_case_s must be a number > 0"),
-        ({"timeouts": {"check": 0}}, r"timeouts\['check'\] must be a number > 0"),
-        ({"trials": 0}, "trials must be a whole number >= 1"),
+        ({"strict": "yes"}, "strict must be `bool`, got `str`"),
+        ({"seed": -3}, "seed must be `int` >= 0"),
+        ({"seed": True}, "seed must be `int | null`, got `bool`"),
+        ({"atol": -1.0}, r"atol must be `float` >= 0\.0"),
+        ({"max_case_s": 0}, r"max_case_s must be `float` > 0\.0"),
+        ({"timeouts": {"check": 0}}, r"timeouts\[\.\.\.\] must be `float` > 0\.0"),
+        ({"timeouts": {"compile": 5}}, "unknown phase 'compile' in timeouts: load, check, time"),
+        ({"trials": 0}, "trials must be `int` >= 1"),
+        ({"colour": "red"}, "unknown option `colour`"),
     ],
 )
 def test_build_job_refuses_a_bad_option_before_anything_runs(option: dict[str, Any], error: str) -> None:

@@ -51,15 +51,15 @@ def test_a_problem_directory_makes_a_job_with_every_laid_out_file() -> None:
 
 
 def test_the_task_time_limit_of_the_mode_bounds_each_phase_the_caller_left_open() -> None:
-    assert job(SCALE, SCALE / "correct.py").options.limits == {"load": 90.0, "check": 90.0, "time": 90.0}
+    assert job(SCALE, SCALE / "correct.py").options.timeouts == {"load": 90.0, "check": 90.0, "time": 90.0}
     assert job(SCALE, SCALE / "correct.py", mode="test").options.limit("check") == 60.0
     leader = job(SCALE, SCALE / "correct.py", mode="leaderboard", timeouts={"load": 500})
-    assert leader.options.limits == {"load": 500.0, "check": 120.0, "time": 120.0}
+    assert leader.options.timeouts == {"load": 500.0, "check": 120.0, "time": 120.0}
     # none given in the task: GPU MODE's 180 s
-    assert job(ROWSUM, ROWSUM / "correct.py").options.limits == {"load": 180.0, "check": 180.0, "time": 180.0}
+    assert job(ROWSUM, ROWSUM / "correct.py").options.timeouts == {"load": 180.0, "check": 180.0, "time": 180.0}
     # no task: the evaluator's own defaults
     lone = job(PROBLEMS / "gm_vector_scale" / "reference.py", PROBLEMS / "gm_vector_scale" / "correct.py")
-    assert lone.options.limits == {} and lone.files == {} and lone.task is None
+    assert lone.options.timeouts == {} and lone.files == {} and lone.task is None
 
 
 def test_ranked_by_last_only_the_last_benchmark_is_timed_unless_the_caller_names_cases() -> None:

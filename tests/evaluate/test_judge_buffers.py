@@ -189,3 +189,18 @@ def test_deliver_takes_exact_types_and_copies_into_the_buffers() -> None:
     spans = [(x.data_ptr(), x.data_ptr() + 40, 0)]
     assert deliver(x[2:8].view(2, 3), [buf], spans) == ([], [0])
     assert deliver(torch.zeros(2, 3), [buf], spans) == ([], [])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("answer", ["returned", "timed"])
+def test_a_malformed_answer_is_refused_in_words(eval_pool: PoolProc, answer: str) -> None:
+    """A body of the wrong shape (a number for a list, a word for the samples) is a ``rejected``
+    verdict that names the operation and the field; the judge is not hurt by it: the next
+    evaluation on the same pool is judged as ever."""
+    source = (CHEATS / "malformed_answer.py").read_text().replace('FORGE = "returned"', f"FORGE = {answer!r}")
+    ev = evaluate(_problem("kb_mm_tanh"), source, pool=eval_pool.client, timeouts=LIMITS, perf_trials=30)
+    assert ev.verdict == "rejected", ev.summary
+    said = ev.metadata["rejected"]["protocol"]
+    assert f"{answer!r} message's body is malformed" in said, said
+    again = evaluate(_problem("kb_mm_tanh"), twin(source), pool=eval_pool.client, timeouts=LIMITS, perf_trials=30)
+    assert again.verdict == "correct", again.summary

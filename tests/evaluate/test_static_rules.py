@@ -29,8 +29,8 @@ KREX_CASES: dict[str, tuple[list[str], list[str]]] = {
     "krex-patch": (
         [
             "import krex_lab.evaluate.judge.timers as t\nt.elapsed = lambda *a: 1e-6\n",
-            "import krex_lab\nsetattr(krex_lab.evaluate.checking, 'allclose', lambda *a, **k: True)\n",
-            "import sys\nmod = sys.modules['krex_lab.evaluate.checking']\nmod.compare = None\n",
+            "import krex_lab\nsetattr(krex_lab.evaluate.judge.compare, 'tolerances', lambda *a, **k: True)\n",
+            "import sys\nmod = sys.modules['krex_lab.evaluate.judge.compare']\nmod.compare = None\n",
             "import sys, types\nsys.modules['krex_lab.bench'] = types.ModuleType('fake')\n",
             "from krex_lab import evaluate\nvars(evaluate)['verdict'] = 'correct'\n",
         ],
@@ -41,7 +41,7 @@ KREX_CASES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "krex-import": (
         [
-            "from krex_lab.evaluate import checking\n",
+            "from krex_lab.evaluate.judge import compare\n",
             "import krex_lab.bench.timing\n",
             "from krex_lab import evaluate\n",
             "import importlib\nc = importlib.import_module('krex_lab.evaluate.cache')\n",

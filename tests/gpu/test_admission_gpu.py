@@ -15,6 +15,7 @@ import pytest
 from krex_lab.evaluate.admission import MemoryPolicy
 from krex_lab.evaluate.batch import BatchRecord, Pair
 from krex_lab.evaluate.many import run_pairs
+from krex_lab.evaluate.options import EvaluateOptions
 from tests.gpu.helpers import nvidia_pool
 from tests.support.pool import PoolProc
 
@@ -98,7 +99,7 @@ def _run(pool: PoolProc, pairs: list[Pair], jobs: int, stream: io.StringIO) -> l
     run_pairs(
         pairs,
         jobs=jobs,
-        defaults={"perf_trials": 10, "timeouts": LIMITS},
+        defaults=EvaluateOptions.of({"perf_trials": 10, "timeouts": LIMITS}),
         pool=pool.client,
         emit=out.append,
         progress=stream,

@@ -33,6 +33,26 @@ import types
 from typing import Any
 
 from ..channel import Channel, ChannelError, decode_tree, open_arrays, spans
+from ..messages import (
+    REQUESTS,
+    Calibrate,
+    Calibrated,
+    Call,
+    CallAgain,
+    CallEntry,
+    Confine,
+    Confined,
+    Drop,
+    Failed,
+    Load,
+    Loaded,
+    Ok,
+    Ready,
+    Release,
+    Returned,
+    Round,
+    Timed,
+)
 from .outputs import deliver
 
 #: what KernelBench's and GPU MODE's timing write before every timed call to thrash the L2 cache
@@ -101,14 +121,15 @@ class Candidate:
             except ChannelError:
                 return
             try:
-                arrays = open_arrays(env.arrays, fds)
+                kind = REQUESTS.get(env.op)
+                if kind is None:
+                    self.chan.send(Failed(kind="protocol", message=f"unknown op {env.op[:64]!r}"))
+                    continue
+                body = env.read(kind)  # a malformed body: the ChannelError is this op's failure
                 if env.op == "quit":
                     return
-                handler = getattr(self, f"op_{env.op}", None)
-                if handler is None:
-                    self.chan.send("failed", {"kind": "protocol", "message": f"unknown op {env.op!r}"})
-                    continue
-                handler(env.body, arrays)
+                arrays = open_arrays(env.arrays, fds)
+                getattr(self, f"op_{env.op}")(body, arrays)
             except BaseException as exc:  # the candidate's failure is a message, never this loop's end
                 self._failed(exc)
                 if isinstance(exc, (SystemExit, KeyboardInterrupt)):
@@ -120,25 +141,25 @@ class Candidate:
     def _failed(self, exc: BaseException) -> None:
         from ...cuda_errors import sticky_cuda_error
 
-        body = {
-            "kind": type(exc).__name__,
-            "message": str(exc)[:4000],
-            "traceback": "".join(traceback.format_exception(exc))[-6000:],
-            "sticky": sticky_cuda_error(exc),
-            "oom": isinstance(exc, MemoryError),
-        }
+        body = Failed(
+            kind=type(exc).__name__,
+            message=str(exc)[:4000],
+            traceback="".join(traceback.format_exception(exc))[-6000:],
+            sticky=sticky_cuda_error(exc),
+            oom=isinstance(exc, MemoryError),
+        )
         try:
-            self.chan.send("failed", body)
+            self.chan.send(body)
         except Exception:
             os._exit(3)
 
-    def op_confine(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_confine(self, body: Confine, arrays: list[Any]) -> None:
         """The sandbox's file part, before any candidate code (:mod:`.sandbox`)."""
         from .sandbox import confine_files
 
-        self.chan.send("confined", confine_files(body["build_dir"], body["scratch"], list(body["readable"])))
+        self.chan.send(Confined(sandbox=confine_files(body.build_dir, body.scratch, body.readable)))
 
-    def op_calibrate(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_calibrate(self, body: Calibrate, arrays: list[Any]) -> None:
         """The harness alone, on sets shaped as a round's (taken over as a round takes them): a
         no-op that returns fresh copies of arrays like the expected output (allocated and written,
         as a real output is), which land in the set's buffers as a real call's value does. The
@@ -149,16 +170,16 @@ class Candidate:
             _touch(inputs)  # a call reads its inputs: a fresh set's pages fault in the call's time
             return [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
 
-        if "sets" in body:
-            sets = [self._set(entry, arrays) for entry in body["sets"]]
+        if body.sets is not None:
+            sets = [self._set(entry, arrays) for entry in body.sets]
             self.sets = {k: ((args, bufs), bufs, where) for k, (args, bufs, where) in enumerate(sets)}
         else:  # the judge's shared sample is the output buffer
             sample = arrays[0] if arrays else None
-            self.sets = {k: (([], [sample]), [sample], []) for k in range(int(body["calls"]))}
-        self._round({"order": list(range(int(body["calls"]))), "method": body["method"]}, noop)
+            self.sets = {k: (([], [sample]), [sample], []) for k in range(body.calls)}
+        self._round(Round(order=list(range(body.calls)), method=body.method), noop)
         self.sets = {}
 
-    def op_calibrated(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_calibrated(self, body: Calibrated, arrays: list[Any]) -> None:
         """The judge's calibration is over: its outputs let go and, on a GPU, their memory given
         back to the device (a spare waits for its candidate holding none)."""
         import gc
@@ -167,29 +188,29 @@ class Candidate:
         gc.collect()
         if _cuda():
             sys.modules["torch"].cuda.empty_cache()
-        self.chan.send("ok", {})
+        self.chan.send(Ok())
 
-    def op_load(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_load(self, body: Load, arrays: list[Any]) -> None:
         self._limits(body)
-        os.chdir(body["build_dir"])
-        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(body["build_dir"], "torch_extensions")
-        for d in body.get("path", []):
+        os.chdir(body.build_dir)
+        os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(body.build_dir, "torch_extensions")
+        for d in body.path:
             if d not in sys.path:
                 sys.path.insert(0, d)
         from ..numerics import apply
 
-        apply(body.get("numerics"))  # the format's runner's switches, before the candidate's code
-        module = types.ModuleType(body["module"])
-        module.__file__ = self.filename = body["filename"]
-        sys.modules[body["module"]] = module
-        exec(compile(body["source"], body["filename"], "exec"), module.__dict__)
-        if body["format"] == "kernelbench":
+        apply(body.numerics)  # the format's runner's switches, before the candidate's code
+        module = types.ModuleType(body.module)
+        module.__file__ = self.filename = body.filename
+        sys.modules[body.module] = module
+        exec(compile(body.source, body.filename, "exec"), module.__dict__)
+        if body.format == "kernelbench":
             if not hasattr(module, "ModelNew"):
                 raise LookupError("the candidate defines no 'ModelNew' (KernelBench: candidate needs it)")
             import torch
 
-            init = decode_tree(body["init"], arrays)
-            torch.manual_seed(int(body["init_seed"]))
+            init = decode_tree(body.init, arrays)
+            torch.manual_seed(body.init_seed)
             model = module.ModelNew(*init)
             if isinstance(model, torch.nn.Module):
                 model = model.to(self.device)
@@ -199,66 +220,66 @@ class Candidate:
                 raise LookupError("the candidate defines no 'custom_kernel' (GPU MODE: a submission needs it)")
             kernel = module.custom_kernel
             self.fn = kernel
-        self.chan.send("loaded", {})
+        self.chan.send(Loaded())
 
-    def _limits(self, body: dict[str, Any]) -> None:
-        fd = os.open(body["output_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    def _limits(self, body: Load) -> None:
+        fd = os.open(body.output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(body["load_file_limit"]), resource.RLIM_INFINITY))
-        allowance = int(body["memory_limit_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (body.load_file_limit, resource.RLIM_INFINITY))
+        allowance = body.memory_limit_mb << 20
         if allowance > 0:
             with open("/proc/self/status") as f:
                 data = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:")), 0)
             resource.setrlimit(resource.RLIMIT_DATA, (data + allowance, resource.RLIM_INFINITY))
 
-    def op_call(self, body: dict[str, Any], arrays: list[Any]) -> None:
-        self.call = self._set(body, arrays)
-        self.op_call_again(body, [])
+    def op_call(self, body: Call, arrays: list[Any]) -> None:
+        self.call = self._set(body.set, arrays)
+        self.op_call_again(CallAgain(), [])
 
     @staticmethod
-    def _set(entry: dict[str, Any], arrays: list[Any]) -> tuple[Any, list[Any], list[tuple[int, int, int]]]:
+    def _set(entry: CallEntry, arrays: list[Any]) -> tuple[Any, list[Any], list[tuple[int, int, int]]]:
         """One call's (arguments, output buffers, spans of its inputs) from the judge's message."""
-        args = decode_tree(entry["args"], arrays)
-        bufs = [decode_tree(t, arrays) if t[0] == "a" else None for t in entry["outs"]]
-        return args, bufs, spans([arrays[i] for i in entry["ins"]])
+        args = decode_tree(entry.args, arrays)
+        bufs = [decode_tree(t, arrays) if t[0] == "a" else None for t in entry.outs]
+        return args, bufs, spans([arrays[i] for i in entry.ins])
 
-    def op_call_again(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_call_again(self, body: CallAgain, arrays: list[Any]) -> None:
         """The last call's inputs again: the judge has refilled their memory with new values."""
         args, bufs, where = self.call
         out = self.fn(args)
         values, aliased = deliver(out, bufs, where)
         del out
         _sync()
-        self.chan.send("returned", {"values": values, "aliased": aliased, "threads": self._threads()})
+        self.chan.send(Returned(values=values, aliased=aliased, threads=self._threads()))
 
-    def op_drop(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_drop(self, body: Drop, arrays: list[Any]) -> None:
         self.sets = {}
-        self.chan.send("ok", {})
+        self.chan.send(Ok())
 
-    def op_release(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_release(self, body: Release, arrays: list[Any]) -> None:
         """Let go of every array the judge shared (before this process is killed): CUDA IPC
         memory is freed in the judge only once each receiver has released it."""
         import gc
 
         self.sets, self.call = {}, ((), [], [])
         gc.collect()
-        self.chan.send("ok", {})
+        self.chan.send(Ok())
 
-    def op_round(self, body: dict[str, Any], arrays: list[Any]) -> None:
+    def op_round(self, body: Round, arrays: list[Any]) -> None:
         _fit_threads()
-        if "sets" in body:  # a round's own sets: the last round's memory is let go here
+        if body.sets is not None:  # a round's own sets: the last round's memory is let go here
             self.sets = {}
-            self.sets = {k: self._set(entry, arrays) for k, entry in enumerate(body["sets"])}
+            self.sets = {k: self._set(entry, arrays) for k, entry in enumerate(body.sets)}
         self._round(body, self.fn)
 
-    def _round(self, body: dict[str, Any], fn: Any) -> None:
+    def _round(self, body: Round, fn: Any) -> None:
         """Calls on the sets in ``order``, each timed in-process; each call's value lands in its
         set's output buffers (after the in-process end mark, as the formats time only the call,
         and before this round's answer, which ends the call as the judge's clock sees it)."""
-        method = body["method"]
+        method = body.method
         samples: list[float] = []
         values: list[Any] = []
         aliased: list[list[int]] = []
@@ -267,8 +288,8 @@ class Candidate:
 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             flush = torch.empty(L2_FLUSH_SHAPE, dtype=torch.int64, device="cuda") if method != "warmup" else None
-            for k in body["order"]:
-                args, bufs, where = self.sets[int(k)]
+            for k in body.order:
+                args, bufs, where = self.sets[k]
                 if flush is not None:
                     flush.fill_(42)  # outside the event pair, as upstream
                 start.record()
@@ -282,8 +303,8 @@ class Candidate:
                 aliased.append(alias)
             del flush
         else:
-            for k in body["order"]:
-                args, bufs, where = self.sets[int(k)]
+            for k in body.order:
+                args, bufs, where = self.sets[k]
                 _sync()
                 t0 = time.perf_counter()
                 out = fn(args)
@@ -294,15 +315,7 @@ class Candidate:
                 values.append(got)
                 aliased.append(alias)
         timed = method != "warmup"
-        self.chan.send(
-            "timed",
-            {
-                "samples": samples if timed else [],
-                "values": values,
-                "aliased": aliased,
-                "threads": self._threads(),
-            },
-        )
+        self.chan.send(Timed(samples=samples if timed else [], values=values, aliased=aliased, threads=self._threads()))
 
     def _threads(self) -> list[str]:
         """Threads started since the load that are running the candidate's own code now (a
@@ -340,7 +353,7 @@ def serve(sock_fd: int, device: str, sandbox: dict[str, str] | None = None) -> N
         torch.cuda.init()
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
-    chan.send("ready", {"pid": os.getpid(), "device": device, "sandbox": sandbox or {}})
+    chan.send(Ready(pid=os.getpid(), device=device, sandbox=sandbox or {}))
     Candidate(chan, device).serve()
     sys.stdout.flush()
     os._exit(0)

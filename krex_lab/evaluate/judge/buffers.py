@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..channel import Shared, array_in, describe
+from ..messages import CallEntry
 from .tensors import _is_array, _is_torch, arrays
 from .values import replace_arrays, tree_of
 
@@ -114,7 +115,7 @@ class CallSet:
     outs: list[Any]
     spec: OutSpec
     #: what the message says of it: ``args`` (tree), ``outs`` (a leaf each), ``ins`` (input arrays)
-    entry: dict[str, Any]
+    entry: CallEntry
     #: the arguments as the judge's arrays over the shared memory
     args: Any = None
     #: the memfd mapping or CUDA memory pool behind it, released with it
@@ -268,7 +269,7 @@ def share_set(problem: Any, data: Any, spec: OutSpec, shared: Shared) -> CallSet
         outs.append(buf)
         out_refs.append(["a", len(shared.arrays) - 1])
     call_args = problem.args(data)
-    entry = {"args": tree_of(call_args, iter(ins)), "outs": out_refs, "ins": ins}
+    entry = CallEntry(args=tree_of(call_args, iter(ins)), outs=out_refs, ins=ins)
     cs = CallSet(inputs=mine, outs=outs, spec=spec, entry=entry, memory=memory)
     cs.args = replace_arrays(call_args, iter(mine))
     cs.poison()

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...procutil import tree
+from ..messages import Calibrate, Calibrated, Ok, Timed
 from ..outcomes import SampleStats
 from .outside import Drain, DrainFailed, drain_for
 from .timers import stats
@@ -324,19 +325,19 @@ class OutsideClock:
         """The twin lets go of what the calibration left it (it is the next candidate's process)."""
         if self.twin is not None:
             with contextlib.suppress(Exception):
-                self.judge.ask("calibrated", {}, proc=self.twin)
+                self.judge.ask(Calibrated(), Ok, proc=self.twin)
 
     def _twin_rounds(self, sizes: list[int], record: bool) -> None:
         if self.twin is None:
             return
         for calls in sizes:
-            extra, shared = self.judge._calibration_sets(calls)
+            sets, shared = self.judge._calibration_sets(calls)
             r = _Round(self, [self.twin.pid])
             c0 = harness_cpu(self.twin.pid)
             try:
                 self.judge.ask(
-                    "calibrate",
-                    {"calls": calls, "method": self.method, **extra},
+                    Calibrate(calls=calls, method=self.method, sets=sets),
+                    Timed,
                     shared,
                     proc=self.twin,
                     on_answer=r.answered,

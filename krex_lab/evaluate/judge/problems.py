@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from ..cases import format_case
-from ..options import Job
+from ..options import Case, Job
 from .tensors import arrays, clone, seed_torch
 
 __all__ = ["GpuModeProblem", "KernelBenchProblem", "MissingDefinition", "Problem", "problem_for"]
@@ -50,10 +50,10 @@ def _on(device: str) -> Iterator[None]:
 class Problem:
     format = ""
     #: (kind, case) to check; the cases to time
-    check_cases: list[tuple[str, dict[str, Any] | None]]
-    time_cases: list[dict[str, Any] | None]
+    check_cases: list[tuple[str, Case | None]]
+    time_cases: list[Case | None]
 
-    def make(self, case: dict[str, Any] | None, seed: int) -> Any:
+    def make(self, case: Case | None, seed: int) -> Any:
         raise NotImplementedError
 
     def args(self, data: Any) -> Any:
@@ -66,7 +66,7 @@ class Problem:
     #: None: compare with tolerances; else the format's own check (data, output) -> (ok, message)
     checker: Callable[[Any, Any], tuple[bool, str]] | None = None
 
-    def case_name(self, case: dict[str, Any] | None) -> str | None:
+    def case_name(self, case: Case | None) -> str | None:
         return None if case is None else format_case(case)
 
     def init_tree(self) -> Any:
@@ -93,7 +93,7 @@ class KernelBenchProblem(Problem):
         self.check_cases = [("trial", None)] * max(1, job.options.trials)
         self.time_cases = [None]
 
-    def make(self, case: dict[str, Any] | None, seed: int) -> Any:
+    def make(self, case: Case | None, seed: int) -> Any:
         import torch
 
         seed_torch(seed)
@@ -146,7 +146,7 @@ class GpuModeProblem(Problem):
             self.check_cases += [("benchmark", c) for c in benchmarks]
         self.time_cases = [] if job.options.mode == "test" else list(benchmarks)
 
-    def make(self, case: dict[str, Any] | None, seed: int) -> Any:
+    def make(self, case: Case | None, seed: int) -> Any:
         case = dict(case or {})
         if "seed" in case:
             case["seed"] = (int(case["seed"]) * 1_000_003 + seed) % (1 << 31)

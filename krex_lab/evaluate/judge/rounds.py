@@ -42,7 +42,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...region_report import RegionReport
-from ..options import Options
+from ..messages import Drop, Ok, Round, Timed
+from ..options import Case, Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
@@ -181,7 +182,7 @@ def _recheck(judge: Judge, pristine: Any, out: Any) -> tuple[bool, str]:
     return cmp.ok, cmp.issue
 
 
-def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) -> tuple[TimedCase, bool]:
+def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[TimedCase, bool]:
     assert judge.problem is not None and judge.proc is not None
     o, fmt = judge.opts, judge.job.format
     name = judge.problem.case_name(case)
@@ -194,11 +195,11 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
     # warm-up: every set once (the format's warm-up calls at least); a call long enough that that
     # would take over a second warms one set only
     t_warm = time.perf_counter()
-    judge.ask("round", {"order": [0], "method": "warmup", **rs.message()}, rs.shared)
+    judge.ask(Round(order=[0], method="warmup", sets=rs.entries()), Timed, rs.shared)
     one_call = time.perf_counter() - t_warm
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
-        judge.ask("round", {"order": warm, "method": "warmup"})
+        judge.ask(Round(order=warm, method="warmup"), Timed)
     clock = OutsideClock(judge, method_name(judge.device, "timed"))
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
@@ -221,13 +222,13 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
                 spare_s = o.max_case_s - (time.perf_counter() - started)
                 size = max(1, min(size, int(spare_s / max(one_call, 1e-6))))
             order = list(range(size))
-            message = {"order": order, "method": method_name(judge.device, "timed"), **rs.message()}
+            message = Round(order=order, method=method_name(judge.device, "timed"), sets=rs.entries())
             with clock.round(len(order)) as bracket:
-                body, _ = judge.ask("round", message, rs.shared, on_answer=bracket.answered)
+                body = judge.ask(message, Timed, rs.shared, on_answer=bracket.answered)
             c1 = harness_cpu(judge.proc.pid)
             outs = read_round(rs, order, body)
             rounds += 1
-            got = [float(s) for s in body.get("samples", [])]
+            got = body.samples
             if len(got) != len(order) or any(not math.isfinite(s) or s < 0 for s in got):
                 result.fail("rejected", "rejected", "")
                 result.metadata["rejected"] = {
@@ -263,7 +264,7 @@ def _time_case(judge: Judge, case: dict[str, Any] | None, result: TimeResult) ->
             clock.calibrate(k)
             _own_scheduling(judge, clock)
             ref_part, cached = _reference(judge, case, name, rs.pristine, region)
-    judge.ask("drop", {})
+    judge.ask(Drop(), Ok)
     rs.release()
     clock.finish()
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
@@ -385,7 +386,7 @@ def _one_thread(cuda: bool) -> Iterator[None]:
 
 
 def _reference(
-    judge: Judge, case: dict[str, Any] | None, name: str | None, pristine: list[Any], region: _Region
+    judge: Judge, case: Case | None, name: str | None, pristine: list[Any], region: _Region
 ) -> tuple[ReferenceTime | None, bool]:
     """The reference's time on this case: measured here, in the same region, unless this judge
     measured it before with the same settings on the same GPU model."""

@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 from ..channel import Shared
+from ..messages import CallEntry, Timed
+from ..options import Case
 from .buffers import CallSet, OutSpec, out_spec, set_bytes, share_set
 from .compare import same
 from .problems import nbytes
@@ -31,8 +33,8 @@ class _Sets:
     def __init__(self, sets: list[CallSet], pristine: list[Any], shared: Shared) -> None:
         self.sets, self.pristine, self.shared = sets, pristine, shared
 
-    def message(self) -> dict[str, Any]:
-        return {"sets": [cs.entry for cs in self.sets]}
+    def entries(self) -> list[CallEntry]:
+        return [cs.entry for cs in self.sets]
 
     def release(self) -> None:
         for cs in self.sets:
@@ -40,7 +42,7 @@ class _Sets:
         self.sets = []
 
 
-def make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) -> _Sets:
+def make_sets(judge: Judge, case: Case | None, k: int, spec: OutSpec) -> _Sets:
     """K input sets under K seeds, in new memory the candidate has never mapped."""
     assert judge.problem is not None
     shared = Shared()
@@ -55,7 +57,7 @@ def make_sets(judge: Judge, case: dict[str, Any] | None, k: int, spec: OutSpec) 
     return _Sets(sets, pristine, shared)
 
 
-def refill(judge: Judge, case: dict[str, Any] | None, old: _Sets, spec: OutSpec) -> _Sets:
+def refill(judge: Judge, case: Case | None, old: _Sets, spec: OutSpec) -> _Sets:
     """The next round's sets: new values in new memory (never the memory the candidate holds,
     which a thread or finalizer of its could read while the judge fills it); the old sets' memory
     freed."""
@@ -72,16 +74,15 @@ def _collect_ipc() -> None:
             torch.cuda.ipc_collect()
 
 
-def read_round(rs: _Sets, order: list[int], body: dict[str, Any]) -> list[Any]:
+def read_round(rs: _Sets, order: list[int], body: Timed) -> list[Any]:
     """Each call's output, read from the judge's own buffers of its set (the last call on a set,
     where a warm-up calls one set more than once)."""
-    values = body.get("values")
-    values = values if isinstance(values, list) and len(values) == len(order) else [None] * len(order)
+    values: list[Any] = body.values if len(body.values) == len(order) else [None] * len(order)
     return [rs.sets[j].read(v) for j, v in zip(order, values)]
 
 
 def round_checks(
-    judge: Judge, rs: _Sets, order: list[int], body: dict[str, Any], outs: list[Any], written: set[int]
+    judge: Judge, rs: _Sets, order: list[int], body: Timed, outs: list[Any], written: set[int]
 ) -> dict[str, str]:
     """What every call of a round must hold, as in the check phase: no input written (each set
     against its pristine copy), no output in an input's memory, no thread left running the
@@ -95,14 +96,12 @@ def round_checks(
                 "inputs_modified": f"a timed call (call {n + 1} of a round) wrote into its input(s) {wrote} "
                 "(the reference does not)"
             }
-    said = body.get("aliased")
-    for n, alias in enumerate(said if isinstance(said, list) else []):
-        bad = sorted(i for i in (alias if isinstance(alias, list) else []) if type(i) is int and i not in written)
+    for n, alias in enumerate(body.aliased):
+        bad = sorted(i for i in alias if i not in written)
         if bad:
             return {"aliased_output": f"a timed call (call {n + 1} of a round) returned its input(s) {bad} (or a view)"}
-    threads = body.get("threads")
-    if isinstance(threads, list) and threads:
-        names = ", ".join(str(t) for t in threads[:3])
+    if body.threads:
+        names = ", ".join(body.threads[:3])
         return {
             "threads_left": f"the candidate left thread(s) running its own code after a timed round ({names}): "
             "work a timer around the call would not see"
@@ -117,7 +116,7 @@ def round_checks(
     return {}
 
 
-def case_layout(judge: Judge, case: dict[str, Any] | None) -> tuple[OutSpec, set[int], int]:
+def case_layout(judge: Judge, case: Case | None) -> tuple[OutSpec, set[int], int]:
     """A case's output buffers (the reference's answer on a sample set), the inputs the reference
     itself writes (GPU MODE's output arguments), and the bytes one set takes in the judge."""
     assert judge.problem is not None

@@ -28,12 +28,13 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import cuda_ipc
 from ..channel import ChannelError, Shared, encode_tree
+from ..messages import Body, Call, CallAgain, CallEntry, Failed, Load, Loaded, Ok, Release, Returned
 from ..numerics import applied, settings_for
-from ..options import Job, ProgramSource
+from ..options import Case, Job, ProgramSource
 from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
 from ..result import CaseResult
 from .account import CandidateGroup, place
@@ -119,6 +120,10 @@ def trim_compiler_message(text: str, limit: int = 3000) -> str:
     return body if len(body) <= limit else body[:limit] + f"\n[... {len(body) - limit} more characters]"
 
 
+#: the answer :meth:`Judge.ask` expects
+A = TypeVar("A", bound=Body)
+
+
 class Judge:
     """One evaluation, judged here; the candidate reached only through ``self.proc``."""
 
@@ -159,22 +164,23 @@ class Judge:
 
     def ask(
         self,
-        op: str,
-        body: dict[str, Any],
+        body: Body,
+        answer: type[A],
         shared: Shared | None = None,
         inputs: list[Any] | None = None,
         proc: CandidateProc | None = None,
         on_answer: Callable[[], object] | None = None,
-    ) -> tuple[dict[str, Any], list[Any]]:
-        """Send, and read the answer: (its body, []). Outputs never come with an answer: a call's
-        value is in the output buffers the judge handed with it (:mod:`.buffers`), and any array
-        the candidate's process sends is closed unread. ``proc``: another process than the
-        candidate's (the calibration twin); ``on_answer``: run as soon as the answer has arrived,
-        before anything of it is read (the round's end, as the judge's clock sees it)."""
+    ) -> A:
+        """Send, and read the answer, which must be ``answer``'s operation with a body of its shape
+        (anything else is a ``rejected`` verdict that says what came). Outputs never come with an
+        answer: a call's value is in the output buffers the judge handed with it (:mod:`.buffers`),
+        and any array the candidate's process sends is closed unread. ``proc``: another process
+        than the candidate's (the calibration twin); ``on_answer``: run as soon as the answer has
+        arrived, before anything of it is read (the round's end, as the judge's clock sees it)."""
         proc = proc or self.proc
         assert proc is not None
         try:
-            proc.chan.send(op, body, shared)
+            proc.chan.send(body, shared)
             env, fds = proc.chan.recv()
         except (ChannelError, OSError) as exc:
             raise self._died(f"{type(exc).__name__}: {exc}") from None
@@ -184,11 +190,16 @@ class Judge:
         del inputs
         for fd in fds:
             os.close(fd)
-        if on_answer is not None and env.op != "failed":
+        if on_answer is not None and env.op != Failed.op:
             on_answer()
-        if env.op == "failed":
-            raise self._raised(env.body)
-        return env.body, []
+        try:
+            if env.op == Failed.op:
+                raise self._raised(env.read(Failed))
+            return env.read(answer)
+        except ChannelError as exc:
+            raise CandidateFailed(
+                "rejected", "rejected", "", {"protocol": f"the candidate's process answered {body.op!r} so: {exc}"}
+            ) from None
 
     def _died(self, why: str) -> CandidateFailed:
         assert self.proc is not None
@@ -206,17 +217,17 @@ class Judge:
             )
         return CandidateFailed("crashed", "worker_died", f"the candidate's process stopped answering ({why})")
 
-    def _raised(self, body: dict[str, Any]) -> CandidateFailed:
-        kind, message = str(body.get("kind", "Error")), str(body.get("message", ""))
+    def _raised(self, body: Failed) -> CandidateFailed:
+        kind, message = body.kind or "Error", body.message
         text = f"{kind}: {message}"
-        tb = str(body.get("traceback", ""))
-        if body.get("sticky"):
-            return CandidateFailed("crashed", "cuda_error", f"{body['sticky']} (a sticky CUDA error)")
+        tb = body.traceback
+        if body.sticky:
+            return CandidateFailed("crashed", "cuda_error", f"{body.sticky} (a sticky CUDA error)")
         if kind == "OutputRejected":  # a value of a type the judge does not take, named
             return CandidateFailed("rejected", "rejected", "", {"output_type": message[:2000]})
         if kind == "OutputMismatch":
             return CandidateFailed("incorrect", "correctness_issue", message[:2000])
-        if body.get("oom") or any(s in text.lower() for s in _OOM):
+        if body.oom or any(s in text.lower() for s in _OOM):
             return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
         if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
             return CandidateFailed(
@@ -286,23 +297,23 @@ class Judge:
             return result
         init_shared = Shared()
         init = encode_tree(self.problem.init_tree(), init_shared)
-        body = {
-            "format": job.format,
-            "source": job.candidate.text,
-            "filename": _filename(job.candidate, "candidate"),
-            "module": f"krex_candidate_{job.candidate.sha256[:12]}",
-            "build_dir": self.build_dir,
-            "path": self._import_dirs(),
-            "init": init,
-            "init_seed": self.opts.init_seed,
-            "output_path": self.output_path,
-            "load_file_limit": max(LOAD_FILE_LIMIT, self.opts.output_limit_mb << 20),
-            "memory_limit_mb": self.opts.memory_limit_mb,
-            "numerics": settings_for(job.format),
-        }
+        body = Load(
+            format=job.format,
+            source=job.candidate.text,
+            filename=_filename(job.candidate, "candidate"),
+            module=f"krex_candidate_{job.candidate.sha256[:12]}",
+            build_dir=self.build_dir,
+            path=self._import_dirs(),
+            init=init,
+            init_seed=self.opts.init_seed,
+            output_path=self.output_path,
+            load_file_limit=max(LOAD_FILE_LIMIT, self.opts.output_limit_mb << 20),
+            memory_limit_mb=self.opts.memory_limit_mb,
+            numerics=settings_for(job.format),
+        )
         try:
             t_load = time.perf_counter()
-            self.ask("load", body, init_shared)
+            self.ask(body, Loaded, init_shared)
             result.compiled = True
             result.seconds = round(time.perf_counter() - t_load, 6)
         except CandidateFailed as exc:
@@ -325,7 +336,7 @@ class Judge:
         mark("load", self.job.nonce, self.proc.pid)
         self.proc.confine(self.build_dir, self._import_dirs())
 
-    def _calibration_sets(self, calls: int) -> tuple[dict[str, Any], Shared]:
+    def _calibration_sets(self, calls: int) -> tuple[list[CallEntry], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
         output buffers), of the first trial's data: the harness's cost then counts taking a round's
         sets over and copying each value into the judge's buffers, as a real round does. They go
@@ -335,11 +346,11 @@ class Judge:
         spec = out_spec(self.first[2])
         sets = [share_set(self.problem, self.first[1], spec, shared) for _ in range(calls)]
         synchronize()
-        return {"sets": [cs.entry for cs in sets]}, shared
+        return [cs.entry for cs in sets], shared
 
     # -- check -------------------------------------------------------------------------------------
 
-    def _trial_data(self, case: dict[str, Any] | None) -> tuple[Any, Any, Any, set[int]]:
+    def _trial_data(self, case: Case | None) -> tuple[Any, Any, Any, set[int]]:
         """(the data, its pristine copy, the reference's answer, the arrays the reference writes)."""
         assert self.problem is not None
         data = self.problem.make(case, self.seed())
@@ -351,7 +362,7 @@ class Judge:
         written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not same(a, b)}
         return data, pristine, expected, written
 
-    def _call(self, data: Any, expected: Any) -> tuple[CallSet, dict[str, Any]]:
+    def _call(self, data: Any, expected: Any) -> tuple[CallSet, Returned]:
         """The candidate on ``data`` (moved into memory of its own, with output buffers laid out as
         ``expected``): (the call's memory as the judge sees it, the answer's body)."""
         assert self.problem is not None
@@ -359,8 +370,7 @@ class Judge:
         cs = share_set(self.problem, data, out_spec(expected), shared)
         synchronize()  # the copies and the poison done before the candidate's process touches them
         self._last_call = cs
-        body, _ = self.ask("call", dict(cs.entry), shared)
-        return cs, body
+        return cs, self.ask(Call(set=cs.entry), Returned, shared)
 
     def _late_writes(self, cs: CallSet, read: Any) -> dict[str, str]:
         """The output buffers must still hold what the judge read when the call ended."""
@@ -372,26 +382,24 @@ class Judge:
                 }
         return {}
 
-    def check_one(
-        self, kind: str, case: dict[str, Any] | None, first: bool = False
-    ) -> tuple[bool, str, dict[str, str], Any]:
+    def check_one(self, kind: str, case: Case | None, first: bool = False) -> tuple[bool, str, dict[str, str], Any]:
         assert self.problem is not None
         data, pristine, expected, written = self.first if first and self.first else self._trial_data(case)
         cs, body = self._call(data, expected)
-        out = cs.read(body.get("values"))
+        out = cs.read(body.values)
         shared_data = cs.args
         rejected: dict[str, str] = {}
         changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), cs.inputs)) if not same(a, b)}
         wrote = sorted(changed - written)
         if wrote:
             rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
-        self.threads = body.get("threads") or []
+        self.threads = body.threads
         if self.threads:
             rejected["threads_left"] = (
                 f"the candidate left thread(s) running its own code after it returned ({', '.join(self.threads[:3])}): "
                 "work a timer around the call would not see"
             )
-        aliased = sorted(set(_ints(body.get("aliased"))) - written)
+        aliased = sorted(set(body.aliased) - written)
         if aliased:
             rejected["aliased_output"] = f"the candidate returned its input(s) {aliased} (or a view) as its output"
         rejected.update(self._late_writes(cs, out))
@@ -424,7 +432,7 @@ class Judge:
         passed = 0
         outcome = CheckOutcome(correct=True, trials="")
         results: list[CaseResult] = []
-        last_case: dict[str, Any] | None = None
+        last_case: Case | None = None
         try:
             for i, (kind, case) in enumerate(cases):
                 ok, issue, rejected, _ = self.check_one(kind, case, first=i == 0)
@@ -482,7 +490,7 @@ class Judge:
             if cmp.rule:
                 self.rule = cmp.rule
 
-    def _refilled_trial(self, outcome: CheckOutcome, case: dict[str, Any] | None) -> None:
+    def _refilled_trial(self, outcome: CheckOutcome, case: Case | None) -> None:
         """The last trial's buffers, refilled in place with new values, must give the new answer:
         a result kept by address, ``_version`` or call count is stale there."""
         assert self.problem is not None
@@ -499,8 +507,7 @@ class Judge:
                 dst[...] = src
         cs.poison()
         synchronize()
-        body, _ = self.ask("call_again", {})
-        out = cs.read(body.get("values"))
+        out = cs.read(self.ask(CallAgain(), Returned).values)
         if self.problem.checker is not None:
             ok, issue = self.problem.checker(clone(fresh_pristine), out)
         else:
@@ -529,7 +536,7 @@ class Judge:
             # good (a receiver that dies never releases it) and the worker's reset finds it grown
             with contextlib.suppress(Exception):
                 self.proc.chan.sock.settimeout(2.0)
-                self.ask("release", {})
+                self.ask(Release(), Ok)
         if left and last is not None and last.verdict is None:
             last.fail("rejected", "rejected", "")
             last.metadata["rejected"] = {
@@ -554,11 +561,6 @@ class Judge:
             with contextlib.suppress(Exception):
                 torch.cuda.ipc_collect()
                 torch.cuda.empty_cache()
-
-
-def _ints(v: Any) -> list[int]:
-    """A list of input numbers as the candidate's process said it (anything else: none)."""
-    return [i for i in v if type(i) is int] if isinstance(v, list) else []
 
 
 def _scalar(x: Any) -> bool:

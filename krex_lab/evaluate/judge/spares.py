@@ -22,6 +22,7 @@ from typing import Any
 from ...procutil import children, proc_state, tree
 from ...workers import contain
 from ..channel import Channel, ChannelError
+from ..messages import Confine, Confined, Ready
 
 __all__ = ["CandidateProc", "Spares", "proc_alive", "spares_for"]
 
@@ -51,7 +52,7 @@ class CandidateProc:
         """Its writes to ``build_dir`` alone (its temporary directory in it), its reads to the
         system, the Python environment and ``readable``: before any candidate code is in it."""
         self.scratch = os.path.join(build_dir, "tmp", str(self.pid))
-        self.chan.send("confine", {"build_dir": build_dir, "scratch": self.scratch, "readable": readable})
+        self.chan.send(Confine(build_dir=build_dir, scratch=self.scratch, readable=readable))
         self.chan.sock.settimeout(timeout)
         try:
             env, fds = self.chan.recv()
@@ -59,9 +60,7 @@ class CandidateProc:
             self.chan.sock.settimeout(None)
         for fd in fds:
             os.close(fd)
-        if env.op != "confined":
-            raise ChannelError(f"a spare said {env.op!r} when confined")
-        self.sandbox.update({str(k): str(v) for k, v in env.body.items()})
+        self.sandbox.update(env.read(Confined).sandbox)
         self.sandbox.update(kernel_view(self.pid, self.sandbox))
 
     def status(self, timeout: float = 1.0) -> int | None:
@@ -266,10 +265,9 @@ class Spares:
             env, _ = chan.recv()
         finally:
             sock.settimeout(None)
-        if env.op != "ready":
-            raise ChannelError(f"a spare said {env.op!r} before it was ready")
+        ready = env.read(Ready)
         self.ready = CandidateProc(pid, chan, self)
-        self.ready.sandbox = {str(k): str(v) for k, v in dict(env.body.get("sandbox") or {}).items()}
+        self.ready.sandbox = ready.sandbox
         return self.ready
 
     def twin(self, timeout: float = 120.0) -> CandidateProc:

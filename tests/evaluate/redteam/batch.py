@@ -11,11 +11,11 @@ import io
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from krex_lab.evaluate import Evaluation
 from krex_lab.evaluate.batch import BatchRecord, Pair, run_batch
-from krex_lab.evaluate.options import EvaluateArgs
+from krex_lab.evaluate.options import EvaluateOptions
 
 from . import PROBLEMS, Cheat
 from .harness import SLACK, clean_up, daemons
@@ -57,7 +57,7 @@ def judge_batch(cheats: list[Cheat], honest: dict[str, int], pool: Any, jobs: in
         run_batch(
             pairs,
             jobs=jobs,
-            defaults=cast(EvaluateArgs, defaults),
+            defaults=EvaluateOptions.of(defaults),
             pool=pool.client,
             emit=got.append,
             progress=io.StringIO(),

@@ -9,6 +9,7 @@ samples are never the verdict's figure unless they agree with the judge's.
 
 import sys
 
+import msgspec
 import torch
 from torch import nn
 
@@ -22,10 +23,10 @@ def _install():
         return
     real = channel.Channel.send
 
-    def send(self, op, body=None, shared=None):
-        if op == "timed" and body and body.get("samples"):
-            body = {**body, "samples": [s / SCALE for s in body["samples"]]}
-        return real(self, op, body, shared)
+    def send(self, body, shared=None):
+        if body.op == "timed" and body.samples:
+            body = msgspec.structs.replace(body, samples=[s / SCALE for s in body.samples])
+        return real(self, body, shared)
 
     channel.Channel.send = send
 
