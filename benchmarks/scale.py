@@ -47,6 +47,7 @@ print("ready", flush=True)
 while time.time() < start_at:
     time.sleep(0.001)
 rows = []
+cpu0 = time.process_time()
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     t0 = time.perf_counter()
@@ -56,7 +57,7 @@ while time.monotonic() < end:
     region.release()
     t2 = time.perf_counter()
     rows.append([t1 - t0, t2 - t1, len(region.report.get("frozen", []))])
-print(json.dumps(rows), flush=True)
+print(json.dumps({"rows": rows, "cpu": time.process_time() - cpu0}), flush=True)
 """
 
 
@@ -68,6 +69,13 @@ def main() -> None:
     p.add_argument("--isolate", action="store_true", help="reserve cores in every region too")
     p.add_argument("--shield", default="sessions", help="the arbiter's --Arbiter.shield (with --isolate)")
     p.add_argument("--cgroups", default="off", choices=["off", "auto"], help="the arbiter's --Arbiter.cgroups")
+    p.add_argument(
+        "--arbiter-option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="one more option for the arbiter (repeatable), e.g. --arbiter-option=--Arbiter.history_db=",
+    )
     args = p.parse_args()
     total = args.gpus * args.sessions
     arbiter, env = private_arbiter(
@@ -79,6 +87,7 @@ def main() -> None:
         f"--Quotas.sessions_per_user={total + 16}",
         f"--Arbiter.shield={args.shield}",
         f"--Arbiter.cgroups={args.cgroups}",
+        *args.arbiter_option,
     )
     registrars: list[subprocess.Popen[str]] = []
     holders: list[subprocess.Popen[str]] = []
@@ -104,6 +113,7 @@ def main() -> None:
             )
             holders.append(h)
         per_gpu: list[list[list[float]]] = []
+        holder_cpu = 0.0
         for h in holders:
             assert h.stdout is not None and h.stdout.readline().startswith("ready"), "a holder failed"
         # The arbiter's own CPU time over the run: on a 2-core machine shared with 16 client
@@ -112,7 +122,9 @@ def main() -> None:
         cpu0 = psutil.Process(arbiter.pid).cpu_times()
         for h in holders:
             out, _ = h.communicate(timeout=args.seconds + 120)
-            per_gpu.append(json.loads(out.strip().splitlines()[-1]))
+            done = json.loads(out.strip().splitlines()[-1])
+            per_gpu.append(done["rows"])
+            holder_cpu += done["cpu"]
         cpu1 = psutil.Process(arbiter.pid).cpu_times()
         arbiter_user, arbiter_sys = cpu1.user - cpu0.user, cpu1.system - cpu0.system
         arbiter_cpu = arbiter_user + arbiter_sys
@@ -139,6 +151,7 @@ def main() -> None:
         "seconds": args.seconds,
         "isolate": args.isolate,
         "shield": args.shield,
+        "arbiter_options": args.arbiter_option,
         "regions": sum(counts),
         "regions_per_s": round(rate, 1),
         "per_gpu": counts,
@@ -151,6 +164,8 @@ def main() -> None:
         "arbiter_user_s": round(arbiter_user, 3),
         "arbiter_sys_s": round(arbiter_sys, 3),
         "arbiter_cpu_ms_per_region": round(1e3 * arbiter_cpu / max(1, sum(counts)), 3),
+        # the holders' own CPU (the client library's share of the machine)
+        "holder_cpu_ms_per_region": round(1e3 * holder_cpu / max(1, sum(counts)), 3),
     }
     print(
         f"{args.gpus} GPUs x {args.sessions} sessions, freeze on, isolate {'on' if args.isolate else 'off'}: "
@@ -158,7 +173,8 @@ def main() -> None:
         f"frozen per region {frozen}; acquire p50 {result['acquire_p50_ms']:.2f} ms "
         f"p99 {result['acquire_p99_ms']:.2f} ms, release p50 {result['release_p50_ms']:.2f} ms; "
         f"arbiter CPU {result['arbiter_cpu_ms_per_region']:.2f} ms a region "
-        f"({100 * arbiter_sys / max(arbiter_cpu, 1e-9):.0f}% in the kernel)"
+        f"({100 * arbiter_sys / max(arbiter_cpu, 1e-9):.0f}% in the kernel), the holder's "
+        f"{result['holder_cpu_ms_per_region']:.2f} ms"
     )
     write_result(
         "scale",

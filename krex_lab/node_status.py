@@ -104,6 +104,8 @@ class ArbiterRow(msgspec.Struct, kw_only=True):
     started: float = 0.0
     #: how cores are shielded
     shield: str = ""
+    #: whether regions are held against their neighbours (``Arbiter.guard_neighbours``)
+    guard_neighbours: bool = False
     shield_linger_s: float = 0.0
     #: how sessions are frozen: through the cgroups they were placed in, or why not (SIGSTOP)
     cgroups: str = ""

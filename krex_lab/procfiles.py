@@ -85,25 +85,32 @@ class KeptFiles:
         caller has just seen the process alive and stopped (its stop made through a pidfd), so
         files it already keeps are read unchecked: a descriptor of a process that has ended since
         reads as empty, never as another's. Files not kept yet are read the checked way."""
+        # Every region calls this a few times for each sibling: the kept paths below allocate
+        # and format nothing they do not need.
         with self._lock:
             now = time.monotonic()
             if now - self._swept > self.SWEEP:
                 self._sweep(now)
             kept = self._procs.get(pid)
-            # Only descriptors kept from before can vouch: a file opened now, by path, may be a
-            # new process's under a reused pid.
-            if kept is not None and vouched and all(n in kept[1] for n in names):
-                self._used[pid] = now
-                return [self._read(pid, kept[1], name, now) for name in names]
-            if kept is not None and names and names[0] in ("stat", f"task/{pid}/stat") and names[0] in kept[1]:
-                # A stat line read first vouches for the process: a kept descriptor of one that has
-                # ended fails to read, or reads it as a zombie, never as another process. Only
-                # then is the pidfd asked (one syscall less on every look of a live process).
-                first = self._read(pid, kept[1], names[0], now)
-                state = first[first.rfind(b")") + 2 :][:1] if first is not None else b""
-                if state not in (b"Z", b"X", b""):
+            if kept is not None:
+                files = kept[1]
+                # Only descriptors kept from before can vouch: a file opened now, by path, may be
+                # a new process's under a reused pid.
+                if vouched and all(n in files for n in names):
                     self._used[pid] = now
-                    return [first, *(self._read(pid, kept[1], name, now) for name in names[1:])]
+                    return [self._read(pid, files, name, now) for name in names]
+                first_name = names[0] if names else ""
+                if first_name in files and (first_name == "stat" or first_name == f"task/{pid}/stat"):
+                    # A stat line read first vouches for the process: a kept descriptor of one that
+                    # has ended fails to read, or reads it as a zombie, never as another process.
+                    # Only then is the pidfd asked (one syscall less on every look of a live process).
+                    first = self._read(pid, files, first_name, now)
+                    state = first[first.rfind(b")") + 2 :][:1] if first is not None else b""
+                    if state not in (b"Z", b"X", b""):
+                        self._used[pid] = now
+                        if len(names) == 1:
+                            return [first]
+                        return [first, *(self._read(pid, files, name, now) for name in names[1:])]
             kept = self._process(pid)
             if kept is None:
                 return [read_proc(f"/proc/{pid}/{name}", whole=True) for name in names]
@@ -111,28 +118,34 @@ class KeptFiles:
             return [self._read(pid, kept[1], name, now) for name in names]
 
     def _read(self, pid: int, files: dict[str, tuple[int, float]], name: str, now: float) -> bytes | None:
-        path = f"/proc/{pid}/{name}"
-        fd, opened = files.get(name, (-1, now))
-        # A thread's tid may come back within its process; the leader's (tid = pid) cannot while
-        # the process lives, so its files need no reopening (a reopening goes by path).
-        if fd >= 0 and name.startswith("task/") and not name.startswith(f"task/{pid}/") and now - opened > self.TTL:
+        entry = files.get(name)
+        if entry is not None:
+            fd, opened = entry
+            # A thread's tid may come back within its process; the leader's (tid = pid) cannot
+            # while the process lives, so its files need no reopening (a reopening goes by path).
+            if now - opened <= self.TTL or not name.startswith("task/") or name.startswith(f"task/{pid}/"):
+                try:
+                    # a stat line fits a page; a children list may be long
+                    raw = os.pread(fd, 4096 if name.endswith("stat") else self._PAGE, 0)
+                except OSError:
+                    return None
+                # A file longer than one read (a children list of thousands) is read whole, afresh.
+                return read_proc(f"/proc/{pid}/{name}", whole=True) if len(raw) == self._PAGE else raw
             self._close(files.pop(name)[0])
-            fd = -1
-        if fd < 0 and self._count < self.limit and len(files) < self.PER_PROCESS:
+        path = f"/proc/{pid}/{name}"
+        if self._count < self.limit and len(files) < self.PER_PROCESS:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                self._count += 1
-                files[name] = (fd, now)
             except OSError:
                 return None
-        if fd < 0:
-            return read_proc(path, whole=True)
-        try:
-            raw = os.pread(fd, self._PAGE, 0)
-        except OSError:
-            return None
-        # A file longer than one read (a children list of thousands) is read whole, afresh.
-        return read_proc(path, whole=True) if len(raw) == self._PAGE else raw
+            self._count += 1
+            files[name] = (fd, now)
+            try:
+                raw = os.pread(fd, self._PAGE, 0)
+            except OSError:
+                return None
+            return read_proc(path, whole=True) if len(raw) == self._PAGE else raw
+        return read_proc(path, whole=True)
 
     def _process(self, pid: int) -> tuple[int, dict[str, tuple[int, float]]] | None:
         """The kept entry of ``pid``, checked to be the same process (None: do not keep)."""

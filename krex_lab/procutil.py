@@ -76,10 +76,14 @@ def read_state(fd: int) -> str | None:
 def state_and_threads(pid: int) -> tuple[str | None, int | None]:
     """State letter and thread count of a session root, through its kept stat file (None, None if
     gone). A stopped process makes no thread: its count then holds until it is continued."""
-    fields = _stat_fields(pid, kept=True)
-    if not fields or len(fields) <= 17:
+    raw = KEPT.read(pid, [f"task/{pid}/stat"])[0]
+    if raw is None:  # a group whose leader thread has exited
+        raw = read_proc(f"/proc/{pid}/stat")
+    # read for every sibling at every grant: the bytes are split, nothing decoded
+    fields = _after_comm(raw).split(maxsplit=18) if raw else []
+    if len(fields) <= 17:
         return None, None
-    return fields[0], int(fields[17])
+    return chr(fields[0][0]), int(fields[17])
 
 
 def flags_and_start(pid: int) -> tuple[int | None, int | None]:
@@ -264,15 +268,17 @@ def session_tree(pid: int, stopped_threads: int | None = None) -> tuple[list[int
     """
     if not _HAS_CHILDREN_FILE:
         return tree(pid), None
+    task = f"task/{pid}/"
     if stopped_threads == 1:
-        raw = KEPT.read(pid, [f"task/{pid}/children"], vouched=True)[0]
-        return _descend(pid, [int(x) for x in raw.split()] if raw else []), None
-    raw_stat, raw_kids = KEPT.read(pid, [f"task/{pid}/stat", f"task/{pid}/children"])
+        raw = KEPT.read(pid, [task + "children"], vouched=True)[0]
+        # no children (a sibling's usual tree): nothing to descend into
+        return (_descend(pid, [int(x) for x in raw.split()]) if raw else [pid]), None
+    raw_stat, raw_kids = KEPT.read(pid, [task + "stat", task + "children"])
     fields = _after_comm(raw_stat).split(maxsplit=20) if raw_stat else []
     # no stat: gone, or a group whose leader thread exited (list what is left)
     stat = (chr(fields[0][0]), int(fields[19])) if len(fields) > 19 else None
     if stat is not None and fields[17] == b"1":
-        return _descend(pid, [int(x) for x in raw_kids.split()] if raw_kids else []), stat
+        return (_descend(pid, [int(x) for x in raw_kids.split()]) if raw_kids else [pid]), stat
     try:
         first = _children_of_tasks(pid, os.listdir(f"/proc/{pid}/task"), kept=True)
     except OSError:

@@ -447,6 +447,7 @@ class Arbiter(LoggingConfigurable):
         last = self.records.open()
         if last is not None:
             self.scheduler.number_after(last)
+        log.info("neighbour guard %s; shield %s", "on" if self.guard_neighbours else "off", self.shielding.describe())
         why = self.node_lock.open()
         if why:  # every region will say so too (it gets no cores)
             log.warning("%s: regions will reserve no cores", why)
@@ -502,6 +503,7 @@ class Arbiter(LoggingConfigurable):
             events=self.events,
             started=self.started,
             shield=self.shielding.describe(),
+            guard_neighbours=self.guard_neighbours,
             shield_linger_s=self.scheduler.steps.linger,
             cgroups=self.placer.reason,
             quotas=self.quotas_note,

@@ -369,17 +369,22 @@ class Shield:
         self.cpus = set(cpus) if cpus is not None else set(os.sched_getaffinity(0))
         self.partition = CpusetPartition() if mode in ("auto", "cpuset") else None
         self.irqs: IrqShield | None = IrqShield() if irqs else None
+        #: the mode asked for (``auto`` before it was resolved)
+        self.asked = mode
         if mode == "auto":
             mode = "cpuset" if self.partition is not None and self.partition.available else "affinity"
         self.mode = mode
-        #: why the configured mode could not be had (``cpuset`` asked, partitions unavailable)
+        #: why no cpuset partition can be had (``cpuset`` or ``auto`` asked, partitions unavailable)
         self.reason = ""
-        if mode == "cpuset" and self.partition is not None and not self.partition.available:
+        if self.partition is not None and not self.partition.available:
             self.reason = self.partition.reason
 
     def describe(self) -> str:
+        """The mode and, where it is not the one asked for, why (``krex status``)."""
         if self.mode == "cpuset" and self.reason:
             return f"affinity (cpuset partitions unavailable: {self.reason})"
+        if self.asked == "auto":
+            return f"{self.mode} (auto: {self.reason or 'cpuset partitions available'})"
         return self.mode
 
     def take(self, region: str, cores: set[int], holder: list[int], record: RecordFn) -> ShieldResult:

@@ -58,6 +58,36 @@ def db(tmp_path: Path) -> Any:
     history.close()
 
 
+def test_the_cap_per_user_keeps_the_newest_across_a_reopen_and_a_prune(tmp_path: Path) -> None:
+    """The cap deletes exactly what is past it, the oldest first, from a file that an earlier
+    arbiter filled (its rows counted once, not scanned at every insert), and still after a prune."""
+    path, now = tmp_path / "state" / "history.sqlite", time.time()
+    first = RegionHistory(path, retention_days=1.0).open()
+    for i in range(8):
+        first.add(_report("alice", 0, now - 100 + i, 1.0))
+    first.add(_report("bob", 0, now - 50, 1.0))
+    first.close()
+    db = RegionHistory(path, retention_days=1.0, per_user=5).open()
+    try:
+        db.add(_report("alice", 0, now - 10, 1.0))
+        assert db.flush()
+
+        def released(user: str) -> list[float]:
+            return sorted(round(now - r.released_at) for r in db.recent(limit=100, user=user))
+
+        assert released("alice") == [10, 93, 94, 95, 96], "the newest five: the oldest four went"
+        assert released("bob") == [50], "another user's rows stay"
+        for i in range(3):
+            db.add(_report("alice", 0, now - 5 + i, 1.0))
+        db.add(_report("alice", 0, now - 3 * 86400, 1.0))  # past the retention: the prune takes it
+        assert db.prune_now()
+        db.add(_report("alice", 0, now - 1, 1.0))
+        assert db.flush()
+        assert released("alice") == [1, 3, 4, 5, 10]
+    finally:
+        db.close()
+
+
 def test_rows_keep_the_report(db: RegionHistory) -> None:
     now = time.time()
     assert db.add(_report("alice", 1, now - 10, 5.0))

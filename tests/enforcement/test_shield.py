@@ -307,6 +307,31 @@ def test_sessions_mode_leaves_processes_that_are_no_sessions_alone(
         assert Procs.report(Procs.readline(holder))["shield"]["mode"] == "sessions"
 
 
+def test_status_says_whether_neighbours_are_guarded_and_why_auto_chose_its_shield(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without both in ``krex status`` (and the arbiter's log), a run where the guard's tests fail
+    cannot tell a guard that is off from one that acts, nor why ``auto`` chose as it did."""
+    why = CpusetPartition().reason
+    chosen = "affinity" if why else "cpuset"
+    assert Shield("auto").describe() == f"{chosen} (auto: {why or 'cpuset partitions available'})"
+    monkeypatch.delenv("KREX_GUARD_NEIGHBOURS", raising=False)  # a run of the suite with the guard on
+    for guard, extra in (
+        (True, ("--guard-neighbours", "--Arbiter.shield=auto")),
+        (False, ("--Arbiter.shield=sessions",)),
+    ):
+        runs = tmp_path / str(guard)
+        runs.mkdir()
+        arb = next(running_arbiter(runs, monkeypatch, extra=extra))
+        try:
+            row = arb.status()["arbiter"]
+            assert row["guard_neighbours"] is guard, row
+            assert row["shield"] == (Shield("auto").describe() if guard else "sessions"), row
+            assert f"neighbour guard {'on' if guard else 'off'}; shield {row['shield']}" in arb.output()
+        finally:
+            arb.stop()
+
+
 def test_node_pids_lists_user_processes_and_counts_kernel_threads(busy: list[subprocess.Popen[bytes]]) -> None:
     pids, kernel, foreign = node_pids({busy[1].pid})
     assert busy[0].pid in pids and busy[1].pid not in pids and os.getpid() in pids

@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from krex_lab.pytest_plugin import ROOT, ArbiterProc
+from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath
 from tests.support.procs import kill_tree
 
 from .users import User, needs_root_and_useradd
@@ -117,7 +117,9 @@ def _env(arb: ArbiterProc) -> dict[str, str]:
         "HOME": "/",
         "LC_ALL": "C.UTF-8",
         "PYTHONIOENCODING": "utf-8",
-        "PYTHONPATH": str(ROOT),
+        # the test's own path after the tree's: where the dependencies come from PYTHONPATH (the GPU
+        # machine's carried wheels), a user process without it dies at its first import
+        "PYTHONPATH": subprocess_pythonpath(),
         "PYTHONDONTWRITEBYTECODE": "1",
         "KREX_RUNTIME_DIR": str(arb.runtime),
         "KREX_ENDPOINT": arb.endpoint,

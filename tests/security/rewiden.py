@@ -4,15 +4,13 @@ a real root arbiter)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
-from krex_lab.pytest_plugin import ArbiterProc, wait_for
+from krex_lab.pytest_plugin import ArbiterProc
 
-from .helpers_arbiter import kill_tree, run_as, spawn_as
+from .helpers_arbiter import kill_tree, read_line, run_as, spawn_as
 from .users import User
 
 MODES = ("plain", "once", "always")
@@ -54,10 +52,6 @@ while True:
 """
 
 
-def _ready(readline: Callable[[], bytes]) -> bool:
-    return b"ready" in readline()
-
-
 def region_beside(
     alice: User, mallory: User, arb: ArbiterProc, mode: str, seconds: float = 2.0
 ) -> tuple[dict[str, Any], list[int]]:
@@ -66,12 +60,43 @@ def region_beside(
     and the loops' pids."""
     loops = [spawn_as(mallory, arb, LOOP, mode) for _ in CPUS]
     try:
-        for loop in loops:
-            assert loop.stdout is not None
-            wait_for(functools.partial(_ready, loop.stdout.readline), timeout=20)
+        for loop in loops:  # one that dies says why (its stderr), not just that it never got ready
+            assert read_line(loop, timeout=20).get("ready"), f"mallory's loop {loop.pid} did not start"
         time.sleep(0.2)
         [result] = [r for r in run_as(alice, arb, HOLDER, str(seconds)) if "rate" in r]
     finally:
         for loop in loops:
             kill_tree(loop)
     return result, [loop.pid for loop in loops]
+
+
+def diagnosis(arb: ArbiterProc, results: dict[str, tuple[dict[str, Any], list[int]]]) -> str:
+    """What a failed run needs to be understood from its output alone: the arbiter's guard and
+    shield as it reports them (the mode chosen and why), the environment that chose them, each
+    region's rate and shield report (the watch's intrusions), and the arbiter's last log lines."""
+    from krex_lab.enforcement.shield import CpusetPartition
+
+    lines = [
+        f"env: KREX_GUARD_NEIGHBOURS={os.environ.get('KREX_GUARD_NEIGHBOURS')!r} "
+        f"KREX_TEST_SHIELD={os.environ.get('KREX_TEST_SHIELD')!r} euid {os.geteuid()} cpus {len(CPUS)} "
+        f"PYTHONPATH={os.environ.get('PYTHONPATH')!r}",
+        f"cpuset partitions from the test process: {CpusetPartition().reason or 'available'}",
+        f"arbiter command: {arb.extra}",
+    ]
+    try:
+        row = arb.status()["arbiter"]
+        lines.append(
+            f"arbiter: guard_neighbours {row.get('guard_neighbours')}, shield {row.get('shield')!r}, "
+            f"cgroups {row.get('cgroups')!r}"
+        )
+    except Exception as exc:  # an arbiter that no longer answers: its log below says why
+        lines.append(f"arbiter status: {type(exc).__name__}: {exc}")
+    for mode, (result, pids) in results.items():
+        report = result["report"]
+        lines.append(
+            f"{mode}: rate {result['rate']:.0f}/s, loops {pids}, cores {report.get('cores')}, degraded "
+            f"{report.get('degraded')}, failures {report.get('failures')}, shield {report.get('shield')}"
+        )
+    lines.append("--- the arbiter's log, last lines ---")
+    lines.extend(arb.output().splitlines()[-60:])
+    return "\n".join(lines)
