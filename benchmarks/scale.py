@@ -139,7 +139,12 @@ def main() -> None:
                 proc.kill()
                 proc.wait()
         arbiter.send_signal(signal.SIGTERM)
-        arbiter.wait(15)
+        try:
+            arbiter.wait(15)
+        except subprocess.TimeoutExpired:  # said, and never left running (nor holding our stdout)
+            print(f"the arbiter (pid {arbiter.pid}) did not stop on SIGTERM within 15 s: killed", file=sys.stderr)
+            arbiter.kill()
+            arbiter.wait()
     counts = [len(rows) for rows in per_gpu]
     acquire = [r[0] * 1e3 for rows in per_gpu for r in rows]
     release = [r[1] * 1e3 for rows in per_gpu for r in rows]

@@ -186,17 +186,20 @@ class ConnectionGuard:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread (its sockets close with it) before the context is terminated."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        """Stop the monitors, then the thread (its sockets close with it), before the context is
+        terminated. In that order: a monitor sends its last events (a burst of disconnects, then
+        MONITOR_STOPPED) on a PAIR socket, whose send blocks for good once its reader has closed
+        (an arbiter ignoring SIGTERM after its sessions left at once, benchmarks/scale.py)."""
         for sock in self._sockets:
             try:
                 sock.disable_monitor()
             except zmq.ZMQError:
                 pass
         self._sockets.clear()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
 
     def counts(self) -> dict[str, int]:
         """Open connections per watched socket, and refusals so far."""
