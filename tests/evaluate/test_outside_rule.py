@@ -52,6 +52,19 @@ def test_the_in_process_figure_stays_within_five_percent_below(inprocess: float,
         assert fig.method.startswith("outside (") and "90.000 us" in fig.text
 
 
+def test_a_replaced_figure_shows_the_spread_the_judge_saw_round_by_round() -> None:
+    # three rounds of 100 calls at 80, 90 and 100 us a call (each bracket with the 3 ms round trip)
+    rounds = [(100, 0.003 + 0.0001 * v) for v in (80, 90, 100)]
+    fig = _clock("cuda", rounds, TWIN).figure([9.0] * 300, "kernelbench-events", "forward")
+    assert not fig.believed
+    assert fig.stats.mean == pytest.approx(90.0, abs=1e-3)
+    assert fig.stats.min == pytest.approx(80.0, abs=1e-3) and fig.stats.max == pytest.approx(100.0, abs=1e-3)
+    assert fig.stats.std == pytest.approx(8.18, abs=0.01) and fig.stats.num_trials == 300
+    # a CPU's replaced figure keeps the candidate's spread, scaled to the judge's figure
+    cpu = _clock("cpu", ROUNDS, TWIN, cpu=(10.0, 10.25)).figure([1.0, 3.0] * 100, "host-clock", "")
+    assert not cpu.believed and cpu.stats.max == pytest.approx(3 * cpu.stats.min) and cpu.stats.std > 0
+
+
 def test_a_microsecond_a_call_is_the_least_disagreement_that_counts() -> None:
     # a 4 us call: 5 % is 0.2 us, the floor 1 us
     rounds = [(100, 0.0004 + 0.003 - 0.00002 * 100 + 0.00002 * 100)]

@@ -366,6 +366,15 @@ class OutsideClock:
 
     # -- the figure -----------------------------------------------------------------------------------
 
+    def _round_figures(self, per_round: float, per_call: float) -> list[tuple[float, int]]:
+        """(us a call, calls) of each round: its bracket less the calibrated round trip."""
+        out = []
+        for n, t in self.rounds:
+            if n > 0:
+                used = t - per_round - per_call * n
+                out.append(((used if used > 0 else t) / n * 1e6, n))
+        return out
+
     def figure(self, samples: list[float], label: str, name: str) -> Figure:
         """The case's figure from the rounds, the calibration and the candidate's ``samples``."""
         calls = sum(n for n, _ in self.rounds) or len(samples) or 1
@@ -401,7 +410,14 @@ class OutsideClock:
         )
         if self.cuda and believed:
             fig.stats = stats(samples)
-        elif not self.cuda and believed and inproc > 0:
+        elif self.cuda and self.rounds:
+            # the spread the judge saw: each round's figure, once for each of its calls (one round
+            # alone has none to show)
+            st = stats([v for v, n in self._round_figures(wall_round, wall_call) for _ in range(n)])
+            mean = round(outside, 4)
+            st.mean, st.min, st.max = mean, min(st.min, mean), max(st.max, mean)
+            fig.stats = st
+        elif not self.cuda and inproc > 0:
             # a CPU's figure is always the judge's; the spread is the candidate's, scaled to it
             fig.stats = stats([s * outside / inproc for s in samples])
         what = "CPU time of its cgroup" if not self.cuda else "from outside its process"
