@@ -24,7 +24,7 @@ import mmap
 import os
 import struct
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["note", "status", "take_back"]
 
@@ -36,8 +36,24 @@ SHM_DIR = "/dev/shm"
 
 _lock = threading.Lock()
 _sent: list[tuple[bytes, int]] = []
-#: None: not checked yet; then whether the counters lie where this module reads them
-_layout: dict[str, Any] = {"ok": None, "why": ""}
+
+
+class _Layout:
+    """Whether the counters lie where this module reads them (None: not checked yet), and why not."""
+
+    ok: bool | None = None
+    why = ""
+
+
+class Status(NamedTuple):
+    """Counters noted and not taken back; whether their layout was recognised, and why not."""
+
+    noted: int
+    layout_ok: bool | None
+    why: str
+
+
+_layout = _Layout()
 
 
 def _path(handle: bytes) -> str:
@@ -77,15 +93,15 @@ def note(fields: list[Any] | tuple[Any, ...]) -> None:
         return
     handle, offset = fields[4], fields[5]
     with _lock:
-        if _layout["ok"] is None:
+        if _layout.ok is None:
             (value,) = _counters(handle, [offset], None)
-            _layout["ok"] = value == 1  # torch sets a new counter to 1 before handing it out
-            if not _layout["ok"]:
-                _layout["why"] = (
+            _layout.ok = value == 1  # torch sets a new counter to 1 before handing it out
+            if not _layout.ok:
+                _layout.why = (
                     f"torch's CUDA IPC counter file {_path(handle)} does not hold 1 where a new "
                     f"counter should be (found {value!r}): memory a dead receiver held is kept"
                 )
-        if _layout["ok"]:
+        if _layout.ok:
             _sent.append((handle, offset))
 
 
@@ -104,7 +120,7 @@ def take_back() -> int:
     return held
 
 
-def status() -> dict[str, Any]:
+def status() -> Status:
     """Counters noted and not taken back, and whether the counters' layout was recognised."""
     with _lock:
-        return {"noted": len(_sent), "layout_ok": _layout["ok"], "why": _layout["why"]}
+        return Status(len(_sent), _layout.ok, _layout.why)

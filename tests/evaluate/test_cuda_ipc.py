@@ -17,8 +17,7 @@ from krex_lab.evaluate import cuda_ipc
 @pytest.fixture
 def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setattr(cuda_ipc, "SHM_DIR", str(tmp_path))
-    monkeypatch.setitem(cuda_ipc._layout, "ok", None)
-    monkeypatch.setitem(cuda_ipc._layout, "why", "")
+    monkeypatch.setattr(cuda_ipc, "_layout", cuda_ipc._Layout())
     cuda_ipc.take_back()
     yield tmp_path
     cuda_ipc.take_back()
@@ -51,10 +50,10 @@ def test_counters_a_dead_receiver_held_are_zeroed_and_counted(shm: Path) -> None
     struct.pack_into("<q", data, 64 + 8 * 1, 0)
     struct.pack_into("<q", data, 64 + 8 * 3, 0)
     (shm / "torch_1_2_0").write_bytes(bytes(data))
-    assert cuda_ipc.status()["noted"] == 4
+    assert cuda_ipc.status().noted == 4
     assert cuda_ipc.take_back() == 2
     assert [_read(shm, "torch_1_2_0", o) for o in range(4)] == [0, 0, 0, 0]
-    assert cuda_ipc.status()["noted"] == 0
+    assert cuda_ipc.status().noted == 0
     assert cuda_ipc.take_back() == 0  # forgotten once taken back
 
 
@@ -74,8 +73,8 @@ def test_an_unknown_layout_notes_nothing_and_says_why(shm: Path) -> None:
     handle = _file(shm, "torch_1_4_0", {})  # the first counter is not where torch's layout puts it
     cuda_ipc.note(_fields(handle, 0))
     st = cuda_ipc.status()
-    assert st["layout_ok"] is False and st["noted"] == 0
-    assert "torch_1_4_0" in st["why"]
+    assert st.layout_ok is False and st.noted == 0
+    assert "torch_1_4_0" in st.why
     assert cuda_ipc.take_back() == 0
     assert (shm / "torch_1_4_0").read_bytes() == bytes(64 + 8 * 16)  # nothing written
 
@@ -85,6 +84,6 @@ def test_a_file_gone_or_malformed_fields_change_nothing(shm: Path) -> None:
     cuda_ipc.note(_fields(handle, 0))
     cuda_ipc.note([0, b"x"])  # not a share's fields
     cuda_ipc.note(_fields(handle, "7"))  # type: ignore[arg-type]
-    assert cuda_ipc.status()["noted"] == 1
+    assert cuda_ipc.status().noted == 1
     (shm / "torch_1_5_0").unlink()  # the sender's file went with its last counter
     assert cuda_ipc.take_back() == 0
