@@ -1,0 +1,85 @@
+"""How ``make test`` spreads the suite over two pytest-xdist workers: a pytest plugin, loaded by
+``tests/conftest.py``. ``make test`` runs the suite in two passes:
+
+1. ``-n 2 --dist loadgroup -m "not serial"``: two workers. A test file runs whole on one worker, so
+   that its module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``)
+   share one worker, and with it their package-scoped arbiter and torch-warm pool.
+2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them. They shield
+   regions in ``affinity`` mode (every process of the node moves, the other worker's too: an
+   embedded lab arbiter's default), take the node's core lock on purpose, assert that a region
+   got its cores (a region of the other worker's holding the node's lock would leave it none), start
+   daemons of the whole node (Slurm, a JupyterHub with real users), or measure a candidate's time
+   against a bound.
+
+Without xdist (a file run by hand) the first hook only marks; ``-m`` is then the caller's choice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+#: the marker of the files that run alone, after the parallel pass
+SERIAL = "serial"
+SERIAL_FILES = frozenset(
+    {
+        # affinity shields, cgroups, the node's core lock, regions asserted to get their cores
+        "tests/enforcement/test_cgroup_limits.py",
+        "tests/enforcement/test_cgroups.py",
+        "tests/enforcement/test_enforcement_units.py",
+        "tests/enforcement/test_node_core_lock.py",
+        "tests/enforcement/test_shield.py",
+        "tests/enforcement/test_tree_walk.py",
+        "tests/security/test_core_lock.py",
+        "tests/security/test_shield_rewiden.py",
+        "tests/hub/test_admin_service.py",
+        # embedded lab arbiters: the default shield (affinity) moves every process of the node
+        "tests/serverext/test_serverext.py",
+        "tests/serverext/test_lab_shutdown.py",
+        "tests/serverext/test_lab_pool_gpus.py",
+        "tests/serverext/test_lab_and_cli_agree.py",
+        "tests/dashboard/test_dashboard_browser.py",
+        "tests/arbiter/test_startup_lines.py",
+        "tests/hub/test_extension_choice.py",
+        # daemons of the whole node: Slurm's, a JupyterHub with real users
+        "tests/test_slurm.py",
+        "tests/test_jupyterhub.py",
+        "tests/test_jupyterhub_browser.py",
+        # a candidate's measured time against a bound
+        "tests/evaluate/test_outside_time.py",
+    }
+)
+#: the directories whose files share one worker (a package-scoped fixture: one start, not two)
+SHARED_DIRS = ("tests/evaluate/",)
+
+
+def group_of(relpath: str) -> str:
+    """The xdist group of a test file, by its path relative to the repository root."""
+    for shared in SHARED_DIRS:
+        if relpath.startswith(shared):
+            return shared
+    return relpath
+
+
+def _relpath(item: pytest.Item) -> str:
+    path = Path(str(item.path)).resolve()
+    root = Path(str(item.config.rootpath)).resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{SERIAL}: runs alone, after the parallel pass (tests/support/workers.py)")
+
+
+# Before pytest's own (-m deselects by marker) and xdist's (which turns the groups into the node
+# ids it schedules).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    distributed = config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no"
+    for item in items:
+        relpath = _relpath(item)
+        if relpath in SERIAL_FILES:
+            item.add_marker(SERIAL)
+        if distributed and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group_of(relpath)))
