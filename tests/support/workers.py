@@ -3,7 +3,8 @@
 
 1. ``-n 2 --dist loadgroup -m "not serial"``: two workers. A test file runs whole on one worker, so
    that its module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``)
-   share one worker, and with it their package-scoped arbiter and torch-warm pool.
+   share one worker, and with it their package-scoped arbiter and torch-warm pool, but for the
+   red-team corpus, which runs beside them.
 2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them. They shield
    regions in ``affinity`` mode (every process of the node moves, the other worker's too: an
    embedded lab arbiter's default), take the node's core lock on purpose, assert that a region
@@ -50,12 +51,18 @@ SERIAL_FILES = frozenset(
         "tests/evaluate/test_outside_time.py",
     }
 )
-#: the directories whose files share one worker (a package-scoped fixture: one start, not two)
+#: the directories whose files share one worker (a package-scoped fixture: one start, not one a file)
 SHARED_DIRS = ("tests/evaluate/",)
+#: files of those directories that run on a worker of their own all the same: the red-team corpus
+#: is the suite's longest file, and the rest of the evaluator's files run beside it (each side with
+#: a pool of its own)
+OWN_GROUP = frozenset({"tests/evaluate/test_redteam.py"})
 
 
 def group_of(relpath: str) -> str:
     """The xdist group of a test file, by its path relative to the repository root."""
+    if relpath in OWN_GROUP:
+        return relpath
     for shared in SHARED_DIRS:
         if relpath.startswith(shared):
             return shared
