@@ -9,8 +9,8 @@
    regions in ``affinity`` mode (every process of the node moves, the other worker's too: an
    embedded lab arbiter's default), take the node's core lock on purpose, assert that a region
    got its cores (a region of the other worker's holding the node's lock would leave it none), start
-   daemons of the whole node (Slurm, a JupyterHub with real users), or measure a candidate's time
-   against a bound.
+   daemons of the whole node (Slurm, a JupyterHub with real users), or hold a time to a tight
+   bound (a candidate's, an arbiter's answer).
 
 Without xdist (a file run by hand) the first hook only marks; ``-m`` is then the caller's choice.
 """
@@ -49,6 +49,16 @@ SERIAL_FILES = frozenset(
         "tests/test_jupyterhub_browser.py",
         # a candidate's measured time against a bound
         "tests/evaluate/test_outside_time.py",
+        # an arbiter's answer within 0.1-1 s, a release within 0.6 s: bounds for a machine that the
+        # test has to itself
+        "tests/security/test_arbiter_threads.py",
+        "tests/security/test_arbiter_floods.py",
+        "tests/security/test_fuzz.py",
+        "tests/security/test_fair_share_costs.py",
+        "tests/security/test_connection_flood.py",
+        "tests/arbiter/test_history.py",
+        "tests/arbiter/test_arbiter_regions.py",
+        "tests/test_kernels.py",
     }
 )
 #: the directories whose files share one worker (a package-scoped fixture: one start, not one a file)
