@@ -28,7 +28,7 @@ test: $(STAMP) notebook-filter
 	# Two passes (tests/support/workers.py): two workers on the files that may run side by side, then
 	# the few that move every process of the node or time against a bound, alone. Both always run.
 	status=0; \
-	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 --dist loadgroup -m "not serial" tests || status=$$?; \
+	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 -m "not serial" tests || status=$$?; \
 	$(BIN)/python -m pytest -q -ra --durations=10 -m serial tests || status=$$?; \
 	exit $$status
 

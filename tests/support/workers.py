@@ -1,7 +1,7 @@
 """How ``make test`` spreads the suite over two pytest-xdist workers: a pytest plugin, loaded by
 ``tests/conftest.py``. ``make test`` runs the suite in two passes:
 
-1. ``-n 2 --dist loadgroup -m "not serial"``: two workers. A test file runs whole on one worker, so
+1. ``-n 2 -m "not serial"``: two workers. A test file runs whole on one worker, so
    that its module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``)
    share one worker, and with it their package-scoped arbiter and torch-warm pool, but for the
    red-team corpus, which runs beside them.
@@ -18,6 +18,7 @@ Without xdist (a file run by hand) the first hook only marks; ``-m`` is then the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,14 +90,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SERIAL}: runs alone, after the parallel pass (tests/support/workers.py)")
 
 
-# Before pytest's own (-m deselects by marker) and xdist's (which turns the groups into the node
-# ids it schedules).
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by marker (-m)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    distributed = config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no"
     for item in items:
-        relpath = _relpath(item)
-        if relpath in SERIAL_FILES:
+        if _relpath(item) in SERIAL_FILES:
             item.add_marker(SERIAL)
-        if distributed and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group_of(relpath)))
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist never calls it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scheduler by scope, a scope being :func:`group_of` a test's file."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid.split("::", 1)[0])
+
+    return FileGroups(config, log)
