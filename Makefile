@@ -25,8 +25,8 @@ test: $(STAMP) notebook-filter
 	$(BIN)/ruff check krex_lab tests benchmarks kernels
 	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
 	$(BIN)/mypy
-	# Two passes (tests/support/workers.py): two workers on the files that may run side by side, then
-	# the few that move every process of the node or time against a bound, alone. Both always run.
+	# Two passes (tests/support/workers.py): two workers, then the few files that take the node's
+	# cores or time against a bound, alone. Both always run.
 	status=0; \
 	$(BIN)/python -m pytest -q -ra --durations=25 -n 2 -m "not serial" tests || status=$$?; \
 	$(BIN)/python -m pytest -q -ra --durations=10 -m serial tests || status=$$?; \

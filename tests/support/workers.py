@@ -1,16 +1,16 @@
 """How ``make test`` spreads the suite over two pytest-xdist workers: a pytest plugin, loaded by
 ``tests/conftest.py``. ``make test`` runs the suite in two passes:
 
-1. ``-n 2 -m "not serial"``: two workers. A test file runs whole on one worker, so
-   that its module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``)
-   share one worker, and with it their package-scoped arbiter and torch-warm pool, but for the
-   red-team corpus, which runs beside them.
-2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them. They shield
-   regions in ``affinity`` mode (every process of the node moves, the other worker's too: an
-   embedded lab arbiter's default), take the node's core lock on purpose, assert that a region
-   got its cores (a region of the other worker's holding the node's lock would leave it none), start
-   daemons of the whole node (Slurm, a JupyterHub with real users), or hold a time to a tight
-   bound (a candidate's, an arbiter's answer).
+1. ``-n 2 -m "not serial"``: two workers. A test file runs whole on one worker, so that its
+   module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``) share one
+   worker, and with it their package-scoped arbiter and torch-warm pool, but for the red-team
+   corpus, which runs beside them. The files of :data:`ONE_AT_A_TIME_FILES` run one after another
+   on one worker: embedded lab arbiters (whose default shield moves every process of the node),
+   node-wide daemons (Slurm, JupyterHubs with real users), and answers held to 0.1-2 s.
+2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them. They take
+   the node's core lock on purpose, shield in ``affinity`` mode, assert that a region got its cores
+   (a region of the other worker's holding the node's lock would leave it none), or time a
+   candidate against a bound.
 
 Without xdist (a file run by hand) the first hook only marks; ``-m`` is then the caller's choice.
 """
@@ -26,7 +26,8 @@ import pytest
 SERIAL = "serial"
 SERIAL_FILES = frozenset(
     {
-        # affinity shields, cgroups, the node's core lock, regions asserted to get their cores
+        # affinity shields, the node's core lock, cgroups, regions asserted to get their cores (a
+        # region of the other worker's holding the node's lock would leave them none)
         "tests/enforcement/test_cgroup_limits.py",
         "tests/enforcement/test_cgroups.py",
         "tests/enforcement/test_enforcement_units.py",
@@ -36,7 +37,16 @@ SERIAL_FILES = frozenset(
         "tests/security/test_core_lock.py",
         "tests/security/test_shield_rewiden.py",
         "tests/hub/test_admin_service.py",
-        # embedded lab arbiters: the default shield (affinity) moves every process of the node
+        # a candidate's measured time against a bound
+        "tests/evaluate/test_outside_time.py",
+    }
+)
+#: the group of the parallel pass's files that run one after another on one worker, the other
+#: worker running other files meanwhile
+ONE_AT_A_TIME = "one at a time"
+ONE_AT_A_TIME_FILES = frozenset(
+    {
+        # embedded lab arbiters: their default shield (affinity) moves every process of the node
         "tests/serverext/test_serverext.py",
         "tests/serverext/test_lab_shutdown.py",
         "tests/serverext/test_lab_pool_gpus.py",
@@ -44,14 +54,11 @@ SERIAL_FILES = frozenset(
         "tests/dashboard/test_dashboard_browser.py",
         "tests/arbiter/test_startup_lines.py",
         "tests/hub/test_extension_choice.py",
-        # daemons of the whole node: Slurm's, a JupyterHub with real users
+        # daemons of the whole node: Slurm's, JupyterHubs with real users
         "tests/test_slurm.py",
         "tests/test_jupyterhub.py",
         "tests/test_jupyterhub_browser.py",
-        # a candidate's measured time against a bound
-        "tests/evaluate/test_outside_time.py",
-        # an arbiter's answer within 0.1-1 s, a release within 0.6 s: bounds for a machine that the
-        # test has to itself
+        # an arbiter's answer within 0.1-1 s, a release within 0.6 s, a cell within 2 s
         "tests/security/test_arbiter_threads.py",
         "tests/security/test_arbiter_floods.py",
         "tests/security/test_fuzz.py",
@@ -72,6 +79,8 @@ OWN_GROUP = frozenset({"tests/evaluate/test_redteam.py"})
 
 def group_of(relpath: str) -> str:
     """The xdist group of a test file, by its path relative to the repository root."""
+    if relpath in ONE_AT_A_TIME_FILES:
+        return ONE_AT_A_TIME
     if relpath in OWN_GROUP:
         return relpath
     for shared in SHARED_DIRS:
