@@ -5,18 +5,23 @@
    module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``) share one
    worker, and with it their package-scoped arbiter and torch-warm pool, but for the red-team
    corpus, which runs beside them. The files of :data:`ONE_AT_A_TIME_FILES` run one after another
-   on one worker: embedded lab arbiters (whose default shield moves every process of the node),
-   node-wide daemons (Slurm, JupyterHubs with real users), and answers held to 0.1-2 s.
-2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them. They take
-   the node's core lock on purpose, shield in ``affinity`` mode, assert that a region got its cores
-   (a region of the other worker's holding the node's lock would leave it none), or time a
+   on one worker: node-wide daemons (Slurm, JupyterHubs with real users) and answers held to
+   0.1-2 s.
+   Each worker's arbiters reserve cores under a lock of the worker's own (``KREX_TEST_CORE_LOCK``):
+   their regions move their own sessions only (``--Arbiter.shield=sessions``), so two workers'
+   books never touch the same threads, and a region of one worker still gets its cores while the
+   other worker's holds some.
+2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them, under the
+   node's lock. They take that lock on purpose, shield in ``affinity`` mode (every process of the
+   node moves: an embedded lab arbiter's default), assert what cgroups or a shield did, or time a
    candidate against a bound.
 
-Without xdist (a file run by hand) the first hook only marks; ``-m`` is then the caller's choice.
+Without xdist (a file run by hand) the plugin only marks; ``-m`` is then the caller's choice.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +44,8 @@ SERIAL_FILES = frozenset(
         "tests/hub/test_admin_service.py",
         # a candidate's measured time against a bound
         "tests/evaluate/test_outside_time.py",
-    }
-)
-#: the group of the parallel pass's files that run one after another on one worker, the other
-#: worker running other files meanwhile
-ONE_AT_A_TIME = "one at a time"
-ONE_AT_A_TIME_FILES = frozenset(
-    {
-        # embedded lab arbiters: their default shield (affinity) moves every process of the node
+        # embedded lab arbiters: their default shield (affinity) moves every process of the node,
+        # the other worker's too, under the node's lock while the other worker's arbiters take theirs
         "tests/serverext/test_serverext.py",
         "tests/serverext/test_lab_shutdown.py",
         "tests/serverext/test_lab_pool_gpus.py",
@@ -54,6 +53,13 @@ ONE_AT_A_TIME_FILES = frozenset(
         "tests/dashboard/test_dashboard_browser.py",
         "tests/arbiter/test_startup_lines.py",
         "tests/hub/test_extension_choice.py",
+    }
+)
+#: the group of the parallel pass's files that run one after another on one worker, the other
+#: worker running other files meanwhile
+ONE_AT_A_TIME = "one at a time"
+ONE_AT_A_TIME_FILES = frozenset(
+    {
         # daemons of the whole node: Slurm's, JupyterHubs with real users
         "tests/test_slurm.py",
         "tests/test_jupyterhub.py",
@@ -69,6 +75,8 @@ ONE_AT_A_TIME_FILES = frozenset(
         "tests/test_kernels.py",
     }
 )
+#: where a worker's arbiters (:class:`krex_lab.pytest_plugin.ArbiterProc`) take their core lock
+CORE_LOCK_ENV = "KREX_TEST_CORE_LOCK"
 #: the directories whose files share one worker (a package-scoped fixture: one start, not one a file)
 SHARED_DIRS = ("tests/evaluate/",)
 #: files of those directories that run on a worker of their own all the same: the red-team corpus
@@ -95,8 +103,12 @@ def _relpath(item: pytest.Item) -> str:
     return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temporary root
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SERIAL}: runs alone, after the parallel pass (tests/support/workers.py)")
+    if hasattr(config, "workerinput"):  # an xdist worker
+        base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+        os.environ[CORE_LOCK_ENV] = str(base / "krex-cores.lock")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by marker (-m)
