@@ -3,18 +3,17 @@
 
 1. ``-n 2 -m "not serial"``: two workers. A test file runs whole on one worker, so that its
    module-scoped arbiter or pool starts once; the evaluator's files (``tests/evaluate/``) share one
-   worker, and with it their package-scoped arbiter and torch-warm pool, but for the red-team
-   corpus, which runs beside them. The files of :data:`ONE_AT_A_TIME_FILES` run one after another
-   on one worker: node-wide daemons (Slurm, JupyterHubs with real users) and answers held to
-   0.1-2 s.
+   worker, and with it their package-scoped arbiter and torch-warm pool. The files of
+   :data:`ONE_AT_A_TIME_FILES` run one after another on one worker: node-wide daemons (Slurm,
+   JupyterHubs with real users) and answers held to 0.1-2 s.
    Each worker's arbiters reserve cores under a lock of the worker's own (``KREX_TEST_CORE_LOCK``):
    their regions move their own sessions only (``--Arbiter.shield=sessions``), so two workers'
    books never touch the same threads, and a region of one worker still gets its cores while the
    other worker's holds some.
 2. ``-m serial``: the files of :data:`SERIAL_FILES`, one process, nothing beside them, under the
    node's lock. They take that lock on purpose, shield in ``affinity`` mode (every process of the
-   node moves: an embedded lab arbiter's default), assert what cgroups or a shield did, or time a
-   candidate against a bound.
+   node moves: an embedded lab arbiter's default), assert what cgroups or a shield did, time a
+   candidate against a bound, or let hostile candidates change the machine (the red-team corpus).
 
 Without xdist (a file run by hand) the plugin only marks; ``-m`` is then the caller's choice.
 """
@@ -44,6 +43,9 @@ SERIAL_FILES = frozenset(
         "tests/hub/test_admin_service.py",
         # a candidate's measured time against a bound
         "tests/evaluate/test_outside_time.py",
+        # the red-team corpus: its lasting cheats patch what the machine's next interpreters load,
+        # signal, renice and pin processes; beside it, the other worker's sandbox tests failed
+        "tests/evaluate/test_redteam.py",
         # embedded lab arbiters: their default shield (affinity) moves every process of the node,
         # the other worker's too, under the node's lock while the other worker's arbiters take theirs
         "tests/serverext/test_serverext.py",
@@ -79,18 +81,12 @@ ONE_AT_A_TIME_FILES = frozenset(
 CORE_LOCK_ENV = "KREX_TEST_CORE_LOCK"
 #: the directories whose files share one worker (a package-scoped fixture: one start, not one a file)
 SHARED_DIRS = ("tests/evaluate/",)
-#: files of those directories that run on a worker of their own all the same: the red-team corpus
-#: is the suite's longest file, and the rest of the evaluator's files run beside it (each side with
-#: a pool of its own)
-OWN_GROUP = frozenset({"tests/evaluate/test_redteam.py"})
 
 
 def group_of(relpath: str) -> str:
     """The xdist group of a test file, by its path relative to the repository root."""
     if relpath in ONE_AT_A_TIME_FILES:
         return ONE_AT_A_TIME
-    if relpath in OWN_GROUP:
-        return relpath
     for shared in SHARED_DIRS:
         if relpath.startswith(shared):
             return shared
