@@ -89,6 +89,13 @@ class ArbiterProc:
                     if any("shield" in a for a in self.extra)
                     else (f"--Arbiter.shield={os.environ.get('KREX_TEST_SHIELD') or 'sessions'}",)
                 ),
+                # KREX_TEST_CORE_LOCK: the core lock of one of several test processes side by side
+                # on a node, whose arbiters' regions move their own sessions only.
+                *(
+                    (f"--Arbiter.core_lock={lock}",)
+                    if (lock := os.environ.get("KREX_TEST_CORE_LOCK")) and not any("core_lock" in a for a in self.extra)
+                    else ()
+                ),
                 *self.extra,
             ),
             self.log_path,

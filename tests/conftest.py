@@ -21,7 +21,7 @@ from krex_lab.pytest_plugin import ArbiterProc  # noqa: E402
 from tests.support.procs import Procs, session_processes  # noqa: E402
 
 # tests.support.leftovers: caches in the run's temporary root; no stray process or file at the end
-pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser", "tests.support.leftovers"]
+pytest_plugins = ["krex_lab.pytest_plugin", "tests.support.browser", "tests.support.leftovers", "tests.support.workers"]
 
 
 @pytest.fixture

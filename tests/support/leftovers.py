@@ -84,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_TMPDIR", str(base / "ray"))
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's, which ends its workers (marked processes too)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     token = _state.get("token")
     if not isinstance(token, str):
