@@ -5,7 +5,7 @@ Two paths lead there, both through :func:`strip`:
 
 - the Jupyter server extension strips a shipped notebook as it is saved (:func:`pre_save_hook`):
   a run in `krex lab` saves back the very bytes git has, and ``git status`` stays clean; outputs
-  worth keeping go in a copy (File > Save Notebook As...);
+  worth keeping go in a copy (File > Save Notebook As..., any other name, even in ``notebooks/``);
 - git's clean filter (``.gitattributes``, ``notebooks/strip_outputs.py``; ``make lab`` and ``make
   test`` configure it) strips what another editor saved before it reaches a commit.
 
@@ -20,6 +20,17 @@ from typing import Any
 
 #: the checkout's shipped notebooks (an editable install's; elsewhere nothing matches)
 SHIPPED = Path(__file__).resolve().parents[1] / "notebooks"
+
+#: the notebooks git tracks there, by name: only these are saved stripped; any other file in the
+#: folder (a Save As copy, a user's Untitled.ipynb) is the user's and keeps its outputs
+SHIPPED_NAMES = frozenset(
+    {
+        "01_quickstart.ipynb",
+        "02_optimize_a_kernel.ipynb",
+        "03_dashboard.ipynb",
+        "04_agent_study.ipynb",
+    }
+)
 
 
 #: the kernelspecs the notebooks name, with the display name Jupyter writes for each on a save
@@ -60,8 +71,8 @@ def strip(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_shipped(os_path: str | os.PathLike[str]) -> bool:
-    path = Path(os_path)
-    return path.suffix == ".ipynb" and path.resolve().parent == SHIPPED.resolve()
+    path = Path(os_path).resolve()
+    return path.name in SHIPPED_NAMES and path.parent == SHIPPED.resolve()
 
 
 def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any) -> None:
