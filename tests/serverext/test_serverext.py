@@ -357,4 +357,4 @@ def test_the_shipped_names_are_the_notebooks_git_tracks() -> None:
     tracked = subprocess.run(
         ["git", "ls-files", "notebooks/*.ipynb"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
-    assert SHIPPED_NAMES == {Path(p).name for p in tracked}
+    assert {Path(p).name for p in tracked} == SHIPPED_NAMES
