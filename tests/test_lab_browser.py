@@ -1,0 +1,65 @@
+"""What a new user does first in ``krex lab``, in a real browser: File > New > Notebook starts the
+KREX kernel (the lab's default) without asking."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dashboard.test_dashboard_browser import Lab
+from tests.support import artifacts_dir
+from tests.support.browser import chromium_page, ms_left
+
+pytestmark = pytest.mark.timeout(150)
+
+ARTIFACTS = artifacts_dir()
+BUDGET_S = 90.0
+
+
+@pytest.fixture
+def lab(chromium: str, tmp_path: Path) -> Iterator[Lab]:
+    server = Lab(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _sessions(lab: Lab) -> list[dict[str, Any]]:
+    code, sessions = lab.get_json("/api/sessions")
+    return list(sessions) if code == 200 else []
+
+
+def _dismiss_news(page: Any) -> None:
+    for name in ("No", "Dismiss"):
+        loc = page.get_by_role("button", name=name, exact=True)
+        if loc.count():
+            loc.first.click(timeout=1000)
+
+
+def test_file_new_notebook_starts_the_krex_kernel(chromium: str, lab: Lab) -> None:
+    deadline = time.monotonic() + BUDGET_S
+    lab.wait_ready(deadline)
+    with chromium_page(chromium, {"width": 1400, "height": 900}, ARTIFACTS / "new-notebook-failure.png") as page:
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        page.wait_for_selector(".lm-MenuBar-item:has-text('File')", timeout=ms_left(deadline))
+        page.click(".lm-MenuBar-item:has-text('File')")
+        page.locator(".lm-Menu-item:has(.lm-Menu-itemLabel:text-is('New'))").first.click()
+        page.locator(".lm-Menu-item:has(.lm-Menu-itemLabel:text-is('Notebook'))").first.click()
+        page.wait_for_selector(".jp-NotebookPanel", timeout=ms_left(deadline))
+        asked = False
+        while True:
+            if page.locator(".jp-Dialog:has-text('Select Kernel')").count():
+                asked = True
+                break
+            new = [s for s in _sessions(lab) if s.get("path", "").endswith("Untitled.ipynb")]
+            if new and new[0]["kernel"]["name"]:
+                break
+            assert time.monotonic() < deadline, "no kernel started and no dialog shown"
+            time.sleep(0.2)
+        assert not asked, "File > New > Notebook asked which kernel to start"
+        assert new[0]["kernel"]["name"] == "krex", new
