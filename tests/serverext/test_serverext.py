@@ -343,6 +343,9 @@ def test_a_shipped_notebook_is_saved_without_outputs(
         code, _, body = get(f"api/contents/{where}", method="PUT", body=saved)
         assert code in (200, 201), body
     assert (shipped / "01_quickstart.ipynb").read_bytes() == original
+    # Read back, it carries what its kernel will report, so opening it changes nothing in the view
+    code, _, body = get("api/contents/notebooks/01_quickstart.ipynb")
+    assert code == 200 and json.loads(body)["content"]["metadata"]["language_info"]["version"], body
     for where in others:
         mine = json.loads((jp_root_dir / where).read_text())
         first = next(c for c in mine["cells"] if c["cell_type"] == "code")
