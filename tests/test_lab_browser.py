@@ -89,6 +89,9 @@ def test_file_new_notebook_starts_the_krex_kernel(chromium: str, lab: Lab) -> No
             time.sleep(0.2)
         assert not asked, "File > New > Notebook asked which kernel to start"
         assert new[0]["kernel"]["name"] == "krex", new
+        # The kernel's websocket is open: jupyter_server's ping settings raise no warning of tornado's
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=ms_left(deadline))
+    assert "websocket_ping_timeout" not in lab.log_path.read_text(errors="replace"), lab.log()
 
 
 def test_a_shipped_notebook_is_not_modified_by_opening_it(chromium: str, checkout_lab: Lab) -> None:

@@ -144,6 +144,7 @@ class KrexExtensionApp(ExtensionApp):
         self.services = Services(options, logger=self.log)
         self.services.start()
         self._keep_shipped_notebooks_clean()
+        self._drop_the_false_ping_warning()
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
         if self.stop_on_interrupt:
@@ -159,6 +160,13 @@ class KrexExtensionApp(ExtensionApp):
         if callable(register):
             register(pre_save_hook)
             fill_on_read(manager)
+
+    def _drop_the_false_ping_warning(self) -> None:
+        from .ws_ping import drop_the_false_ping_warning
+
+        web_app = getattr(self.serverapp, "web_app", None)
+        if web_app is not None:
+            drop_the_false_ping_warning(web_app.settings)
 
     def _stop_on_interrupt(self) -> None:
         """SIGINT and SIGTERM stop the server, from its loop (after jupyter_server installed its handlers)."""
