@@ -96,6 +96,9 @@ class Session:
         self.simulated = reply.simulated
         #: set while the arbiter has asked this session to stay off the GPU (another's region)
         self.paused = threading.Event()
+        #: when the last drain came (monotonic), and the last stop it began: (seconds, resumed at)
+        self.drained_at: float | None = None
+        self.last_stop: tuple[float, float] | None = None
         self.expired: set[str] = set()
         self.drain_hooks: list[Callable[[], None]] = []
         #: the wait notices of this session's acquires in progress (a drain makes them speak)
@@ -170,8 +173,21 @@ class Session:
         finally:
             self._control.close()
 
+    def stopped_until(self, when: float, within: float = 1.0) -> float:
+        """Seconds this session's process was stopped by another's region up to ``when`` (monotonic),
+        if that stop lasted until then or ended at most ``within`` seconds before: a stopped process
+        starts nothing, so what it was asked meanwhile (a notebook's cell) waited that long."""
+        drained = self.drained_at
+        if self.paused.is_set() and drained is not None:
+            return max(0.0, when - drained)
+        last = self.last_stop
+        if last is not None and when - last[1] <= within:
+            return last[0]
+        return 0.0
+
     def _on_control(self, msg: protocol.Control) -> None:
         if msg.kind == "drain":
+            self.drained_at = time.monotonic()
             self.paused.set()
             for notice in list(self.waiting):  # stopped once we answer: say who we wait for now
                 notice.say_now()
@@ -183,6 +199,9 @@ class Session:
                     pass
             self._control.send(protocol.DrainAck(session=self.id, token=self.token, region=msg.region))
         elif msg.kind == "resume":
+            now = time.monotonic()
+            if self.paused.is_set() and self.drained_at is not None:
+                self.last_stop = (now - self.drained_at, now)
             self.paused.clear()
         elif msg.kind == "lease_expired":
             self.expired.add(msg.region)

@@ -158,11 +158,10 @@ def exit_code(exc: BaseException) -> int:
 
 
 def fail_as_json(prog: str, exc: BaseException) -> int:
-    """How a ``--json`` command fails: its parser reads JSON on stdout either way (an ``error``
-    field), a person reads the line on stderr; the exit code is :func:`exit_code`'s."""
+    """How a ``--json`` command fails: JSON on stdout (an ``error`` field) and nothing else, since
+    whoever asked for JSON reads it, not a line on stderr that says the same; the exit code is
+    :func:`exit_code`'s. (``prog`` names the command in the error for a log that mixes several.)"""
     import json
-    import sys
 
-    print(json.dumps({"error": str(exc), "type": type(exc).__name__}, indent=2))
-    print(f"{prog}: {exc}", file=sys.stderr)
+    print(json.dumps({"error": str(exc), "type": type(exc).__name__, "command": prog}, indent=2))
     return exit_code(exc)

@@ -23,6 +23,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from types import CodeType
 from typing import Any
 
@@ -140,6 +141,7 @@ class KrexMagics(Magics):
         # Compiled before the GPU is taken: a cell that cannot run (a syntax error) takes no region,
         # freezes no neighbour and leaves no completed region in the history.
         compiled = self.compile_here(cell)
+        began = time.monotonic()
         for attempt in (0, 1):
             try:
                 region = Exclusive(
@@ -148,9 +150,12 @@ class KrexMagics(Magics):
                     freeze=not args.no_freeze,
                     isolate=not args.no_isolate,
                     cores=args.cores,
-                    session=self.session(fresh=attempt == 1),
+                    session=(session := self.session(fresh=attempt == 1)),
                 )
                 region.acquire()
+                # Stopped by another session's region (this kernel on its GPU) until the cell began:
+                # the cell was sent meanwhile and waited that long, which its own request did not see.
+                stopped = session.stopped_until(began)
                 break
             except UnknownSession:  # the arbiter restarted: register again, once
                 if attempt:
@@ -162,13 +167,13 @@ class KrexMagics(Magics):
             value = self.run_compiled(compiled)
         except BaseException:
             tail.remove()
-            self._release(region, args.quiet, failed=True, dangling=tail.dangling)
+            self._release(region, args.quiet, failed=True, dangling=tail.dangling, stopped=stopped)
             raise
         tail.remove()
-        self._release(region, args.quiet, failed=False, dangling=tail.dangling)
+        self._release(region, args.quiet, failed=False, dangling=tail.dangling, stopped=stopped)
         return value
 
-    def _release(self, region: Any, quiet: bool, failed: bool, dangling: bool = False) -> None:
+    def _release(self, region: Any, quiet: bool, failed: bool, dangling: bool = False, stopped: float = 0.0) -> None:
         __tracebackhide__ = True
         try:
             report = region.release()
@@ -177,6 +182,10 @@ class KrexMagics(Magics):
                 print(f"KREX: releasing the region failed too: {exc}", file=sys.stderr)
                 return
             raise _explain(exc) from None
+        if stopped > (report.stopped_before_request_s or 0.0):
+            import msgspec
+
+            report = msgspec.structs.replace(report, stopped_before_request_s=round(stopped, 6))
         if self.shell is not None:  # the last region's report, like ``_`` for values
             self.shell.user_ns["_krex_report"] = report
         if not quiet:

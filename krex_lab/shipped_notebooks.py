@@ -5,7 +5,7 @@ Two paths lead there, both through :func:`strip`:
 
 - the Jupyter server extension strips a shipped notebook as it is saved (:func:`pre_save_hook`):
   a run in `krex lab` saves back the very bytes git has, and ``git status`` stays clean; outputs
-  worth keeping go in a copy (File > Save Notebook As...);
+  worth keeping go in a copy (File > Save Notebook As..., any other name, even in ``notebooks/``);
 - git's clean filter (``.gitattributes``, ``notebooks/strip_outputs.py``; ``make lab`` and ``make
   test`` configure it) strips what another editor saved before it reaches a commit.
 
@@ -20,6 +20,17 @@ from typing import Any
 
 #: the checkout's shipped notebooks (an editable install's; elsewhere nothing matches)
 SHIPPED = Path(__file__).resolve().parents[1] / "notebooks"
+
+#: the notebooks git tracks there, by name: only these are saved stripped; any other file in the
+#: folder (a Save As copy, a user's Untitled.ipynb) is the user's and keeps its outputs
+SHIPPED_NAMES = frozenset(
+    {
+        "01_quickstart.ipynb",
+        "02_optimize_a_kernel.ipynb",
+        "03_dashboard.ipynb",
+        "04_agent_study.ipynb",
+    }
+)
 
 
 #: the kernelspecs the notebooks name, with the display name Jupyter writes for each on a save
@@ -60,8 +71,8 @@ def strip(nb: dict[str, Any]) -> dict[str, Any]:
 
 
 def is_shipped(os_path: str | os.PathLike[str]) -> bool:
-    path = Path(os_path)
-    return path.suffix == ".ipynb" and path.resolve().parent == SHIPPED.resolve()
+    path = Path(os_path).resolve()
+    return path.name in SHIPPED_NAMES and path.parent == SHIPPED.resolve()
 
 
 def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any) -> None:
@@ -71,3 +82,62 @@ def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any, **kwa
     get_os_path = getattr(contents_manager, "_get_os_path", None)
     if get_os_path is not None and is_shipped(get_os_path(path)):
         strip(model["content"])
+
+
+_LANGUAGE_INFO: dict[str, Any] = {}
+
+
+def kernel_language_info() -> dict[str, Any]:
+    """What a Python kernel of this interpreter reports as ``language_info`` (jupyter_client runs a
+    kernelspec's ``python`` as this server's ``sys.executable``), imported once, on first use."""
+    if not _LANGUAGE_INFO:
+        from ipykernel.ipkernel import IPythonKernel
+
+        _LANGUAGE_INFO.update(IPythonKernel.language_info)
+    return dict(_LANGUAGE_INFO)
+
+
+def fill_for_the_view(model: dict[str, Any], contents_manager: Any, path: str) -> None:
+    """A shipped notebook as it is read by the lab: its stripped ``language_info`` filled in with what
+    the kernel will report, so that JupyterLab, which writes the kernel's into the notebook when the
+    kernel starts, finds nothing to change and does not mark it modified. A save strips it again."""
+    content = model.get("content")
+    if model.get("type") != "notebook" or not isinstance(content, dict):
+        return
+    get_os_path = getattr(contents_manager, "_get_os_path", None)
+    if get_os_path is None or not is_shipped(get_os_path(path)):
+        return
+    meta = content.get("metadata", {})
+    if meta.get("language_info") == {"name": "python"}:
+        try:
+            meta["language_info"] = kernel_language_info()
+        except ImportError:  # no ipykernel here: the kernel runs elsewhere, and its info is unknown
+            pass
+
+
+def fill_on_read(contents_manager: Any) -> None:
+    """Make ``contents_manager.get`` call :func:`fill_for_the_view` (jupyter_server has save hooks,
+    no read hook); ``get`` is a coroutine in jupyter_server's async managers."""
+    import inspect
+
+    get = contents_manager.get
+
+    def path_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return str(kwargs.get("path", args[0] if args else ""))
+
+    if inspect.iscoroutinefunction(get):
+
+        async def get_async(*args: Any, **kwargs: Any) -> Any:
+            model = await get(*args, **kwargs)
+            fill_for_the_view(model, contents_manager, path_of(args, kwargs))
+            return model
+
+        contents_manager.get = get_async
+    else:
+
+        def get_sync(*args: Any, **kwargs: Any) -> Any:
+            model = get(*args, **kwargs)
+            fill_for_the_view(model, contents_manager, path_of(args, kwargs))
+            return model
+
+        contents_manager.get = get_sync

@@ -31,7 +31,9 @@ The notice reads the arbiter's status from its own thread and connection (the wa
 blocked in the acquire); it never changes what is waited for, and any failure only stops it. A
 waiter on the held GPU itself is stopped with the region's other sessions as soon as it queues: the
 arbiter's ``drain`` message comes first, and the session says its line then (:meth:`say_now`),
-before it answers. (A process the driver locks instead, one with a CUDA context on that GPU, gets
+before it answers; that line cannot count up while the process is stopped, so it says so
+("stopped with the region's other sessions until it ends (at most 18 s)") and stays until the
+grant. (A process the driver locks instead, one with a CUDA context on that GPU, gets
 no drain message: it says nothing until granted; ``krex status`` and the dashboard show the queue.)
 
 ``KREX_WAIT_NOTICE=0`` in the environment turns the notice off: a harness that queues many
@@ -87,10 +89,11 @@ def holder_text(holder: HolderRow | None) -> str:
     return f"held by {who}" + (f" ({', '.join(details)})" if details else "")
 
 
-def wait_line(status: object, gpu: int, session: str) -> tuple[tuple[object, ...], str] | None:
+def wait_line(status: object, gpu: int, session: str, stopped: bool = False) -> tuple[tuple[object, ...], str] | None:
     """What to say of ``session``'s wait for ``gpu`` in ``status`` (the arbiter's ``Status`` answer, or
     its JSON form): a key that changes only when the holder or the place changes, and the line; None
-    when the session is not (or no longer) queued."""
+    when the session is not (or no longer) queued. ``stopped``: the region is about to stop this
+    process (it waits on the held GPU itself), so its line cannot count up: it says so, and until when."""
     from .node_status import NodeStatus  # only while a request waits
 
     entry = next((g for g in NodeStatus.of(status).gpus if g.index == gpu), None)
@@ -102,6 +105,10 @@ def wait_line(status: object, gpu: int, session: str) -> tuple[tuple[object, ...
     holder = entry.holder
     who = (holder.region, holder.user, holder.pid) if holder else None
     line = f"krex: waiting for GPU {gpu}: {holder_text(holder)}; you are {_ordinal(place)} in the queue"
+    if stopped:
+        line += "; stopped with the region's other sessions until it ends"
+        if holder is not None and holder.held_s is not None and holder.max_hold_s is not None:
+            line += f" (at most {max(0.0, holder.max_hold_s - holder.held_s):.0f} s)"
     return (who, place), line
 
 
@@ -304,10 +311,10 @@ class WaitNotice:
         (the arbiter's drain comes just before the freeze), and could not say it later."""
         if not self._stop.is_set():
             with contextlib.suppress(Exception):
-                self._look()
+                self._look(stopped=True)
 
-    def _look(self) -> None:
-        said = wait_line(self.fetch(), self.gpu, self.session)
+    def _look(self, stopped: bool = False) -> None:
+        said = wait_line(self.fetch(), self.gpu, self.session, stopped)
         with self._lock:
             if said is None or self._stop.is_set() or self.done_saying():
                 return

@@ -214,7 +214,12 @@ def test_a_waiter_on_the_held_gpu_says_it_before_it_is_stopped(arbiter: ArbiterP
                 p.kill()
                 p.wait()
     assert said and said[0].startswith("krex: waiting for GPU 0: held by"), err
-    assert said[0].endswith("you are 1st in the queue"), said
+    # It will not count up while stopped: the line says so, and until when at most
+    assert re.search(
+        r"you are 1st in the queue; stopped with the region's other sessions until it ends "
+        r"\(at most \d+ s\)$",
+        said[0],
+    ), said
 
 
 CELL_CHILD = """

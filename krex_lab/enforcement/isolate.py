@@ -217,10 +217,7 @@ class CoreBook:
                 held.touched.add(tid)
                 moved.add(pid)
         if skipped or unlisted:
-            result.failed.append(
-                f"isolation stopped at its deadline: {skipped} threads and every thread of "
-                f"{unlisted} processes of other sessions were not moved off the reserved cores"
-            )
+            result.failed.append(deadline_failure(skipped, unlisted))
         result.holder_threads = sorted(holder_tids)
         result.moved_pids = sorted(moved)
         result.seen = set(holder_tids) | set(other_tids)
@@ -440,3 +437,17 @@ def restore_threads(records: Iterable[list[Any]]) -> int:
         except OSError:
             continue
     return n
+
+
+def deadline_failure(threads: int, processes: int) -> str:
+    """What isolation says when its deadline (``Arbiter.isolate_deadline``) came first: who may
+    still run on the reserved cores, in plain words."""
+    left = []
+    if processes:
+        left.append(f"{processes} other session process{'es' if processes != 1 else ''}")
+    if threads:
+        left.append(f"{threads} other session thread{'s' if threads != 1 else ''}")
+    return (
+        f"not isolated in time: {' and '.join(left)} may still run on the reserved cores"
+        " (the isolation deadline passed before they were moved)"
+    )

@@ -144,18 +144,29 @@ class KrexExtensionApp(ExtensionApp):
         self.services = Services(options, logger=self.log)
         self.services.start()
         self._keep_shipped_notebooks_clean()
+        self._drop_the_false_ping_warning()
         self.region_stats = RegionStats()
         self.settings.update(handlers.handler_settings(self.services, self.region_stats))
         if self.stop_on_interrupt:
             self._stop_on_interrupt()
 
     def _keep_shipped_notebooks_clean(self) -> None:
-        """Save this checkout's shipped notebooks without outputs: running them leaves git clean."""
-        from ..shipped_notebooks import pre_save_hook
+        """Save this checkout's shipped notebooks without outputs: running them leaves git clean; and
+        read them as the kernel will describe itself, so that opening one does not mark it modified."""
+        from ..shipped_notebooks import fill_on_read, pre_save_hook
 
-        register = getattr(getattr(self.serverapp, "contents_manager", None), "register_pre_save_hook", None)
+        manager = getattr(self.serverapp, "contents_manager", None)
+        register = getattr(manager, "register_pre_save_hook", None)
         if callable(register):
             register(pre_save_hook)
+            fill_on_read(manager)
+
+    def _drop_the_false_ping_warning(self) -> None:
+        from .ws_ping import drop_the_false_ping_warning
+
+        web_app = getattr(self.serverapp, "web_app", None)
+        if web_app is not None:
+            drop_the_false_ping_warning(web_app.settings)
 
     def _stop_on_interrupt(self) -> None:
         """SIGINT and SIGTERM stop the server, from its loop (after jupyter_server installed its handlers)."""

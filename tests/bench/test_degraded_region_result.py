@@ -19,7 +19,7 @@ def _degraded() -> RegionReport:
         gpu=1,
         degraded=True,
         not_drained={"4242": "did not answer drain within 0.5 s"},
-        failures=["isolation stopped at its deadline"],
+        failures=["not isolated in time"],
         frozen=[11, 12],
         drained=[13],
     )
@@ -32,7 +32,7 @@ def test_a_degraded_region_is_in_the_repr_the_summary_and_the_json() -> None:
         assert "4242" in text and "did not answer drain" in text, text
     data = m.to_dict()
     assert data["degraded"] is True
-    assert any("DEGRADED" in w and "isolation stopped at its deadline" in w for w in data["warnings"]), data
+    assert any("DEGRADED" in w and "not isolated in time" in w for w in data["warnings"]), data
     assert json.loads(json.dumps(data))["region"]["not_drained"] == {"4242": "did not answer drain within 0.5 s"}
 
 

@@ -51,10 +51,11 @@ class Lab:
     """``krex lab`` as ``make lab`` starts it (``python -m krex_lab.cli lab``: the source tree's kernelspec and
     server extension, an embedded arbiter), on a free port with a token, in a scratch directory."""
 
-    def __init__(self, tmp: Path) -> None:
-        self.root = tmp / "notebooks"
-        self.root.mkdir()
-        shutil.copy(NOTEBOOK, self.root)  # the lab saves outputs into its copy, never into the repo's
+    def __init__(self, tmp: Path, root: Path | None = None) -> None:
+        self.root = root or tmp / "notebooks"
+        if root is None:
+            self.root.mkdir()
+            shutil.copy(NOTEBOOK, self.root)  # the lab saves outputs into its copy, never into the repo's
         self.runtime = tempfile.mkdtemp(prefix="krex-b-")  # short: ipc socket paths are limited
         self.port = _free_port()
         self.token = secrets.token_hex(16)

@@ -337,11 +337,27 @@ def test_a_shipped_notebook_is_saved_without_outputs(
     empty = {"cell_type": "code", "execution_count": None, "id": "e0", "metadata": {}, "outputs": [], "source": ""}
     nb["cells"].append(empty)
     saved = json.dumps({"type": "notebook", "format": "json", "content": nb})
-    for where in ("notebooks/01_quickstart.ipynb", "mine.ipynb"):
+    # Save As beside it, and the user's own notebook there, are the user's: they keep their outputs
+    others = ("mine.ipynb", "notebooks/01_quickstart-with-outputs.ipynb", "notebooks/Untitled.ipynb")
+    for where in ("notebooks/01_quickstart.ipynb", *others):
         code, _, body = get(f"api/contents/{where}", method="PUT", body=saved)
         assert code in (200, 201), body
     assert (shipped / "01_quickstart.ipynb").read_bytes() == original
-    mine = json.loads((jp_root_dir / "mine.ipynb").read_text())  # anyone else's notebook keeps its outputs
-    first = next(c for c in mine["cells"] if c["cell_type"] == "code")
-    assert "".join(first["outputs"][0]["text"]) == "ran 0\n"
-    assert mine["cells"][-1]["id"] == "e0"
+    # Read back, it carries what its kernel will report, so opening it changes nothing in the view
+    code, _, body = get("api/contents/notebooks/01_quickstart.ipynb")
+    assert code == 200 and json.loads(body)["content"]["metadata"]["language_info"]["version"], body
+    for where in others:
+        mine = json.loads((jp_root_dir / where).read_text())
+        first = next(c for c in mine["cells"] if c["cell_type"] == "code")
+        assert "".join(first["outputs"][0]["text"]) == "ran 0\n", where
+        assert mine["cells"][-1]["id"] == "e0"
+
+
+def test_the_shipped_names_are_the_notebooks_git_tracks() -> None:
+    """Only the tracked notebooks are saved stripped: the list of names is git's list."""
+    from krex_lab.shipped_notebooks import SHIPPED_NAMES
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "notebooks/*.ipynb"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {Path(p).name for p in tracked} == SHIPPED_NAMES
