@@ -91,6 +91,20 @@ class CapabilitiesDict(TypedDict):
     extra: DriverDetail
 
 
+class _BackendFields(TypedDict):
+    backend: str
+    simulated: bool
+    capabilities: CapabilitiesDict
+
+
+class BackendDescription(_BackendFields, total=False):
+    """What ``GpuBackend.describe`` says of a backend: the arbiter spreads it into its ``hello``
+    (:class:`Info`) and ``register`` (:class:`Registered`) replies and its status table."""
+
+    #: the GPU driver's version, where the backend knows it (NVIDIA)
+    driver: str
+
+
 class Capabilities(msgspec.Struct):
     """Whether the backend can drain another process's GPU work by a driver lock, and why (not)
     (:mod:`krex_lab.gpu.base` re-exports it; it is here so that reading a status table needs no

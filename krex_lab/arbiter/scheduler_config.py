@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..protocol import BackendDescription
 from .region import Region
 from .sessions import Session
 
@@ -21,7 +22,7 @@ class SchedulerConfig:
     poll_interval: float = 0.1
     history: int = 200
     #: the backend's ``describe()`` (read by :meth:`~.region.BackendInfo.of`): every report carries it
-    backend_info: dict[str, Any] | None = None
+    backend_info: BackendDescription | None = None
     #: seconds a session that registers mid-region runs before it is drained and frozen, so
     #: that it hears its registration and can queue (it is stopped at once when it queues)
     intruder_grace: float = 0.5

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ..region_report import RegionReport
-from .stats import CONVERGED, noise_met, summarize
+from .frameworks import DeviceDict
+from .stats import CONVERGED, CriterionDict, noise_met, summarize
+from .throttle import ClockSummary
 
 #: said wherever a measurement shows that its times are host times (no GPU work was timed)
 NO_GPU = "no GPU was timed"
@@ -24,6 +26,60 @@ def fmt_ms(ms: float) -> str:
     if ms < 1000.0:
         return f"{ms:.4g} ms"
     return f"{ms / 1e3:.3g} s"
+
+
+class WarmupDict(TypedDict):
+    """How a measurement warmed the callable up (its ``warmup``)."""
+
+    calls: int
+    seconds: float
+    estimate_ms: float
+
+
+class _MeasurementFields(TypedDict):
+    name: str
+    unit: str
+    median: float
+    p5: float
+    p95: float
+    mean: float
+    min: float
+    max: float
+    rel_stdev: float
+    n_samples: int
+    discarded: int
+    discard_reasons: dict[str, int]
+    redone_batches: int
+    converged: bool
+    stop_reason: str
+    framework: str
+    method: str
+    simulated: bool
+    gpu_timed: bool
+    l2_flush: bool
+    batch: int
+    wall_s: float
+    warmup: WarmupDict
+    phases: dict[str, float]
+    clocks: ClockSummary
+    device: DeviceDict
+    region: dict[str, Any] | None
+    degraded: bool
+    criterion: CriterionDict
+    warnings: list[str]
+
+
+class MeasurementDict(_MeasurementFields, total=False):
+    """A :class:`Measurement` as plain data (:meth:`Measurement.to_dict`): agents and result files."""
+
+    #: left out with ``samples=False``
+    samples: list[float]
+
+
+def _not_measured() -> Any:
+    # A Measurement built by hand (``from_samples`` without a bench run) measured no warm-up, clocks,
+    # device or criterion: those stay empty, as they always have in its ``to_dict``.
+    return {}
 
 
 class MeasurementRow(TypedDict):
@@ -71,15 +127,15 @@ class Measurement:
     l2_flush: bool = True
     batch: int = 1
     wall_s: float = 0.0
-    warmup: dict[str, Any] = field(default_factory=dict)
+    warmup: WarmupDict = field(default_factory=_not_measured)
     #: wall seconds by phase: setup_s, warmup_s, region_wait_s (acquiring the region), settle_s
     #: (its first batch, not kept), sampling_s; spin_s is GPU time spent holding the stream
     phases: dict[str, float] = field(default_factory=dict)
-    clocks: dict[str, Any] = field(default_factory=dict)
-    device: dict[str, Any] = field(default_factory=dict)
+    clocks: ClockSummary = field(default_factory=_not_measured)
+    device: DeviceDict = field(default_factory=_not_measured)
     #: the region's report, None with ``exclusive=False``
     region: RegionReport | None = None
-    criterion: dict[str, Any] = field(default_factory=dict)
+    criterion: CriterionDict = field(default_factory=_not_measured)
     warnings: list[str] = field(default_factory=list)
     unit: str = "ms"
 
@@ -151,9 +207,9 @@ class Measurement:
             degraded=self.degraded,
         )
 
-    def to_dict(self, samples: bool = True) -> dict[str, Any]:
+    def to_dict(self, samples: bool = True) -> MeasurementDict:
         """Plain JSON-able data (for agents and result files); ``samples=False`` leaves the raw samples out."""
-        out: dict[str, Any] = {
+        out: MeasurementDict = {
             "name": self.name,
             "unit": self.unit,
             "median": self.median,
@@ -176,13 +232,13 @@ class Measurement:
             "l2_flush": self.l2_flush,
             "batch": self.batch,
             "wall_s": self.wall_s,
-            "warmup": dict(self.warmup),
+            "warmup": self.warmup.copy(),
             "phases": dict(self.phases),
-            "clocks": dict(self.clocks),
-            "device": dict(self.device),
+            "clocks": self.clocks.copy(),
+            "device": self.device.copy(),
             "region": self.region.to_dict() if self.region is not None else None,
             "degraded": self.degraded,
-            "criterion": dict(self.criterion),
+            "criterion": self.criterion.copy(),
             "warnings": list(self.warnings),
         }
         if samples:

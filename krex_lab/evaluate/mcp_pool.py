@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-_POOL: dict[str, Any] = {}
+if TYPE_CHECKING:
+    from ..workers.client import PoolClient
+
+#: the server's client of the pool, under "client" once made (its import waits for the first call)
+_POOL: dict[str, PoolClient] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def server_pool() -> Any:
+def server_pool() -> PoolClient:
     """The server's client of this user's pool, made once; a pool it had to start is ended with
     the server (:func:`end_started_pool`)."""
     from ..workers.client import PoolClient
@@ -29,7 +33,7 @@ def end_started_pool(wait: float = 15.0) -> str | None:
     import signal
 
     client = _POOL.pop("client", None)
-    pid = getattr(client, "started_pid", None)
+    pid = client.started_pid if client is not None else None
     if client is None or pid is None:
         if client is not None:
             client.close()

@@ -17,7 +17,7 @@ import io
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = ["add_arguments", "build_server", "client_config", "run"]
 
@@ -39,14 +39,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def client_config(name: str = "krex") -> dict[str, Any]:
+class _ServerCommand(TypedDict):
+    command: str
+    args: list[str]
+
+
+class ServerEntry(_ServerCommand, total=False):
+    """How an MCP client starts this server: ``command`` with ``args``, in ``env``."""
+
+    env: dict[str, str]
+
+
+class ClientConfig(TypedDict):
+    """An MCP client's configuration of this server (the JSON ``--print-config`` prints)."""
+
+    mcpServers: dict[str, ServerEntry]  # the MCP clients' own key
+
+
+def client_config(name: str = "krex") -> ClientConfig:
     """An MCP client's ``mcpServers`` entry that starts this very installation's server: the
     ``krex`` beside this Python (a virtualenv's ``bin/``), by its absolute path, else this Python
     with ``-m krex_lab.cli``; ``KREX_RUNTIME_DIR`` where it is set (the lab to talk to)."""
     python = os.path.abspath(sys.executable)  # not resolved: a virtualenv's python is a link out of it
     krex = os.path.join(os.path.dirname(python), "krex")
     if os.path.isfile(krex) and os.access(krex, os.X_OK):
-        entry: dict[str, Any] = {"command": krex, "args": ["mcp"]}
+        entry: ServerEntry = {"command": krex, "args": ["mcp"]}
     else:
         entry = {"command": python, "args": ["-m", "krex_lab.cli", "mcp"]}
     if name != "krex":

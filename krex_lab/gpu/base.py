@@ -14,15 +14,30 @@ deadline of its own, never on a stopped process (the NVIDIA driver hangs on thos
 from __future__ import annotations
 
 import abc
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ..procutil import GONE
 
 # Capabilities lives with the wire's types: a client reading the status table imports no backend.
-from ..protocol import Capabilities
+from ..protocol import BackendDescription, Capabilities
 
-__all__ = ["Capabilities", "GpuBackend", "GpuInfo", "GpuProcess"]
+__all__ = ["BackendDescription", "Capabilities", "GpuBackend", "GpuInfo", "GpuProcess"]
+
+
+class GpuInfoDict(TypedDict):
+    """A :class:`GpuInfo` as plain data."""
+
+    index: int
+    name: str
+    uuid: str
+    memory_total: int
+    memory_used: int
+    utilization_gpu: float | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    throttle_reasons: list[str]
+    simulated: bool
 
 
 @dataclass
@@ -38,8 +53,19 @@ class GpuInfo:
     throttle_reasons: list[str] = field(default_factory=list)
     simulated: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> GpuInfoDict:
+        return GpuInfoDict(
+            index=self.index,
+            name=self.name,
+            uuid=self.uuid,
+            memory_total=self.memory_total,
+            memory_used=self.memory_used,
+            utilization_gpu=self.utilization_gpu,
+            sm_clock_mhz=self.sm_clock_mhz,
+            mem_clock_mhz=self.mem_clock_mhz,
+            throttle_reasons=list(self.throttle_reasons),
+            simulated=self.simulated,
+        )
 
 
 @dataclass
@@ -104,7 +130,7 @@ class GpuBackend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release library handles."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BackendDescription:
         """``backend``, ``simulated``, ``capabilities`` (and ``driver``, NVIDIA): the JSON body the arbiter
         spreads into its ``hello`` and ``register`` replies and its status table."""
-        return {"backend": self.name, "simulated": self.simulated, "capabilities": self.capabilities.to_dict()}
+        return BackendDescription(backend=self.name, simulated=self.simulated, capabilities=self.capabilities.to_dict())

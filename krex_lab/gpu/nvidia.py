@@ -24,13 +24,12 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from ..errors import BackendError
 from ..procfiles import KEPT
 from ..procutil import GONE, STOPPED, proc_state, proc_uid
 from ..protocol import DriverDetail
-from .base import Capabilities, GpuBackend, GpuInfo, GpuProcess
+from .base import BackendDescription, Capabilities, GpuBackend, GpuInfo, GpuProcess
 from .cuda_driver import (
     CUDA_ERROR_OPERATING_SYSTEM,
     NOT_A_CUDA_PROCESS,
@@ -357,7 +356,7 @@ class NvidiaBackend(GpuBackend):
         self._pids.close()
         self._nvml.shutdown()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BackendDescription:
         info = super().describe()
         info["driver"] = self._driver_str
         return info
