@@ -107,13 +107,15 @@ def serving_line(arbiter: Arbiter) -> str:
     many GPUs it simulates and why."""
     n = arbiter.gpu_count
     gpus = f"{n} GPU" + ("" if n == 1 else "s")
+    # how neighbours are kept off a region's cores, in the same one line
+    guard = f"; neighbour guard {'on' if arbiter.guard_neighbours else 'off'}; shield {arbiter.shielding.describe()}"
     if not arbiter.backend.simulated:
-        return f"krex arbiter {__version__} serving on {arbiter.bound} ({gpus}, backend {arbiter.backend.name})"
+        return f"krex arbiter {__version__} serving on {arbiter.bound} ({gpus}, backend {arbiter.backend.name}){guard}"
     why = "no GPU library answered" if arbiter.backend_name == "auto" else f"--backend {arbiter.backend_name}"
     default = " (the default)" if n == FAKE_GPUS else ""
     return (
         f"krex arbiter {__version__} serving on {arbiter.bound} (fake backend: {n} simulated "
-        f"GPU{'' if n == 1 else 's'}{default}, because {why}; --fake-gpus N to change)"
+        f"GPU{'' if n == 1 else 's'}{default}, because {why}; --fake-gpus N to change){guard}"
     )
 
 

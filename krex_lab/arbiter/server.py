@@ -447,7 +447,6 @@ class Arbiter(LoggingConfigurable):
         last = self.records.open()
         if last is not None:
             self.scheduler.number_after(last)
-        log.info("neighbour guard %s; shield %s", "on" if self.guard_neighbours else "off", self.shielding.describe())
         why = self.node_lock.open()
         if why:  # every region will say so too (it gets no cores)
             log.warning("%s: regions will reserve no cores", why)
