@@ -143,8 +143,6 @@ class Judge:
         self.scheduling = Scheduling()
         #: changes to the judge's scheduling found (the candidate's doing)
         self.rescheduled: list[str] = []
-        #: the judge's CUDA shares its dead candidate still held at the end (let go then)
-        self.taken_back = 0
         self.problem: Problem | None = None
         self.failed_here: CandidateFailed | None = None
         #: the first trial's (data, pristine copy, answer, arrays the reference writes), made at load
@@ -557,7 +555,7 @@ class Judge:
         if torch is not None and torch.cuda.is_available():
             # what the dead candidate still held of the judge's sets is let go (torch would keep
             # it for the judge's life), and the candidate's memory this judge mapped goes with it
-            self.taken_back += cuda_ipc.take_back()
+            cuda_ipc.take_back()
             with contextlib.suppress(Exception):
                 torch.cuda.ipc_collect()
                 torch.cuda.empty_cache()
