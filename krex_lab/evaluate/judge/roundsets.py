@@ -49,7 +49,7 @@ def make_sets(judge: Judge, case: Case | None, k: int, spec: OutSpec) -> _Sets:
     sets: list[CallSet] = []
     pristine: list[Any] = []
     for _ in range(k):
-        data = judge.problem.make(case, judge.seed())
+        data = judge.problem.make(case, judge.seed(secret=True))  # timed: never reproducible
         synchronize()
         pristine.append(clone(data))
         sets.append(share_set(judge.problem, data, spec, shared))

@@ -155,8 +155,8 @@ class Judge:
         self.files_digest = files_digest(job.files) if job.files else ""
         self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}") if job.files else ""
 
-    def seed(self) -> int:
-        return self.seeds.next()
+    def seed(self, secret: bool = False) -> int:
+        return self.seeds.next(secret)
 
     # -- talking to the candidate ----------------------------------------------------------------
 

@@ -87,6 +87,7 @@ CHEATS = [
     Cheat("cache_by_data_ptr", KB, "result cache", defence=DATA),
     Cheat("cache_by_version", KB, "result cache", defence=DATA),
     Cheat("cache_by_content_hash", KB, "result cache", defence=DATA),
+    Cheat("cache_in_build_dir", KB, "result cache", defence=DATA),
     Cheat("count_skip_after_n", KB, "call counter", defence=DATA),
     Cheat("count_garbage_after_n_gm", GM, "call counter", defence=DATA),
     Cheat("count_stack_inspection", KB, "call counter (stack)", defence=DATA),
