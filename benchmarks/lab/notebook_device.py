@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "regions"))  # fidelity
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multigpu"))  # multi_gpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "multigpu"))  # multi_gpu_placement
 from common import OUTPUT, REPO, machine, write_result
 from fidelity import start_arbiter, stop_arbiter
-from multi_gpu import ensure_provisioner_entry_point
+from multi_gpu_placement import ensure_provisioner_entry_point
 
 
 def has_gpu() -> bool:
