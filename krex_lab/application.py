@@ -13,7 +13,7 @@ import argparse
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from traitlets import Container, HasTraits, TraitError, TraitType, Unicode
 from traitlets.config import Application
@@ -38,6 +38,19 @@ def _option_strings(key: str | tuple[str, ...]) -> list[str]:
 def dest_of(key: str | tuple[str, ...]) -> str:
     """The argparse dest of an alias or flag: its (longest) name with ``-`` as ``_``."""
     return max(_names(key), key=len).replace("-", "_")
+
+
+class _OptionArgs(TypedDict, total=False):
+    """The keywords of ``parser.add_argument`` an alias is declared with: a list trait collects
+    its values (``extend``), any other takes one, checked by ``type``."""
+
+    dest: str
+    default: None
+    help: str
+    action: Literal["extend"]
+    nargs: Literal["+"]
+    metavar: str
+    type: Callable[[str], str]
 
 
 def _checker(trait: TraitType[Any, Any], name: str, minimum: float | None = None) -> Callable[[str], str]:
@@ -112,13 +125,13 @@ class KrexApplication(Application):
             text = (help_text or trait.help or "").strip()
             if not isinstance(trait, Container):
                 text += f" (default: {trait.default_value!r}; {target})"
-            kwargs: dict[str, Any] = {
+            kwargs: _OptionArgs = {
                 "dest": dest_of(key),
                 "default": None,
                 "help": " ".join(text.split()).replace("%", "%%"),
             }
             if isinstance(trait, Container):
-                kwargs.update(action="extend", nargs="+", metavar="VALUE")
+                kwargs.update({"action": "extend", "nargs": "+", "metavar": "VALUE"})
                 kwargs["help"] += f" ({target})"
             else:
                 kwargs["type"] = _checker(trait, type(trait).__name__.lower(), cls.minimums.get(_names(key)[0]))

@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -150,12 +150,12 @@ class Connection:
         self.socket.close(linger=0)
 
 
-def hello(endpoint: str | None = None, timeout: float = 2.0) -> dict[str, Any]:
+def hello(endpoint: str | None = None, timeout: float = 2.0) -> protocol.InfoDict:
     """Who the arbiter at ``endpoint`` is (:class:`~krex_lab.protocol.Info`, as a dict)."""
     conn = Connection(endpoint)
     try:
         info: protocol.Info = conn.call(protocol.Hello(), timeout=timeout)
-        return msgspec.structs.asdict(info)
+        return cast(protocol.InfoDict, msgspec.structs.asdict(info))
     finally:
         conn.close()
 

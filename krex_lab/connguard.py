@@ -189,7 +189,7 @@ class ConnectionGuard:
         """Stop the monitors, then the thread (its sockets close with it), before the context is
         terminated. In that order: a monitor sends its last events (a burst of disconnects, then
         MONITOR_STOPPED) on a PAIR socket, whose send blocks for good once its reader has closed
-        (an arbiter ignoring SIGTERM after its sessions left at once, benchmarks/scale.py)."""
+        (an arbiter ignoring SIGTERM after its sessions left at once, benchmarks/regions/scale.py)."""
         for sock in self._sockets:
             try:
                 sock.disable_monitor()

@@ -257,7 +257,7 @@ def session_tree(pid: int, stopped_threads: int | None = None) -> tuple[list[int
     The root's stat and its leader thread's children come through kept descriptors in one read;
     a root of one thread (the stat says so) has no other children file, so its task list is not
     read (a listing costs four syscalls: the freeze's two walks of 63 sleeping siblings spent a
-    third of the arbiter's time listing, ``benchmarks/scale.py``, 2026-12-02). A session is a
+    third of the arbiter's time listing, ``benchmarks/regions/scale.py``, 2026-12-02). A session is a
     process the arbiter bounds, while its descendants are as many as a user makes: they are
     read afresh. ``([], None)`` if the root is gone.
 

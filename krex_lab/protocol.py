@@ -142,6 +142,22 @@ class Info(msgspec.Struct, kw_only=True):
     driver: str = ""  # the GPU driver's version, where the backend knows it (NVIDIA)
 
 
+class InfoDict(TypedDict):
+    """:class:`Info` as plain data, what ``client.hello()`` returns (its fields, one for one: a test
+    holds them equal)."""
+
+    version: str
+    protocol: int
+    pid: int
+    gpus: int
+    identity: str
+    events: str
+    backend: str
+    simulated: bool
+    capabilities: CapabilitiesDict
+    driver: str
+
+
 class Registered(msgspec.Struct, kw_only=True):
     session: str
     token: str

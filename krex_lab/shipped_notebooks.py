@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 #: the checkout's shipped notebooks (an editable install's; elsewhere nothing matches)
 SHIPPED = Path(__file__).resolve().parents[1] / "notebooks"
@@ -41,12 +41,66 @@ KERNEL_DISPLAY_NAMES = {"krex": "Python 3 (KREX)", "python3": "Python 3 (ipykern
 RUN_CELL_METADATA = ("execution", "trusted", "scrolled", "collapsed")
 
 
-def _is_empty_code(cell: dict[str, Any]) -> bool:
+# -- the parts of nbformat 4 and of jupyter_server's contents model read or written here ---------
+# (total=False: a file on disk may lack any of them, so each is read with ``get``)
+
+
+class Cell(TypedDict, total=False):
+    cell_type: str
+    source: str | list[str]
+    metadata: dict[str, object]
+    outputs: list[object]
+    execution_count: int | None
+
+
+class LanguageInfo(TypedDict, total=False):
+    """A kernel's ``language_info`` (its ``kernel_info`` reply; stored in the notebook)."""
+
+    name: str
+    version: str
+    mimetype: str
+    file_extension: str
+    pygments_lexer: str
+    codemirror_mode: str | dict[str, object]
+    nbconvert_exporter: str
+
+
+class KernelSpecInfo(TypedDict, total=False):
+    name: str
+    display_name: str
+    language: str
+
+
+class NotebookMetadata(TypedDict, total=False):
+    kernelspec: KernelSpecInfo
+    language_info: LanguageInfo
+    widgets: dict[str, object]
+
+
+class Notebook(TypedDict, total=False):
+    """A notebook's JSON."""
+
+    cells: list[Cell]
+    metadata: NotebookMetadata
+    nbformat: int
+    nbformat_minor: int
+
+
+class ContentsModel(TypedDict, total=False):
+    """What jupyter_server's contents manager reads and saves: a notebook's ``content`` is its JSON
+    (a file's is text, a directory's its entries; None where the content was not asked for)."""
+
+    type: str
+    path: str
+    content: Notebook | str | list[ContentsModel] | None
+
+
+def _is_empty_code(cell: Cell) -> bool:
     source = cell.get("source", "")
     return cell.get("cell_type") == "code" and not "".join(source).strip()
 
 
-def strip(nb: dict[str, Any]) -> dict[str, Any]:
+def strip(nb: Notebook) -> Notebook:
     """``nb`` (a notebook's JSON, changed in place) without what a run and a save add: outputs,
     execution counts, cell timings, widget state, the kernel's version details, the empty code cells
     JupyterLab appends when the last cell is run (Shift+Enter), and the kernelspec's display name as
@@ -75,29 +129,30 @@ def is_shipped(os_path: str | os.PathLike[str]) -> bool:
     return path.name in SHIPPED_NAMES and path.parent == SHIPPED.resolve()
 
 
-def pre_save_hook(model: dict[str, Any], path: str, contents_manager: Any, **kwargs: Any) -> None:
+def pre_save_hook(model: ContentsModel, path: str, contents_manager: Any, **kwargs: Any) -> None:
     """jupyter_server's pre-save hook: a shipped notebook is saved stripped."""
-    if model.get("type") != "notebook" or not isinstance(model.get("content"), dict):
+    content = model.get("content")
+    if model.get("type") != "notebook" or not isinstance(content, dict):
         return
     get_os_path = getattr(contents_manager, "_get_os_path", None)
     if get_os_path is not None and is_shipped(get_os_path(path)):
-        strip(model["content"])
+        strip(content)
 
 
-_LANGUAGE_INFO: dict[str, Any] = {}
+_LANGUAGE_INFO: LanguageInfo = {}
 
 
-def kernel_language_info() -> dict[str, Any]:
+def kernel_language_info() -> LanguageInfo:
     """What a Python kernel of this interpreter reports as ``language_info`` (jupyter_client runs a
     kernelspec's ``python`` as this server's ``sys.executable``), imported once, on first use."""
     if not _LANGUAGE_INFO:
         from ipykernel.ipkernel import IPythonKernel
 
-        _LANGUAGE_INFO.update(IPythonKernel.language_info)
-    return dict(_LANGUAGE_INFO)
+        _LANGUAGE_INFO.update(IPythonKernel.language_info)  # type: ignore[typeddict-item]  # a dict[str, object] there
+    return _LANGUAGE_INFO.copy()
 
 
-def fill_for_the_view(model: dict[str, Any], contents_manager: Any, path: str) -> None:
+def fill_for_the_view(model: ContentsModel, contents_manager: Any, path: str) -> None:
     """A shipped notebook as it is read by the lab: its stripped ``language_info`` filled in with what
     the kernel will report, so that JupyterLab, which writes the kernel's into the notebook when the
     kernel starts, finds nothing to change and does not mark it modified. A save strips it again."""

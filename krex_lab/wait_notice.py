@@ -37,7 +37,7 @@ grant. (A process the driver locks instead, one with a CUDA context on that GPU,
 no drain message: it says nothing until granted; ``krex status`` and the dashboard show the queue.)
 
 ``KREX_WAIT_NOTICE=0`` in the environment turns the notice off: a harness that queues many
-regions on purpose (``benchmarks/agent_study.py``) wants neither the lines nor the status
+regions on purpose (``benchmarks/agent/agent_study.py``) wants neither the lines nor the status
 requests, which would load the arbiter it measures.
 """
 

@@ -303,3 +303,10 @@ def test_a_region_on_another_gpu_never_moves_the_session(arbiter: ArbiterProc, p
     holder = procs.start("holder", "1", "--hold", "0.3", wait_line=None)
     granted = procs.readline(holder)
     assert granted.startswith("granted") and kernel.pid in Procs.report(granted)["frozen"], granted
+
+
+def test_hello_gives_the_fields_its_type_names(arbiter: ArbiterProc) -> None:
+    """``hello()``'s dict is typed by ``InfoDict``: the same keys as the ``Info`` reply, one for one."""
+    info = krex_lab.client.hello(arbiter.endpoint)
+    assert set(protocol.InfoDict.__required_keys__) == set(protocol.Info.__struct_fields__) == set(info)
+    assert msgspec.convert(info, protocol.Info).pid == info["pid"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "eval"
 sys.path.insert(0, str(BENCH))
 
 import eval_kb  # noqa: E402
@@ -42,7 +42,7 @@ def test_the_set_has_twenty_problems_of_every_kind_and_a_current_manifest() -> N
         assert sum(1 for p in pairs if p.kind == kind) >= 8, kind
     assert any(p.kind == "numba" for p in pairs)
     lines = eval_set.manifest_lines(pairs, eval_set.PROBLEMS)
-    assert eval_set.MANIFEST.read_text().splitlines() == lines, "run python benchmarks/eval_set.py"
+    assert eval_set.MANIFEST.read_text().splitlines() == lines, "run python benchmarks/eval/eval_set.py"
     for line in lines:
         assert (eval_set.PROBLEMS / json.loads(line)["candidate"]).is_file()
 

@@ -19,7 +19,7 @@ from tests.support import ROOT
 
 from .test_notebooks import outputs_text
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "agent"))
 import agent_bounds
 
 pytestmark = pytest.mark.timeout(180)
@@ -49,7 +49,7 @@ def run(monkeypatch: pytest.MonkeyPatch, study: Path | None, root: Path = ROOT) 
 def check_points(text: str, study: Path) -> None:
     data = json.loads(study.read_text())
     assert study.name in text
-    for p in data["points"]:  # what bounds each point, as benchmarks/agent_bounds.py says it
+    for p in data["points"]:  # what bounds each point, as benchmarks/agent/agent_bounds.py says it
         assert agent_bounds.bounds_line(agent_bounds.bounds(p)) in text, p["mode"]
     for p in data["points"]:
         freeze = "on" if p.get("freeze", True) else "off"
@@ -93,8 +93,10 @@ def test_the_newest_study_on_a_gpu_before_a_newer_fake_one(monkeypatch: pytest.M
     fake = next(r for r in reversed(runs) if r.name.startswith("agent_study-fake-"))
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
-    for module in (ROOT / "benchmarks").glob("*.py"):  # what the notebook imports, and what they import
-        (tmp_path / "benchmarks" / module.name).symlink_to(module)
+    # what the notebook imports (the agent study's family), and what that imports
+    for shared in (ROOT / "benchmarks").glob("*.py"):
+        (tmp_path / "benchmarks" / shared.name).symlink_to(shared)
+    (tmp_path / "benchmarks" / "agent").symlink_to(ROOT / "benchmarks" / "agent")
     older, newer = (
         results / re.sub(STAMP, "2020-01-01T0000", gpu.name),
         results / re.sub(STAMP, "2030-01-01T0000", fake.name),

@@ -125,7 +125,7 @@ def test_ray_cluster_fleet(tmp_path: Path) -> None:
             f"3 nodes {rate3:.2f} evals/s, ratio {rate3 / rate1:.2f}"
         )
         assert len({r.node_id for r in res3}) == 3, "Ray placed evaluations on every node"
-        # The rates are figures (benchmarks/ray_cluster.py); what the test holds is that the nodes'
+        # The rates are figures (benchmarks/multigpu/ray_cluster.py); what the test holds is that the nodes'
         # regions were held at the same time (a slow machine changes the rates, not that).
         spans = [
             (r["granted_at"], r["released_at"], i)

@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, agent_kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))  # agent_kernels
 from common import machine, write_result
 
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, agent_kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "agent"))  # agent_kernels
 from common import machine, write_result
 
 from krex_lab.devsync import numba_free_pending

@@ -58,7 +58,7 @@ def kept_files_limit(fd_limit: int) -> int:
     """Descriptors of /proc files the region sequence may keep (procfiles.KeptFiles.limit): a
     quarter of the limit, at least :attr:`KeptFiles.LIMIT`. Each session root keeps three or four
     (pidfd, stat, children, cgroup): 512 in all kept half of 504 siblings' files, and every other
-    read cost an open and a close (benchmarks/scale.py, 2026-12-02)."""
+    read cost an open and a close (benchmarks/regions/scale.py, 2026-12-02)."""
     return max(KeptFiles.LIMIT, fd_limit // 4)
 
 

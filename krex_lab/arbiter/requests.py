@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -25,14 +25,11 @@ from .identity import Tickets
 from .quotas import Quotas
 from .region import BackendInfo, RegionState
 from .scheduler import Scheduler
+from .scheduler_config import Publisher
 from .sessions import Session, SessionTable
 from .slurm_jobs import SlurmJobs
 
 log = logging.getLogger("krex.arbiter")
-
-
-class Publisher(Protocol):
-    def publish(self, topic: str, data: dict[str, Any]) -> None: ...
 
 
 class Acknowledged(msgspec.Struct):

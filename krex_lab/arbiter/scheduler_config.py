@@ -31,9 +31,13 @@ class SchedulerConfig:
     isolate_deadline: float = 0.5
 
 
-class Notifier(Protocol):
-    """How the scheduler tells the world: events for observers, control messages for sessions."""
+class Publisher(Protocol):
+    """Where events go: ``publish(topic, body)``, the body an event's JSON form."""
 
     def publish(self, topic: str, data: dict[str, Any]) -> None: ...
+
+
+class Notifier(Publisher, Protocol):
+    """How the scheduler tells the world: events for observers, control messages for sessions."""
 
     def control(self, session: Session, kind: str, region: Region) -> None: ...

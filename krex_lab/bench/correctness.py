@@ -24,7 +24,7 @@ import inspect
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 
 class CheckFailed(AssertionError):
@@ -80,6 +80,38 @@ class OutputDiff:
         return "\n".join(lines)
 
 
+class OutputDiffDict(TypedDict):
+    """An :class:`OutputDiff` as plain data (its fields, one for one)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    ok: bool
+    total: int
+    mismatches: int
+    nans: int
+    first_index: tuple[int, ...] | None
+    first_actual: Any
+    first_expected: Any
+    max_abs_error: float
+    max_abs_index: tuple[int, ...] | None
+    max_rel_error: float
+    max_rel_index: tuple[int, ...] | None
+    problem: str
+
+
+class CheckResultDict(TypedDict):
+    """A :class:`CheckResult` as plain data (:meth:`CheckResult.to_dict`)."""
+
+    ok: bool
+    rtol: float
+    atol: float
+    trials: int
+    seeds: list[int]
+    outputs: list[OutputDiffDict]
+    notes: list[str]
+
+
 @dataclass
 class CheckResult:
     ok: bool
@@ -112,14 +144,14 @@ class CheckResult:
         color = "#070" if self.ok else "#b00"
         return f"<pre style='color:{color}'>{html.escape(self.message())}</pre>"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckResultDict:
         return {
             "ok": self.ok,
             "rtol": self.rtol,
             "atol": self.atol,
             "trials": self.trials,
             "seeds": self.seeds,
-            "outputs": [vars(d).copy() for d in self.outputs],
+            "outputs": [cast(OutputDiffDict, vars(d).copy()) for d in self.outputs],
             "notes": list(self.notes),
         }
 

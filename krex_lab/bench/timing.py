@@ -1,6 +1,6 @@
 """Samplers (how one batch of samples is taken) and the loop that runs them to convergence.
 
-:class:`HeldSampler` is the method proven on the H200 (benchmarks/fidelity_roles.py,
+:class:`HeldSampler` is the method proven on the H200 (benchmarks/regions/fidelity_roles.py,
 fidelity-2026-11-29.json): a spin kernel holds the stream while a whole batch is enqueued —
 for each sample an L2 flush, a start event, the call, an end event — so the GPU never waits
 for the host: host launch latency stays out of every interval. Right after each sample's end

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 import msgspec
 
@@ -54,6 +54,34 @@ DEFAULT_TIMEOUT = 180.0
 #: the time limit a task gives each of our modes
 MODE_TIMEOUT = {"test": "test_timeout", "benchmark": "benchmark_timeout", "leaderboard": "ranked_timeout"}
 RANKINGS = ("last", "mean", "geom")
+
+
+class FileEntry(TypedDict, total=False):
+    """One of ``files:``: the name the runner writes it under, and where its text comes from."""
+
+    name: str
+    source: str
+
+
+class TaskConfig(TypedDict, total=False):
+    #: the runner's harness (GPU MODE's eval.py)
+    main: str
+
+
+class TaskYaml(TypedDict, total=False):
+    """A task.yml as published (the keys read here; others are left alone). YAML is the author's,
+    so each value is checked where it is read: these are the types it must have."""
+
+    files: list[FileEntry]
+    lang: str
+    multi_gpu: bool
+    ranking_by: str
+    config: TaskConfig
+    tests: list[Case]
+    benchmarks: list[Case]
+    test_timeout: float | None
+    benchmark_timeout: float | None
+    ranked_timeout: float | None
 
 
 class TaskError(ValueError):
@@ -109,7 +137,7 @@ def find_task(path: str | os.PathLike[str]) -> Path | None:
     return p if p.is_file() else None
 
 
-def _yaml(path: Path) -> dict[str, Any]:
+def _yaml(path: Path) -> TaskYaml:
     try:
         import yaml
     except ImportError:
@@ -122,7 +150,7 @@ def _yaml(path: Path) -> dict[str, Any]:
         raise TaskError(f"{path}: not YAML: {exc}") from None
     if not isinstance(data, dict):
         raise TaskError(f"{path}: a task.yml is a mapping (files:, tests:, benchmarks:, ...)")
-    return data
+    return cast(TaskYaml, data)  # its values are checked as read
 
 
 def _name(entry_name: Any, path: Path) -> str:
@@ -135,14 +163,14 @@ def _name(entry_name: Any, path: Path) -> str:
     return str(pure)
 
 
-def _cases(data: dict[str, Any], key: str, path: Path) -> list[Case]:
+def _cases(data: TaskYaml, key: Literal["tests", "benchmarks"], path: Path) -> list[Case]:
     listed = data.get(key) or []
     if not isinstance(listed, list) or not all(isinstance(c, Mapping) for c in listed):
         raise TaskError(f"{path}: {key}: a list of mappings (generate_input's keyword arguments)")
     return [dict(c) for c in listed]
 
 
-def _timeouts(data: dict[str, Any], path: Path) -> dict[str, float]:
+def _timeouts(data: TaskYaml, path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in MODE_TIMEOUT.values():
         value = data.get(key, DEFAULT_TIMEOUT)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import ray
@@ -33,9 +33,20 @@ class ClusterNode(NodeStatus, kw_only=True, omit_defaults=True):
     error: str | None = None
 
 
-def krex_nodes(resource: str) -> list[dict[str, Any]]:
-    """Live Ray nodes that declare ``resource`` (``ray.nodes()`` entries, Ray's own dicts)."""
-    return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(resource, 0) > 0]
+class RayNode(TypedDict):
+    """An entry of ``ray.nodes()`` (Ray's own dict; the keys read here)."""
+
+    NodeID: str
+    Alive: bool
+    NodeManagerAddress: str
+    #: resource name -> amount the node declares
+    Resources: dict[str, float]
+
+
+def krex_nodes(resource: str) -> list[RayNode]:
+    """Live Ray nodes that declare ``resource`` (``ray.nodes()`` entries)."""
+    nodes: list[RayNode] = ray.nodes()
+    return [n for n in nodes if n.get("Alive") and n.get("Resources", {}).get(resource, 0) > 0]
 
 
 def node_actor(node_id: str, config: NodeConfig, resources: float | None = None) -> Any:

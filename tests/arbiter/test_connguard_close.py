@@ -3,7 +3,7 @@
 A socket monitor reports each disconnect on an inproc PAIR socket that the guard's thread reads;
 a monitor's send blocks for good once that reader has closed. The guard used to stop its thread
 first and disable the monitors after: an arbiter whose sessions all left at once (the end of
-benchmarks/scale.py, 512 of them) hung in ``disable_monitor`` and never stopped on SIGTERM.
+benchmarks/regions/scale.py, 512 of them) hung in ``disable_monitor`` and never stopped on SIGTERM.
 """
 
 from __future__ import annotations

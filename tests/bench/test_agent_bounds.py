@@ -1,4 +1,4 @@
-"""What bounds an agent-study point (benchmarks/agent_bounds.py): the window clipping, the two
+"""What bounds an agent-study point (benchmarks/agent/agent_bounds.py): the window clipping, the two
 bounds, the pooled ratio, and the command as a user runs it on a study's JSON."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "agent"))
 
 import agent_bounds  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_pooled_ratio_sums_the_counts_of_the_comparisons_asked_for() -> None:
 def test_the_command_prints_a_line_per_point() -> None:
     study = REPO / "benchmarks" / "results" / "agent_study-fake-2026-12-02T1944.json"
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "agent_bounds.py"), str(study)],
+        [sys.executable, str(REPO / "benchmarks" / "agent" / "agent_bounds.py"), str(study)],
         capture_output=True,
         text=True,
         check=True,

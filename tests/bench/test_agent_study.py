@@ -1,4 +1,4 @@
-"""benchmarks/agent_study.py against a real fake-backend arbiter: a small sweep, real properties."""
+"""benchmarks/agent/agent_study.py against a real fake-backend arbiter: a small sweep, real properties."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from krex_lab.pytest_plugin import ArbiterProc, running_arbiter
 
 REPO = Path(__file__).resolve().parents[2]
-STUDY = REPO / "benchmarks" / "agent_study.py"
+STUDY = REPO / "benchmarks" / "agent" / "agent_study.py"
 #: the small sweep's measured window and warm-up per point (s): 6 points, so each second here is 6
 WINDOW, WARMUP = 5.0, 2.0
 
@@ -240,7 +240,7 @@ def _point(done: list[float]) -> dict[str, Any]:
 
 
 def test_the_interval_is_narrow_for_a_steady_queue_and_a_count_s_for_random_returns() -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks" / "agent"))
     import agent_reference
 
     steady = agent_reference.log_rate_se(_point([1.0 + 2.0 * i + (0.1 if i % 2 else 0.0) for i in range(40)]))
@@ -259,7 +259,7 @@ def test_the_interval_is_narrow_for_a_steady_queue_and_a_count_s_for_random_retu
 def rescore(path: Path) -> subprocess.CompletedProcess[str]:
     """``agent_reference.py --rescore PATH``, as a user runs it; it must succeed."""
     r = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "agent_reference.py"), "--rescore", str(path)],
+        [sys.executable, str(REPO / "benchmarks" / "agent" / "agent_reference.py"), "--rescore", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -61,6 +61,22 @@ def test_off_by_one_in_the_indexing_is_caught_with_its_errors() -> None:
     assert "max abs error" in str(err.value) and "max rel error" in str(err.value)
 
 
+def test_a_result_as_data_has_the_fields_its_type_names() -> None:
+    """``CheckResult.to_dict`` is typed by ``CheckResultDict`` and each output by ``OutputDiffDict``:
+    the keys are the dataclasses' fields, one for one."""
+    import dataclasses
+
+    from krex_lab.bench.correctness import CheckResultDict, OutputDiff, OutputDiffDict
+
+    with pytest.raises(CheckFailed) as err:
+        krex_lab.check(add_skips_last, ref_add, make_add, seed=7)
+    data = err.value.result.to_dict()
+    assert set(data) == set(CheckResultDict.__required_keys__) == {f.name for f in dataclasses.fields(CheckResult)}
+    fields = {f.name for f in dataclasses.fields(OutputDiff)}
+    assert set(data["outputs"][0]) == set(OutputDiffDict.__required_keys__) == fields
+    assert data["outputs"][0]["first_index"] == (49,) and data["seeds"] == [7] and not data["ok"]
+
+
 def test_nan_never_passes_not_even_against_a_nan_reference() -> None:
     def nan_at_7(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         np.add(a, b, out=out)

@@ -1,4 +1,4 @@
-"""benchmarks/eval_batch.py in its smallest form on the fake backend: a real arbiter, a real pool,
+"""benchmarks/eval/eval_batch.py in its smallest form on the fake backend: a real arbiter, a real pool,
 real `krex eval --batch` and real baseline processes on CPU torch; the JSON's shape and that every
 pair got exactly one result each way."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "eval_batch.py"
+SCRIPT = REPO / "benchmarks" / "eval" / "eval_batch.py"
 PAIRS = ["04_sigmoid/torch", "21_cumsum/torch"]
 
 
@@ -110,7 +110,7 @@ def test_the_cuda_toolkit_behind_an_nvcc_wrapper_reaches_both_ways(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch takes the folder above the nvcc on PATH for CUDA_HOME: wrong for a wrapper script."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks" / "eval"))
     import eval_batch
 
     toolkit = tmp_path / "cuda-13.0"

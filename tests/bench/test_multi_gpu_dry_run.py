@@ -1,4 +1,4 @@
-"""benchmarks/multi_gpu.py's dry run on two fake GPUs: the orchestration the two-H200 stage relies on.
+"""benchmarks/multigpu/multi_gpu.py's dry run on two fake GPUs: the orchestration the two-H200 stage relies on.
 
 Device time is scarce, so the stage must not be the first place the orchestration runs (its CPU
 hogs once stopped registering and part B failed at the first hog). The dry run starts its own
@@ -19,7 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_fake_dry_run_passes_every_placement_and_freeze_check(tmp_path: Path) -> None:
     out = tmp_path / "multi_gpu.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "multi_gpu.py"), "--backend", "fake", "--quick", "--json", str(out)],
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "multigpu" / "multi_gpu.py"),
+            "--backend",
+            "fake",
+            "--quick",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

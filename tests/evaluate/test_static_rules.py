@@ -325,14 +325,16 @@ def test_without_kernelguard_krex_rules_still_run(monkeypatch: pytest.MonkeyPatc
 
 
 def _honest_corpus() -> list[Path]:
-    spec = importlib.util.spec_from_file_location("static_rules_bench", REPO / "benchmarks" / "static_rules.py")
+    spec = importlib.util.spec_from_file_location(
+        "static_rules_bench", REPO / "benchmarks" / "eval" / "static_rules.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    path = list(sys.path)
     try:
-        spec.loader.exec_module(module)
+        spec.loader.exec_module(module)  # it puts benchmarks/ on the path, for common
     finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+        sys.path[:] = path
     return module.honest_candidates()
 
 

@@ -50,7 +50,7 @@ def test_triton_candidates_compile_check_and_time_as_new_code(tmp_path: Path) ->
     cache = tmp_path / "triton-cache"
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), PYTHONPATH=subprocess_pythonpath())
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path), str(REPO / "benchmarks")],
+        [sys.executable, "-c", CHILD, str(tmp_path), str(REPO / "benchmarks" / "agent")],
         capture_output=True,
         text=True,
         env=env,

@@ -1,7 +1,7 @@
 """One GPU cheat of each kind inside one batch of 16 evaluations at once on one GPU, beside honest
 candidates (tests/evaluate/redteam/batch.py): no forged verdict against the honest candidates of
 the same batch, and every honest candidate ``correct`` within noise of the others. 16 workers share
-the GPU, as ``benchmarks/eval_batch.py --jobs 16`` runs them."""
+the GPU, as ``benchmarks/eval/eval_batch.py --jobs 16`` runs them."""
 
 from __future__ import annotations
 

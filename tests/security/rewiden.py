@@ -1,5 +1,5 @@
 """A holder's timing loop beside a neighbour's busy loops that widen their affinity again: the
-scenario of tests/security/test_shield_rewiden.py and benchmarks/rewiden.py (real users against
+scenario of tests/security/test_shield_rewiden.py and benchmarks/regions/rewiden.py (real users against
 a real root arbiter)."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import ast
 import re
 import threading
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 import msgspec
 
@@ -174,9 +174,17 @@ def _kernelguard_flags(source: str) -> list[Flag]:
     return flags
 
 
-def _matches(result: Any) -> list[dict[str, Any]]:
+class _Match(TypedDict, total=False):
+    """One of KernelGuard's ``matched_patterns``: the rule's pattern and what it saw."""
+
+    pattern: str
+    evidence: str
+
+
+def _matches(result: Any) -> list[_Match]:
     matched = result.get("matched_patterns") if isinstance(result, dict) else None
-    return [m for m in matched or [] if isinstance(m, dict) and m.get("pattern")]
+    # KernelGuard's own dicts: a match without a pattern names no rule, and is dropped
+    return [cast(_Match, m) for m in matched or [] if isinstance(m, dict) and m.get("pattern")]
 
 
 # --- KREX's rules ---------------------------------------------------------------------------------

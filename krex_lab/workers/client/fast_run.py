@@ -45,7 +45,43 @@ except ImportError:  # pragma: no cover - CPython has it
 TYPE_CHECKING = False  # `typing` costs this path's start; the checker alone reads these names
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import TypedDict
+
+    class RunArgs(TypedDict):
+        """``krex run``'s arguments, as :func:`parse` reads them (the full parser's names)."""
+
+        gpu: int | None
+        timeout: float | None
+        quiet: bool
+        script: str
+        args: list[str]
+
+    class ResultFields(TypedDict, total=False):
+        """A ``JobResult`` as JSON: the fields :class:`_Result` reads (any may be missing)."""
+
+        ok: bool
+        status: str
+        exit_code: int | None
+        error: str | None
+        traceback: str | None
+        notice: str | None
+
+    class PoolFrame(TypedDict, total=False):
+        """Any frame the pool sends (``FIELDS``): its greeting (``PoolInfo``) or, by ``kind``,
+        ``Accepted``, ``Output``, ``FastResult`` or ``FastError``. Read with ``get``: a frame
+        is JSON from another process, checked where it is used."""
+
+        pid: int
+        uid: int
+        gpus: list[int]
+        no_arbiter: str | None
+        kind: str
+        stream: str
+        text: str
+        result: ResultFields
+        type: str
+        message: str
+
 
 #: the suffix of the plain socket next to the pool's ipc socket (``pool.sock`` -> ``pool.sock.run``)
 SUFFIX = ".run"
@@ -165,18 +201,20 @@ def _own_tmp_dir() -> str | None:
     return os.path.join("/tmp", found[0]) if found else None
 
 
-def parse(argv: list[str]) -> dict[str, Any] | None:
+def parse(argv: list[str]) -> RunArgs | None:
     """``krex run``'s arguments as its parser reads them, for the forms this path serves; None for
     anything else (the full parser then reads them, errors and help included)."""
-    opts: dict[str, Any] = {"gpu": None, "timeout": None, "quiet": False}
+    gpu: int | None = None
+    timeout: float | None = None
+    quiet = False
     i = 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("-") or arg == "-":
-            return {**opts, "script": arg, "args": argv[i + 1 :]}
+            return {"gpu": gpu, "timeout": timeout, "quiet": quiet, "script": arg, "args": argv[i + 1 :]}
         name, eq, value = arg.partition("=")
         if name == "--quiet" and not eq:
-            opts["quiet"] = True
+            quiet = True
         elif name in ("--gpu", "--timeout"):
             if not eq:
                 i += 1
@@ -186,7 +224,7 @@ def parse(argv: list[str]) -> dict[str, Any] | None:
             if name == "--gpu":
                 if not (value.isascii() and value.isdigit()):
                     return None
-                opts["gpu"] = int(value)
+                gpu = int(value)
             else:
                 try:
                     seconds = float(value)
@@ -194,7 +232,7 @@ def parse(argv: list[str]) -> dict[str, Any] | None:
                     return None
                 if not 0 < seconds < float("inf"):
                     return None
-                opts["timeout"] = seconds
+                timeout = seconds
         else:
             return None  # --exclusive, --help, --, an abbreviation, a typo: the full parser's
         i += 1
@@ -214,7 +252,7 @@ class _Frames:
         self.sock = sock
         self.buf = bytearray()
 
-    def next(self) -> dict[str, Any] | None:
+    def next(self) -> PoolFrame | None:
         """The next object; None at EOF (the pool went away) or on a frame no pool sends."""
         while True:
             if len(self.buf) >= 4:
@@ -228,7 +266,8 @@ class _Frames:
                         obj = _loads(body.decode())
                     except (ValueError, StopIteration):  # StopIteration: the scanner found no value
                         return None
-                    return obj if isinstance(obj, dict) else None
+                    # a map is taken for a frame: each field is checked where it is read
+                    return obj if isinstance(obj, dict) else None  # type: ignore[return-value]
             try:
                 chunk = self.sock.recv(1 << 20)
             except (ConnectionError, TimeoutError):  # the pool went away
@@ -256,7 +295,7 @@ def _connect(path: str) -> _unix_socket | None:
 class _Result:
     """A JobResult read from JSON: the attributes :func:`report` reads."""
 
-    def __init__(self, fields: dict[str, Any]) -> None:
+    def __init__(self, fields: ResultFields) -> None:
         self.ok = bool(fields.get("ok"))
         self.status = fields.get("status", "ok")
         self.exit_code = fields.get("exit_code")
@@ -285,7 +324,7 @@ def run(argv: list[str]) -> int | None:
         sock.close()
 
 
-def _run_on(sock: _unix_socket, path: str, opts: dict[str, Any]) -> int | None:
+def _run_on(sock: _unix_socket, path: str, opts: RunArgs) -> int | None:
     frames = _Frames(sock)
     sock.settimeout(HELLO_TIMEOUT)  # a pool greets at once; a listener that does not is no pool
     info = frames.next()
@@ -324,8 +363,9 @@ def _run_on(sock: _unix_socket, path: str, opts: dict[str, Any]) -> int | None:
 
         job["stdin"] = binascii.b2a_base64(stdin, newline=False).decode()
     quiet = os.environ.get("KREX_QUIET", "") not in ("", "0")  # krex_lab.paths.quiet(), without pathlib
-    if info.get("no_arbiter") and not quiet:
-        print(no_arbiter_line(info["no_arbiter"]), file=sys.stderr, flush=True)
+    why = info.get("no_arbiter")
+    if why and not quiet:
+        print(no_arbiter_line(str(why)), file=sys.stderr, flush=True)
     sock.sendall(_frame({"op": "run", "job": job}))
     result = _follow(frames)
     if result is None:

@@ -1,5 +1,5 @@
 """How a cheat of the corpus is judged: shared by the CPU tests, the GPU tests and
-benchmarks/redteam.py. :func:`judge_cheat` evaluates the honest twin, the cheat and what its
+benchmarks/eval/redteam.py. :func:`judge_cheat` evaluates the honest twin, the cheat and what its
 checks ask for after it, and says what was forged (nothing, for an evaluator that stops it)."""
 
 from __future__ import annotations
