@@ -171,7 +171,7 @@ def timeline_svg(regions: Sequence[RegionRecord], width: int = 440, height: int 
         hold_h = plot_h * (r.hold_s or 0.0) / longest
         bad = r.degraded or r.expired
         tip = (
-            f"{r.region} {r.user}/{r.name}: waited {fmt_s(r.wait_s)}, held {fmt_s(r.hold_s)}, "
+            f"{r.region} {r.user}/{r.name}: queued {fmt_s(r.wait_s)}, held {fmt_s(r.hold_s)}, "
             f"drained {r.drained}, frozen {r.frozen}"
             + (", DEGRADED" if r.degraded else "")
             + (", LEASE EXPIRED" if r.expired else "")
@@ -203,9 +203,9 @@ def timeline_svg(regions: Sequence[RegionRecord], width: int = 440, height: int 
     parts.append("</svg>")
     last = regions[-1]
     legend = (
-        f'<div class="krex-muted"><span style="color:{WAIT_COLOR}">&#9646;</span> wait '
+        f'<div class="krex-muted"><span style="color:{WAIT_COLOR}">&#9646;</span> queued '
         f'<span style="color:{HOLD_COLOR}">&#9646;</span> hold <span style="color:{BAD_COLOR}">!</span> '
-        f"degraded/expired &middot; last: {esc(last.region)} {esc(last.user)}/{esc(last.name)} waited "
+        f"degraded/expired &middot; last: {esc(last.region)} {esc(last.user)}/{esc(last.name)} queued "
         f"{fmt_s(last.wait_s)}, held {fmt_s(last.hold_s)}"
         + (' <b style="color:#c62828">DEGRADED</b>' if last.degraded else "")
         + "</div>"

@@ -339,7 +339,7 @@ def test_widgets_follow_the_scripted_sequence() -> None:
     assert "waiting (2)" in queue and queue.index("pool worker") < queue.index("train.ipynb"), "in order"
     assert "1 intruder(s)" in seen[10]["holder"]
     assert "none held" in seen[11]["holder"] and seen[11]["timeline"].count('class="krex-region"') == 1
-    assert "waited 250.0 ms, held 500.0 ms, drained 2, frozen 2" in seen[11]["timeline"]
+    assert "queued 250.0 ms, held 500.0 ms, drained 2, frozen 2" in seen[11]["timeline"]
     assert "DEGRADED" in seen[12]["holder"] and "bob" in seen[12]["holder"]
     timeline = seen[13]["timeline"]
     assert timeline.count('class="krex-region"') == 1 and timeline.count('class="krex-region degraded"') == 1
