@@ -144,6 +144,11 @@ _DENIED = (
     "mount", "umount2", "pivot_root", "chroot", "setns", "unshare",
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    # System V IPC and POSIX message queues: kernel memory that counts against no process's
+    # limit and outlives its maker (a segment stays until someone removes it)
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )  # fmt: skip
 _CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _F_SETOWN, _F_SETOWN_EX = 8, 15
@@ -356,7 +361,11 @@ def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
             _add_rule(ruleset, path, read)
         for path in (*_DEVICES, *_gpu_devices()):
             _add_rule(ruleset, path, fs)
-        for path in ("/dev/shm", *writable):
+        # /dev/shm: open what is there (the judge's CUDA IPC counters, which torch decrements
+        # in the receiver), make nothing: a file there is memory that no limit of the candidate's
+        # counts and that outlives it (RLIMIT_FSIZE bounds how far it may grow one that exists)
+        _add_rule(ruleset, "/dev/shm", _READ_FILE | _WRITE_FILE)
+        for path in writable:
             _add_rule(ruleset, path, fs)
         if _SYS_SYSCALL(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             return f"failed: landlock_restrict_self: {os.strerror(ctypes.get_errno())}"

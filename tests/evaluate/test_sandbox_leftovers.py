@@ -1,0 +1,123 @@
+"""What a candidate leaves behind: memory outside its limit, files its next evaluation finds,
+files the evaluator reads for it.
+
+The whole path (a pool worker judging a KernelBench candidate), real files, real shared memory:
+
+* shared memory that outlives a process (a file in ``/dev/shm``, POSIX and System V segments) is
+  not the process's own memory: ``memory_limit_mb`` does not count it and the candidate's death
+  does not free it. A candidate may make none;
+* its build directory is its own for one evaluation: what it wrote there (beside what its
+  compilers made while it loaded) is gone when the next evaluation of the same source starts;
+* the file its output goes to is the evaluator's: a candidate cannot turn it into a link to a
+  file it may not read (whose text the verdict would then carry) or into a pipe (on which the
+  caller would wait for ever).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from krex_lab.evaluate import Evaluation, evaluate
+from tests.support.pool import PoolProc
+
+from .helpers import LIMITS, problem
+
+Judge = Callable[..., Evaluation]
+
+HONEST = """
+import os
+import torch
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        return torch.add(b, a, alpha=self.alpha)
+"""
+
+#: 160 MiB: more than the 64 MiB the candidate may add (``memory_limit_mb``)
+SIZE = 160 << 20
+LIMIT_MB = 64
+
+#: ways to leave memory that neither counts against the process nor dies with it
+SHARED = {
+    "dev_shm_file": """
+with open("/dev/shm/{token}", "wb") as f:
+    for _ in range({size} >> 20):
+        f.write(b"x" * (1 << 20))
+""",
+    "posix_shm": """
+from multiprocessing import shared_memory
+seg = shared_memory.SharedMemory(name="{token}", create=True, size={size})
+for at in range(0, {size}, 1 << 20):
+    seg.buf[at : at + (1 << 20)] = b"x" * (1 << 20)
+seg.close()
+""",
+    "sysv_shm": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+sid = libc.shmget({key}, ctypes.c_size_t({size}), 0o1600)  # IPC_CREAT | 0600
+if sid < 0:
+    raise OSError(ctypes.get_errno(), "shmget: " + os.strerror(ctypes.get_errno()))
+addr = libc.shmat(sid, None, 0)
+ctypes.memset(addr, 120, {size})
+libc.shmdt(ctypes.c_void_p(addr))
+""",
+}
+
+
+@pytest.fixture
+def judge(eval_pool: PoolProc) -> Judge:
+    def go(source: str, **options: object) -> Evaluation:
+        options.setdefault("timeouts", LIMITS)
+        return evaluate(problem("kb_scaled_add"), source, pool=eval_pool.client, **options)  # type: ignore[arg-type]
+
+    return go
+
+
+def _sysv_segments(key: int) -> list[int]:
+    """The ids of System V segments of ``key``."""
+    with open("/proc/sysvipc/shm") as f:
+        next(f)
+        return [int(ln.split()[1]) for ln in f if int(ln.split()[0]) == key]
+
+
+@contextlib.contextmanager
+def _removed_after(token: str, key: int) -> Iterator[None]:
+    """Whatever an attack that worked left is removed, whatever the test's outcome."""
+    try:
+        yield
+    finally:
+        for p in Path("/dev/shm").glob(f"{token}*"):
+            p.unlink(missing_ok=True)
+        libc = ctypes.CDLL(None)
+        for sid in _sysv_segments(key):
+            libc.shmctl(sid, 0, None)  # IPC_RMID
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("way", list(SHARED))
+def test_shared_memory_a_candidate_makes_neither_outlives_it_nor_escapes_its_limit(way: str, judge: Judge) -> None:
+    token = f"krex-attack-{secrets.token_hex(6)}"
+    key = secrets.randbelow(1 << 30) + 1
+    source = "import os\n" + SHARED[way].format(token=token, size=SIZE, key=key) + HONEST
+    with _removed_after(token, key):
+        ev = judge(source, memory_limit_mb=LIMIT_MB)
+        left = [p.name for p in Path("/dev/shm").glob(f"{token}*")] + [f"sysv {s}" for s in _sysv_segments(key)]
+        assert not left, f"{way}: {ev.verdict}; left behind: {left}"
+        assert ev.verdict == "runtime_error", (way, ev.verdict, ev.summary)
+        text = str(ev.metadata.get("runtime_error", ""))
+        assert "Permission denied" in text or "Operation not permitted" in text, text
+    # what it could not make is no honest candidate's loss
+    assert judge(HONEST).verdict == "correct"
