@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -121,3 +123,43 @@ def test_shared_memory_a_candidate_makes_neither_outlives_it_nor_escapes_its_lim
         assert "Permission denied" in text or "Operation not permitted" in text, text
     # what it could not make is no honest candidate's loss
     assert judge(HONEST).verdict == "correct"
+
+
+#: its output file (fd 1) turned into something else once it is loaded
+SWAP_OUTPUT = """
+import os
+
+_out = os.readlink("/proc/self/fd/1")
+os.unlink(_out)
+{make}
+print("the output file is no longer a file")
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_candidate_cannot_link_its_output_to_a_file_it_may_not_read(judge: Judge, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    token = secrets.token_hex(16)
+    secret.write_text(f"the user's secret {token}\n")
+    source = SWAP_OUTPUT.format(make=f"os.symlink({str(secret)!r}, _out)") + HONEST
+    ev = judge(source, measure=False)
+    assert token not in (ev.output or ""), f"{ev.verdict}: the verdict carries a file the candidate could not read"
+    assert secret.read_text() == f"the user's secret {token}\n"
+
+
+@pytest.mark.timeout(300)
+def test_a_candidate_cannot_make_its_output_a_pipe_the_caller_waits_on(judge: Judge) -> None:
+    source = SWAP_OUTPUT.format(make="os.mkfifo(_out)") + HONEST
+    got: list[Evaluation] = []
+    caller = threading.Thread(target=lambda: got.append(judge(source, measure=False)), daemon=True)
+    caller.start()
+    caller.join(120)
+    if caller.is_alive():  # the caller blocks opening the pipe: a writer of ours lets it go
+        cache = Path(os.environ["KREX_EVAL_CACHE"])
+        for fifo in cache.glob("**/output-*.txt"):
+            if fifo.is_fifo():
+                with contextlib.suppress(OSError):
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        caller.join(30)
+        pytest.fail("the caller waited for ever on a pipe the candidate put in place of its output")
+    assert got and got[0].verdict in ("correct", "runtime_error"), got

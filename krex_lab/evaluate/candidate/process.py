@@ -157,7 +157,7 @@ class Candidate:
         """The sandbox's file part, before any candidate code (:mod:`.sandbox`)."""
         from .sandbox import confine_files
 
-        self.chan.send(Confined(sandbox=confine_files(body.build_dir, body.scratch, body.readable)))
+        self.chan.send(Confined(sandbox=confine_files(body.build_dir, body.scratch, body.readable, body.files)))
 
     def op_calibrate(self, body: Calibrate, arrays: list[Any]) -> None:
         """The harness alone, on sets shaped as a round's (taken over as a round takes them): a

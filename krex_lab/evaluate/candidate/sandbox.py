@@ -344,7 +344,7 @@ def _add_rule(ruleset: int, path: str, rights: int) -> bool:
         os.close(fd)
 
 
-def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
+def _landlock(writable: list[str], readable: list[str], scopes: bool, files: Iterable[str] = ()) -> str:
     abi = landlock_abi()
     if abi < 1:
         return f"unavailable: the kernel has no landlock ({platform.release()})"
@@ -367,6 +367,8 @@ def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
         _add_rule(ruleset, "/dev/shm", _READ_FILE | _WRITE_FILE)
         for path in writable:
             _add_rule(ruleset, path, fs)
+        for path in files:  # written into, never made, removed or replaced
+            _add_rule(ruleset, path, _WRITE_FILE)
         if _SYS_SYSCALL(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             return f"failed: landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
     finally:
@@ -391,15 +393,17 @@ def _tool_dirs(build_dir: str, scratch: str) -> dict[str, str]:
     }
 
 
-def confine_files(build_dir: str, scratch: str, readable: list[str], scopes: bool = True) -> dict[str, str]:
+def confine_files(
+    build_dir: str, scratch: str, readable: list[str], files: list[str] | None = None, scopes: bool = True
+) -> dict[str, str]:
     """The file and network part, once the evaluation's directories are known: writes go to
-    ``build_dir`` alone (``scratch``, inside it, is the temporary directory), reads to the
-    system, the Python environment and ``readable``. What held. ``scopes``: as for
-    :func:`lock_process`."""
+    ``build_dir`` (``scratch``, inside it, is the temporary directory) and into the existing
+    ``files`` alone, reads to the system, the Python environment and ``readable``. What held.
+    ``scopes``: as for :func:`lock_process`."""
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     os.environ.update(_tool_dirs(build_dir, scratch))
     tempfile.tempdir = None  # read again from TMPDIR
-    report = {"landlock": _landlock([build_dir], readable, scopes)}
+    report = {"landlock": _landlock([build_dir], readable, scopes, files or [])}
     try:
         _load_filter([("socket", errno.EPERM, [])])
         report["sockets"] = "held (none can be opened)"

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import cuda_ipc
+from ..cache import make_output_file, output_file
 from ..channel import ChannelError, Shared, encode_tree
 from ..messages import Body, Call, CallAgain, CallEntry, Failed, Load, Loaded, Ok, Release, Returned
 from ..numerics import applied, settings_for
@@ -135,7 +136,7 @@ class Judge:
         self.seeds = Seeds(self.opts.seed)
         self.salt = self.opts.seed if self.opts.seed is not None else 0
         self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
-        self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
+        self.output_path = output_file(job.build_root, job.id)
         self.proc: CandidateProc | None = None
         #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
         self.group: CandidateGroup | None = None
@@ -248,7 +249,12 @@ class Judge:
     def load(self) -> LoadResult:
         job = self.job
         result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
-        os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
+            make_output_file(self.output_path)
+        except OSError as exc:
+            result.fail("error", "evaluation_error", f"no build directory could be made: {exc}")
+            return result
         if job.files:
             from ..task import lay_out
 
@@ -332,7 +338,7 @@ class Judge:
         :mod:`.clock`)."""
         self.proc = spares_for(self.device).take()
         mark("load", self.job.nonce, self.proc.pid)
-        self.proc.confine(self.build_dir, self._import_dirs())
+        self.proc.confine(self.build_dir, self._import_dirs(), [self.output_path])
 
     def _calibration_sets(self, calls: int) -> tuple[list[CallEntry], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
@@ -651,7 +657,7 @@ def _collect_output(judge: Judge, last: PhaseResult) -> None:
     """How much the candidate printed (its file, read by the client afterwards), and whether it
     went past its limit."""
     try:
-        size = os.path.getsize(judge.output_path)
+        size = os.lstat(judge.output_path).st_size
     except OSError:
         return
     last.output_bytes = size

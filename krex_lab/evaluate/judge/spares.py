@@ -48,11 +48,12 @@ class CandidateProc:
         self.sandbox: dict[str, str] = {}
         self.scratch = ""
 
-    def confine(self, build_dir: str, readable: list[str], timeout: float = 60.0) -> None:
-        """Its writes to ``build_dir`` alone (its temporary directory in it), its reads to the
-        system, the Python environment and ``readable``: before any candidate code is in it."""
+    def confine(self, build_dir: str, readable: list[str], files: list[str], timeout: float = 60.0) -> None:
+        """Its writes to ``build_dir`` (its temporary directory in it) and into ``files`` alone,
+        its reads to the system, the Python environment and ``readable``: before any candidate
+        code is in it."""
         self.scratch = os.path.join(build_dir, "tmp", str(self.pid))
-        self.chan.send(Confine(build_dir=build_dir, scratch=self.scratch, readable=readable))
+        self.chan.send(Confine(build_dir=build_dir, scratch=self.scratch, readable=readable, files=files))
         self.chan.sock.settimeout(timeout)
         try:
             env, fds = self.chan.recv()
