@@ -3,7 +3,8 @@
 ``$KREX_EVAL_CACHE`` (default ``$XDG_CACHE_HOME/krex/evaluate``, else ``~/.cache/krex/evaluate``):
 
 * ``builds/<candidate hash>/``: each candidate's build directory (its ``TORCH_EXTENSIONS_DIR``
-  and working directory), so the same source is not compiled twice;
+  and working directory), its own for one evaluation, and beside it what its compilers made
+  while it loaded, so the same source is not compiled twice (:mod:`.judge.builddir`);
 * ``outputs/<job id>.txt``: a candidate's stdout and stderr, read by the caller, then removed;
 * ``reference-times/<key>.json``: a reference's time per (problem, GPU model, method and its
   settings), with the date it was measured, written atomically (a batch's evaluations share it).

@@ -125,6 +125,37 @@ def test_shared_memory_a_candidate_makes_neither_outlives_it_nor_escapes_its_lim
     assert judge(HONEST).verdict == "correct"
 
 
+#: looks for what an earlier evaluation of this very source left in its build directory, then
+#: leaves files there for the next: one beside it when loaded, one in each tool's cache while called
+REMEMBERS = """
+import glob
+import os
+
+_FOUND = sorted(glob.glob("**/krex-left-*", recursive=True))
+if _FOUND:
+    raise RuntimeError(f"an earlier evaluation left {_FOUND}")
+with open("krex-left-at-load.py", "w") as f:
+    f.write("PLANTED = True\\n")
+_CACHES = ["torch_extensions", "triton", "inductor", "cache", "nv-cache", "numba"]
+""" + HONEST.replace(
+    "        return torch.add(b, a, alpha=self.alpha)",
+    """        for d in _CACHES:
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "krex-left-in-a-call"), "w") as f:
+                f.write("seen inputs")
+        return torch.add(b, a, alpha=self.alpha)""",
+)
+
+
+@pytest.mark.timeout(300)
+def test_nothing_a_candidate_wrote_is_found_by_its_next_evaluation(judge: Judge) -> None:
+    source = REMEMBERS + f"\n# {secrets.token_hex(8)}: a source of its own, built nowhere before\n"
+    first = judge(source, measure=False)
+    assert first.verdict == "correct", (first.summary, first.metadata.get("runtime_error"))
+    second = judge(source, measure=False)
+    assert second.verdict == "correct", (second.summary, second.metadata.get("runtime_error"))
+
+
 #: its output file (fd 1) turned into something else once it is loaded
 SWAP_OUTPUT = """
 import os
@@ -163,3 +194,38 @@ def test_a_candidate_cannot_make_its_output_a_pipe_the_caller_waits_on(judge: Ju
         caller.join(30)
         pytest.fail("the caller waited for ever on a pipe the candidate put in place of its output")
     assert got and got[0].verdict in ("correct", "runtime_error"), got
+
+
+#: links laid in its build directory where the judge writes the problem's files the next time
+#: (its layout's partial files, named by the judge's pid: every process's, the judge's among them)
+LAYS_LINKS = """
+import glob
+import os
+
+for layout in glob.glob("task-*"):
+    for name in ("submission.py", "utils.py", "task.py", "reference.py"):
+        os.unlink(os.path.join(layout, name))  # its own copy, spoilt: the judge writes it again
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                os.symlink({victim!r}, os.path.join(layout, f".{{name}}.{{pid}}.part"))
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_judge_writes_through_no_link_a_candidate_laid_for_its_next_evaluation(
+    eval_pool: PoolProc, tmp_path: Path
+) -> None:
+    """The judge lays out a GPU MODE problem's files in the candidate's build directory before the
+    candidate's process starts: a link laid there by an earlier evaluation would have the judge
+    (not sandboxed) write the candidate's text into any file of the user's."""
+    victim = tmp_path / "victim.py"
+    victim.write_text("ORIGINAL = True\n")
+    task = problem("gm_tasks/gm_task_scale")
+    source = problem("gm_tasks/gm_task_scale", "correct.py").read_text() + LAYS_LINKS.format(victim=str(victim))
+    source += f"\n# {secrets.token_hex(8)}\n"
+    for _ in range(2):
+        ev = evaluate(task, source, pool=eval_pool.client, timeouts=LIMITS, measure=False)  # type: ignore[arg-type]
+        assert victim.read_text() == "ORIGINAL = True\n", f"{ev.verdict}: the judge wrote through a planted link"
+        assert ev.verdict == "correct", (ev.summary, ev.metadata.get("runtime_error"))

@@ -40,6 +40,7 @@ from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, Phase
 from ..result import CaseResult
 from .account import CandidateGroup, place
 from .buffers import CallSet, out_spec, share_set
+from .builddir import BuildDir
 from .clock import Scheduling
 from .compare import compare, same, tolerances
 from .footprint import figures, reference_peak
@@ -135,7 +136,9 @@ class Judge:
         #: every input set's seed, each from the CSPRNG (:mod:`.seeds`)
         self.seeds = Seeds(self.opts.seed)
         self.salt = self.opts.seed if self.opts.seed is not None else 0
-        self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
+        #: its build directory: its own for this evaluation, the compilers' cache of its source kept
+        self.build = BuildDir(job.build_root, job.candidate.sha256[:32])
+        self.build_dir = self.build.stable
         self.output_path = output_file(job.build_root, job.id)
         self.proc: CandidateProc | None = None
         #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
@@ -154,7 +157,7 @@ class Judge:
 
         #: a published GPU MODE problem's files (task.yml's ``files:``), laid out for each side
         self.files_digest = files_digest(job.files) if job.files else ""
-        self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}") if job.files else ""
+        self.candidate_layout = ""
 
     def seed(self, secret: bool = False) -> int:
         return self.seeds.next(secret)
@@ -250,7 +253,7 @@ class Judge:
         job = self.job
         result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
         try:
-            os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
+            self.build_dir = self.build.open()
             make_output_file(self.output_path)
         except OSError as exc:
             result.fail("error", "evaluation_error", f"no build directory could be made: {exc}")
@@ -258,6 +261,7 @@ class Judge:
         if job.files:
             from ..task import lay_out
 
+            self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}")
             lay_out(job.files, self.candidate_layout)  # the candidate's copy: its to import (or spoil)
         ref_key = f"{job.reference.sha256}:{self.files_digest}"
         reference = _REFERENCES.get(ref_key)
@@ -320,6 +324,7 @@ class Judge:
             self.ask(body, Loaded, init_shared)
             result.compiled = True
             result.seconds = round(time.perf_counter() - t_load, 6)
+            self.build.keep()  # what its compilers made, before it has seen any input
         except CandidateFailed as exc:
             result.fail(exc.verdict, exc.key, exc.message)
             result.compiled = exc.key != "compilation_error"
@@ -615,6 +620,14 @@ def _run(job: Job) -> PhaseResults:
     # every job sets its own (0: none), so that no job's admission outlives it on this worker
     ADMITTED.set(job.options.memory_budget_mb << 20)  # input sets sized to the memory free at admission
     judge = Judge(job)
+    try:
+        return _phases(judge, job)
+    finally:
+        judge.build.close()  # nothing it wrote is there for the next evaluation
+
+
+def _phases(judge: Judge, job: Job) -> PhaseResults:
+    nonce = job.nonce
     last: PhaseResult
     loaded = judge.load()
     _static_flags(job, loaded)
