@@ -154,6 +154,8 @@ def test_nothing_a_candidate_wrote_is_found_by_its_next_evaluation(judge: Judge)
     assert first.verdict == "correct", (first.summary, first.metadata.get("runtime_error"))
     second = judge(source, measure=False)
     assert second.verdict == "correct", (second.summary, second.metadata.get("runtime_error"))
+    for ev in (first, second):  # what emptying the directory and keeping the cache took, said
+        assert float(ev.metadata["build_dir_s"]) >= 0 and float(ev.metadata["build_keep_s"]) >= 0, ev.metadata
 
 
 #: its output file (fd 1) turned into something else once it is loaded

@@ -253,8 +253,10 @@ class Judge:
         job = self.job
         result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
         try:
+            t_build = time.perf_counter()
             self.build_dir = self.build.open()
             make_output_file(self.output_path)
+            result.metadata["build_dir_s"] = f"{time.perf_counter() - t_build:.4f}"
         except OSError as exc:
             result.fail("error", "evaluation_error", f"no build directory could be made: {exc}")
             return result
@@ -324,7 +326,9 @@ class Judge:
             self.ask(body, Loaded, init_shared)
             result.compiled = True
             result.seconds = round(time.perf_counter() - t_load, 6)
+            t_keep = time.perf_counter()
             self.build.keep()  # what its compilers made, before it has seen any input
+            result.metadata["build_keep_s"] = f"{time.perf_counter() - t_keep:.4f}"
         except CandidateFailed as exc:
             result.fail(exc.verdict, exc.key, exc.message)
             result.compiled = exc.key != "compilation_error"
