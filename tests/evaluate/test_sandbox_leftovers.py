@@ -231,3 +231,43 @@ def test_the_judge_writes_through_no_link_a_candidate_laid_for_its_next_evaluati
         ev = evaluate(task, source, pool=eval_pool.client, timeouts=LIMITS, measure=False)  # type: ignore[arg-type]
         assert victim.read_text() == "ORIGINAL = True\n", f"{ev.verdict}: the judge wrote through a planted link"
         assert ev.verdict == "correct", (ev.summary, ev.metadata.get("runtime_error"))
+
+
+#: while the judge copies its compilers' cache, swaps a directory of it for a link to one it may
+#: not read, over and over: a copy that follows the link keeps that directory's files for the
+#: candidate's next evaluation
+SWAPS_CACHE_DIRS = """
+import ctypes
+import os
+import threading
+
+os.makedirs("torch_extensions/ext")
+with open("torch_extensions/ext/kernel.so", "w") as f:
+    f.write("built")
+os.makedirs("hidden")
+os.symlink({secret!r}, "hidden/ext")
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _swap():
+    # the directory and the link trade places in one step (renameat2's RENAME_EXCHANGE): the
+    # cache holds the one or the other under that name at every instant
+    while True:
+        _libc.renameat2(-100, b"torch_extensions/ext", -100, b"hidden/ext", 2)
+
+
+threading.Thread(target=_swap, daemon=True).start()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_kept_cache_holds_nothing_from_outside_the_build_directory(judge: Judge, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id_key").write_text("the user's key\n")
+    builds = Path(os.environ["KREX_EVAL_CACHE"]) / "builds"
+    for _ in range(20):  # a race: twenty sources, twenty copies
+        source = SWAPS_CACHE_DIRS.format(secret=str(secret)) + HONEST + f"\n# {secrets.token_hex(8)}\n"
+        ev = judge(source, measure=False)
+        copied = [str(p) for p in builds.glob("*.kept/**/id_key")]
+        assert not copied, f"{ev.verdict}: the judge kept a file from outside: {copied}"

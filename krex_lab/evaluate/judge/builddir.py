@@ -80,17 +80,26 @@ class BuildDir:
         if self._lock is None or os.path.exists(self.kept):
             return
         part = f"{self.kept}.part-{secrets.token_hex(6)}"
+        top = -1
         try:
+            top = os.open(self.path, _DIR)
             os.mkdir(part, 0o700)
             total = 0
             for name in KEPT:
-                src = os.path.join(self.path, name)
-                if not _is_dir(src):
+                try:
+                    fd = os.open(name, _DIR, dir_fd=top)
+                except FileNotFoundError:
                     continue
-                total += _copy_tree(src, os.path.join(part, name), KEEP_LIMIT - total)
+                try:
+                    total += _copy_tree(fd, os.path.join(part, name), KEEP_LIMIT - total)
+                finally:
+                    os.close(fd)
             os.rename(part, self.kept)
         except (OSError, _TooLarge):
             wipe(part)
+        finally:
+            if top >= 0:
+                os.close(top)
 
     def close(self) -> None:
         """The directory removed; the stable path let go."""
@@ -111,28 +120,38 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-def _copy_tree(src: str, dst: str, budget: int) -> int:
-    """``src`` copied to ``dst``: directories, regular files (times kept: a build tool compares
-    them) and links as links; anything else (a pipe, a socket) left out. Bytes copied."""
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _copy_tree(src: int, dst: str, budget: int) -> int:
+    """The directory open as ``src`` copied to ``dst``: directories, regular files (times kept: a
+    build tool compares them) and links as links; anything else (a pipe, a socket) left out.
+    Bytes copied. Every name is opened relative to its directory's descriptor, never following a
+    link: the candidate is alive while its cache is copied, and a directory it swaps for a link
+    meanwhile makes the copy fail, never leads it outside."""
     os.mkdir(dst, 0o700)
     total = 0
-    with os.scandir(src) as entries:
-        for e in entries:
-            s, d = os.path.join(src, e.name), os.path.join(dst, e.name)
-            if e.is_symlink():
-                os.symlink(os.readlink(s), d)
-            elif e.is_dir(follow_symlinks=False):
-                total += _copy_tree(s, d, budget - total)
-            elif e.is_file(follow_symlinks=False):
-                total += e.stat(follow_symlinks=False).st_size
-                if total > budget:
-                    raise _TooLarge(s)
-                _copy_file(s, d)
+    for name in os.listdir(src):
+        d = os.path.join(dst, name)
+        st = os.stat(name, dir_fd=src, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=src), d)
+        elif stat.S_ISDIR(st.st_mode):
+            fd = os.open(name, _DIR, dir_fd=src)
+            try:
+                total += _copy_tree(fd, d, budget - total)
+            finally:
+                os.close(fd)
+        elif stat.S_ISREG(st.st_mode):
+            total += st.st_size
+            if total > budget:
+                raise _TooLarge(name)
+            _copy_file(src, name, d)
     return total
 
 
-def _copy_file(src: str, dst: str) -> None:
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _copy_file(src: int, name: str, dst: str) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=src)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
