@@ -43,7 +43,7 @@ from .buffers import CallSet, out_spec, share_set
 from .builddir import BuildDir
 from .clock import Scheduling
 from .compare import compare, same, tolerances
-from .footprint import figures, reference_peak
+from .footprint import device_free, figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
@@ -230,7 +230,10 @@ class Judge:
         if kind == "OutputMismatch":
             return CandidateFailed("incorrect", "correctness_issue", message[:2000])
         if body.oom or any(s in text.lower() for s in _OOM):
-            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
+            # the device's own figure, read now: the candidate's words alone prove no shortage
+            free = device_free(self.device)
+            seen = {} if free is None else {"out_of_memory_device_free": str(free)}
+            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000], figures=seen)
         if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
             return CandidateFailed(
                 "rejected", "output_limit", f"the candidate wrote more than its output limit ({text})"
@@ -330,7 +333,7 @@ class Judge:
             self.build.keep()  # what its compilers made, before it has seen any input
             result.metadata["build_keep_s"] = f"{time.perf_counter() - t_keep:.4f}"
         except CandidateFailed as exc:
-            result.fail(exc.verdict, exc.key, exc.message)
+            exc.record(result)
             result.compiled = exc.key != "compilation_error"
         return result
 
