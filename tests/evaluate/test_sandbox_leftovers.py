@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import os
 import secrets
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -271,3 +272,36 @@ def test_the_kept_cache_holds_nothing_from_outside_the_build_directory(judge: Ju
         ev = judge(source, measure=False)
         copied = [str(p) for p in builds.glob("*.kept/**/id_key")]
         assert not copied, f"{ev.verdict}: the judge kept a file from outside: {copied}"
+
+
+#: prints what it finds of the user's other processes: their environments, where keys live
+READS_OTHERS = """
+import os
+
+for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            found = [v for v in f.read().split(b"\\0") if v.startswith(b"KREX_TEST_SECRET=")]
+        if found:
+            print("found", found[0].decode())
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_candidate_reads_nothing_of_the_users_other_processes(judge: Judge) -> None:
+    """A process of the user's (an agent, a notebook kernel, the caller) with a key in its
+    environment: a candidate that reads it prints it into its verdict's output."""
+    token = secrets.token_hex(16)
+    # as an ordinary user's process is: no capability (root's would keep a capless reader out)
+    capless = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+    capless += ["--securebits=+noroot,+noroot_locked,+no_setuid_fixup", "--"]
+    other = subprocess.Popen([*capless, "sleep", "300"], env={**os.environ, "KREX_TEST_SECRET": token})
+    try:
+        ev = judge(READS_OTHERS + HONEST, measure=False)
+    finally:
+        other.kill()
+        other.wait()
+    assert token not in (ev.output or ""), f"{ev.verdict}: the candidate read another process's environment"
+    assert ev.verdict == "correct", (ev.summary, ev.metadata.get("runtime_error"))
