@@ -251,7 +251,7 @@ _SYS_SYSCALL = _libc.syscall
 _SYS_SYSCALL.restype = ctypes.c_long
 
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_REFER, _TRUNCATE = 1 << 13, 1 << 14
+_REMOVE_FILE, _REFER, _TRUNCATE = 1 << 5, 1 << 13, 1 << 14
 _NET_TCP = 1 | 2  # bind, connect
 _SCOPE = 1 | 2  # abstract UNIX sockets, signals
 
@@ -362,9 +362,10 @@ def _landlock(writable: list[str], readable: list[str], scopes: bool, files: Ite
         for path in (*_DEVICES, *_gpu_devices()):
             _add_rule(ruleset, path, fs)
         # /dev/shm: open what is there (the judge's CUDA IPC counters, which torch decrements
-        # in the receiver), make nothing: a file there is memory that no limit of the candidate's
-        # counts and that outlives it (RLIMIT_FSIZE bounds how far it may grow one that exists)
-        _add_rule(ruleset, "/dev/shm", _READ_FILE | _WRITE_FILE)
+        # in the receiver, and unlinks when it holds the file last), make nothing: a file there
+        # is memory that no limit of the candidate's counts and that outlives it (RLIMIT_FSIZE
+        # bounds how far it may grow one that exists)
+        _add_rule(ruleset, "/dev/shm", _READ_FILE | _WRITE_FILE | _REMOVE_FILE)
         for path in writable:
             _add_rule(ruleset, path, fs)
         for path in files:  # written into, never made, removed or replaced
