@@ -305,3 +305,37 @@ def test_a_candidate_reads_nothing_of_the_users_other_processes(judge: Judge) ->
         other.wait()
     assert token not in (ev.output or ""), f"{ev.verdict}: the candidate read another process's environment"
     assert ev.verdict == "correct", (ev.summary, ev.metadata.get("runtime_error"))
+
+
+#: limits the candidate raises back for itself before it goes past them (soft up to hard)
+RAISES_LIMITS = {
+    "data": """
+import resource
+
+try:
+    resource.setrlimit(resource.RLIMIT_DATA, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+except (ValueError, OSError):
+    pass
+_BLOB = bytearray(160 << 20)  # beyond the 64 MiB it may add
+_BLOB[:: 1 << 12] = b"x" * len(_BLOB[:: 1 << 12])
+""",
+    "file_size": """
+import resource
+
+try:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+except (ValueError, OSError):
+    pass
+with open("big.bin", "wb") as f:  # sparse: past every limit of a file, at no cost of disk
+    f.seek(3 << 30)
+    f.write(b"x")
+""",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("limit", list(RAISES_LIMITS))
+def test_a_candidate_cannot_raise_its_own_limits(limit: str, judge: Judge) -> None:
+    ev = judge(RAISES_LIMITS[limit] + HONEST, memory_limit_mb=LIMIT_MB, measure=False)
+    assert ev.verdict != "correct", f"{limit}: past its limit and correct"
+    assert ev.verdict == ("out_of_memory" if limit == "data" else "rejected"), (ev.verdict, ev.summary)
