@@ -339,3 +339,40 @@ def test_a_candidate_cannot_raise_its_own_limits(limit: str, judge: Judge) -> No
     ev = judge(RAISES_LIMITS[limit] + HONEST, memory_limit_mb=LIMIT_MB, measure=False)
     assert ev.verdict != "correct", f"{limit}: past its limit and correct"
     assert ev.verdict == ("out_of_memory" if limit == "data" else "rejected"), (ev.verdict, ev.summary)
+
+
+#: a process made a sibling of the candidate's (CLONE_PARENT: the zygote's child), in a session of
+#: its own: neither in the candidate's process tree nor in its group, nor a child of the judge
+SIBLING = """
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_pid = _libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT | SIGCHLD), x86_64
+if _pid == 0:
+    os.setsid()
+    os.execv("/bin/sleep", ["{name}", "300"])
+"""
+
+
+def _alive(name: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if p.name.isdigit() and (p / "cmdline").read_bytes().startswith(name.encode()):
+                out.append(int(p.name))
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_process_made_a_sibling_of_the_candidate_is_found_and_ended(judge: Judge) -> None:
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw clone's number is x86_64's")
+    name = f"krexrt-sibling-{secrets.token_hex(6)}"
+    try:
+        ev = judge(SIBLING.format(name=name) + HONEST, measure=False)
+        assert not _alive(name), f"{ev.verdict}: a sibling of the candidate outlived it"
+        assert ev.verdict == "rejected" and "processes_left" in ev.metadata.get("rejected", {}), ev.summary
+    finally:
+        for pid in _alive(name):
+            os.kill(pid, 9)
