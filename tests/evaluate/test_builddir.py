@@ -61,3 +61,31 @@ def test_an_evaluation_of_the_same_source_at_the_same_time_gets_a_directory_of_i
     again = BuildDir(str(root), "abc")
     assert again.open() == mine  # let go: the stable directory is free again
     again.close()
+
+
+def test_a_kept_cache_is_kept_again_only_where_a_load_changed_it(tmp_path: Path) -> None:
+    """A cache found again and left as it was is not copied again; one a load rebuilt (a newer
+    compiler, a changed build) replaces the kept one, or the rebuild would recur every time."""
+    root = tmp_path / "builds"
+    first = BuildDir(str(root), "abc")
+    build = Path(first.open())
+    (build / "torch_extensions").mkdir()
+    (build / "torch_extensions" / "ext.so").write_text("built by the old compiler")
+    first.keep()
+    first.close()
+    kept = root / "abc.kept"
+    inode = kept.stat().st_ino
+
+    same = BuildDir(str(root), "abc")
+    same.open()
+    same.keep()  # found again, unchanged: nothing copied
+    same.close()
+    assert kept.stat().st_ino == inode
+
+    rebuilt = BuildDir(str(root), "abc")
+    build = Path(rebuilt.open())
+    (build / "torch_extensions" / "ext.so").write_text("built by the new compiler")
+    rebuilt.keep()
+    rebuilt.close()
+    assert (kept / "torch_extensions" / "ext.so").read_text() == "built by the new compiler"
+    assert sorted(p.name for p in root.iterdir()) == ["abc.kept", "abc.lock"]  # nothing half-made left

@@ -52,6 +52,9 @@ class BuildDir:
         self._lock: int | None = None
         #: whether a kept cache was copied in
         self.restored = False
+        #: the tools' caches as copied in (names, sizes, times): a load that left them so keeps
+        #: nothing new
+        self._restored_as: list[tuple[str, int, int]] | None = None
 
     def open(self) -> str:
         """The directory, empty but for the kept cache: the stable path when no other evaluation
@@ -70,15 +73,22 @@ class BuildDir:
             try:
                 shutil.copytree(self.kept, self.path, symlinks=True, dirs_exist_ok=True)
                 self.restored = True
+                self._restored_as = _listing(self.path)
             except (OSError, shutil.Error):  # a cache being replaced meanwhile: compiled again
                 pass
         return self.path
 
     def keep(self) -> None:
-        """The tools' caches as the load left them, kept for the next evaluation of this source
-        (once: a kept cache is not replaced by a later load's)."""
-        if self._lock is None or os.path.exists(self.kept):
+        """The tools' caches as the load left them, kept for the next evaluation of this source:
+        once, and again only where a load changed them (a kept cache a newer compiler rebuilt)."""
+        if self._lock is None:
             return
+        if os.path.exists(self.kept) and self._restored_as is not None:
+            try:
+                if _listing(self.path) == self._restored_as:
+                    return
+            except OSError:
+                return
         part = f"{self.kept}.part-{secrets.token_hex(6)}"
         top = -1
         try:
@@ -94,7 +104,11 @@ class BuildDir:
                     total += _copy_tree(fd, os.path.join(part, name), KEEP_LIMIT - total)
                 finally:
                     os.close(fd)
+            old = f"{self.kept}.old-{secrets.token_hex(6)}"
+            if os.path.lexists(self.kept):
+                os.rename(self.kept, old)
             os.rename(part, self.kept)
+            wipe(old)
         except (OSError, _TooLarge):
             wipe(part)
         finally:
@@ -148,6 +162,22 @@ def _copy_tree(src: int, dst: str, budget: int) -> int:
                 raise _TooLarge(name)
             _copy_file(src, name, d)
     return total
+
+
+def _listing(path: str) -> list[tuple[str, int, int]]:
+    """Every entry of the tools' caches under ``path``: (its path, size, time), links unfollowed;
+    a directory by its name alone (a lock file made and removed in it changes its time)."""
+    out: list[tuple[str, int, int]] = []
+    for name in KEPT:
+        top = os.path.join(path, name)
+        if not _is_dir(top):
+            continue
+        for root, dirs, files in os.walk(top):
+            out += [(os.path.relpath(os.path.join(root, n), path), 0, 0) for n in dirs]
+            for n in files:
+                st = os.lstat(os.path.join(root, n))
+                out.append((os.path.relpath(os.path.join(root, n), path), st.st_size, st.st_mtime_ns))
+    return sorted(out)
 
 
 def _copy_file(src: int, name: str, dst: str) -> None:
