@@ -119,7 +119,8 @@ for stage in "${stages[@]}"; do
       timeout 300 python3 benchmarks/eval/judge_device.py --backend nvidia --problems ${JUDGE_PROBLEMS:-15,13,04,17} \
         --repeat 3 2>&1 | tail -30 | tee "$OUT/judge.log" ;;
     sandbox)  # the candidate's sandbox on the GPU: its cost per spare (lock, CUDA context inside it, confine) and
-      # its GPU tests (load_inline, Triton, numba inside it; the judge's memory denied); about 2 min
+      # its GPU tests (load_inline, Triton, numba inside it; the judge's memory denied; no file made in /dev/shm
+      # though the CUDA IPC counters there open; a CUDA build found again after its directory was emptied); about 4 min
       timeout 120 python3 benchmarks/eval/sandbox_cost.py --cuda --runs 20 2>&1 | tail -8 | tee "$OUT/sandbox.log"
       timeout 420 python3 -m pytest -p no:cacheprovider -v -rA --tb=short --timeout 300 -m gpu \
         tests/gpu/test_sandbox_gpu.py -o addopts="" 2>&1 | tail -15 | tee -a "$OUT/sandbox.log" ;;

@@ -133,12 +133,23 @@ def oom_cause(ev: Evaluation, allowance: int) -> str | None:
         figures = candidate_figures(text)
         if figures is not None and sum(figures) > allowance:
             return "candidate"
+        # its words are the candidate's: the device had what it asked for (or, unsaid, its whole
+        # allowance) free when the judge looked, so no one else's memory stopped it
+        free = device_free_seen(ev)
+        if free is not None and free >= (figures[1] if figures is not None else allowance):
+            return "candidate"
         return "elsewhere"
     if ev.verdict == "error" and any(
         w in _texts(ev, ("reference_error", "evaluation_error", "worker_output")) for w in _OOM_WORDS
     ):
         return "elsewhere"
     return None
+
+
+def device_free_seen(ev: Evaluation) -> int | None:
+    """The GPU memory free as the judge read it when the candidate's out-of-memory arrived."""
+    seen = str(ev.metadata.get("out_of_memory_device_free", ""))
+    return int(seen) if seen.isdigit() else None
 
 
 def oom_figures(ev: Evaluation, allowance: int, free: int | None) -> str:
@@ -148,12 +159,18 @@ def oom_figures(ev: Evaluation, allowance: int, free: int | None) -> str:
     line = f"the candidate ran out of memory beyond {allowed}"
     if figures is not None:
         held, asked = figures
+        where = "beyond" if held + asked > allowance else "within"
         line = (
             f"the candidate held {held / GiB:.2f} GiB and asked for {asked / GiB:.2f} GiB more "
-            f"({(held + asked) / GiB:.2f} GiB), beyond {allowed}"
+            f"({(held + asked) / GiB:.2f} GiB), {where} {allowed}"
         )
+    seen = device_free_seen(ev)
+    if seen is not None and (figures is None or sum(figures) <= allowance):
+        line = f"the candidate said it ran out of memory ({line.removeprefix('the candidate ')})"
     if free is not None:
         line += f"; {free / GiB:.2f} GiB of the GPU was free for it when it was admitted"
+    if seen is not None:
+        line += f"; {seen / GiB:.2f} GiB of the device was free when it failed"
     return line
 
 

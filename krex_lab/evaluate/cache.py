@@ -3,7 +3,9 @@
 ``$KREX_EVAL_CACHE`` (default ``$XDG_CACHE_HOME/krex/evaluate``, else ``~/.cache/krex/evaluate``):
 
 * ``builds/<candidate hash>/``: each candidate's build directory (its ``TORCH_EXTENSIONS_DIR``
-  and working directory), so the same source is not compiled twice;
+  and working directory), its own for one evaluation, and beside it what its compilers made
+  while it loaded, so the same source is not compiled twice (:mod:`.judge.builddir`);
+* ``outputs/<job id>.txt``: a candidate's stdout and stderr, read by the caller, then removed;
 * ``reference-times/<key>.json``: a reference's time per (problem, GPU model, method and its
   settings), with the date it was measured, written atomically (a batch's evaluations share it).
 """
@@ -21,7 +23,15 @@ import msgspec
 
 from .outcomes import ReferenceEntry, ReferenceKey
 
-__all__ = ["builds_dir", "cache_dir", "reference_key", "reference_time", "store_reference_time"]
+__all__ = [
+    "builds_dir",
+    "cache_dir",
+    "make_output_file",
+    "output_file",
+    "reference_key",
+    "reference_time",
+    "store_reference_time",
+]
 
 
 def cache_dir() -> Path:
@@ -36,6 +46,19 @@ def builds_dir() -> Path:
     path = cache_dir() / "builds"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
+
+
+def output_file(build_root: str, job_id: str) -> str:
+    """Where the candidate's output of job ``job_id`` goes (the judge makes it, the caller reads it)."""
+    return os.path.join(os.path.dirname(build_root), "outputs", f"{job_id}.txt")
+
+
+def make_output_file(path: str) -> None:
+    """The empty output file, new (an existing one, or a link, is replaced)."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
 
 def reference_key(parts: ReferenceKey) -> str:

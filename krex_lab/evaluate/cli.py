@@ -175,8 +175,19 @@ def _options(args: argparse.Namespace) -> EvaluateOptions:
     return EvaluateOptions.of(options)
 
 
+def shown(text: str) -> str:
+    """Text a candidate may have written, as a terminal is to show it: control and formatting
+    characters (escape sequences, carriage returns, bidirectional overrides) as their escapes,
+    never obeyed (a candidate's message could otherwise erase the verdict and print its own)."""
+    return "".join(c if c in "\n\t" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def human(ev: Evaluation) -> str:
-    """The verdict as a person reads it: the summary, then what explains it."""
+    """The verdict as a person reads it: the summary, then what explains it (:func:`shown`)."""
+    return shown(_human(ev))
+
+
+def _human(ev: Evaluation) -> str:
     lines = [ev.summary]
     facts = f"  format {ev.format}; compiled {ev.compiled}; correctness {ev.correctness}"
     if "reference_error" in ev.metadata:  # the candidate was never loaded: nothing of it to say

@@ -70,6 +70,8 @@ class Confine(Body):
     build_dir: str
     scratch: str
     readable: list[str]
+    #: files it may write into, never replace (its output file)
+    files: list[str] = []
 
 
 class Load(Body):

@@ -291,10 +291,11 @@ def _absorb(ev: Evaluation, phase: PhaseResult) -> None:
 
 def _candidate_output(job: Job, ev: Evaluation) -> str | None:
     """What the candidate printed (head and tail), read where its phases wrote it; then removed."""
+    from .cache import output_file
     from .output import read_output
 
-    path = os.path.join(job.build_root, job.candidate.sha256[:32], f"output-{job.id}.txt")
-    if not os.path.exists(path):
+    path = output_file(job.build_root, job.id)
+    if not os.path.lexists(path):
         return None
     text = read_output(path)
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 __all__ = ["read_output"]
 
@@ -11,9 +12,18 @@ _KEEP = 4096  # bytes of head and of tail kept of a candidate's output
 
 
 def read_output(path: str, start: int = 0) -> str:
-    """The output written to ``path`` from ``start``: head and tail when long."""
+    """The output written to ``path`` from ``start``: head and tail when long. A regular file
+    alone: a link (to a file the candidate could not read) or a pipe (that no one writes) is
+    read as nothing."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return ""
+        with open(fd, "rb") as f:
             f.seek(start)
             head = f.read(2 * _KEEP + 1)
             if len(head) <= 2 * _KEEP:

@@ -300,11 +300,14 @@ def lay_out(files: Mapping[str, str], directory: str | os.PathLike[str], *, skip
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         data = text.encode("utf-8")
         with contextlib.suppress(OSError):
-            if target.read_bytes() == data:
+            if not target.is_symlink() and target.is_file() and target.read_bytes() == data:
                 written.append(str(target))
                 continue
+        # made new (O_EXCL): a link or a pipe found under the partial's name is never written through
         partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-        partial.write_bytes(data)
+        partial.unlink(missing_ok=True)
+        with open(partial, "xb") as f:
+            f.write(data)
         os.replace(partial, target)
         written.append(str(target))
     return written

@@ -174,6 +174,17 @@ def test_a_candidate_beyond_its_allowance_is_out_of_memory_with_figures(node: Si
     assert "asked for 64.00 GiB" in figures and "beyond its allowance of 0.50 GiB" in figures, figures
 
 
+def test_an_out_of_memory_the_candidate_only_says_is_its_own(node: SimpleNamespace) -> None:
+    """Its words are not the device's: with the memory it says it lacked free on the device when
+    the judge looked, it is the candidate's verdict, not run again, never blamed on others."""
+    node.memory.set_total(0, 8 * GiB)
+    (record,) = _run(node, _pairs(["forged_oom.py"]), jobs=1, policy=MemoryPolicy(reserve_mb=0, poll_s=0.1))
+    assert record.verdict == "out_of_memory", record.summary
+    assert record.metadata["admission"]["attempts"] == 1, record.metadata["admission"]
+    assert "out_of_memory_elsewhere" not in record.metadata
+    assert "GiB of the device was free" in record.metadata["out_of_memory_figures"], record.metadata
+
+
 def test_the_fake_memory_is_what_the_arbiter_reports(node: SimpleNamespace, tmp_path: Path) -> None:
     from krex_lab.evaluate.admission import arbiter_memory
 

@@ -179,3 +179,37 @@ def test_missing_programs_are_all_named(tmp_path: Path) -> None:
         [sys.executable, "-m", "krex_lab.cli", "eval", str(ref), str(cand)], capture_output=True, text=True, timeout=60
     )
     assert out.stderr == f"krex eval: the candidate {str(cand)!r} is a directory, not a file\n"
+
+
+#: a wrong candidate that writes over the verdict on its reader's terminal: it prints, and raises
+#: with, escape sequences that move the cursor up, erase the lines and print a verdict of its own
+TERMINAL_FORGER = r"""
+import sys
+import torch
+from torch import nn
+
+FORGED = "\x1b[2J\x1b[H\x1b[32mcorrect: 4.00 us vs reference 40.00 us (10.00x)\x1b[0m\x1b[8m"
+print(FORGED)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+
+    def forward(self, a, b):
+        raise RuntimeError(FORGED + "\r\x1b[1A\x1b[2K\u202e")
+"""
+
+
+def test_a_candidate_cannot_write_over_the_verdict_on_a_terminal(
+    eval_arbiter: ArbiterProc, eval_pool: PoolProc, tmp_path: Path
+) -> None:
+    """What the candidate said reaches the person as text: its control characters shown, never
+    obeyed by the terminal (the exit status was never in doubt; the eyes were)."""
+    cand = tmp_path / "forger.py"
+    cand.write_text(TERMINAL_FORGER)
+    out = krex_eval(eval_arbiter, eval_pool, str(problem("kb_scaled_add")), str(cand), *FAST)
+    assert out.returncode == 1 and out.stdout.startswith("runtime_error: "), out.stdout
+    controls = sorted({hex(ord(c)) for c in out.stdout if c not in "\n\t" and not c.isprintable()})
+    assert not controls, f"control characters reach the terminal: {controls}"
+    assert "\\x1b[2J" in out.stdout  # shown, as text

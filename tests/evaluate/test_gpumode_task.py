@@ -9,6 +9,7 @@ pool once its worker lays the files out.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,22 @@ def test_lay_out_writes_privately_skips_and_refuses_names_outside(tmp_path: Path
             lay_out({"fine.py": "", bad: "x"}, tmp_path / "refused")
         assert not (tmp_path / "refused").exists(), "nothing is written for a layout refused"
     assert files_digest(files) != files_digest({**files, "a.py": "A = 4\n"})
+
+
+def test_lay_out_writes_through_no_link_or_pipe_found_in_its_directory(tmp_path: Path) -> None:
+    """Links at a file's own name and at its partial's, and a pipe, left in the directory by
+    whoever could write it: each is replaced, nothing outside is written, nothing waits."""
+    victim = tmp_path / "victim.py"
+    victim.write_text("ORIGINAL = True\n")
+    where = tmp_path / "layout"
+    where.mkdir()
+    (where / "a.py").symlink_to(victim)
+    (where / f".b.py.{os.getpid()}.part").symlink_to(victim)
+    os.mkfifo(where / "c.py")
+    lay_out({"a.py": "A = 1\n", "b.py": "B = 2\n", "c.py": "C = 3\n"}, where)
+    assert victim.read_text() == "ORIGINAL = True\n"
+    for name, text in (("a.py", "A = 1\n"), ("b.py", "B = 2\n"), ("c.py", "C = 3\n")):
+        assert not (where / name).is_symlink() and (where / name).read_text() == text
 
 
 def test_layout_on_path_finds_this_problems_utils_not_one_left_in_sys_modules(tmp_path: Path) -> None:

@@ -94,12 +94,29 @@ if libc.process_vm_readv(JUDGE, ctypes.byref(local), 1, ctypes.byref(remote), 1,
     if code != 14:  # EFAULT: allowed, the address was just not mapped
         raise OSError(code, "process_vm_readv: " + os.strerror(code))
 """,
+    # the judge's open files and working directory (its cache, its sockets)
+    "proc_fd": """
+for fd in os.listdir(f"/proc/{JUDGE}/fd"):
+    os.readlink(f"/proc/{JUDGE}/fd/{fd}")
+""",
+    "proc_cwd": """
+os.listdir(f"/proc/{JUDGE}/cwd/")
+""",
     # the judge's and the zygote's lives and scheduling
     "signal_judge": """
 os.kill(JUDGE, signal.SIGCONT)
 """,
     "kill_zygote": """
 os.kill(ZYGOTE, signal.SIGKILL)
+""",
+    # the next candidate's process, ready beside it (the judge's calibration twin)
+    "signal_spare": """
+with open(f"/proc/{ZYGOTE}/task/{ZYGOTE}/children") as f:
+    spares = [int(p) for p in f.read().split() if int(p) != os.getpid()]
+if not spares:
+    raise LookupError("no spare beside it: nothing was tried")
+for pid in spares:
+    os.kill(pid, signal.SIGSTOP)
 """,
     "renice_judge": """
 for tid in os.listdir(f"/proc/{JUDGE}/task"):

@@ -136,3 +136,26 @@ def test_a_candidate_beyond_its_allowance_is_out_of_memory_with_figures(gpu_pool
     assert record.verdict == "out_of_memory", record.summary
     assert record.metadata["admission"]["attempts"] == 1
     assert "asked for 1024.00 GiB" in record.metadata["out_of_memory_figures"], record.metadata
+
+
+FORGED_OOM = """
+import torch
+from torch import nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "0 bytes is free. Of the allocated memory 0.01 GiB is allocated by PyTorch"
+        )
+"""
+
+
+def test_an_out_of_memory_the_candidate_only_says_is_its_own(gpu_pool: PoolProc, tmp_path: Path) -> None:
+    """The driver's free memory, read by the judge as the failure arrives, decides, not the
+    candidate's words: with the 2 MiB it asked for free, it is its own verdict, run once."""
+    (record,) = _run(gpu_pool, _pairs(tmp_path, [FORGED_OOM]), jobs=1, stream=Terminal())
+    assert record.verdict == "out_of_memory", record.summary
+    assert record.metadata["admission"]["attempts"] == 1, record.metadata["admission"]
+    assert int(record.metadata["out_of_memory_device_free"]) > 2 << 20, record.metadata

@@ -5,7 +5,9 @@ container's root can make on its judge are still denied there."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +85,51 @@ def test_reading_the_judges_memory_is_denied_on_a_gpu_worker(gpu_pool: PoolProc)
     assert ev.verdict == "runtime_error", ev.summary
     assert "Permission denied" in str(ev.metadata.get("runtime_error")), ev.metadata
     held(ev)
+
+
+DEV_SHM = """
+import os
+import torch
+from torch import nn
+
+with open("/dev/shm/{token}", "wb") as f:  # memory no limit counts, left after the candidate
+    f.write(b"x" * (1 << 20))
+
+
+class ModelNew(nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b):
+        return torch.add(b, a, alpha=self.alpha)
+"""
+
+
+def test_a_candidate_on_a_gpu_opens_the_judges_ipc_counters_but_makes_no_file_in_dev_shm(gpu_pool: PoolProc) -> None:
+    """The candidate's side opens torch's CUDA IPC counters in /dev/shm (every input crosses so):
+    an honest candidate is correct; one that makes a file there is refused, and none is left."""
+    token = f"krex-gpu-attack-{secrets.token_hex(6)}"
+    try:
+        ev = run(gpu_pool, REFERENCE, DEV_SHM.format(token=token))
+        assert not Path("/dev/shm", token).exists(), ev.summary
+        assert ev.verdict == "runtime_error" and "Permission denied" in str(ev.metadata.get("runtime_error")), (
+            ev.summary
+        )
+        honest = run(gpu_pool, REFERENCE, DEV_SHM.replace('with open("/dev/shm/{token}", "wb") as f:', "if False:"))
+        assert honest.verdict == "correct", honest.summary + str(honest.metadata)
+        held(honest)
+    finally:
+        Path("/dev/shm", token).unlink(missing_ok=True)
+
+
+def test_a_cuda_build_is_found_again_by_the_next_evaluation_of_its_source(gpu_pool: PoolProc) -> None:
+    """Each evaluation's build directory is its own (emptied before, removed after), yet what
+    nvcc and ninja made while the candidate loaded is kept for the same source: the second
+    evaluation builds nothing."""
+    source = cuda_candidate(f"krex_kept_{secrets.token_hex(4)}", "if (i < n) out[i] = alpha * a[i] + b[i];")
+    first = run(gpu_pool, REFERENCE, source)
+    second = run(gpu_pool, REFERENCE, source)
+    assert first.verdict == second.verdict == "correct", (first.summary, second.summary)
+    print("load phase: first", first.phases.get("load"), "s, second", second.phases.get("load"), "s")
+    assert second.phases["load"] < first.phases["load"] / 5, (first.phases, second.phases)

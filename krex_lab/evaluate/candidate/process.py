@@ -157,7 +157,7 @@ class Candidate:
         """The sandbox's file part, before any candidate code (:mod:`.sandbox`)."""
         from .sandbox import confine_files
 
-        self.chan.send(Confined(sandbox=confine_files(body.build_dir, body.scratch, body.readable)))
+        self.chan.send(Confined(sandbox=confine_files(body.build_dir, body.scratch, body.readable, body.files)))
 
     def op_calibrate(self, body: Calibrate, arrays: list[Any]) -> None:
         """The harness alone, on sets shaped as a round's (taken over as a round takes them): a
@@ -228,12 +228,14 @@ class Candidate:
         os.dup2(fd, 2)
         os.close(fd)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (body.load_file_limit, resource.RLIM_INFINITY))
+        # hard limits as low as the soft ones: a process may raise its soft limit up to the hard
+        # one, and the candidate (with no CAP_SYS_RESOURCE) can raise neither again
+        resource.setrlimit(resource.RLIMIT_FSIZE, (body.load_file_limit, body.load_file_limit))
         allowance = body.memory_limit_mb << 20
         if allowance > 0:
             with open("/proc/self/status") as f:
                 data = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:")), 0)
-            resource.setrlimit(resource.RLIMIT_DATA, (data + allowance, resource.RLIM_INFINITY))
+            resource.setrlimit(resource.RLIMIT_DATA, (data + allowance, data + allowance))
 
     def op_call(self, body: Call, arrays: list[Any]) -> None:
         self.call = self._set(body.set, arrays)

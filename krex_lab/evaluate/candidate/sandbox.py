@@ -144,6 +144,11 @@ _DENIED = (
     "mount", "umount2", "pivot_root", "chroot", "setns", "unshare",
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    # System V IPC and POSIX message queues: kernel memory that counts against no process's
+    # limit and outlives its maker (a segment stays until someone removes it)
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
 )  # fmt: skip
 _CLONE_NEW = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _F_SETOWN, _F_SETOWN_EX = 8, 15
@@ -246,7 +251,7 @@ _SYS_SYSCALL = _libc.syscall
 _SYS_SYSCALL.restype = ctypes.c_long
 
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_REFER, _TRUNCATE = 1 << 13, 1 << 14
+_REMOVE_FILE, _REFER, _TRUNCATE = 1 << 5, 1 << 13, 1 << 14
 _NET_TCP = 1 | 2  # bind, connect
 _SCOPE = 1 | 2  # abstract UNIX sockets, signals
 
@@ -339,7 +344,7 @@ def _add_rule(ruleset: int, path: str, rights: int) -> bool:
         os.close(fd)
 
 
-def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
+def _landlock(writable: list[str], readable: list[str], scopes: bool, files: Iterable[str] = ()) -> str:
     abi = landlock_abi()
     if abi < 1:
         return f"unavailable: the kernel has no landlock ({platform.release()})"
@@ -356,8 +361,15 @@ def _landlock(writable: list[str], readable: list[str], scopes: bool) -> str:
             _add_rule(ruleset, path, read)
         for path in (*_DEVICES, *_gpu_devices()):
             _add_rule(ruleset, path, fs)
-        for path in ("/dev/shm", *writable):
+        # /dev/shm: open what is there (the judge's CUDA IPC counters, which torch decrements
+        # in the receiver, and unlinks when it holds the file last), make nothing: a file there
+        # is memory that no limit of the candidate's counts and that outlives it (RLIMIT_FSIZE
+        # bounds how far it may grow one that exists)
+        _add_rule(ruleset, "/dev/shm", _READ_FILE | _WRITE_FILE | _REMOVE_FILE)
+        for path in writable:
             _add_rule(ruleset, path, fs)
+        for path in files:  # written into, never made, removed or replaced
+            _add_rule(ruleset, path, _WRITE_FILE)
         if _SYS_SYSCALL(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             return f"failed: landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
     finally:
@@ -382,15 +394,17 @@ def _tool_dirs(build_dir: str, scratch: str) -> dict[str, str]:
     }
 
 
-def confine_files(build_dir: str, scratch: str, readable: list[str], scopes: bool = True) -> dict[str, str]:
+def confine_files(
+    build_dir: str, scratch: str, readable: list[str], files: list[str] | None = None, scopes: bool = True
+) -> dict[str, str]:
     """The file and network part, once the evaluation's directories are known: writes go to
-    ``build_dir`` alone (``scratch``, inside it, is the temporary directory), reads to the
-    system, the Python environment and ``readable``. What held. ``scopes``: as for
-    :func:`lock_process`."""
+    ``build_dir`` (``scratch``, inside it, is the temporary directory) and into the existing
+    ``files`` alone, reads to the system, the Python environment and ``readable``. What held.
+    ``scopes``: as for :func:`lock_process`."""
     os.makedirs(scratch, mode=0o700, exist_ok=True)
     os.environ.update(_tool_dirs(build_dir, scratch))
     tempfile.tempdir = None  # read again from TMPDIR
-    report = {"landlock": _landlock([build_dir], readable, scopes)}
+    report = {"landlock": _landlock([build_dir], readable, scopes, files or [])}
     try:
         _load_filter([("socket", errno.EPERM, [])])
         report["sockets"] = "held (none can be opened)"

@@ -14,7 +14,9 @@ footprint a batch admits an evaluation by is then
 
 A candidate that runs out of GPU memory while it holds more than its allowance has used more than
 its share: that is its verdict. Below it, the memory was someone else's (another evaluation, a
-neighbour) and the batch runs the evaluation again.
+neighbour) and the batch runs the evaluation again, unless the device had the memory free when
+the judge looked (:func:`device_free`, read as the candidate's failure arrives): an out-of-memory
+that only the candidate's words claim is its own.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-__all__ = ["MIN_ALLOWANCE", "figures", "reference_peak"]
+__all__ = ["MIN_ALLOWANCE", "device_free", "figures", "reference_peak"]
 
 #: the least GPU memory a candidate is allowed, whatever the reference takes
 MIN_ALLOWANCE = 512 << 20
@@ -67,3 +69,22 @@ def figures(device: str, peak: int, per_set: int, max_sets: int) -> dict[str, st
         "candidate_allowance": str(allowance),
         "footprint": str(2 * peak + input_sets + allowance),
     }
+
+
+def device_free(device: str) -> int | None:
+    """Bytes free on this judge's GPU now, all processes counted (the driver's figure; the fake
+    backend's simulated memory), None where there is no such figure."""
+    torch = sys.modules.get("torch")
+    if device == "cuda" and torch is not None:
+        with contextlib.suppress(Exception):
+            return int(torch.cuda.mem_get_info()[0])
+        return None
+    import os
+
+    from ...gpu.fake import SimulatedMemory
+
+    memory = SimulatedMemory.from_env()
+    if memory is None:
+        return None
+    gpu = int(os.environ.get("KREX_GPU", "0") or 0)
+    return max(0, memory.total(gpu, 80 << 30) - memory.used(gpu))

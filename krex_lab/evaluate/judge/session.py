@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import cuda_ipc
+from ..cache import make_output_file, output_file
 from ..channel import ChannelError, Shared, encode_tree
 from ..messages import Body, Call, CallAgain, CallEntry, Failed, Load, Loaded, Ok, Release, Returned
 from ..numerics import applied, settings_for
@@ -39,9 +40,10 @@ from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, Phase
 from ..result import CaseResult
 from .account import CandidateGroup, place
 from .buffers import CallSet, out_spec, share_set
+from .builddir import BuildDir
 from .clock import Scheduling
 from .compare import compare, same, tolerances
-from .footprint import figures, reference_peak
+from .footprint import device_free, figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
@@ -134,8 +136,10 @@ class Judge:
         #: every input set's seed, each from the CSPRNG (:mod:`.seeds`)
         self.seeds = Seeds(self.opts.seed)
         self.salt = self.opts.seed if self.opts.seed is not None else 0
-        self.build_dir = os.path.join(job.build_root, job.candidate.sha256[:32])
-        self.output_path = os.path.join(self.build_dir, f"output-{job.id}.txt")
+        #: its build directory: its own for this evaluation, the compilers' cache of its source kept
+        self.build = BuildDir(job.build_root, job.candidate.sha256[:32])
+        self.build_dir = self.build.stable
+        self.output_path = output_file(job.build_root, job.id)
         self.proc: CandidateProc | None = None
         #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
         self.group: CandidateGroup | None = None
@@ -153,7 +157,7 @@ class Judge:
 
         #: a published GPU MODE problem's files (task.yml's ``files:``), laid out for each side
         self.files_digest = files_digest(job.files) if job.files else ""
-        self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}") if job.files else ""
+        self.candidate_layout = ""
 
     def seed(self, secret: bool = False) -> int:
         return self.seeds.next(secret)
@@ -226,7 +230,10 @@ class Judge:
         if kind == "OutputMismatch":
             return CandidateFailed("incorrect", "correctness_issue", message[:2000])
         if body.oom or any(s in text.lower() for s in _OOM):
-            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000])
+            # the device's own figure, read now: the candidate's words alone prove no shortage
+            free = device_free(self.device)
+            seen = {} if free is None else {"out_of_memory_device_free": str(free)}
+            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000], figures=seen)
         if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
             return CandidateFailed(
                 "rejected", "output_limit", f"the candidate wrote more than its output limit ({text})"
@@ -248,10 +255,18 @@ class Judge:
     def load(self) -> LoadResult:
         job = self.job
         result = LoadResult(device=self.device_name, gpu_timed=self.device == "cuda")
-        os.makedirs(self.build_dir, mode=0o700, exist_ok=True)
+        try:
+            t_build = time.perf_counter()
+            self.build_dir = self.build.open()
+            make_output_file(self.output_path)
+            result.metadata["build_dir_s"] = f"{time.perf_counter() - t_build:.4f}"
+        except OSError as exc:
+            result.fail("error", "evaluation_error", f"no build directory could be made: {exc}")
+            return result
         if job.files:
             from ..task import lay_out
 
+            self.candidate_layout = os.path.join(self.build_dir, f"task-{self.files_digest[:16]}")
             lay_out(job.files, self.candidate_layout)  # the candidate's copy: its to import (or spoil)
         ref_key = f"{job.reference.sha256}:{self.files_digest}"
         reference = _REFERENCES.get(ref_key)
@@ -314,8 +329,11 @@ class Judge:
             self.ask(body, Loaded, init_shared)
             result.compiled = True
             result.seconds = round(time.perf_counter() - t_load, 6)
+            t_keep = time.perf_counter()
+            self.build.keep()  # what its compilers made, before it has seen any input
+            result.metadata["build_keep_s"] = f"{time.perf_counter() - t_keep:.4f}"
         except CandidateFailed as exc:
-            result.fail(exc.verdict, exc.key, exc.message)
+            exc.record(result)
             result.compiled = exc.key != "compilation_error"
         return result
 
@@ -332,7 +350,7 @@ class Judge:
         :mod:`.clock`)."""
         self.proc = spares_for(self.device).take()
         mark("load", self.job.nonce, self.proc.pid)
-        self.proc.confine(self.build_dir, self._import_dirs())
+        self.proc.confine(self.build_dir, self._import_dirs(), [self.output_path])
 
     def _calibration_sets(self, calls: int) -> tuple[list[CallEntry], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
@@ -609,6 +627,14 @@ def _run(job: Job) -> PhaseResults:
     # every job sets its own (0: none), so that no job's admission outlives it on this worker
     ADMITTED.set(job.options.memory_budget_mb << 20)  # input sets sized to the memory free at admission
     judge = Judge(job)
+    try:
+        return _phases(judge, job)
+    finally:
+        judge.build.close()  # nothing it wrote is there for the next evaluation
+
+
+def _phases(judge: Judge, job: Job) -> PhaseResults:
+    nonce = job.nonce
     last: PhaseResult
     loaded = judge.load()
     _static_flags(job, loaded)
@@ -651,7 +677,7 @@ def _collect_output(judge: Judge, last: PhaseResult) -> None:
     """How much the candidate printed (its file, read by the client afterwards), and whether it
     went past its limit."""
     try:
-        size = os.path.getsize(judge.output_path)
+        size = os.lstat(judge.output_path).st_size
     except OSError:
         return
     last.output_bytes = size

@@ -48,11 +48,12 @@ class CandidateProc:
         self.sandbox: dict[str, str] = {}
         self.scratch = ""
 
-    def confine(self, build_dir: str, readable: list[str], timeout: float = 60.0) -> None:
-        """Its writes to ``build_dir`` alone (its temporary directory in it), its reads to the
-        system, the Python environment and ``readable``: before any candidate code is in it."""
+    def confine(self, build_dir: str, readable: list[str], files: list[str], timeout: float = 60.0) -> None:
+        """Its writes to ``build_dir`` (its temporary directory in it) and into ``files`` alone,
+        its reads to the system, the Python environment and ``readable``: before any candidate
+        code is in it."""
         self.scratch = os.path.join(build_dir, "tmp", str(self.pid))
-        self.chan.send(Confine(build_dir=build_dir, scratch=self.scratch, readable=readable))
+        self.chan.send(Confine(build_dir=build_dir, scratch=self.scratch, readable=readable, files=files))
         self.chan.sock.settimeout(timeout)
         try:
             env, fds = self.chan.recv()
@@ -77,19 +78,22 @@ class CandidateProc:
             if any(h in cmd for h in _FRAMEWORK_HELPERS):
                 continue
             out.append(f"{pid} ({cmd[:80] or '?'})")
-        # daemons that left its tree (setsid and a double fork) were re-parented to the worker
-        known = {self.zygote.pid, os.getpid()}
-        for pid in children(os.getpid()):
-            if pid not in known and proc_state(pid) not in (None, "Z") and not self.zygote.is_own(pid):
+        # daemons that left its tree: re-parented to the worker (setsid and a double fork), or
+        # made the zygote's children (clone with CLONE_PARENT)
+        for pid in self.strays():
+            if proc_state(pid) not in (None, "Z"):
                 cmd = _cmdline(pid)
                 if not any(h in cmd for h in _FRAMEWORK_HELPERS):
                     out.append(f"{pid} ({cmd[:80] or '?'})")
         return out
 
     def strays(self) -> list[int]:
-        """Processes that left its tree for the worker (a daemon's double fork): the worker's
-        children that are neither the zygote nor the spare."""
-        return [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+        """Processes that left its tree: the worker's children that are neither the zygote nor
+        the spare (a daemon's double fork), and the zygote's that it did not fork itself (a
+        sibling made with CLONE_PARENT)."""
+        worker = [p for p in children(os.getpid()) if p != self.zygote.pid and not self.zygote.is_own(p)]
+        siblings = [p for p in children(self.zygote.pid) if p != self.pid and p not in self.zygote.forked]
+        return worker + siblings
 
     def end(self) -> None:
         """Kill it and everything it started (deepest first), daemons that left its tree included;

@@ -15,17 +15,27 @@ __all__ = ["CandidateFailed", "own", "replace_arrays", "tree_of"]
 class CandidateFailed(Exception):
     """The candidate's process raised, died or broke the protocol: ``verdict`` and ``key`` say how."""
 
-    def __init__(self, verdict: str, key: str, message: str, reasons: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        verdict: str,
+        key: str,
+        message: str,
+        reasons: dict[str, str] | None = None,
+        figures: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.verdict, self.key, self.message = verdict, key, message
         #: a ``rejected`` verdict's reasons (``metadata.rejected``)
         self.reasons = reasons or {}
+        #: what the judge measured of the failure itself (metadata beside the message)
+        self.figures = figures or {}
 
     def record(self, result: Any) -> None:
-        """Into a phase's result: its verdict, message and reasons."""
+        """Into a phase's result: its verdict, message, reasons and figures."""
         result.fail(self.verdict, self.key, self.message)
         if self.reasons:
             result.metadata["rejected"] = dict(self.reasons)
+        result.metadata.update(self.figures)
 
 
 def own(value: Any) -> Any:
