@@ -32,7 +32,14 @@ def check(shield: str, results: dict[str, tuple[dict[str, Any], list[int]]]) -> 
         f"{shares['always']:.1%}; intrusions once {once['report']['shield'].get('intrusions')}, "
         f"always {always['report']['shield'].get('intrusions')}"
     )
-    assert plain["report"]["shield"]["mode"] == shield, plain["report"]["shield"]
+    said = plain["report"]["shield"]
+    if shield == "cpuset" and said["mode"] != "cpuset":
+        # the arbiter keeps a holder in a cgroup whose limits a partition would lift (a machine that
+        # runs each command under a memory limit): it said so, and used affinities
+        lifted = [n for n in said.get("notes", []) if "a partition would lift" in n]
+        if lifted:
+            pytest.skip(f"the holder's cgroup rules out a partition here: {lifted[0]}")
+    assert said["mode"] == shield, said
     if shield == "cpuset":
         assert shares["once"] >= 0.95 and shares["always"] >= 0.95, shares
         return
