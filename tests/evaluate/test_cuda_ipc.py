@@ -87,3 +87,16 @@ def test_a_file_gone_or_malformed_fields_change_nothing(shm: Path) -> None:
     assert cuda_ipc.status().noted == 1
     (shm / "torch_1_5_0").unlink()  # the sender's file went with its last counter
     assert cuda_ipc.take_back() == 0
+
+
+def test_held_counts_the_shares_a_receiver_still_holds_and_changes_nothing(shm: Path) -> None:
+    handle = _file(shm, "torch_1_3_0", {0: 1, 1: 1, 2: 1})
+    for off in (0, 1, 2):
+        cuda_ipc.note(_fields(handle, off))
+    assert cuda_ipc.held() == 3
+    data = bytearray((shm / "torch_1_3_0").read_bytes())
+    struct.pack_into("<q", data, 64 + 8 * 1, 0)  # the receiver let go of one
+    (shm / "torch_1_3_0").write_bytes(bytes(data))
+    assert cuda_ipc.held() == 2
+    assert [_read(shm, "torch_1_3_0", o) for o in range(3)] == [1, 0, 1]  # read, never changed
+    assert cuda_ipc.status().noted == 3

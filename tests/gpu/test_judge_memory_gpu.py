@@ -8,6 +8,7 @@ kind runs several times on one worker, and the GPU's used memory must not grow."
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -122,3 +123,24 @@ def test_evaluations_whose_candidate_dies_holding_the_sets_leave_the_judge_no_bi
     assert all(r.verdict in want for r in runs), [(r.verdict, r.summary) for r in runs]
     # the first evaluation leaves the worker's caches warm; the later ones add nothing
     assert used[-1] - used[0] <= GiB // 2, [round(u / GiB, 2) for u in used]
+
+
+def _marks(ev: Evaluation) -> list[tuple[int, int, int]]:
+    """(round, MiB allocated in the judge, CUDA IPC shares still held) from the verdict's trace."""
+    trace = str(ev.metadata.get("judge_memory_rounds", ""))
+    found = re.findall(r"round (\d+): (\d+) MiB allocated, (\d+) shares held", trace)
+    return [(int(r), int(m), int(h)) for r, m, h in found]
+
+
+def test_a_round_s_sets_are_given_back_before_the_next_rounds_fill_the_gpu(gpu_pool: PoolProc) -> None:
+    """768 MiB a set, one set a round (the sets' budget is 512 MiB), 40 rounds: each round's sets
+    are freed once the candidate's process has the next round's, so the judge's allocated memory
+    stays within a few sets over the rounds, and so do the shares a receiver holds."""
+    ev = evaluate(REFERENCE, HONEST, pool=gpu_pool.client, gpu=0, timeouts=LIMITS, perf_trials=40)
+    marks = _marks(ev)
+    print("verdict", ev.verdict, "| judge_memory_rounds:", ev.metadata.get("judge_memory_rounds"))
+    assert ev.verdict == "correct", ev.summary
+    assert len(marks) == 6 and marks[-1][0] >= 30, marks
+    first, last = marks[0], marks[-1]
+    assert last[1] - first[1] <= 3 * 1024, marks  # MiB: a few sets at most, never one per round
+    assert last[2] <= first[2] + 8, marks

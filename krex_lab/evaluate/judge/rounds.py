@@ -47,7 +47,7 @@ from ..options import Case, Options
 from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
 from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
-from .roundsets import case_layout, l2_flush, make_sets, read_round, refill, round_checks
+from .roundsets import case_layout, l2_flush, make_sets, memory_mark, read_round, refill, round_checks
 from .tensors import arrays, clone, synchronize
 from .timers import TimingError, stats
 from .values import CandidateFailed
@@ -208,6 +208,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     samples: list[float] = []
     rounds = 0
     idle_ms = 0.0
+    trace: list[tuple[int, int, int]] = []  # (round, MiB allocated, IPC shares held) after each refill
     rng = random.Random()
     label = _label(judge)
     with _region(o, judge.device != "cuda") as region, _pinned(judge):
@@ -259,6 +260,8 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
                 break
             idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
             rs = refill(judge, case, rs, spec)
+            if (mark := memory_mark()) is not None:
+                trace.append((rounds, *mark))
         with clock.hold():  # no candidate code runs while the twin and the reference are timed
             clock.stop()
             clock.calibrate(k)
@@ -267,6 +270,11 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     judge.ask(Drop(), Ok)
     rs.release()
     clock.finish()
+    if trace:
+        shown = trace if len(trace) <= 6 else [*trace[:3], *trace[-3:]]
+        result.metadata["judge_memory_rounds"] = "; ".join(
+            f"round {r}: {mib} MiB allocated, {held} shares held" for r, mib, held in shown
+        )
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
     part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)
     if ref_part is not None and not cached:

@@ -23,7 +23,7 @@ from .tensors import arrays, clone, synchronize
 #: the judge of :mod:`.session` (not imported: the session imports the rounds)
 Judge = Any
 
-__all__ = ["case_layout", "l2_flush", "make_sets", "read_round", "refill", "round_checks"]
+__all__ = ["case_layout", "l2_flush", "make_sets", "memory_mark", "read_round", "refill", "round_checks"]
 
 
 class _Sets:
@@ -72,6 +72,18 @@ def _collect_ipc() -> None:
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         with contextlib.suppress(Exception):
             torch.cuda.ipc_collect()
+
+
+def memory_mark() -> tuple[int, int] | None:
+    """(MiB the judge's torch holds allocated on its GPU, CUDA IPC shares a receiver still holds)
+    after a refill; None off a GPU. A round's sets are freed once the candidate lets go of them,
+    so both stay flat over the rounds of a case where nothing keeps them."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    from .. import cuda_ipc
+
+    return int(torch.cuda.memory_allocated()) >> 20, cuda_ipc.held()
 
 
 def read_round(rs: _Sets, order: list[int], body: Timed) -> list[Any]:
