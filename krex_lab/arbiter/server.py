@@ -103,9 +103,9 @@ class Arbiter(LoggingConfigurable):
         config=True
     )
     guard_neighbours = Bool(
-        help="Hold a region against what its neighbours do while it runs (off by default until a "
-        "GPU run of tests/gpu passes with it on; KREX_GUARD_NEIGHBOURS=1 or --guard-neighbours turns "
-        "it on). It changes the region sequence in three ways: the shield's default becomes 'auto' "
+        help="Hold a region against what its neighbours do while it runs (on by default; "
+        "KREX_GUARD_NEIGHBOURS=0 or --Arbiter.guard_neighbours=False turns it off). It changes the "
+        "region sequence in three ways: the shield's default becomes 'auto' "
         "(a cpuset partition where the arbiter may make one); where affinities shield a region, a "
         "watch every shield_watch_interval seconds puts back any thread that widened its affinity "
         "onto the reserved cores, and the report names each intruder with its time there "
@@ -135,7 +135,7 @@ class Arbiter(LoggingConfigurable):
 
     @default("guard_neighbours")
     def _guard_neighbours_default(self) -> bool:
-        return os.environ.get("KREX_GUARD_NEIGHBOURS", "") not in ("", "0")
+        return os.environ.get("KREX_GUARD_NEIGHBOURS", "1") not in ("0", "false", "False", "no")
 
     @default("shield")
     def _shield_default(self) -> str:

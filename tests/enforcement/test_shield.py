@@ -315,10 +315,10 @@ def test_status_says_whether_neighbours_are_guarded_and_why_auto_chose_its_shiel
     why = CpusetPartition().reason
     chosen = "affinity" if why else "cpuset"
     assert Shield("auto").describe() == f"{chosen} (auto: {why or 'cpuset partitions available'})"
-    monkeypatch.delenv("KREX_GUARD_NEIGHBOURS", raising=False)  # a run of the suite with the guard on
+    monkeypatch.delenv("KREX_GUARD_NEIGHBOURS", raising=False)  # a run of the suite with the guard set
     for guard, extra in (
         (True, ("--guard-neighbours", "--Arbiter.shield=auto")),
-        (False, ("--Arbiter.shield=sessions",)),
+        (False, ("--Arbiter.guard_neighbours=False", "--Arbiter.shield=sessions")),
     ):
         runs = tmp_path / str(guard)
         runs.mkdir()
