@@ -111,13 +111,7 @@ def take_back() -> int:
     with _lock:
         sent = list(_sent)
         _sent.clear()
-    by_file: dict[bytes, list[int]] = {}
-    for handle, offset in sent:
-        by_file.setdefault(handle, []).append(offset)
-    held = 0
-    for handle, offsets in by_file.items():
-        held += sum(1 for v in _counters(handle, offsets, 0) if v)
-    return held
+    return _count_held(sent, 0)
 
 
 def held() -> int:
@@ -125,10 +119,16 @@ def held() -> int:
     whose memory torch keeps for a live receiver. The judge's memory trace between rounds."""
     with _lock:
         sent = list(_sent)
+    return _count_held(sent, None)
+
+
+def _count_held(sent: list[tuple[bytes, int]], value: int | None) -> int:
+    """How many of ``sent``'s counters are not zero, each file opened once (each then set to
+    ``value`` where it is given)."""
     by_file: dict[bytes, list[int]] = {}
     for handle, offset in sent:
         by_file.setdefault(handle, []).append(offset)
-    return sum(1 for handle, offsets in by_file.items() for v in _counters(handle, offsets, None) if v)
+    return sum(1 for handle, offsets in by_file.items() for v in _counters(handle, offsets, value) if v)
 
 
 def status() -> Status:
