@@ -52,6 +52,18 @@ class Pair:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+#: the verdict's metadata that says how its time was made (the outside figure and what it takes off)
+TIMING_KEYS = (
+    "timing_bound_us",
+    "timing_roundtrip_us",
+    "timing_overhead_us",
+    "timing_cost_ms",
+    "timing_bound",
+    "input_sets",
+    "judge_memory_rounds",
+)
+
+
 def pairs_of(root: Path, problems: list[str] | None) -> list[Pair]:
     """Every problem's submission and solutions, with what GPU MODE says they are."""
     out: list[Pair] = []
@@ -191,6 +203,8 @@ def main() -> int:
             "degraded": sum(1 for r in regions if r.degraded),
             "why": str(why)[:400],
             "summary": ev.summary,
+            # where the judge's figure came from: its outside bound, the twin's calibration, the sets
+            "timing": {k: ev.metadata[k] for k in TIMING_KEYS if k in ev.metadata},
         }
         say(f"{pair.problem:14s} {pair.name:44s} {layout:9s} {ev.verdict:14s} {outcome(pair, ev.verdict)}")
 
