@@ -81,4 +81,10 @@ def test_two_candidates_colluding_across_gpus(batch_pool: PoolProc) -> None:
     cheat = next(c for c in APART if c.name == COLLUDE)
     copies = [replace(cheat, name=f"{COLLUDE}-{k}", file=COLLUDE) for k in (1, 2)]
     outcome = judge_batch(copies, {COLLUDE_PROBLEM: 2}, batch_pool, 4, timeouts=LIMITS, perf_trials=30)
+    if outcome.found and all("reference time" in f for f in outcome.found):
+        # a host-clock reference of about a millisecond read 3.5x its peers' once on a loaded 2-core
+        # machine, and never again alone: a reference the cheat slows reads so every time
+        first = "\n".join(outcome.found)
+        outcome = judge_batch(copies, {COLLUDE_PROBLEM: 2}, batch_pool, 4, timeouts=LIMITS, perf_trials=30)
+        assert not outcome.found, f"twice:\n{first}\n" + "\n".join(outcome.found) + "\n" + outcome.table()
     assert not outcome.found, "\n".join(outcome.found) + "\n" + outcome.table()
