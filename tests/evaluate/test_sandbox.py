@@ -31,21 +31,13 @@ from krex_lab.evaluate.candidate import sandbox
 from tests.security.users import make_user
 from tests.support.pool import PoolProc
 
-from .helpers import LIMITS, problem
+from .helpers import LIMITS, SCALED_ADD_MODEL, problem
 
 Run = Callable[..., Evaluation]
 JudgeSource = Callable[[str], Evaluation]
 PROBE = Path(__file__).with_name("sandbox_probe.py")
 
-HONEST = """
-class ModelNew(nn.Module):
-    def __init__(self, alpha):
-        super().__init__()
-        self.alpha = alpha
-
-    def forward(self, a, b):
-        return torch.add(b, a, alpha=self.alpha)
-"""
+HONEST = SCALED_ADD_MODEL
 
 PRELUDE = """
 import ctypes, os, signal, socket

@@ -29,24 +29,11 @@ import pytest
 from krex_lab.evaluate import Evaluation, evaluate
 from tests.support.pool import PoolProc
 
-from .helpers import LIMITS, problem
+from .helpers import LIMITS, SCALED_ADD_MODEL, problem
 
 Judge = Callable[..., Evaluation]
 
-HONEST = """
-import os
-import torch
-from torch import nn
-
-
-class ModelNew(nn.Module):
-    def __init__(self, alpha):
-        super().__init__()
-        self.alpha = alpha
-
-    def forward(self, a, b):
-        return torch.add(b, a, alpha=self.alpha)
-"""
+HONEST = "\nimport os\nimport torch\nfrom torch import nn\n\n" + SCALED_ADD_MODEL
 
 #: 160 MiB: more than the 64 MiB the candidate may add (``memory_limit_mb``)
 SIZE = 160 << 20
