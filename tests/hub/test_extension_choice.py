@@ -17,6 +17,7 @@ import pytest
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - the jp_* fixtures, for this module only
 
 from krex_lab.pytest_plugin import ArbiterProc
+from tests.support.procs import descendants_with
 
 
 @pytest.fixture
@@ -40,8 +41,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def embedded_children() -> list[psutil.Process]:
     """Arbiters the server started (under its guard), not the node arbiter the test started."""
-    me = psutil.Process()
-    return [p for p in me.children(recursive=True) if "krex_lab.launcher" in p.cmdline() and "arbiter" in p.cmdline()]
+    return descendants_with(os.getpid(), "krex_lab.launcher", "arbiter")
 
 
 def status(jp_fetch: Any, jp_asyncio_loop: Any) -> dict[str, Any]:

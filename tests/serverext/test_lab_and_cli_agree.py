@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from krex_lab.pytest_plugin import ArbiterProc, subprocess_pythonpath, wait_for
+from tests.support.procs import descendants_with
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -131,7 +131,7 @@ def test_krex_status_finds_the_labs_embedded_arbiter_in_its_private_runtime_dir(
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         env = _env(tmp_path, own, "")
         proc, log = lab(env)
-        embedded = [p for p in psutil.Process(proc.pid).children(recursive=True) if "arbiter" in p.cmdline()]
+        embedded = descendants_with(proc.pid, "arbiter")
         assert embedded, log.read_text()
         table = _krex_status(env)
         assert "krex-lab-" in table["arbiter"]["endpoint"], table["arbiter"]
@@ -167,7 +167,7 @@ def test_a_joined_arbiter_that_goes_away_is_said_loudly_and_picked_up_again(
             assert services.describe().problems == [gone[0][len("KREX: ") :]]
             # Not replaced by an arbiter of its own: two would each give the GPUs away.
             assert services.arbiter is None
-            assert not [p for p in psutil.Process().children(recursive=True) if "arbiter" in " ".join(p.cmdline())]
+            assert not descendants_with(os.getpid(), "arbiter")
             caplog.clear()
             node.start()
             services.check()

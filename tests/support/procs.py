@@ -17,6 +17,23 @@ from krex_lab.pytest_plugin import ArbiterProc
 from tests.support import ROOT
 
 
+def descendants_with(pid: int, *words: str) -> list[psutil.Process]:
+    """The live descendants of ``pid`` whose command line holds every one of ``words``.
+
+    A child that exits (or is a zombie not yet reaped) while the list is read is left out: its
+    command line can no longer be read, and it is no longer running.
+    """
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            cmdline = p.cmdline()
+        except psutil.Error:
+            continue
+        if all(any(w in arg for arg in cmdline) for w in words):
+            found.append(p)
+    return found
+
+
 def kill_tree(proc: subprocess.Popen[Any] | int, timeout: float = 10) -> None:
     """SIGCONT then SIGKILL a process and every descendant; for a Popen, wait for them all.
 
