@@ -208,7 +208,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     samples: list[float] = []
     rounds = 0
     idle_ms = 0.0
-    trace: list[tuple[int, int, int]] = []  # (round, MiB allocated, IPC shares held) after each refill
+    trace: list[tuple[int, int, int, int]] = []  # (round, MiB allocated, MiB reserved, shares held) after each refill
     rng = random.Random()
     label = _label(judge)
     with _region(o, judge.device != "cuda") as region, _pinned(judge):
@@ -273,7 +273,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     if trace:
         shown = trace if len(trace) <= 6 else [*trace[:3], *trace[-3:]]
         result.metadata["judge_memory_rounds"] = "; ".join(
-            f"round {r}: {mib} MiB allocated, {held} shares held" for r, mib, held in shown
+            f"round {r}: {mib} MiB allocated, {res} MiB reserved, {held} shares held" for r, mib, res, held in shown
         )
     st = stats(samples) if samples else SampleStats(mean=-1.0, std=0.0, min=-1.0, max=-1.0, num_trials=0)
     part = TimedCase(case=name, method=label, stats=st, region=region.report, notice=region.notice)

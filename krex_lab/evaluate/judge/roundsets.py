@@ -8,10 +8,10 @@ the check phase (:func:`_round_checks`). Used by :mod:`.rounds`, which owns the 
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import Any
 
+from .. import cuda_ipc
 from ..channel import Shared
 from ..messages import CallEntry, Timed
 from ..options import Case
@@ -37,9 +37,12 @@ class _Sets:
         return [cs.entry for cs in self.sets]
 
     def release(self) -> None:
+        """Every reference the judge holds to the sets' memory dropped (the message's too), so
+        that it is freed as soon as the candidate's process lets go of it."""
         for cs in self.sets:
             cs.release()
-        self.sets = []
+        self.sets, self.pristine = [], []
+        self.shared.keep.clear()
 
 
 def make_sets(judge: Judge, case: Case | None, k: int, spec: OutSpec) -> _Sets:
@@ -63,27 +66,19 @@ def refill(judge: Judge, case: Case | None, old: _Sets, spec: OutSpec) -> _Sets:
     freed."""
     fresh = make_sets(judge, case, len(old.sets), spec)
     old.release()
-    _collect_ipc()
+    cuda_ipc.collect()
     return fresh
 
 
-def _collect_ipc() -> None:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        with contextlib.suppress(Exception):
-            torch.cuda.ipc_collect()
-
-
-def memory_mark() -> tuple[int, int] | None:
-    """(MiB the judge's torch holds allocated on its GPU, CUDA IPC shares a receiver still holds)
-    after a refill; None off a GPU. A round's sets are freed once the candidate lets go of them,
-    so both stay flat over the rounds of a case where nothing keeps them."""
+def memory_mark() -> tuple[int, int, int] | None:
+    """(MiB the judge's torch holds allocated on its GPU, MiB it holds reserved from the device,
+    CUDA IPC shares a receiver still holds) after a refill; None off a GPU. A round's sets are
+    freed once the candidate lets go of them, so all three stay flat over the rounds of a case
+    where nothing keeps them (reserved memory is what the GPU's other users lose)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
-    from .. import cuda_ipc
-
-    return int(torch.cuda.memory_allocated()) >> 20, cuda_ipc.held()
+    return int(torch.cuda.memory_allocated()) >> 20, int(torch.cuda.memory_reserved()) >> 20, cuda_ipc.held()
 
 
 def read_round(rs: _Sets, order: list[int], body: Timed) -> list[Any]:

@@ -574,9 +574,7 @@ class Judge:
             # what the dead candidate still held of the judge's sets is let go (torch would keep
             # it for the judge's life), and the candidate's memory this judge mapped goes with it
             cuda_ipc.take_back()
-            with contextlib.suppress(Exception):
-                torch.cuda.ipc_collect()
-                torch.cuda.empty_cache()
+            cuda_ipc.collect()
 
 
 def _scalar(x: Any) -> bool:
