@@ -8,6 +8,7 @@ red-team corpus (tests/evaluate/test_redteam.py)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,12 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
     assert "cgroup" in str(meta["timing_accounting"]), meta  # root on this machine: a cgroup was made
     assert meta["timing_bound_us"] == [ev.runtime], meta  # the verdict's figure is the judge's
     assert isinstance(meta["timing_roundtrip_us"], list) and meta["timing_roundtrip_us"][0] > 0, meta
+    # where each bracket's time went: the candidate's rounds and the twin's, each to its answer and after
+    split = str(meta["timing_split_us"])
+    rounds = int(str(meta["timed_rounds"]))
+    assert "; twin, 1 calls: " in split, split
+    shown = re.findall(r"candidate, (\d+) round\(s\) of (\d+) calls: (\d+) \+ (\d+)", split)
+    assert sum(int(n) for n, *_ in shown) == rounds and all(int(ask) > 0 for *_, ask, _ in shown), split
     # the candidate's own figure may sit a few percent off its cgroup's on a loaded host (the verdict
     # then says so in timing_bound): on a CPU the figure is the cgroup's either way, asserted above
     assert ev.verdict == "correct" and "rejected" not in meta, meta

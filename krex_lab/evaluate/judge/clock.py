@@ -155,11 +155,19 @@ class _Round:
     #: whose device work ends the round (None: the candidate's processes, listed at its answer)
     pids: list[int] | None = None
     start: float = field(default_factory=time.perf_counter)
+    #: when the answer came (the rest of the bracket is the wait for its device work)
+    answer: float | None = None
     end: float | None = None
 
     def answered(self) -> None:
         """The candidate (or the twin) answered: wait for its device work, read the clock."""
+        self.answer = time.perf_counter()
         self.end = self.clock.settle(self.pids)
+
+    def split(self) -> tuple[float, float]:
+        """(seconds to the answer, seconds of the wait after it)."""
+        assert self.answer is not None and self.end is not None
+        return self.answer - self.start, self.end - self.answer
 
 
 def _fit(table: dict[int, float]) -> tuple[float, float]:
@@ -186,6 +194,10 @@ class OutsideClock:
         self.wall: dict[int, float] = {}
         self.cpu: dict[int, float] = {}
         self.rounds: list[tuple[int, float]] = []
+        #: (calls, to the answer, the wait after it) of each bracket: the candidate's rounds, and
+        #: the twin's best of each size (``metadata.timing_split_us``)
+        self.split: list[tuple[int, float, float]] = []
+        self.twin_split: dict[int, tuple[float, float]] = {}
         self.notes: list[str] = []
         #: seconds each defence took in this case (``metadata.timing_cost_ms``)
         self.spent: dict[str, float] = {}
@@ -241,6 +253,7 @@ class OutsideClock:
         yield r
         if r.end is not None:
             self.rounds.append((calls, r.end - r.start))
+            self.split.append((calls, *r.split()))
 
     def _outside_group(self) -> list[int]:
         """The candidate's processes that are not in its cgroup now (a cpuset shield's partition
@@ -351,6 +364,8 @@ class OutsideClock:
                 self.twin = None
                 return
             if record and r.end is not None:
+                if r.end - r.start < self.wall.get(calls, float("inf")):
+                    self.twin_split[calls] = r.split()
                 self.wall[calls] = min(self.wall.get(calls, float("inf")), r.end - r.start)
                 self.cpu[calls] = min(self.cpu.get(calls, float("inf")), harness_cpu(self.twin.pid) - c0)
 
@@ -363,6 +378,22 @@ class OutsideClock:
             return str(group.accounting)
         why = f" (processes {sorted(set(self.strayed))[:4]} were outside its cgroup)" if self.strayed else ""
         return f"/proc: the candidate's processes' own and reaped children's CPU time{why}"
+
+    def split_text(self) -> str:
+        """Where a bracket's time goes, us: to the answer and the wait for the device work after
+        it, for the candidate's rounds (medians, by size) and the twin's best of each size. Where
+        the outside figure and the candidate's disagree, this says which part differs."""
+        by_size: dict[int, list[tuple[float, float]]] = {}
+        for n, ask, wait in self.split:
+            by_size.setdefault(n, []).append((ask, wait))
+        parts = []
+        for n, pairs in sorted(by_size.items()):
+            ask = statistics.median(a for a, _ in pairs) * 1e6
+            wait = statistics.median(w for _, w in pairs) * 1e6
+            parts.append(f"candidate, {len(pairs)} round(s) of {n} calls: {ask:.0f} + {wait:.0f}")
+        for n, (ask, wait) in sorted(self.twin_split.items()):
+            parts.append(f"twin, {n} calls: {ask * 1e6:.0f} + {wait * 1e6:.0f}")
+        return "; ".join(parts)
 
     # -- the figure -----------------------------------------------------------------------------------
 

@@ -162,6 +162,18 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
     return result
 
 
+#: on a GPU, the candidate's process lets go of a round's sets between rounds, outside any bracket
+#: (KREX_JUDGE_LET_GO=1; off until its GPU run): else it closes the last round's CUDA IPC handles
+#: at the start of the next round, inside that round's bracket, while the calibration twin closes
+#: its own after its answer, so a cost of the harness is counted as the candidate's
+LET_GO = os.environ.get("KREX_JUDGE_LET_GO", "0") == "1"
+
+
+def _let_go(judge: Judge) -> None:
+    if LET_GO and judge.device == "cuda":
+        judge.ask(Drop(), Ok)
+
+
 def _idle_cpu_ms(judge: Judge, since: float) -> float:
     """CPU (ms) the candidate's process used between a round's answer and now, when it had no call
     to run. Said in the result, never a verdict by itself: an honest framework's threads spin after
@@ -203,6 +215,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     clock = OutsideClock(judge, method_name(judge.device, "timed"))
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
+    _let_go(judge)
     rs = refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
@@ -259,6 +272,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
             if result.verdict is not None:
                 break
             idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
+            _let_go(judge)
             rs = refill(judge, case, rs, spec)
             if (mark := memory_mark()) is not None:
                 trace.append((rounds, *mark))
@@ -300,6 +314,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
         if clock.notes:
             meta["timing_calibration"] = "; ".join(clock.notes)
         meta["timing_cost_ms"] = {k: f"{v * 1e3:.2f}" for k, v in clock.spent.items()}
+        meta["timing_split_us"] = clock.split_text()
         result.metadata["input_sets"] = str(k)
         result.metadata["l2_flush"] = l2_flush(judge.device)
         result.metadata["idle_cpu_ms"] = str(round(idle_ms, 3))
