@@ -34,7 +34,6 @@ import contextvars
 import math
 import os
 import random
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -44,12 +43,14 @@ from typing import Any
 from ...region_report import RegionReport
 from ..messages import Drop, Ok, Round, Timed
 from ..options import Case, Options
-from ..outcomes import ReferenceEntry, ReferenceTime, SampleStats, TimedCase, TimeResult
+from ..outcomes import SampleStats, TimedCase, TimeResult
 from .clock import OutsideClock, Refused, harness_cpu
 from .compare import compare, tolerances
+from .reference_time import reference_time
 from .roundsets import case_layout, l2_flush, make_sets, memory_mark, read_round, refill, round_checks
-from .tensors import arrays, clone, synchronize
-from .timers import TimingError, stats
+from .tensors import arrays, clone
+from .timers import TimingError, enough, stats
+from .timers import label as timer_label
 from .values import CandidateFailed
 
 #: the judge of :mod:`.session` (not imported: the session imports this module)
@@ -60,8 +61,6 @@ __all__ = ["method_name", "timing"]
 #: memory the input sets (and their pristine copies) of one case may take
 #: (a GPU is shared by all its workers' judges: 16 of them must fit beside their candidates)
 _BUDGET = {"cuda": 512 << 20, "cpu": 256 << 20}
-#: reference times measured in this judge, by problem and settings
-_REFERENCE_TIMES: dict[str, ReferenceEntry] = {}
 #: input sets of a case at most (a round's calls)
 MAX_SETS = 128
 
@@ -85,53 +84,10 @@ def method_name(device: str, what: str) -> str:
     return "events" if device == "cuda" else "host"
 
 
-def _label(judge: Judge) -> str:
-    if judge.opts.timing == "bench":  # the same rounds; named as asked
-        return "bench" if judge.device == "cuda" else "bench-host-clock"
-    fmt = "gpumode" if judge.job.format == "gpumode" else "kernelbench"
-    return f"{fmt}-events" if judge.device == "cuda" else "host-clock"
-
-
-def _reference_key(judge: Judge, case: str | None) -> str:
-    o = judge.opts
-    return "|".join(
-        str(x)
-        for x in (
-            judge.job.reference.sha256,
-            judge.job.format,
-            judge.device_name,
-            o.timing,
-            o.perf_trials,
-            o.warmup_calls,
-            o.warmup_s,
-            o.min_runs,
-            o.max_runs,
-            o.max_rel_err,
-            o.max_case_s,
-            o.mode,
-            o.exclusive,
-            case,
-        )
-    )
-
-
 def _target_calls(o: Options, fmt: str) -> int:
     if o.timing == "converge" or fmt == "gpumode":
         return max(1, o.max_runs)
     return max(1, o.perf_trials)
-
-
-def _done(samples: list[float], o: Options, fmt: str, started: float) -> bool:
-    n = len(samples)
-    if o.timing != "converge" and fmt != "gpumode":
-        return n >= max(1, o.perf_trials)
-    target = 0.001 if o.timing == "converge" else o.max_rel_err
-    if n >= max(2, o.min_runs):
-        mean = statistics.fmean(samples)
-        err = statistics.stdev(samples) / math.sqrt(n)
-        if mean > 0 and err / mean <= target:
-            return True
-    return n >= max(1, o.max_runs) or time.perf_counter() - started > o.max_case_s
 
 
 def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
@@ -223,13 +179,13 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     idle_ms = 0.0
     trace: list[tuple[int, int, int, int]] = []  # (round, MiB allocated, MiB reserved, shares held) after each refill
     rng = random.Random()
-    label = _label(judge)
+    label = timer_label(judge)
     with _region(o, judge.device != "cuda") as region, _pinned(judge):
         _own_scheduling(judge, clock)
         with clock.hold():  # the twin timed with no candidate code running
             clock.calibrate(k)
         started = time.perf_counter()
-        while not _done(samples, o, fmt, started):
+        while not enough(samples, o, fmt, started):
             left = (target if (fmt == "kernelbench" and o.timing != "converge") else o.max_runs) - len(samples)
             size = min(k, max(1, left))
             if fmt == "gpumode" or o.timing == "converge":  # rounds that end near the case's time cap
@@ -280,7 +236,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
             clock.stop()
             clock.calibrate(k)
             _own_scheduling(judge, clock)
-            ref_part, cached = _reference(judge, case, name, rs.pristine, region)
+            ref_part, cached = reference_time(judge, name, rs.pristine, protected=region.notice is None)
     judge.ask(Drop(), Ok)
     rs.release()
     clock.finish()
@@ -352,109 +308,6 @@ def _own_scheduling(judge: Judge, clock: OutsideClock) -> None:
             "judge_rescheduled",
             "the judge's scheduling was changed while the candidate ran: " + "; ".join(judge.rescheduled[:4]),
         )
-
-
-def _time_rotating(judge: Judge, ref: Any, sets: list[Any]) -> tuple[str, list[float]]:
-    """The reference timed as the candidate is: the same sets in turn, one call each, after a
-    warm-up over all of them (an event pair and a synchronisation per call on a GPU; on a CPU the
-    judge's CPU time, in one thread, as the candidate's harness runs it)."""
-    o, fmt = judge.opts, judge.job.format
-    cuda = judge.device == "cuda"
-    samples: list[float] = []
-    with _one_thread(cuda):
-        for args in sets:
-            ref(args)
-        synchronize()
-        started = time.perf_counter()
-        if cuda:
-            import torch
-
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            flush = torch.empty((32, 1024, 1024), dtype=torch.int64, device="cuda")
-        i = 0
-        while not _done(samples, o, fmt, started):
-            args = sets[i % len(sets)]
-            i += 1
-            if cuda:
-                flush.fill_(42)  # the formats' L2 thrash, outside the event pair (as the candidate's)
-                start.record()
-                ref(args)
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(float(start.elapsed_time(end)) * 1e3)
-            else:
-                # the CPU time the judge used, as the candidate's figure is its cgroup's: a shared
-                # host's waits for a core are in neither
-                t0 = time.process_time()
-                ref(args)
-                samples.append((time.process_time() - t0) * 1e6)
-    return _label(judge), samples
-
-
-@contextlib.contextmanager
-def _one_thread(cuda: bool) -> Iterator[None]:
-    """On a CPU, torch's work in this thread alone while the reference is timed, as the candidate's
-    harness has it: a CPU-time figure counts every thread, and threads that spin at a barrier while
-    a shared host keeps their peer off a core would count their wait (ten times the work, seen)."""
-    torch = sys.modules.get("torch")
-    if cuda or torch is None:
-        yield
-        return
-    before = int(torch.get_num_threads())
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _reference(
-    judge: Judge, case: Case | None, name: str | None, pristine: list[Any], region: _Region
-) -> tuple[ReferenceTime | None, bool]:
-    """The reference's time on this case: measured here, in the same region, unless this judge
-    measured it before with the same settings on the same GPU model."""
-    o = judge.opts
-    if not o.time_reference:
-        return None, False
-    key = _reference_key(judge, name)
-    # a case timed without a region (no arbiter answered) is compared with a reference timed the
-    # same way, now: never with a figure measured under a region
-    protected = region.notice is None
-    entry = _REFERENCE_TIMES.get(key) if protected else None
-    if entry is not None and not o.retime_reference:
-        judge.reference_timed_at = entry.timed_at
-        return entry.parts.get(str(name)), True
-    assert judge.problem is not None
-    ref = judge.problem.reference
-    sets = [judge.problem.args(p) for p in pristine]  # the case's last use of them
-    label, samples = _time_rotating(judge, ref, sets)
-    part = ReferenceTime(method=label, stats=stats(samples), region=None)
-    if not protected:
-        return part, False
-    _REFERENCE_TIMES[key] = ReferenceEntry(
-        parts={str(name): part},
-        timed_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        device=judge.device_name,
-        key=_dummy_key(judge),
-    )
-    return part, False
-
-
-def _dummy_key(judge: Judge) -> Any:
-    from ..outcomes import ReferenceKey
-
-    o = judge.opts
-    return ReferenceKey(
-        reference=judge.job.reference.sha256,
-        format=judge.job.format,
-        device=judge.device_name,
-        timing=o.timing,
-        settings=[],
-        seed=0,
-        benchmarks=judge.job.benchmarks,
-        mode=o.mode,
-        exclusive=o.exclusive,
-    )
 
 
 class _Region:

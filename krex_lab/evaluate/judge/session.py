@@ -6,15 +6,16 @@ candidate runs in a one-shot process (:mod:`.spares`) reached through :mod:`..ch
 1. **load**: the reference imported here (once per problem and worker), the problem's first
    inputs and answer made, a spare taken and placed in a cgroup of its own (before any candidate
    code is in it), then the candidate compiled and imported *there*.
-2. **check**: per trial, fresh inputs drawn on the device under a secret seed, shared with the
-   candidate with output buffers the judge owns (:mod:`.buffers`), into which the candidate's
-   side copies its value before the call is over; the judge reads only those buffers and compares
-   here on the device (:mod:`.compare`); its inputs compared with a private pristine copy
-   (written into: rejected).
-   Then the same buffers refilled with new values must give the new answer.
+2. **check** (:mod:`.checks`): per trial, fresh inputs drawn on the device under a secret seed,
+   shared with the candidate with output buffers the judge owns (:mod:`.buffers`), into which the
+   candidate's side copies its value before the call is over; the judge reads only those buffers
+   and compares here on the device (:mod:`.compare`); its inputs compared with a private pristine
+   copy (written into: rejected). Then the same buffers refilled with new values must give the
+   new answer.
 3. **time**: per case, in a region: rounds over K distinct input sets, refilled between rounds
    (:mod:`.rounds`); the reference timed here, in this clean process.
 
+What the candidate's process raised, or how it ended, becomes a verdict in :mod:`.failures`.
 Phase markers carry the job's nonce; the candidate's output is its file's, never this stdout.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
 import sys
 import time
@@ -33,23 +33,22 @@ from typing import Any, TypeVar
 from .. import cuda_ipc
 from ..cache import make_output_file, output_file
 from ..channel import ChannelError, Shared, encode_tree
-from ..messages import Body, Call, CallAgain, CallEntry, Failed, Load, Loaded, Ok, Release, Returned
+from ..messages import Body, CallEntry, Failed, Load, Loaded, Ok, Release
 from ..numerics import applied, settings_for
-from ..options import Case, Job, ProgramSource
-from ..outcomes import CheckOutcome, CheckResult, LoadResult, PhaseResult, PhaseResults
-from ..result import CaseResult
+from ..options import Job, ProgramSource
+from ..outcomes import LoadResult, PhaseResult, PhaseResults
 from .account import CandidateGroup, place
-from .buffers import CallSet, out_spec, share_set
+from .buffers import out_spec, share_set
 from .builddir import BuildDir
+from .checks import check, trial_data
 from .clock import Scheduling
-from .compare import compare, same, tolerances
-from .footprint import device_free, figures, reference_peak
+from .failures import died, raised
+from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
 from .startup import planted_startup_code
-from .tensors import arrays, clone, synchronize
-from .tracebacks import user_traceback
+from .tensors import synchronize
 from .values import CandidateFailed
 
 __all__ = ["CandidateFailed", "Judge", "run"]
@@ -58,7 +57,6 @@ __all__ = ["CandidateFailed", "Judge", "run"]
 _REFERENCES: dict[str, types.ModuleType] = {}
 #: files a compiler of the load phase may write (RLIMIT_FSIZE bounds every file)
 LOAD_FILE_LIMIT = 1 << 30
-_OOM = ("out of memory", "can't allocate memory", "cannot allocate memory", "outofmemory")
 _PR_SET_DUMPABLE = 4
 
 
@@ -109,17 +107,6 @@ def _device() -> tuple[str, str]:
                 model = f"cpu: {line.split(':', 1)[1].strip()}"
                 break
     return "cpu", model
-
-
-def trim_compiler_message(text: str, limit: int = 3000) -> str:
-    """The compiler's errors out of a build log: lines saying ``error`` and the two after each."""
-    lines = text.splitlines()
-    keep: list[str] = []
-    for i, line in enumerate(lines):
-        if "error" in line.lower():
-            keep += [ln for ln in lines[i : i + 3] if ln not in keep[-3:]]
-    body = "\n".join(keep or lines[-40:])
-    return body if len(body) <= limit else body[:limit] + f"\n[... {len(body) - limit} more characters]"
 
 
 #: the answer :meth:`Judge.ask` expects
@@ -205,48 +192,10 @@ class Judge:
 
     def _died(self, why: str) -> CandidateFailed:
         assert self.proc is not None
-        status = self.proc.status(timeout=2.0)
-        if status is not None and os.WIFSIGNALED(status):
-            import signal
-
-            sig = signal.Signals(os.WTERMSIG(status)).name
-            return CandidateFailed(
-                "crashed", "worker_died", f"the candidate's process died of {sig} in the {self.phase} phase"
-            )
-        if status is not None:
-            return CandidateFailed(
-                "crashed", "worker_died", f"the candidate's process exited ({os.WEXITSTATUS(status)})"
-            )
-        return CandidateFailed("crashed", "worker_died", f"the candidate's process stopped answering ({why})")
+        return died(self.proc.status(timeout=2.0), self.phase, why)
 
     def _raised(self, body: Failed) -> CandidateFailed:
-        kind, message = body.kind or "Error", body.message
-        text = f"{kind}: {message}"
-        tb = body.traceback
-        if body.sticky:
-            return CandidateFailed("crashed", "cuda_error", f"{body.sticky} (a sticky CUDA error)")
-        if kind == "OutputRejected":  # a value of a type the judge does not take, named
-            return CandidateFailed("rejected", "rejected", "", {"output_type": message[:2000]})
-        if kind == "OutputMismatch":
-            return CandidateFailed("incorrect", "correctness_issue", message[:2000])
-        if body.oom or any(s in text.lower() for s in _OOM):
-            # the device's own figure, read now: the candidate's words alone prove no shortage
-            free = device_free(self.device)
-            seen = {} if free is None else {"out_of_memory_device_free": str(free)}
-            return CandidateFailed("out_of_memory", "out_of_memory", text[:2000], figures=seen)
-        if (kind == "OSError" and "File too large" in message) or f"[Errno {errno.EFBIG}]" in message:
-            return CandidateFailed(
-                "rejected", "output_limit", f"the candidate wrote more than its output limit ({text})"
-            )
-        if self.phase == "load" and (
-            kind in ("SyntaxError", "ImportError", "ModuleNotFoundError", "LookupError", "IndentationError")
-            or "error building extension" in text.lower()
-        ):
-            if "error building extension" in text.lower():
-                return CandidateFailed("compile_error", "compilation_error", trim_compiler_message(f"{text}\n{tb}"))
-            # the user's file and line, not the harness's frames that compiled it
-            return CandidateFailed("compile_error", "compilation_error", f"{text}\n{user_traceback(tb)[-2000:]}")
-        return CandidateFailed("runtime_error", "runtime_error", f"{text}\n{user_traceback(tb)[-1500:]}"[:3000])
+        return raised(body, self.phase, self.device)
 
     phase = "load"
 
@@ -278,7 +227,7 @@ class Judge:
                 reference = _REFERENCES[ref_key] = _module(job.reference, "reference")
             with reference_peak(self.device) as peak:  # the batch admits the next ones by it
                 self.problem = problem_for(job, reference, self.device, self.salt)
-                self.first = self._trial_data(self.problem.check_cases[0][1])
+                self.first = trial_data(self, self.problem.check_cases[0][1])
         except Exception as exc:
             result.fail("error", "reference_error", f"the reference fails: {type(exc).__name__}: {exc}")
             return result
@@ -366,179 +315,6 @@ class Judge:
 
     # -- check -------------------------------------------------------------------------------------
 
-    def _trial_data(self, case: Case | None) -> tuple[Any, Any, Any, set[int]]:
-        """(the data, its pristine copy, the reference's answer, the arrays the reference writes)."""
-        assert self.problem is not None
-        data = self.problem.make(case, self.seed())
-        synchronize()
-        pristine = clone(data)
-        ref_data = clone(pristine)
-        expected = self.problem.reference(ref_data)
-        synchronize()
-        written = {k for k, (a, b) in enumerate(zip(arrays(pristine), arrays(ref_data))) if not same(a, b)}
-        return data, pristine, expected, written
-
-    def _call(self, data: Any, expected: Any) -> tuple[CallSet, Returned]:
-        """The candidate on ``data`` (moved into memory of its own, with output buffers laid out as
-        ``expected``): (the call's memory as the judge sees it, the answer's body)."""
-        assert self.problem is not None
-        shared = Shared()
-        cs = share_set(self.problem, data, out_spec(expected), shared)
-        synchronize()  # the copies and the poison done before the candidate's process touches them
-        self._last_call = cs
-        return cs, self.ask(Call(set=cs.entry), Returned, shared)
-
-    def _late_writes(self, cs: CallSet, read: Any) -> dict[str, str]:
-        """The output buffers must still hold what the judge read when the call ended."""
-        for k, (now, then) in enumerate(zip(cs.outs, list(arrays(read)))):
-            if now is not None and not same(now, then):
-                return {
-                    "outputs_written_late": f"output {k} changed after the call had returned (work left running "
-                    "past the call writes the answer afterwards)"
-                }
-        return {}
-
-    def check_one(self, kind: str, case: Case | None, first: bool = False) -> tuple[bool, str, dict[str, str], Any]:
-        assert self.problem is not None
-        data, pristine, expected, written = self.first if first and self.first else self._trial_data(case)
-        cs, body = self._call(data, expected)
-        out = cs.read(body.values)
-        shared_data = cs.args
-        rejected: dict[str, str] = {}
-        changed = {k for k, (a, b) in enumerate(zip(arrays(pristine), cs.inputs)) if not same(a, b)}
-        wrote = sorted(changed - written)
-        if wrote:
-            rejected["inputs_modified"] = f"the candidate wrote into its input(s) {wrote} (the reference does not)"
-        self.threads = body.threads
-        if self.threads:
-            rejected["threads_left"] = (
-                f"the candidate left thread(s) running its own code after it returned ({', '.join(self.threads[:3])}): "
-                "work a timer around the call would not see"
-            )
-        aliased = sorted(set(body.aliased) - written)
-        if aliased:
-            rejected["aliased_output"] = f"the candidate returned its input(s) {aliased} (or a view) as its output"
-        rejected.update(self._late_writes(cs, out))
-        if self.problem.checker is not None:
-            ok, issue = self.problem.checker(clone(pristine), out)
-            self.last_cmp = None
-            return (
-                ok and not rejected,
-                issue or ("" if ok else "the reference's check_implementation failed"),
-                rejected,
-                shared_data,
-            )
-        exp = list(arrays(expected)) if not _scalar(expected) else []
-        got = list(arrays(out)) if out is not None else []
-        if not exp:
-            ok = out == expected
-            self.last_cmp = None
-            return ok and not rejected, "" if ok else f"got {out!r}, expected {expected!r}", rejected, shared_data
-        a, r = tolerances(exp, self.opts.atol, self.opts.rtol)
-        cmp = compare(got, exp, a, r)
-        self.last_cmp = cmp
-        return cmp.ok and not rejected, cmp.issue, rejected, shared_data
-
-    def check(self) -> CheckResult:
-        self.phase = "check"
-        assert self.problem is not None
-        result = CheckResult()
-        t0 = time.perf_counter()
-        cases = self.problem.check_cases
-        passed = 0
-        outcome = CheckOutcome(correct=True, trials="")
-        results: list[CaseResult] = []
-        last_case: Case | None = None
-        try:
-            for i, (kind, case) in enumerate(cases):
-                ok, issue, rejected, _ = self.check_one(kind, case, first=i == 0)
-                last_case = case
-                if self.problem.format == "gpumode" and case is not None:
-                    results.append(
-                        CaseResult(
-                            spec=self.problem.case_name(case) or "",
-                            kind="test" if kind == "test" else "benchmark",
-                            passed=ok,
-                            message=issue or None,
-                        )
-                    )
-                self._absorb_cmp(outcome)
-                if rejected:
-                    outcome.rejected = rejected
-                if not ok:
-                    outcome.correct = False
-                    name = self.problem.case_name(case)
-                    outcome.issue = f"{kind} case {name}: {issue}" if name else issue
-                    break
-                passed += 1
-            if outcome.correct:
-                self._refilled_trial(outcome, last_case)
-        except CandidateFailed as exc:
-            exc.record(result)
-        result.seconds = round(time.perf_counter() - t0, 6)
-        outcome.trials = f"({passed} / {len(cases)})"
-        outcome.cases = results
-        meta = result.metadata
-        meta["correctness_trials"] = outcome.trials
-        if outcome.max_difference is not None:
-            meta["max_difference"] = outcome.max_difference
-        if outcome.avg_difference is not None:
-            meta["avg_difference"] = outcome.avg_difference
-        if outcome.issue:
-            meta["correctness_issue"] = outcome.issue
-        if getattr(self, "rule", None):
-            meta["correctness_rule"] = self.rule
-        if getattr(self, "threads", None):
-            meta["threads_reported"] = ", ".join(self.threads)
-        result.cases = outcome.cases
-        if result.verdict is None:
-            if outcome.rejected:
-                result.verdict = "rejected"
-                meta["rejected"] = outcome.rejected
-            elif not outcome.correct:
-                result.verdict = "incorrect"
-        return result
-
-    def _absorb_cmp(self, outcome: CheckOutcome) -> None:
-        cmp = getattr(self, "last_cmp", None)
-        if cmp is not None:
-            outcome.max_difference, outcome.avg_difference = cmp.max_difference, cmp.avg_difference
-            if cmp.rule:
-                self.rule = cmp.rule
-
-    def _refilled_trial(self, outcome: CheckOutcome, case: Case | None) -> None:
-        """The last trial's buffers, refilled in place with new values, must give the new answer:
-        a result kept by address, ``_version`` or call count is stale there."""
-        assert self.problem is not None
-        data = self.problem.make(case, self.seed())
-        synchronize()
-        expected = self.problem.reference(clone(data))
-        cs, _ = self._call(data, expected)
-        # the same memory, new values (the candidate still holds the arrays of its last call)
-        fresh, fresh_pristine, fresh_expected, _ = self._trial_data(case)
-        for dst, src in zip(cs.inputs, arrays(fresh)):
-            if hasattr(dst, "copy_"):
-                dst.copy_(src)
-            else:
-                dst[...] = src
-        cs.poison()
-        synchronize()
-        out = cs.read(self.ask(CallAgain(), Returned).values)
-        if self.problem.checker is not None:
-            ok, issue = self.problem.checker(clone(fresh_pristine), out)
-        else:
-            exp = list(arrays(fresh_expected))
-            a, r = tolerances(exp, self.opts.atol, self.opts.rtol)
-            cmp = compare(list(arrays(out)) if out is not None else [], exp, a, r)
-            ok, issue = cmp.ok, cmp.issue
-        if not ok:
-            outcome.correct = False
-            outcome.rejected = {
-                "cached_results": "the candidate returned a stale result when its input buffers were refilled "
-                "with new values (it caches results across calls)"
-            }
-            outcome.issue = issue
-
     # -- the end -----------------------------------------------------------------------------------
 
     def end(self, last: PhaseResult | None) -> None:
@@ -575,10 +351,6 @@ class Judge:
             # it for the judge's life), and the candidate's memory this judge mapped goes with it
             cuda_ipc.take_back()
             cuda_ipc.collect()
-
-
-def _scalar(x: Any) -> bool:
-    return not list(arrays(x))
 
 
 def run(job: Job, reference_cache: str | None = None) -> PhaseResults:
@@ -645,7 +417,7 @@ def _phases(judge: Judge, job: Job) -> PhaseResults:
     try:
         if loaded.verdict is None:
             mark("check", nonce, judge.proc.pid if judge.proc else None)
-            out.check = last = judge.check()
+            out.check = last = check(judge)
             if out.check.verdict is None and job.options.measure:
                 mark("time", nonce, judge.proc.pid if judge.proc else None)
                 from .rounds import timing
@@ -687,4 +459,4 @@ def _collect_output(judge: Judge, last: PhaseResult) -> None:
         )
 
 
-__all__ += ["MissingDefinition", "mark", "trim_compiler_message"]
+__all__ += ["MissingDefinition", "mark"]
