@@ -1,5 +1,5 @@
 """``python -m krex_lab.workers.pool``: this user's pool service, in the foreground."""
 
-from .service import main
+from .app import main
 
 main()

@@ -17,7 +17,8 @@ outlives it, daemons included, and nothing survives the pool's shutdown.
 
 The server's lifecycle (lock, bind, receive, one reply per request, stop) is
 :class:`krex_lab.rpc_server.Service`'s; this module holds the pool's handlers, its traitlets options
-and how it discovers its GPUs. Messages: :mod:`krex_lab.workers.wire`.
+and how it discovers its GPUs; :mod:`.app` is the process around it. Messages:
+:mod:`krex_lab.workers.wire`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from traitlets.config import LoggingConfigurable
 
 from ... import discovery
 from ..._version import __version__
-from ...application import KrexApplication
 from ...errors import KrexError
 from ...rpc_server import DEFERRED, Peer, Service, lock_holder
 from ..contain import become_subreaper, ident, live
@@ -70,7 +69,7 @@ from .handle import WorkerHandle
 from .jobs import Job, job_of
 from .spawn import PLACEMENT, WORKER_MODULE, NodeBackend, worker_launch
 
-__all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "PoolApp", "main"]
+__all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "serving_log"]
 
 log = logging.getLogger("krex.pool")
 #: the start-up line's and the exit reason's own logger: ``krex pool`` shows them at its default
@@ -532,47 +531,3 @@ class Pool(LoggingConfigurable):
             simulated=self.backend.simulated,
         )
         return PoolTable(pool=pool, **msgspec.structs.asdict(self.dispatcher.status()))
-
-
-class PoolApp(KrexApplication):
-    name = "krex-pool"
-    description = "This user's KREX pool of warm context workers (krex run, %%krex, krex_lab.submit)."
-    version = __version__
-    classes = [Pool]
-    config_basename = "krex_pool_config"
-    aliases = {
-        "endpoint": "Pool.endpoint",
-        "arbiter": "Pool.arbiter",
-        "workers-per-gpu": "Pool.workers_per_gpu",
-        "spares": "Pool.spares_per_gpu",
-        "preload": "Pool.preload",
-        "job-timeout": "Pool.job_timeout",
-        "idle-exit": "Pool.idle_exit",
-        "config": "PoolApp.config_file",
-        "log-level": "Application.log_level",
-    }
-    flags = {
-        "on-demand": ({"Pool": {"on_demand": True}}, "Started by a client: exit when idle (on_demand_idle_exit)."),
-        "step-aside": ({"Pool": {"step_aside": True}}, "Exit 0 quietly if another pool already serves the endpoint."),
-        "no-preload": ({"Pool": {"preload": []}}, "Preload no framework."),
-        "debug": ({"Application": {"log_level": logging.DEBUG}}, "Log debug messages."),
-    }
-
-    def initialize(self, argv: Any = None) -> None:
-        super().initialize(argv)
-        level = int(self.log_level)  # type: ignore[call-overload]
-        if level <= logging.WARNING:  # the start-up line ("serving on ...") shows without --log-level
-            serving_log.setLevel(min(level, logging.INFO))
-
-    def start(self) -> None:
-        pool = Pool(parent=self)
-        try:
-            code = asyncio.run(pool.serve())
-        except KrexError as exc:
-            log.error("%s", exc)
-            code = 1
-        sys.exit(code)
-
-
-def main(argv: list[str] | None = None) -> None:
-    PoolApp.launch_instance(argv)
