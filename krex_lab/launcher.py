@@ -14,6 +14,8 @@ node service, the pool client (a pool started on demand) and the test plugin's a
   services as a crash would, and the arbiter's guardian undoes what its regions did).
 - :func:`wait_until` polls until the child answers, it exits, or the time is up.
 - :func:`stop` sends SIGTERM, waits, then SIGKILL.
+- :class:`ManagedProcess` is a service kept as a child from start to stop, with what it left
+  behind killed at its stop (the server extension's arbiter and pool).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from logging import Logger, LoggerAdapter
 
 T = TypeVar("T")
 
@@ -109,6 +114,96 @@ def _ended_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         sys.exit(0)
+
+
+class ManagedProcess:
+    """A service that its starter keeps as a child: started under this module's guard in a session
+    of its own (so the terminal's Ctrl-C is the starter's to relay), its log tail readable, and
+    stopped with everything it left behind (:meth:`stop`). The server extension's arbiter and pool."""
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        logger: Logger | LoggerAdapter[Any],
+    ) -> None:
+        self.log = logger
+        self.name = name
+        self.module = module
+        self.args = args
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, say: bool = True) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = command(self.module, *self.args, parent=os.getpid())
+        self.proc = start(cmd, self.log_path, env=self.env, new_session=True, private_log=True)
+        if say:
+            self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def stop(self, timeout: float) -> None:
+        """SIGTERM, wait ``timeout`` s, then SIGKILL it and whatever it left behind (continued first)."""
+        import asyncio
+
+        import psutil
+
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                self.log.warning(
+                    "KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid, timeout
+                )
+                proc.kill()
+                proc.wait()
+        # Grace for children that exit on their own once their parent is gone, then no mercy.
+        deadline = time.monotonic() + min(timeout, 2.0)
+        while any(_running(p) for p in descendants) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for p in descendants:
+            if _running(p):
+                self.log.warning("KREX: killing pid %d left behind by %s", p.pid, self.name)
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                except psutil.Error:
+                    pass
+        self.log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
+
+
+def _running(p: Any) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def main(argv: list[str]) -> None:

@@ -10,14 +10,11 @@ the server itself is killed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.util
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psutil
 
 from .. import discovery, launcher, paths, protocol
 from ..errors import KrexError
@@ -58,82 +54,6 @@ class Options:
     pool_args: list[str] = field(default_factory=list)
     startup_timeout: float = 20.0
     stop_timeout: float = 10.0
-
-
-class ManagedProcess:
-    """A child process of the server (its own session, so the terminal's Ctrl-C is ours to relay)."""
-
-    def __init__(
-        self, name: str, module: str, args: list[str], env: dict[str, str], log_path: Path, logger: Logger
-    ) -> None:
-        self.log = logger
-        self.name = name
-        self.module = module
-        self.args = args
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, say: bool = True) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = launcher.command(self.module, *self.args, parent=os.getpid())
-        self.proc = launcher.start(cmd, self.log_path, env=self.env, new_session=True, private_log=True)
-        if say:
-            self.log.info("KREX: started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    async def stop(self, timeout: float) -> None:
-        """SIGTERM, wait ``timeout`` s, then SIGKILL it and whatever it left behind (continued first)."""
-        proc = self.proc
-        if proc is None:
-            return
-        try:
-            descendants = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if proc.poll() is None:
-                self.log.warning(
-                    "KREX: %s (pid %d) did not exit within %.0f s: killing it", self.name, proc.pid, timeout
-                )
-                proc.kill()
-                proc.wait()
-        # Grace for children that exit on their own once their parent is gone, then no mercy.
-        deadline = time.monotonic() + min(timeout, 2.0)
-        while any(_running(p) for p in descendants) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        for p in descendants:
-            if _running(p):
-                self.log.warning("KREX: killing pid %d left behind by %s", p.pid, self.name)
-                try:
-                    p.send_signal(signal.SIGCONT)
-                    p.kill()
-                except psutil.Error:
-                    pass
-        self.log.info("KREX: %s stopped (exit status %s)", self.name, proc.returncode)
-
-
-def _running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def pool_available() -> bool:
@@ -178,8 +98,8 @@ class Services:
         self.pool_endpoint = ""
         self.runtime: Path | None = None
         self.private_runtime: Path | None = None
-        self.arbiter: ManagedProcess | None = None
-        self.pool: ManagedProcess | None = None
+        self.arbiter: launcher.ManagedProcess | None = None
+        self.pool: launcher.ManagedProcess | None = None
         #: who the arbiter in use is (None: none answered)
         self.info: protocol.Info | None = None
         #: which arbiter this server uses: "node", "embedded" or "user" (see arbiter_kind)
@@ -312,7 +232,7 @@ class Services:
             *o.arbiter_args,
         ]
         env = {**os.environ, paths.RUNTIME_DIR_ENV: str(runtime), paths.ENDPOINT_ENV: endpoint}
-        self.arbiter = ManagedProcess(
+        self.arbiter = launcher.ManagedProcess(
             "embedded arbiter", "krex_lab.cli", args, env, runtime / "arbiter-embedded.log", self.log
         )
         self.arbiter.start(say=False)  # said with what it is, once it answers
@@ -325,7 +245,7 @@ class Services:
         self.info = info
         self._say_using(str(self.arbiter.log_path))
 
-    def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], Any]) -> Any:
+    def _wait_ready(self, proc: launcher.ManagedProcess, probe: Callable[[], Any]) -> Any:
         return launcher.wait_until(probe, proc.alive, self.options.startup_timeout)
 
     def start_pool(self) -> None:
@@ -346,7 +266,7 @@ class Services:
             "--step-aside",
             *self.options.pool_args,
         ]
-        self.pool = ManagedProcess(
+        self.pool = launcher.ManagedProcess(
             "pool service", POOL_MODULE, args, env, self._runtime() / "pool-embedded.log", self.log
         )
         self.pool.start()
