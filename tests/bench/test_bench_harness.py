@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import krex_lab
 from krex_lab.bench import stats
-from krex_lab.bench.frameworks import detect
+from krex_lab.bench.detect import detect
 from krex_lab.bench.measurement import Measurement, compare
 from krex_lab.bench.throttle import ClockLog, ClockReading, throttle_cause
 from krex_lab.bench.timing import HeldSampler, batch_size, collect, warm_up
