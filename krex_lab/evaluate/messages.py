@@ -122,6 +122,8 @@ class Calibrate(Body):
     calls: int
     method: str
     sets: list[CallEntry] | None = None
+    #: keep the sets until a ``drop`` (let go between rounds, as the candidate then does)
+    keep: bool = False
 
 
 class Calibrated(Body):

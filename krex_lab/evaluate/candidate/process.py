@@ -177,7 +177,8 @@ class Candidate:
             sample = arrays[0] if arrays else None
             self.sets = {k: (([], [sample]), [sample], []) for k in range(body.calls)}
         self._round(Round(order=list(range(body.calls)), method=body.method), noop)
-        self.sets = {}
+        if not body.keep:
+            self.sets = {}
 
     def op_calibrated(self, body: Calibrated, arrays: list[Any]) -> None:
         """The judge's calibration is over: its outputs let go and, on a GPU, their memory given

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...procutil import tree
-from ..messages import Calibrate, Calibrated, Ok, Timed
+from ..messages import Calibrate, Calibrated, Drop, Ok, Timed
 from ..outcomes import SampleStats
 from .outside import Drain, DrainFailed, drain_for
 from .timers import stats
@@ -185,8 +185,11 @@ class OutsideClock:
     ``_calibration_sets``): taking a round's sets over and copying each value into the judge's
     buffers is the harness's cost, not the candidate's."""
 
-    def __init__(self, judge: Any, method: str = "host") -> None:
+    def __init__(self, judge: Any, method: str = "host", let_go: bool = False) -> None:
         self.judge = judge
+        #: the twin lets go of each calibration round's sets between rounds, outside the bracket
+        #: (where the candidate does so too: :data:`.rounds.LET_GO`)
+        self.let_go = let_go
         #: what the harness times each call with (the twin's rounds are timed as the candidate's)
         self.method = method
         self.cuda = judge.device == "cuda"
@@ -349,12 +352,14 @@ class OutsideClock:
             c0 = harness_cpu(self.twin.pid)
             try:
                 self.judge.ask(
-                    Calibrate(calls=calls, method=self.method, sets=sets),
+                    Calibrate(calls=calls, method=self.method, sets=sets, keep=self.let_go),
                     Timed,
                     shared,
                     proc=self.twin,
                     on_answer=r.answered,
                 )
+                if self.let_go:  # outside the bracket, as the candidate lets go of its rounds'
+                    self.judge.ask(Drop(), Ok, proc=self.twin)
             except Exception as exc:  # the twin failed (or was killed): no calibration from it
                 self.notes.append(f"the calibration twin failed ({type(exc).__name__}: {exc})")
                 from .spares import spares_for

@@ -118,10 +118,11 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
     return result
 
 
-#: on a GPU, the candidate's process lets go of a round's sets between rounds, outside any bracket
-#: (KREX_JUDGE_LET_GO=1; off until its GPU run): else it closes the last round's CUDA IPC handles
-#: at the start of the next round, inside that round's bracket, while the calibration twin closes
-#: its own after its answer, so a cost of the harness is counted as the candidate's
+#: on a GPU, the candidate's process and the calibration twin let go of a round's sets between
+#: rounds, outside any bracket (KREX_JUDGE_LET_GO=1; off until its GPU run): else the candidate
+#: closes the last round's CUDA IPC handles at the start of the next round, inside that round's
+#: bracket, while the twin closes its own after its answer, so a cost of the harness is counted
+#: as the candidate's
 LET_GO = os.environ.get("KREX_JUDGE_LET_GO", "0") == "1"
 
 
@@ -168,7 +169,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask(Round(order=warm, method="warmup"), Timed)
-    clock = OutsideClock(judge, method_name(judge.device, "timed"))
+    clock = OutsideClock(judge, method_name(judge.device, "timed"), let_go=LET_GO and judge.device == "cuda")
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
     _let_go(judge)
