@@ -168,6 +168,14 @@ for stage in "${stages[@]}"; do
         --foreign 3 --foreign-gib 20 --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} \
         >> "$FINAL/evalbatchforeign.log" 2>&1
       tail -45 "$FINAL/evalbatchforeign.log" ;;
+    letgo)  # the judge's GPU tests with KREX_JUDGE_LET_GO off, then on (GPU_FILES: others): which outside figure
+      # agrees with the candidate's own; each test prints metadata.timing_split_us (where the brackets' time went)
+      for v in 0 1; do
+        KREX_JUDGE_LET_GO=$v timeout ${LETGO_TIMEOUT:-270} python3 -m pytest -p no:cacheprovider -v -s -rA --tb=short \
+          --timeout 200 -m gpu ${GPU_FILES:-tests/gpu/test_evaluate_gpu.py tests/gpu/test_judge_memory_gpu.py} \
+          -o addopts="" > "$FINAL/letgo-$v.log" 2>&1
+        grep -E "PASSED|FAILED|ERROR|passed|failed|timing_split|judge_memory_rounds" "$FINAL/letgo-$v.log" | tail -25
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -70,6 +70,7 @@ def test_a_cuda_load_inline_candidate_is_timed_with_event_pairs(gpu_pool: PoolPr
     ev = run(gpu_pool, cuda_candidate("krex_gpu_scaled_add", "if (i < n) out[i] = alpha * a[i] + b[i];"))
     assert ev.verdict == "correct", ev.summary + str(ev.metadata)
     timing = {k: v for k, v in ev.metadata.items() if k.startswith("timing") or k in ("input_sets", "idle_cpu_ms")}
+    print("load_inline timing:", timing)
     assert ev.gpu_timed and ev.timing_method == "kernelbench-events" and "NVIDIA" in (ev.device or ""), timing
     assert ev.runtime_stats is not None and ev.runtime_stats.num_trials == 100
     # the judge's figure from outside the candidate's process (its round trip calibrated in the
