@@ -229,6 +229,51 @@ def test_an_honest_candidate_is_judged_inside_the_sandbox_and_the_verdict_says_s
         assert "landlock" in said and "sockets" in said, said
 
 
+#: a thread bomb: threads (tasks, as processes are) until the kernel refuses one
+TASK_BOMB = """
+import threading
+threading.stack_size(32768)
+_hold = threading.Event()
+_started = 0
+for _ in range({tries}):
+    try:
+        threading.Thread(target=_hold.wait, daemon=True).start()
+    except RuntimeError as exc:
+        raise RuntimeError(f"refused after {{_started}} threads: {{exc}}") from None
+    _started += 1
+raise RuntimeError(f"all {{_started}} threads started")
+"""
+
+
+def _pids_controller() -> bool:
+    """Whether this host has a pids controller a judge could cap its candidate's tasks with."""
+    with open("/proc/self/cgroup") as f:
+        if any("pids" in line.split(":")[1].split(",") for line in f if line.count(":") >= 2):
+            return True
+    with contextlib.suppress(OSError):
+        return "pids" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_candidates_tasks_are_capped(judge_source: JudgeSource) -> None:
+    from krex_lab.evaluate.judge.account import TASKS_MAX
+
+    ev = judge_source(PRELUDE + TASK_BOMB.format(tries=TASKS_MAX + 200) + HONEST)
+    said = str(ev.metadata.get("candidate_tasks"))
+    if said.startswith("not capped") and not _pids_controller():
+        pytest.skip(f"no pids controller on this host: {said}")
+    assert said.startswith(f"at most {TASKS_MAX} "), said
+    assert ev.verdict == "runtime_error", ev.summary
+    text = str(ev.metadata.get("runtime_error", ""))
+    assert "refused after" in text, text
+    started = int(text.split("refused after ")[1].split()[0])
+    assert 0 < started < TASKS_MAX, text
+    # the pool serves on: an honest candidate is judged next
+    after = judge_source(PRELUDE + HONEST)
+    assert after.verdict == "correct", after.summary
+
+
 #: what a compiler's cache does (Triton's writes into a temporary directory beside the entry, then
 #: renames it into place): a move between two directories of the candidate's own build directory
 CACHE_MOVE = """

@@ -16,11 +16,17 @@ work out of the figure, and no clock of the candidate's own is read.
 
 The group is made as a child of the process's current cgroup, so that a freeze of an enclosing
 cgroup (the arbiter's, for a region elsewhere) still reaches the candidate.
+
+Its tasks (processes and threads) are capped at :data:`TASKS_MAX` by the ``pids`` controller:
+the v2 group's own where the controller reaches it (enabled in the parent where that is allowed),
+else a group of its own in the v1 ``pids`` hierarchy. A fork bomb stops there instead of taking
+the node's process table; :attr:`CandidateGroup.tasks` says which cap held, or why none did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import signal
@@ -34,31 +40,47 @@ __all__ = ["CandidateGroup", "place", "proc_cpu_seconds"]
 
 PREFIX = "krex-cand-"
 _TICK = os.sysconf("SC_CLK_TCK")
+#: tasks a candidate may have at once: a compiler's parallel jobs and a framework's thread pool
+#: (a thread a core) fit well under it
+TASKS_MAX = max(1024, 16 * (os.cpu_count() or 1))
 
 
 @functools.cache
 def _mounts() -> tuple[Path | None, Path | None]:
     """(the cgroup v2 mount, the v1 cpuacct mount), None where there is none."""
-    v2: Path | None = None
-    v1: Path | None = None
+    return _v2_mount(), _v1_mount("cpuacct")
+
+
+@functools.cache
+def _v2_mount() -> Path | None:
+    found: Path | None = None
+    for where, kind, _ in _cgroup_mounts():
+        if kind == "cgroup2" and (found is None or len(where.parts) < len(found.parts)):
+            found = where
+    return found
+
+
+@functools.cache
+def _v1_mount(controller: str) -> Path | None:
+    """The v1 hierarchy that holds ``controller``."""
+    return next((where for where, kind, opts in _cgroup_mounts() if kind == "cgroup" and controller in opts), None)
+
+
+def _cgroup_mounts() -> list[tuple[Path, str, list[str]]]:
+    out = []
     try:
         with open("/proc/self/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) < 4:
-                    continue
-                where, kind, opts = Path(parts[1]), parts[2], parts[3].split(",")
-                if kind == "cgroup2" and (v2 is None or len(where.parts) < len(v2.parts)):
-                    v2 = where
-                elif kind == "cgroup" and "cpuacct" in opts and v1 is None:
-                    v1 = where
+                if len(parts) >= 4 and parts[2] in ("cgroup", "cgroup2"):
+                    out.append((Path(parts[1]), parts[2], parts[3].split(",")))
     except OSError:
         pass
-    return v2, v1
+    return out
 
 
-def _cgroup_line(pid: int, v2: bool) -> str | None:
-    """The process's cgroup in the v2 hierarchy (``v2``) or the v1 one holding cpuacct."""
+def _cgroup_line(pid: int, v2: bool, controller: str = "cpuacct") -> str | None:
+    """The process's cgroup in the v2 hierarchy (``v2``) or the v1 one holding ``controller``."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
@@ -69,7 +91,7 @@ def _cgroup_line(pid: int, v2: bool) -> str | None:
         controllers, _, path = rest.partition(":")
         if v2 and hier == "0" and controllers == "":
             return path
-        if not v2 and "cpuacct" in controllers.split(","):
+        if not v2 and controller in controllers.split(","):
             return path
     return None
 
@@ -113,6 +135,10 @@ class CandidateGroup:
         self.why = why
         self._stopped: list[int] = []
         self._frozen = False
+        #: how many tasks it may have, and by what; or why they are not capped
+        self.tasks = "not capped"
+        #: its group in the v1 pids hierarchy (None: capped in its own v2 group, or not at all)
+        self.tasks_path: Path | None = None
 
     @property
     def accounting(self) -> str:
@@ -204,25 +230,31 @@ class CandidateGroup:
             self._frozen = False
 
     def remove(self) -> None:
-        """The cgroup removed once its processes are gone (killed first if any is left)."""
+        """The cgroups removed once their processes are gone (killed first if any is left)."""
         self.thaw()
-        if self.path is None:
+        for path in (self.path, self.tasks_path):
+            if path is not None:
+                _remove(path, self.kind == "v2" and path == self.path)
+        self.tasks_path = None
+
+
+def _remove(path: Path, v2: bool) -> None:
+    for i in range(200):
+        try:
+            path.rmdir()
             return
-        for i in range(200):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                pass
-            if i == 0 and self.kind == "v2":
-                with contextlib.suppress(OSError):
-                    (self.path / "cgroup.kill").write_text("1")
-            for pid in self.cgroup_pids():
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        if i == 0 and v2:
+            with contextlib.suppress(OSError):
+                (path / "cgroup.kill").write_text("1")
+        with contextlib.suppress(OSError, ValueError):
+            for pid in [int(x) for x in (path / "cgroup.procs").read_text().split()]:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
+        time.sleep(0.005)
 
 
 def _sweep(parent: Path) -> None:
@@ -267,11 +299,56 @@ def _make(pid: int, kind: str) -> Path:
 
 def place(pid: int, known: Callable[[], list[int]], kinds: tuple[str, ...] = ("v2", "v1")) -> CandidateGroup:
     """``pid`` (a candidate's process, before its code loads) in a cgroup of its own: v2 first,
-    then v1 cpuacct; a group without a cgroup (/proc accounting) where neither can be made."""
+    then v1 cpuacct; a group without a cgroup (/proc accounting) where neither can be made. Its
+    tasks capped where a pids controller allows (:attr:`CandidateGroup.tasks`)."""
     why: list[str] = []
+    group: CandidateGroup | None = None
     for kind in kinds:
         try:
-            return CandidateGroup(pid, known, _make(pid, kind), kind)
+            group = CandidateGroup(pid, known, _make(pid, kind), kind)
+            break
         except OSError as exc:
             why.append(f"{kind}: {exc.strerror or exc}")
-    return CandidateGroup(pid, known, None, "proc", "; ".join(why) or "no cgroup asked for")
+    if group is None:
+        group = CandidateGroup(pid, known, None, "proc", "; ".join(why) or "no cgroup asked for")
+    _cap_tasks(group)
+    return group
+
+
+def _cap_tasks(group: CandidateGroup) -> None:
+    """The group's tasks capped at :data:`TASKS_MAX`: in its own group where it is a v2 one (or a
+    v1 one whose hierarchy holds pids), else in a group of the v1 pids hierarchy."""
+    why: list[str] = []
+    if group.path is not None:
+        try:
+            if group.kind == "v2" and not (group.path / "pids.max").exists():
+                parent = group.path.parent
+                if "pids" not in (parent / "cgroup.controllers").read_text().split():
+                    raise OSError(errno.ENOENT, "the pids controller does not reach it")
+                (parent / "cgroup.subtree_control").write_text("+pids")
+            (group.path / "pids.max").write_text(str(TASKS_MAX))
+            group.tasks = f"at most {TASKS_MAX} (pids.max of its cgroup {group.kind})"
+            return
+        except OSError as exc:
+            why.append(f"{group.kind}: {exc.strerror or exc}")
+    root = _v1_mount("pids")
+    line = _cgroup_line(group.pid, False, "pids")
+    if root is None or line is None:
+        why.append("no v1 pids hierarchy")
+        group.tasks = "not capped (" + "; ".join(why) + ")"
+        return
+    parent = root / line.lstrip("/")
+    _sweep(parent)
+    path = parent / f"{PREFIX}{os.getpid()}-{group.pid}"
+    try:
+        path.mkdir()
+        (path / "pids.max").write_text(str(TASKS_MAX))
+        (path / "cgroup.procs").write_text(str(group.pid))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        why.append(f"v1 pids: {exc.strerror or exc}")
+        group.tasks = "not capped (" + "; ".join(why) + ")"
+        return
+    group.tasks_path = path
+    group.tasks = f"at most {TASKS_MAX} (pids.max of its cgroup in the v1 pids hierarchy)"

@@ -145,6 +145,8 @@ class Judge:
         #: a published GPU MODE problem's files (task.yml's ``files:``), laid out for each side
         self.files_digest = files_digest(job.files) if job.files else ""
         self.candidate_layout = ""
+        #: seconds the sandbox's file part took (landlock on the build directory)
+        self.confine_s = 0.0
 
     def seed(self, secret: bool = False) -> int:
         return self.seeds.next(secret)
@@ -247,11 +249,13 @@ class Judge:
             result.metadata["spare_wait_s"] = str(round(time.perf_counter() - t0, 4))
             assert self.proc is not None
             result.metadata["sandbox"] = sandbox_summary(self.proc.sandbox)
+            result.metadata["confine_s"] = f"{self.confine_s:.4f}"
             # its own cgroup before any candidate code is in it: its CPU time (threads and
             # children included) and its freeze are the judge's from here on
             t_group = time.perf_counter()
             self.group = place(self.proc.pid, self.proc.strays)
             result.metadata["candidate_cgroup_s"] = f"{time.perf_counter() - t_group:.4f}"
+            result.metadata["candidate_tasks"] = self.group.tasks
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -299,7 +303,9 @@ class Judge:
         :mod:`.clock`)."""
         self.proc = spares_for(self.device).take()
         mark("load", self.job.nonce, self.proc.pid)
+        t0 = time.perf_counter()
         self.proc.confine(self.build_dir, self._import_dirs(), [self.output_path])
+        self.confine_s = time.perf_counter() - t0
 
     def _calibration_sets(self, calls: int) -> tuple[list[CallEntry], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
