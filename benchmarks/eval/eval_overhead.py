@@ -9,10 +9,14 @@ to warm up, then ``--runs`` times in this process. Per evaluation:
 * overhead: the call's wall time minus that work: reading and hashing the programs, the pool
   round trip, pickling, the worker's own set-up around the phases, the result's assembly.
 
+* defences: what each of the judge's defences cost the evaluation, from its verdict's metadata
+  (:data:`DEFENCES`): a clean spare, the sandbox's file part, the candidate's cgroup, its build
+  directory, and in the timed phase the outside clock's drains, holds, twin and calibration.
+
 Also the wall time of the CLI (``krex eval --json``, a fresh interpreter each time), for scale.
 Prints the figures and writes ``benchmarks/out/eval_overhead-<date>.json``.
 
-    python benchmarks/eval/eval_overhead.py [--runs 30] [--backend auto] [--reference R --candidate C]
+    python benchmarks/eval/eval_overhead.py [--runs 30] [--cli-runs 5] [--backend auto] [--reference R --candidate C]
 """
 
 from __future__ import annotations
@@ -32,7 +36,35 @@ from common import REPO, machine, percentile, wait_until, write_result
 PROBLEM = REPO / "tests" / "evaluate" / "problems" / "kb_scaled_add"
 
 
+#: the judge's defences, each as its verdict's metadata says what it took (seconds)
+DEFENCES = {
+    "spare_wait_s": "a clean spare ready (forked sandboxed from the zygote ahead of time)",
+    "confine_s": "the sandbox's file part (landlock on the build directory)",
+    "candidate_cgroup_s": "the candidate's own cgroup (its CPU time, its freeze, its task cap)",
+    "build_dir_s": "its build directory emptied",
+    "build_keep_s": "its compile cache kept",
+}
+#: the outside clock's parts (``metadata.timing_cost_ms``, milliseconds)
+CLOCK = {
+    "drain": "rounds ended from outside (the driver's lock on a GPU)",
+    "hold": "the candidate held while the twin and the reference run",
+    "twin": "the calibration twin found and warmed",
+    "calibration": "the round trip calibrated in the region",
+}
+
+
+def defence_costs(meta: dict[str, Any]) -> dict[str, float]:
+    """Seconds each defence took in one evaluation (those its metadata names)."""
+    out = {k: float(meta[k]) for k in DEFENCES if k in meta}
+    clock = meta.get("timing_cost_ms")
+    if isinstance(clock, dict):
+        out.update({k: float(v) / 1e3 for k, v in clock.items() if k in CLOCK})
+    return out
+
+
 def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
     return {
         "p50_ms": round(percentile(values, 0.5) * 1e3, 3),
         "p95_ms": round(percentile(values, 0.95) * 1e3, 3),
@@ -95,6 +127,7 @@ def main() -> None:
         works: list[float] = []
         overheads: list[float] = []
         jobs: list[float] = []
+        defences: dict[str, list[float]] = {}
         for _ in range(args.runs):
             t0 = time.perf_counter()
             ev = evaluate(args.reference, args.candidate, pool=client)
@@ -106,6 +139,8 @@ def main() -> None:
             works.append(work)
             overheads.append(wall - work)
             jobs.append(ev.phases.get("job", float("nan")) - work)
+            for name, seconds in defence_costs(ev.metadata).items():
+                defences.setdefault(name, []).append(seconds)
         cli: list[float] = []
         for _ in range(args.cli_runs):
             t0 = time.perf_counter()
@@ -131,6 +166,9 @@ def main() -> None:
             "worker_outside_phases": summary(jobs),
             "cli_wall": summary(cli),
             "target_overhead_p50_ms": 50.0,
+            "defences": {
+                name: {"what": {**DEFENCES, **CLOCK}[name], **summary(values)} for name, values in defences.items()
+            },
         }
         wall, work, over = result["wall"], result["work"], result["overhead"]
         inside = result["worker_outside_phases"]["p50_ms"]
@@ -140,8 +178,12 @@ def main() -> None:
             f"phases p50 {inside:.1f} ms",
             flush=True,
         )
-        cli_p50 = result["cli_wall"]["p50_ms"]
-        print(f"krex eval --json (a fresh interpreter each): wall p50 {cli_p50:.0f} ms", flush=True)
+        print("what each defence cost an evaluation (ms):", flush=True)
+        for name, row in result["defences"].items():
+            print(f"  {name:20s} p50 {row['p50_ms']:9.2f}  p95 {row['p95_ms']:9.2f}  {row['what']}", flush=True)
+        if cli:
+            cli_p50 = result["cli_wall"]["p50_ms"]
+            print(f"krex eval --json (a fresh interpreter each): wall p50 {cli_p50:.0f} ms", flush=True)
         write_result("eval_overhead", result)
     finally:
         for proc in (pool, arbiter):
