@@ -11,6 +11,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,7 +64,7 @@ def lab(tmp_path: Path) -> Iterator[Any]:
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         started.append(proc)
-        wait_for(lambda: "is running at" in log.read_text() or proc.poll() is not None, timeout=120, interval=0.2)
+        wait_for(lambda: lab_url(log) or proc.poll() is not None, timeout=120, interval=0.2)
         assert proc.poll() is None, log.read_text()
         return proc, log
 
@@ -76,6 +77,15 @@ def lab(tmp_path: Path) -> Iterator[Any]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def lab_url(log: Path) -> str:
+    """The address the lab serves at, once its log says it runs (the last one it names: Jupyter
+    moves to the next port where the one asked for was taken meanwhile); "" before."""
+    text = log.read_text()
+    running = text.rfind("is running at")
+    found = re.findall(r"http://127\.0\.0\.1:\d+", text[running:]) if running >= 0 else []
+    return found[-1] if found else ""
 
 
 def _krex_status(env: dict[str, str]) -> dict[str, Any]:

@@ -4,23 +4,25 @@ kernelspecs' ``default``) runs on KREX without the user picking it; one the user
 from __future__ import annotations
 
 import json
-import re
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .test_lab_and_cli_agree import _env, lab  # noqa: F401  (lab: the fixture)
+from .test_lab_and_cli_agree import _env, lab, lab_url  # noqa: F401  (lab: the fixture)
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _kernelspecs(log: Path) -> dict[str, Any]:
-    url = re.search(r"(http://127\.0\.0\.1:\d+)/", log.read_text())
+    url = lab_url(log)
     assert url, log.read_text()
-    with urllib.request.urlopen(f"{url.group(1)}/api/kernelspecs", timeout=30) as r:
-        specs: dict[str, Any] = json.load(r)
+    try:
+        with urllib.request.urlopen(f"{url}/api/kernelspecs", timeout=30) as r:
+            specs: dict[str, Any] = json.load(r)
+    except OSError as exc:
+        raise AssertionError(f"{url}: {exc}\n{log.read_text()}") from None
     return specs
 
 
