@@ -168,6 +168,10 @@ for stage in "${stages[@]}"; do
         --foreign 3 --foreign-gib 20 --budget-s ${EVALBATCH_BUDGET:-420} ${EVALBATCH_ARGS:-} \
         >> "$FINAL/evalbatchforeign.log" 2>&1
       tail -45 "$FINAL/evalbatchforeign.log" ;;
+    defences)  # what each of the judge's defences costs an evaluation on the GPU (benchmarks/eval/eval_overhead.py:
+      # the tests' elementwise problem on a warm worker, 12 times; about 1-2 min)
+      OUT=$FINAL timeout ${DEFENCES_TIMEOUT:-300} python3 benchmarks/eval/eval_overhead.py --backend nvidia --runs 12 \
+        --cli-runs 1 2>&1 | tail -16 | tee "$FINAL/defences.log" ;;
     letgo)  # the judge's GPU tests with KREX_JUDGE_LET_GO off, then on (GPU_FILES: others): which outside figure
       # agrees with the candidate's own; each test prints metadata.timing_split_us (where the brackets' time went)
       for v in 0 1; do
