@@ -125,6 +125,16 @@ def test_caching_results_across_calls_is_not_correct(run: Run, candidate: str) -
     assert ev.verdict in ("incorrect", "rejected"), ev.metadata
 
 
+def test_a_wrong_answer_on_refilled_buffers_is_wrong_not_stale(run: Run) -> None:
+    # right in its three trials and the refilled trial's first call, then a new wrong answer: a
+    # stale one is what it returned before the refill (caches_last_by_address.py), this is not
+    ev = run("kb_softmax", "wrong_after_refill.py", trials=3, measure=False)
+    assert ev.verdict == "incorrect" and "rejected" not in ev.metadata, ev.metadata
+    assert "a trial refilled in place with new values" in str(ev.metadata["correctness_issue"]), ev.metadata
+    stale = run("kb_softmax", "caches_last_by_address.py", trials=3, measure=False)
+    assert stale.verdict == "rejected" and "cached_results" in stale.metadata["rejected"], stale.metadata
+
+
 def test_a_flood_of_output_is_capped_and_never_reaches_the_caller_whole(run: Run) -> None:
     capped = run("kb_scaled_add", "floods_output.py", measure=False)
     assert capped.verdict == "rejected" and "output_limit" in capped.metadata
