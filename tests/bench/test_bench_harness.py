@@ -480,10 +480,10 @@ GLOBAL_TENSORS = {"x": type("T", (), {"__module__": "torch", "is_cuda": True})()
 def test_a_callable_without_arrays_needs_framework_when_a_gpu_framework_is_in_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from krex_lab.bench import frameworks
+    import krex_lab.bench.detect as detection
 
     assert detect(lambda: None, []) == "host"
-    monkeypatch.setattr(frameworks, "_gpu_frameworks_in_use", lambda: ["torch"])
+    monkeypatch.setattr(detection, "_gpu_frameworks_in_use", lambda: ["torch"])
     with pytest.raises(ValueError, match="pass framework="):
         detect(lambda: None, [])
     assert detect(lambda: None, [np.zeros(2)]) == "host"
