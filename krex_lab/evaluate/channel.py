@@ -111,6 +111,8 @@ class Shared:
         self.arrays: list[Any] = []
         self.fds: list[int] = []
         self.keep: list[Any] = []
+        #: the CUDA IPC counters of the arrays it shares (:func:`.cuda_ipc.held_of`)
+        self.counters: list[tuple[bytes, int]] = []
         #: host arrays to pack into one memfd at :meth:`finish` (one file, not one per array)
         self.packed: list[tuple[ArrayDesc, Any, int]] = []
         self.packed_bytes = 0
@@ -278,7 +280,8 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
     if lib == "torch" and x.is_cuda:
         storage = x.untyped_storage()
         fields = list(storage._share_cuda_())
-        cuda_ipc.note(fields)  # taken back if the receiver dies holding it
+        if (counter := cuda_ipc.note(fields)) is not None:  # taken back if the receiver dies holding it
+            shared.counters.append(counter)
         shared.keep.append(x)
         return ArrayDesc(
             lib=lib,

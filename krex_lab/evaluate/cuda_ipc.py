@@ -26,7 +26,7 @@ import struct
 import threading
 from typing import Any, NamedTuple
 
-__all__ = ["collect", "held", "note", "status", "take_back"]
+__all__ = ["collect", "held", "held_of", "note", "status", "take_back"]
 
 #: at::RefcountedMapAllocator's header, in front of the counters
 _HEADER = 64
@@ -86,11 +86,12 @@ def _counters(handle: bytes, offsets: list[int], value: int | None) -> list[int 
         os.close(fd)
 
 
-def note(fields: list[Any] | tuple[Any, ...]) -> None:
+def note(fields: list[Any] | tuple[Any, ...]) -> tuple[bytes, int] | None:
     """A share just made: ``storage._share_cuda_()``'s fields, whose 5th and 6th are the counter's
-    file and place. Its counter is remembered for :func:`take_back`."""
+    file and place. Its counter is remembered for :func:`take_back`, and returned (None: fields
+    of another shape) for :func:`held_of`."""
     if len(fields) != 8 or not isinstance(fields[4], bytes) or not isinstance(fields[5], int):
-        return
+        return None
     handle, offset = fields[4], fields[5]
     with _lock:
         if _layout.ok is None:
@@ -103,6 +104,7 @@ def note(fields: list[Any] | tuple[Any, ...]) -> None:
                 )
         if _layout.ok:
             _sent.append((handle, offset))
+    return handle, offset
 
 
 def take_back() -> int:
@@ -122,13 +124,19 @@ def held() -> int:
     return _count_held(sent, None)
 
 
+def held_of(counters: list[tuple[bytes, int]]) -> int:
+    """How many of ``counters`` (as :func:`note` returned them; a storage shared twice has one) a
+    receiver still holds: the shares of one message that its receiver has not let go of."""
+    return _count_held(counters, None)
+
+
 def _count_held(sent: list[tuple[bytes, int]], value: int | None) -> int:
     """How many of ``sent``'s counters are not zero, each file opened once (each then set to
     ``value`` where it is given)."""
-    by_file: dict[bytes, list[int]] = {}
-    for handle, offset in sent:
-        by_file.setdefault(handle, []).append(offset)
-    return sum(1 for handle, offsets in by_file.items() for v in _counters(handle, offsets, value) if v)
+    by_file: dict[bytes, set[int]] = {}
+    for handle, offset in sent:  # a storage shared twice has one counter: counted once
+        by_file.setdefault(handle, set()).add(offset)
+    return sum(1 for handle, offsets in by_file.items() for v in _counters(handle, sorted(offsets), value) if v)
 
 
 def status() -> Status:

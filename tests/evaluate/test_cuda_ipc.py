@@ -100,3 +100,18 @@ def test_held_counts_the_shares_a_receiver_still_holds_and_changes_nothing(shm: 
     assert cuda_ipc.held() == 2
     assert [_read(shm, "torch_1_3_0", o) for o in range(3)] == [1, 0, 1]  # read, never changed
     assert cuda_ipc.status().noted == 3
+
+
+def test_what_one_message_shared_is_held_until_its_receiver_lets_go(shm: Path) -> None:
+    # one message's counters, a storage shared twice among them (one counter), and another's
+    handle = _file(shm, "torch_1_5_0", {0: 1, 1: 1, 2: 1})
+    mine = [c for c in (cuda_ipc.note(_fields(handle, off)) for off in (0, 1, 1)) if c is not None]
+    cuda_ipc.note(_fields(handle, 2))
+    assert mine == [(handle, 0), (handle, 1), (handle, 1)]
+    assert cuda_ipc.held_of(mine) == 2
+    data = bytearray((shm / "torch_1_5_0").read_bytes())
+    struct.pack_into("<q", data, 64, 0)  # the receiver let go of the first: it decremented it
+    (shm / "torch_1_5_0").write_bytes(bytes(data))
+    assert cuda_ipc.held_of(mine) == 1
+    assert cuda_ipc.held_of([]) == 0
+    assert cuda_ipc.held() == 2  # the other message's share is held too, and was not counted above

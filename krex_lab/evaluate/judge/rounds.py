@@ -41,6 +41,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...region_report import RegionReport
+from .. import cuda_ipc
 from ..messages import Drop, Ok, Round, Timed
 from ..options import Case, Options
 from ..outcomes import SampleStats, TimedCase, TimeResult
@@ -126,9 +127,20 @@ def timing(judge: Judge, reference_cache: str | None = None) -> TimeResult:
 LET_GO = os.environ.get("KREX_JUDGE_LET_GO", "0") == "1"
 
 
-def _let_go(judge: Judge) -> None:
-    if LET_GO and judge.device == "cuda":
-        judge.ask(Drop(), Ok)
+def _let_go(judge: Judge, rs: Any) -> None:
+    """The candidate lets go of round ``rs``'s sets (with :data:`LET_GO`, on a GPU): once it says
+    it did, a set it still holds is one it kept, GPU memory the judge cannot give back while it
+    lives (a round's sets a round is a neighbour's out-of-memory within a few dozen rounds)."""
+    if not (LET_GO and judge.device == "cuda"):
+        return
+    judge.ask(Drop(), Ok)
+    kept = cuda_ipc.held_of(rs.shared.counters)
+    if kept:
+        raise Refused(
+            "kept_inputs",
+            f"the candidate's process kept {kept} of the judge's input memories of a round it was done with "
+            "(GPU memory that stays allocated while it holds them)",
+        )
 
 
 def _idle_cpu_ms(judge: Judge, since: float) -> float:
@@ -172,7 +184,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     clock = OutsideClock(judge, method_name(judge.device, "timed"), let_go=LET_GO and judge.device == "cuda")
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
-    _let_go(judge)
+    _let_go(judge, rs)
     rs = refill(judge, case, rs, spec)  # what the warm-up saw is never timed: a memo of it misses
     strict = o.strict or o.mode == "leaderboard"
     samples: list[float] = []
@@ -229,7 +241,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
             if result.verdict is not None:
                 break
             idle_ms = max(idle_ms, _idle_cpu_ms(judge, c1))
-            _let_go(judge)
+            _let_go(judge, rs)
             rs = refill(judge, case, rs, spec)
             if (mark := memory_mark()) is not None:
                 trace.append((rounds, *mark))
