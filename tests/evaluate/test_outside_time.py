@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from krex_lab.evaluate import Evaluation
+from krex_lab.evaluate import Evaluation, evaluate
 from krex_lab.procutil import children
 from tests.evaluate.helpers import LIMITS
 from tests.evaluate.redteam import twin
@@ -85,3 +85,24 @@ def test_a_candidate_that_renices_the_judge_changes_nothing(eval_pool: PoolProc,
         after = judge(PROBLEM, HERE / "problems" / PROBLEM / "honest.py")
         assert after.verdict == "correct", after.summary
         assert after.ref_runtime <= honest.ref_runtime * SLACK, (after.summary, honest.summary)
+
+
+@pytest.mark.timeout(600)
+def test_a_large_case_is_calibrated_on_sets_of_its_own_size(eval_pool: PoolProc) -> None:
+    """The reference's own kernel as the candidate, on a benchmark case of 4 Mi values whose test
+    cases are tiny: the twin's harness cost (the case's fresh pages touched, its output copied) is
+    measured on sets of the timed case's size, so the figure is the kernel's. Calibrated on the
+    first test case's sets instead (1000 values), that cost stayed in the candidate's figure:
+    0.15-0.22x of its own reference."""
+    from tests.evaluate.helpers import PROBLEMS
+
+    scale = PROBLEMS / "gm_vector_scale"
+    ev = evaluate(
+        scale / "reference.py",
+        scale / "same_as_reference.py",
+        pool=eval_pool.client,
+        benchmarks=["size: 4194304; seed: 12"],
+        timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
+    )
+    assert ev.verdict == "correct", ev.summary
+    assert ev.speedup is not None and 0.4 <= ev.speedup <= 2.5, (ev.summary, ev.metadata.get("timing_split_us"))

@@ -185,8 +185,12 @@ class OutsideClock:
     ``_calibration_sets``): taking a round's sets over and copying each value into the judge's
     buffers is the harness's cost, not the candidate's."""
 
-    def __init__(self, judge: Any, method: str = "host", let_go: bool = False) -> None:
+    def __init__(self, judge: Any, method: str = "host", let_go: bool = False, sample: Any = None) -> None:
         self.judge = judge
+        #: (a set of the case's, its output buffers' layout): the twin's rounds take sets of the
+        #: case's own shapes, whose harness cost (their pages first touched, an output of that size
+        #: copied) is the candidate's too (None: the first check trial's)
+        self.sample = sample
         #: the twin lets go of each calibration round's sets between rounds, outside the bracket
         #: (where the candidate does so too: :data:`.rounds.LET_GO`)
         self.let_go = let_go
@@ -347,7 +351,7 @@ class OutsideClock:
         if self.twin is None:
             return
         for calls in sizes:
-            sets, shared = self.judge._calibration_sets(calls)
+            sets, shared = self.judge._calibration_sets(calls, self.sample)
             r = _Round(self, [self.twin.pid])
             c0 = harness_cpu(self.twin.pid)
             try:

@@ -168,7 +168,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     o, fmt = judge.opts, judge.job.format
     name = judge.problem.case_name(case)
     target = _target_calls(o, fmt)
-    spec, written, per_set = case_layout(judge, case)
+    spec, written, per_set, sample = case_layout(judge, case)
     k = max(1, min(target, budget(judge.device) // per_set, MAX_SETS))
     if fmt == "gpumode" or o.timing == "converge":
         k = min(k, 16)  # runs until the mean settles: rounds of a few sets, refilled between them
@@ -181,7 +181,9 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     if one_call * k < 1.0:
         warm = list(range(k)) + [0] * max(0, o.warmup_calls - k)
         judge.ask(Round(order=warm, method="warmup"), Timed)
-    clock = OutsideClock(judge, method_name(judge.device, "timed"), let_go=LET_GO and judge.device == "cuda")
+    clock = OutsideClock(
+        judge, method_name(judge.device, "timed"), let_go=LET_GO and judge.device == "cuda", sample=(sample, spec)
+    )
     clock.prepare(k)
     clock.start()  # the candidate's CPU from here on is the timed rounds' (inputs filled next)
     _let_go(judge, rs)

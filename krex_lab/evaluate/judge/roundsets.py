@@ -123,9 +123,10 @@ def round_checks(
     return {}
 
 
-def case_layout(judge: Judge, case: Case | None) -> tuple[OutSpec, set[int], int]:
+def case_layout(judge: Judge, case: Case | None) -> tuple[OutSpec, set[int], int, Any]:
     """A case's output buffers (the reference's answer on a sample set), the inputs the reference
-    itself writes (GPU MODE's output arguments), and the bytes one set takes in the judge."""
+    itself writes (GPU MODE's output arguments), the bytes one set takes in the judge, and the
+    sample set itself (the calibration twin's rounds take sets of the case's own shapes)."""
     assert judge.problem is not None
     sample = judge.problem.make(case, judge.seed())
     synchronize()
@@ -138,7 +139,7 @@ def case_layout(judge: Judge, case: Case | None) -> tuple[OutSpec, set[int], int
     # and the judge's copies of the outputs
     host, device = set_bytes(sample, spec)
     per_set = max(1, host + device + nbytes(sample) + spec.nbytes)
-    return spec, written, per_set
+    return spec, written, per_set, sample
 
 
 def l2_flush(device: str) -> str:

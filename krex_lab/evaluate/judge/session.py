@@ -307,15 +307,16 @@ class Judge:
         self.proc.confine(self.build_dir, self._import_dirs(), [self.output_path])
         self.confine_s = time.perf_counter() - t0
 
-    def _calibration_sets(self, calls: int) -> tuple[list[CallEntry], Shared]:
+    def _calibration_sets(self, calls: int, sample: Any = None) -> tuple[list[CallEntry], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
-        output buffers), of the first trial's data: the harness's cost then counts taking a round's
-        sets over and copying each value into the judge's buffers, as a real round does. They go
-        to the calibration twin, in which no candidate code runs."""
+        output buffers), of ``sample`` (a set of the case being timed and its output layout; None:
+        the first trial's data): the harness's cost then counts taking a round's sets over,
+        touching their pages and copying each value into the judge's buffers, as a real round of
+        that case does. They go to the calibration twin, in which no candidate code runs."""
         assert self.problem is not None and self.first is not None
+        data, spec = sample if sample is not None else (self.first[1], out_spec(self.first[2]))
         shared = Shared()
-        spec = out_spec(self.first[2])
-        sets = [share_set(self.problem, self.first[1], spec, shared) for _ in range(calls)]
+        sets = [share_set(self.problem, data, spec, shared) for _ in range(calls)]
         synchronize()
         return [cs.entry for cs in sets], shared
 
