@@ -263,6 +263,8 @@ def test_a_candidates_tasks_are_capped(judge_source: JudgeSource) -> None:
     said = str(ev.metadata.get("candidate_tasks"))
     if said.startswith("not capped") and not _pids_controller():
         pytest.skip(f"no pids controller on this host: {said}")
+    if said.startswith("not capped") and os.geteuid() != 0 and "Permission denied" in said:
+        pytest.skip(f"this user may make no cgroup here (none is delegated to it): {said}")
     assert said.startswith(f"at most {TASKS_MAX} "), said
     assert ev.verdict == "runtime_error", ev.summary
     text = str(ev.metadata.get("runtime_error", ""))
