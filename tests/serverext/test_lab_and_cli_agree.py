@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -230,6 +231,7 @@ def test_a_terminal_of_another_session_finds_the_labs_record(tmp_path: Path, mon
     from krex_lab import discovery, paths
 
     arb = ArbiterProc(tmp_path / "lab-rt").start()
+    had = set(paths._own_tmp_dirs())
     try:
         for name in ("KREX_ENDPOINT", "KREX_RUNTIME_DIR", "XDG_RUNTIME_DIR"):
             monkeypatch.delenv(name, raising=False)
@@ -247,3 +249,5 @@ def test_a_terminal_of_another_session_finds_the_labs_record(tmp_path: Path, mon
         assert discovery.default_endpoint() == f"ipc://{xdg / 'krex' / 'arbiter.sock'}"
     finally:
         arb.stop()
+        for made in set(paths._own_tmp_dirs()) - had:  # the su shell's runtime dir this test made
+            shutil.rmtree(made, ignore_errors=True)

@@ -7,6 +7,8 @@
   run.
 - ``git status --porcelain`` of the checkout at the end must be what it was at the start: a file
   written into the checkout (or one deleted) is named and fails the run.
+- The node's core lock file of a user with no ``XDG_RUNTIME_DIR`` (``/tmp/krex-cores-UID.lock``),
+  made by the run's arbiters where there was none, is removed at its end unless something holds it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault(var, str(base / name))
     # Ray's sockets live under its temp dir: pytest's root is short enough for their 107 bytes.
     os.environ.setdefault("RAY_TMPDIR", str(base / "ray"))
+    from krex_lab.enforcement.corelock import default_path
+
+    lock = default_path()
+    _state["core_lock"] = None if lock.exists() or str(lock).startswith("/run") else lock
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's, which ends its workers (marked processes too)
@@ -103,6 +109,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 proc.kill()
             except psutil.Error:
                 pass
+    _remove_if_free(_state.get("core_lock"))
     root = _state["root"]
     assert isinstance(root, Path)
     before, after = _state.get("status"), _git_status(root)
@@ -120,3 +127,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             print(text)
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _remove_if_free(lock: object) -> None:
+    """A lock file the run made, removed unless a process has it open (an arbiter keeps it open
+    from its start, and takes the lock only to reserve cores: a lab started meanwhile keeps it)."""
+    if not isinstance(lock, Path) or not lock.exists():
+        return
+    for proc in psutil.process_iter(["open_files"]):
+        if any(f.path == str(lock) for f in proc.info["open_files"] or ()):
+            return
+    lock.unlink(missing_ok=True)
