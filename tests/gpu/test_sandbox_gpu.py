@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from krex_lab.evaluate import Evaluation, evaluate
+from tests.evaluate.helpers import SCALED_ADD_MODEL
 from tests.gpu.helpers import nvidia_pool
 from tests.gpu.test_evaluate_gpu import REFERENCE, cuda_candidate
 from tests.support import ROOT
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.gpu
 LIMITS = {"load": 600.0, "check": 30.0, "time": 60.0}
 PROBLEMS = ROOT / "benchmarks" / "eval_problems"
 
-PROC_MEM = """
+PROC_MEM = (
+    """
 import os
 import torch
 from torch import nn
@@ -33,16 +35,9 @@ with open(f"/proc/{zygote}/stat") as f:
 with open(f"/proc/{judge}/maps") as maps, open(f"/proc/{judge}/mem", "rb", 0) as mem:
     mem.seek(int(next(ln for ln in maps if " rw" in ln).split("-")[0], 16))
     mem.read(4096)
-
-
-class ModelNew(nn.Module):
-    def __init__(self, alpha):
-        super().__init__()
-        self.alpha = alpha
-
-    def forward(self, a, b):
-        return torch.add(b, a, alpha=self.alpha)
 """
+    + SCALED_ADD_MODEL
+)
 
 
 @pytest.fixture(scope="module")
