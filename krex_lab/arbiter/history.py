@@ -210,7 +210,9 @@ class RegionHistory:
         The file may be another user's: whoever may read it (its permissions decide) may open it
         (PermissionError otherwise). It must be a regular file, not a link; a database whose
         ``-shm`` cannot be created here (a directory this user may not write) is read as it is
-        on disk (``immutable``), which is right when no arbiter is writing it."""
+        on disk (``immutable``), which is right when no arbiter is writing it. With no ``-wal``
+        beside it (no writer has it open, and none died mid-write) it is read immutable first:
+        a reader that opened it in WAL mode would leave ``-wal`` and ``-shm`` files behind."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -218,7 +220,10 @@ class RegionHistory:
         finally:
             os.close(fd)
         base = f"file:{urllib.parse.quote(str(self.path))}?mode=ro"
-        for uri in (base, f"{base}&immutable=1"):
+        uris = [base, f"{base}&immutable=1"]
+        if not os.path.lexists(f"{self.path}-wal"):
+            uris.reverse()
+        for uri in uris:
             conn = None
             try:
                 conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout, check_same_thread=False)
@@ -227,7 +232,7 @@ class RegionHistory:
             except sqlite3.OperationalError:
                 if conn is not None:
                     conn.close()
-                if uri != base:
+                if uri == uris[-1]:
                     raise
                 continue
             self._reader = conn

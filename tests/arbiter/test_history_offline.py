@@ -80,6 +80,8 @@ def test_history_reads_the_database_when_no_arbiter_answers(runtime: Path) -> No
     usage = json.loads(_cli(runtime, "--usage", "--json", "--since", "1d").stdout)
     assert {u["user"]: u["regions"] for u in usage["users"]} == {"root": 2, "nobody": 1}
     assert "GPU-hours held from" in _cli(runtime, "--usage").stdout
+    # a reader leaves the directory as it found it: no -wal or -shm beside a file no one writes
+    assert sorted(p.name for p in runtime.iterdir()) == ["history.sqlite"]
 
 
 def test_without_arbiter_or_database_it_says_both(runtime: Path) -> None:
