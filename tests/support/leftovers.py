@@ -131,10 +131,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _remove_if_free(lock: object) -> None:
     """A lock file the run made, removed unless a process has it open (an arbiter keeps it open
-    from its start, and takes the lock only to reserve cores: a lab started meanwhile keeps it)."""
+    from its start, and takes the lock only to reserve cores: a lab started meanwhile keeps it).
+    A holder has ``GRACE_S`` to let go: an arbiter's guardian, or a process killed just now, still
+    has it open for a moment after the run's last test."""
     if not isinstance(lock, Path) or not lock.exists():
         return
-    for proc in psutil.process_iter(["open_files"]):
-        if any(f.path == str(lock) for f in proc.info["open_files"] or ()):
+    deadline = time.monotonic() + GRACE_S
+    while any(_holds(proc, str(lock)) for proc in psutil.process_iter(["open_files"])):
+        if time.monotonic() > deadline:
             return
+        time.sleep(0.2)
     lock.unlink(missing_ok=True)
+
+
+def _holds(proc: psutil.Process, path: str) -> bool:
+    return any(f.path == path for f in proc.info["open_files"] or ())
