@@ -94,6 +94,11 @@ for fd in os.listdir(f"/proc/{JUDGE}/fd"):
     "proc_cwd": """
 os.listdir(f"/proc/{JUDGE}/cwd/")
 """,
+    # other judges' CUDA IPC counters in /dev/shm (random names, each in its own judge's maps):
+    # a candidate opens the ones it is handed, and finds no others by listing the directory
+    "shm_listing": """
+os.listdir("/dev/shm")
+""",
     # the judge's and the zygote's lives and scheduling
     "signal_judge": """
 os.kill(JUDGE, signal.SIGCONT)
@@ -273,6 +278,46 @@ def test_a_candidates_tasks_are_capped(judge_source: JudgeSource) -> None:
     assert 0 < started < TASKS_MAX, text
     # the pool serves on: an honest candidate is judged next
     after = judge_source(PRELUDE + HONEST)
+    assert after.verdict == "correct", after.summary
+
+
+#: host memory no rlimit counts: a memfd's pages are shared memory, outside RLIMIT_DATA; had the
+#: writes all gone through, the candidate goes on as the honest one
+MEMFD_HOARD = """
+_fd = os.memfd_create("hoard")
+_chunk = b"x" * (16 << 20)
+for _ in range({chunks}):
+    os.write(_fd, _chunk)
+"""
+
+
+def _memory_controller() -> bool:
+    """Whether this host has a memory controller a judge could cap its candidate with."""
+    with open("/proc/self/cgroup") as f:
+        if any("memory" in line.split(":")[1].split(",") for line in f if line.count(":") >= 2):
+            return True
+    with contextlib.suppress(OSError):
+        return "memory" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_candidates_shared_memory_counts_against_its_allowance(eval_pool: PoolProc) -> None:
+    limit_mb = 128
+    source = PRELUDE + MEMFD_HOARD.format(chunks=4 * limit_mb // 16) + HONEST
+    ev = evaluate(problem("kb_scaled_add"), source, pool=eval_pool.client, timeouts=LIMITS, memory_limit_mb=limit_mb)
+    said = str(ev.metadata.get("candidate_memory"))
+    if said.startswith("not capped") and not _memory_controller():
+        pytest.skip(f"no memory controller on this host: {said}")
+    if said.startswith("not capped") and os.geteuid() != 0 and "Permission denied" in said:
+        pytest.skip(f"this user may make no cgroup here (none is delegated to it): {said}")
+    assert ev.verdict != "correct", f"{4 * limit_mb} MiB of memfd went through: {ev.summary}"
+    assert said.startswith(f"at most {limit_mb} MiB added "), said
+    assert ev.verdict in ("runtime_error", "crashed"), (ev.verdict, ev.summary)
+    # the pool serves on: an honest candidate is judged next, with the same allowance
+    after = evaluate(
+        problem("kb_scaled_add"), PRELUDE + HONEST, pool=eval_pool.client, timeouts=LIMITS, memory_limit_mb=limit_mb
+    )
     assert after.verdict == "correct", after.summary
 
 

@@ -21,6 +21,8 @@ Its tasks (processes and threads) are capped at :data:`TASKS_MAX` by the ``pids`
 the v2 group's own where the controller reaches it (enabled in the parent where that is allowed),
 else a group of its own in the v1 ``pids`` hierarchy. A fork bomb stops there instead of taking
 the node's process table; :attr:`CandidateGroup.tasks` says which cap held, or why none did.
+The host memory it adds is capped the same way by the ``memory`` controller, shared memory
+included, which the candidate's RLIMIT_DATA does not count (:attr:`CandidateGroup.memory`).
 """
 
 from __future__ import annotations
@@ -137,8 +139,10 @@ class CandidateGroup:
         self._frozen = False
         #: how many tasks it may have, and by what; or why they are not capped
         self.tasks = "not capped"
-        #: its group in the v1 pids hierarchy (None: capped in its own v2 group, or not at all)
-        self.tasks_path: Path | None = None
+        #: how much host memory it may add, and by what; or why it is not capped
+        self.memory = "not capped"
+        #: its groups in other v1 hierarchies (pids, memory) where its own cgroup lacks the controller
+        self.extra_paths: list[Path] = []
 
     @property
     def accounting(self) -> str:
@@ -232,10 +236,10 @@ class CandidateGroup:
     def remove(self) -> None:
         """The cgroups removed once their processes are gone (killed first if any is left)."""
         self.thaw()
-        for path in (self.path, self.tasks_path):
+        for path in (self.path, *self.extra_paths):
             if path is not None:
                 _remove(path, self.kind == "v2" and path == self.path)
-        self.tasks_path = None
+        self.extra_paths = []
 
 
 def _remove(path: Path, v2: bool) -> None:
@@ -297,10 +301,13 @@ def _make(pid: int, kind: str) -> Path:
     return path
 
 
-def place(pid: int, known: Callable[[], list[int]], kinds: tuple[str, ...] = ("v2", "v1")) -> CandidateGroup:
+def place(
+    pid: int, known: Callable[[], list[int]], kinds: tuple[str, ...] = ("v2", "v1"), memory_limit: int = 0
+) -> CandidateGroup:
     """``pid`` (a candidate's process, before its code loads) in a cgroup of its own: v2 first,
     then v1 cpuacct; a group without a cgroup (/proc accounting) where neither can be made. Its
-    tasks capped where a pids controller allows (:attr:`CandidateGroup.tasks`)."""
+    tasks capped where a pids controller allows (:attr:`CandidateGroup.tasks`), and the host
+    memory it adds at ``memory_limit`` bytes where a memory controller does (:attr:`~CandidateGroup.memory`)."""
     why: list[str] = []
     group: CandidateGroup | None = None
     for kind in kinds:
@@ -312,43 +319,74 @@ def place(pid: int, known: Callable[[], list[int]], kinds: tuple[str, ...] = ("v
     if group is None:
         group = CandidateGroup(pid, known, None, "proc", "; ".join(why) or "no cgroup asked for")
     _cap_tasks(group)
+    _cap_memory(group, memory_limit)
     return group
 
 
-def _cap_tasks(group: CandidateGroup) -> None:
-    """The group's tasks capped at :data:`TASKS_MAX`: in its own group where it is a v2 one (or a
-    v1 one whose hierarchy holds pids), else in a group of the v1 pids hierarchy."""
+def _cap(group: CandidateGroup, controller: str, v2: dict[str, str], v1: dict[str, str]) -> str:
+    """Limits (a control file of ``controller`` -> its value; the first is required, the others
+    set where the kernel has them) written for the group: in its own cgroup where that one has the
+    controller (a v2 group's parent enables it where allowed), else in a group of the v1 hierarchy
+    that holds it. Where it held, in words ("its cgroup v2", ...), or "not capped (why)"."""
     why: list[str] = []
+    limits = v2 if group.kind == "v2" else v1
+    first, *rest = limits
     if group.path is not None:
         try:
-            if group.kind == "v2" and not (group.path / "pids.max").exists():
+            if group.kind == "v2" and not (group.path / first).exists():
                 parent = group.path.parent
-                if "pids" not in (parent / "cgroup.controllers").read_text().split():
-                    raise OSError(errno.ENOENT, "the pids controller does not reach it")
-                (parent / "cgroup.subtree_control").write_text("+pids")
-            (group.path / "pids.max").write_text(str(TASKS_MAX))
-            group.tasks = f"at most {TASKS_MAX} (pids.max of its cgroup {group.kind})"
-            return
+                if controller not in (parent / "cgroup.controllers").read_text().split():
+                    raise OSError(errno.ENOENT, f"the {controller} controller does not reach it")
+                (parent / "cgroup.subtree_control").write_text(f"+{controller}")
+            _write_limits(group.path, first, rest, limits)
+            return f"its cgroup {group.kind}"
         except OSError as exc:
             why.append(f"{group.kind}: {exc.strerror or exc}")
-    root = _v1_mount("pids")
-    line = _cgroup_line(group.pid, False, "pids")
+    root = _v1_mount(controller)
+    line = _cgroup_line(group.pid, False, controller)
     if root is None or line is None:
-        why.append("no v1 pids hierarchy")
-        group.tasks = "not capped (" + "; ".join(why) + ")"
-        return
+        why.append(f"no v1 {controller} hierarchy")
+        return "not capped (" + "; ".join(why) + ")"
     parent = root / line.lstrip("/")
     _sweep(parent)
     path = parent / f"{PREFIX}{os.getpid()}-{group.pid}"
+    first, *rest = limits = v1
     try:
         path.mkdir()
-        (path / "pids.max").write_text(str(TASKS_MAX))
+        _write_limits(path, first, rest, limits)
         (path / "cgroup.procs").write_text(str(group.pid))
     except OSError as exc:
         with contextlib.suppress(OSError):
             path.rmdir()
-        why.append(f"v1 pids: {exc.strerror or exc}")
-        group.tasks = "not capped (" + "; ".join(why) + ")"
+        why.append(f"v1 {controller}: {exc.strerror or exc}")
+        return "not capped (" + "; ".join(why) + ")"
+    group.extra_paths.append(path)
+    return f"its cgroup in the v1 {controller} hierarchy"
+
+
+def _write_limits(path: Path, first: str, rest: list[str], limits: dict[str, str]) -> None:
+    (path / first).write_text(limits[first])
+    for name in rest:
+        if (path / name).exists():
+            (path / name).write_text(limits[name])
+
+
+def _cap_tasks(group: CandidateGroup) -> None:
+    """The group's tasks capped at :data:`TASKS_MAX` (a fork bomb stops there)."""
+    limit = {"pids.max": str(TASKS_MAX)}
+    where = _cap(group, "pids", limit, limit)
+    group.tasks = where if where.startswith("not capped") else f"at most {TASKS_MAX} (pids.max of {where})"
+
+
+def _cap_memory(group: CandidateGroup, limit: int) -> None:
+    """The host memory the group's processes add from now on capped at ``limit`` bytes, shared
+    memory included (a memfd, a MAP_SHARED mapping: RLIMIT_DATA counts neither), with no swap
+    beyond it. What it charged before it was placed (its CUDA context) stays where it was."""
+    if limit <= 0:
+        group.memory = "not capped (no limit asked for)"
         return
-    group.tasks_path = path
-    group.tasks = f"at most {TASKS_MAX} (pids.max of its cgroup in the v1 pids hierarchy)"
+    v2 = {"memory.max": str(limit), "memory.swap.max": "0"}
+    v1 = {"memory.limit_in_bytes": str(limit), "memory.memsw.limit_in_bytes": str(limit)}
+    where = _cap(group, "memory", v2, v1)
+    mib = limit >> 20
+    group.memory = where if where.startswith("not capped") else f"at most {mib} MiB added ({where})"

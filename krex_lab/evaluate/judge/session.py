@@ -253,9 +253,10 @@ class Judge:
             # its own cgroup before any candidate code is in it: its CPU time (threads and
             # children included) and its freeze are the judge's from here on
             t_group = time.perf_counter()
-            self.group = place(self.proc.pid, self.proc.strays)
+            self.group = place(self.proc.pid, self.proc.strays, memory_limit=self.opts.memory_limit_mb << 20)
             result.metadata["candidate_cgroup_s"] = f"{time.perf_counter() - t_group:.4f}"
             result.metadata["candidate_tasks"] = self.group.tasks
+            result.metadata["candidate_memory"] = self.group.memory
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
