@@ -250,13 +250,13 @@ raise RuntimeError(f"all {{_started}} threads started")
 """
 
 
-def _pids_controller() -> bool:
-    """Whether this host has a pids controller a judge could cap its candidate's tasks with."""
+def _controller(name: str) -> bool:
+    """Whether this host has the cgroup controller ``name`` a judge could cap its candidate with."""
     with open("/proc/self/cgroup") as f:
-        if any("pids" in line.split(":")[1].split(",") for line in f if line.count(":") >= 2):
+        if any(name in line.split(":")[1].split(",") for line in f if line.count(":") >= 2):
             return True
     with contextlib.suppress(OSError):
-        return "pids" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
+        return name in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
     return False
 
 
@@ -266,7 +266,7 @@ def test_a_candidates_tasks_are_capped(judge_source: JudgeSource) -> None:
 
     ev = judge_source(PRELUDE + TASK_BOMB.format(tries=TASKS_MAX + 200) + HONEST)
     said = str(ev.metadata.get("candidate_tasks"))
-    if said.startswith("not capped") and not _pids_controller():
+    if said.startswith("not capped") and not _controller("pids"):
         pytest.skip(f"no pids controller on this host: {said}")
     if said.startswith("not capped") and os.geteuid() != 0 and "Permission denied" in said:
         pytest.skip(f"this user may make no cgroup here (none is delegated to it): {said}")
@@ -291,23 +291,13 @@ for _ in range({chunks}):
 """
 
 
-def _memory_controller() -> bool:
-    """Whether this host has a memory controller a judge could cap its candidate with."""
-    with open("/proc/self/cgroup") as f:
-        if any("memory" in line.split(":")[1].split(",") for line in f if line.count(":") >= 2):
-            return True
-    with contextlib.suppress(OSError):
-        return "memory" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split()
-    return False
-
-
 @pytest.mark.timeout(300)
 def test_a_candidates_shared_memory_counts_against_its_allowance(eval_pool: PoolProc) -> None:
     limit_mb = 128
     source = PRELUDE + MEMFD_HOARD.format(chunks=4 * limit_mb // 16) + HONEST
     ev = evaluate(problem("kb_scaled_add"), source, pool=eval_pool.client, timeouts=LIMITS, memory_limit_mb=limit_mb)
     said = str(ev.metadata.get("candidate_memory"))
-    if said.startswith("not capped") and not _memory_controller():
+    if said.startswith("not capped") and not _controller("memory"):
         pytest.skip(f"no memory controller on this host: {said}")
     if said.startswith("not capped") and os.geteuid() != 0 and "Permission denied" in said:
         pytest.skip(f"this user may make no cgroup here (none is delegated to it): {said}")
