@@ -370,6 +370,23 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def cut_short(work: Path) -> dict[str, Any]:
+    """What a batch stopped before its end left: the results it wrote, its stderr's tail (its
+    progress lines: done so far, and how many wait for GPU memory, for how much)."""
+    out = work / "krex.out"
+    lines = out.read_text().splitlines() if out.exists() else []
+    verdicts: dict[str, int] = {}
+    for line in lines:
+        with contextlib.suppress(ValueError, AttributeError):
+            v = str(json.loads(line).get("verdict"))
+            verdicts[v] = verdicts.get(v, 0) + 1
+    err = work / "krex.err"
+    tail = err.read_text(errors="replace")[-4000:] if err.exists() else ""
+    for line in tail.splitlines()[-12:]:
+        print(f"    (a) {line}", flush=True)
+    return {"results": len(lines), "verdicts": verdicts, "stderr_tail": tail}
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse(argv)
     try:
@@ -428,6 +445,8 @@ def main(argv: list[str] | None = None) -> Path:
         result["failed"] = traceback.format_exc()[-4000:]
         print(f"eval_batch: FAILED; writing what was measured\n{result['failed']}", flush=True)
     finally:
+        if "krex" not in result:  # (a) cut short: what its batch said and finished so far
+            result["krex_cut_short"] = cut_short(work / "krex")
         shutil.rmtree(work, ignore_errors=True)
     result["wall_s"] = time.time() - t_start
     if "wall_s" in result.get("baseline", {}) and "krex" in result:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
-from .admission import Admission, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
+from .admission import Admission, GiB, MemoryPolicy, arbiter_memory, oom_cause, oom_figures
 from .judge.footprint import MIN_ALLOWANCE
 from .options import EvaluateOptions
 from .pairs import PAIR_OPTIONS, BatchRecord, Pair, Progress, error_result
@@ -100,12 +100,12 @@ class _Engine:
                         break
                 else:
                     self.admission.refresh()
-                    self.bar.waiting(self._admit(ex))
+                    self.bar.waiting(*self._admit(ex))
                 self.cond.wait(timeout=self.policy.poll_s)
 
-    def _admit(self, ex: ThreadPoolExecutor) -> int:
-        """Start what fits; returns how many wait for memory."""
-        waiting = 0
+    def _admit(self, ex: ThreadPoolExecutor) -> tuple[int, str]:
+        """Start what fits; returns how many wait for memory, and what the first of them needs."""
+        waiting, detail = 0, ""
         now = time.monotonic()
         for item in list(self.queue):
             if self.running >= self.jobs:
@@ -122,6 +122,8 @@ class _Engine:
             gpu = given if isinstance(given, int) else None
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at)
             if placed is None:
+                if not waiting:
+                    detail = self._wants(need, now - item.queued_at)
                 waiting += 1
                 if now - item.queued_at >= self.policy.max_wait_s:
                     break  # waited long enough: no pair behind it starts, so that a GPU drains for it
@@ -129,7 +131,12 @@ class _Engine:
             self.queue.remove(item)
             item.waited_s += now - item.queued_at
             self._start(ex, item, placed[0], need, placed[1])
-        return waiting
+        return waiting, detail
+
+    def _wants(self, need: int, waited_s: float) -> str:
+        free = [f for f in map(self.admission.available, self.admission.gpus) if f is not None]
+        most = f", at most {max(free) / GiB:.2f} GiB free" if free else ""
+        return f"the first needs {need / GiB:.2f} GiB{most}; waited {waited_s:.0f} s of {self.policy.max_wait_s:.0f}"
 
     def _start(self, ex: ThreadPoolExecutor, item: _Item, gpu: int | None, need: int, free: int | None) -> None:
         self._tickets += 1

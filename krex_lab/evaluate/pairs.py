@@ -4,6 +4,7 @@ of a pair that cannot run, and the progress line."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -66,8 +67,12 @@ def error_result(pair: Pair, message: str, key: str = "evaluation_error") -> Eva
 
 
 class Progress:
-    """One status line on a terminal (``\\r``-rewritten): done/total, the verdicts so far, and how
-    many pairs wait for GPU memory."""
+    """The batch's progress: done/total, the verdicts so far, and how many pairs wait for GPU
+    memory. On a terminal, one status line (``\\r``-rewritten); elsewhere (a log, a pipe), a plain
+    line at most every :attr:`every_s` seconds and at the end, so that a log says where a long
+    batch stands and what it waits for."""
+
+    every_s = 10.0
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.total, self.stream = total, stream
@@ -75,26 +80,42 @@ class Progress:
         self.verdicts: Counter[str] = Counter()
         self.enabled = stream.isatty()
         self.memory_waits = 0
+        self.memory_detail = ""
+        self._said_at = 0.0
+        self._said = ""
 
     def update(self, verdict: str) -> None:
         self.done += 1
         self.verdicts[verdict] += 1
         self._draw()
 
-    def waiting(self, n: int) -> None:
-        """``n`` pairs wait in the queue for GPU memory (said on the line while there are any)."""
-        if n != self.memory_waits:
-            self.memory_waits = n
+    def waiting(self, n: int, detail: str = "") -> None:
+        """``n`` pairs wait in the queue for GPU memory (said while there are any); ``detail``:
+        what the first of them needs and what is free."""
+        if n != self.memory_waits or detail != self.memory_detail:
+            self.memory_waits, self.memory_detail = n, detail
             self._draw()
+
+    def _state(self) -> str:
+        counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
+        wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
+        if wait and self.memory_detail:
+            wait += f" ({self.memory_detail})"
+        return f"{counts}{wait}"
 
     def _draw(self) -> None:
         if self.enabled:
             width = 30
             filled = int(width * self.done / max(1, self.total))
-            counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
-            wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
             bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-            self.stream.write(f"\r{bar} {counts}{wait}\x1b[K")
+            self.stream.write(f"\r{bar} {self._state()}\x1b[K")
+            self.stream.flush()
+            return
+        line = f"krex eval: {self.done}/{self.total} done" + (f" ({self._state()})" if self._state() else "")
+        now = time.monotonic()
+        if line != self._said and (now - self._said_at >= self.every_s or self.done == self.total):
+            self._said, self._said_at = line, now
+            self.stream.write(line + "\n")
             self.stream.flush()
 
     def close(self) -> None:

@@ -83,8 +83,10 @@ def test_bad_selections_are_refused_before_anything_starts() -> None:
 
 
 @pytest.mark.timeout(400)
-def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> None:
-    """As ``timeout`` stops it on the device: SIGTERM to the whole process group during (b)."""
+@pytest.mark.parametrize("during", ["(a)", "(b)"])
+def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path, during: str) -> None:
+    """As ``timeout`` stops it on the device: SIGTERM to the whole process group during (a), whose
+    batch's own words are kept, or during (b)."""
     out = tmp_path / "eval_batch.json"
     # one problem: what is tested is the interrupted run's file, not the set (the fixture runs two)
     cmd = [sys.executable, str(SCRIPT), "--backend", "fake", "--problems", "04", "--jobs", "2"]
@@ -95,13 +97,18 @@ def test_a_run_stopped_by_timeout_writes_what_it_measured(tmp_path: Path) -> Non
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("(b) compile:"):  # (a) is done, (b) is under way
+        # (a)'s batch starts once its pool is ready; (b) is under way once it compiles
+        if line.startswith("(a) arbiter and" if during == "(a)" else "(b) compile:"):
             os.killpg(proc.pid, signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, "".join(seen) + rest
     data = json.loads(out.read_text())
     assert "interrupted" in data and "summary" not in data
+    if during == "(a)":
+        cut = data["krex_cut_short"]
+        assert "krex" not in data and cut["results"] <= 1 and isinstance(cut["stderr_tail"], str), cut
+        return
     assert {pid: len(recs) for pid, recs in data["krex"]["results"].items()} == dict.fromkeys(PAIRS[:1], 1)
     assert "compile" in data["baseline"] and "wall_s" not in data["baseline"]
 

@@ -18,6 +18,7 @@ from krex_lab.evaluate.admission import MemoryPolicy, oom_cause
 from krex_lab.evaluate.batch import BatchRecord, Pair
 from krex_lab.evaluate.many import run_pairs
 from krex_lab.evaluate.options import EvaluateOptions
+from krex_lab.evaluate.pairs import Progress
 from krex_lab.gpu.fake import MEMORY_ENV, SimulatedMemory
 from krex_lab.pytest_plugin import running_arbiter
 from tests.support.pool import PoolProc
@@ -146,7 +147,31 @@ def test_little_memory_many_evaluations_none_fails_some_wait(node: SimpleNamespa
     assert int(records[0].metadata["memory"]["reference_peak"]) == 256 * MiB
     waited = [a["waited_for_memory_s"] for a in admissions]
     assert sum(w > 0.2 for w in waited) >= 2, waited  # the rest waited in the queue
-    assert "waiting for GPU memory" in stream.getvalue()
+    said = stream.getvalue()
+    assert "waiting for GPU memory (the first needs " in said and " GiB free; waited " in said, said
+
+
+def test_in_a_log_the_progress_is_plain_lines_a_few_and_the_last() -> None:
+    """Not a terminal (a pipe, a CI log): no carriage returns; a line when the state changes, at
+    most every ``every_s``, and the last one always (a long batch's log says where it stands)."""
+    log = io.StringIO()
+    bar = Progress(3, log)
+    bar.every_s = 0.0
+    bar.update("correct")
+    bar.waiting(2, "the first needs 2.00 GiB, at most 0.50 GiB free; waited 3 s of 120")
+    bar.every_s = 3600.0
+    bar.update("correct")  # within every_s of the line before: not said
+    bar.waiting(0)
+    bar.update("incorrect")  # the last: said
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and "\x1b" not in log.getvalue()
+    assert lines == [
+        "krex eval: 1/3 done (correct 1)",
+        "krex eval: 1/3 done (correct 1; 2 waiting for GPU memory (the first needs 2.00 GiB, at most 0.50 GiB "
+        "free; waited 3 s of 120))",
+        "krex eval: 3/3 done (correct 2, incorrect 1)",
+    ], lines
 
 
 def test_out_of_memory_caused_by_a_neighbour_is_requeued_not_blamed(node: SimpleNamespace) -> None:
