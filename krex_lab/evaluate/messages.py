@@ -198,6 +198,10 @@ class Timed(Body):
     values: list[Any]
     aliased: list[list[int]]
     threads: list[str]
+    #: the harness's host time in each part of the round's calls, µs in all (``launch``: the L2
+    #: flush and the events; ``call``; ``deliver``; ``sync``): what the process says, shown in
+    #: ``metadata.timing_split_us`` beside the judge's own figures, never used for one
+    parts_us: dict[str, float] = {}
 
 
 class Failed(Body):

@@ -57,6 +57,9 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
     assert "; twin, 1 calls: " in split, split
     shown = re.findall(r"candidate, (\d+) round\(s\) of (\d+) calls: (\d+) \+ (\d+)", split)
     assert sum(int(n) for n, *_ in shown) == rounds and all(int(ask) > 0 for *_, ask, _ in shown), split
+    # beside them, what each harness says its calls' host time went to (shown, never a figure)
+    said = re.findall(r"its harness says, a call: call ([0-9.]+), deliver ([0-9.]+)", split)
+    assert len(said) >= 2 and all(float(c) > 0 for c, _ in said), split
     # the candidate's own figure may sit a few percent off its cgroup's on a loaded host (the verdict
     # then says so in timing_bound): on a CPU the figure is the cgroup's either way, asserted above
     assert ev.verdict == "correct" and "rejected" not in meta, meta

@@ -295,21 +295,30 @@ class Candidate:
         samples: list[float] = []
         values: list[Any] = []
         aliased: list[list[int]] = []
+        parts: dict[str, float] = {}
         if _cuda() and method != "host":
             import torch
 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             flush = torch.empty(L2_FLUSH_SHAPE, dtype=torch.int64, device="cuda") if method != "warmup" else None
+            clock = time.perf_counter
             for k in body.order:
                 args, bufs, where = self.sets[k]
+                t0 = clock()
                 if flush is not None:
                     flush.fill_(42)  # outside the event pair, as upstream
                 start.record()
+                t1 = clock()
                 out = fn(args)
+                t2 = clock()
                 end.record()
                 got, alias = deliver(out, bufs, where)
                 del out
+                t3 = clock()
                 torch.cuda.synchronize()
+                t4 = clock()
+                for part, took in (("launch", t1 - t0), ("call", t2 - t1), ("deliver", t3 - t2), ("sync", t4 - t3)):
+                    parts[part] = parts.get(part, 0.0) + took * 1e6
                 samples.append(float(start.elapsed_time(end)) * 1e3)
                 values.append(got)
                 aliased.append(alias)
@@ -321,13 +330,24 @@ class Candidate:
                 t0 = time.perf_counter()
                 out = fn(args)
                 _sync()
-                samples.append((time.perf_counter() - t0) * 1e6)
+                t1 = time.perf_counter()
+                samples.append((t1 - t0) * 1e6)
                 got, alias = deliver(out, bufs, where)
                 del out
+                parts["call"] = parts.get("call", 0.0) + (t1 - t0) * 1e6
+                parts["deliver"] = parts.get("deliver", 0.0) + (time.perf_counter() - t1) * 1e6
                 values.append(got)
                 aliased.append(alias)
         timed = method != "warmup"
-        self.chan.send(Timed(samples=samples if timed else [], values=values, aliased=aliased, threads=self._threads()))
+        self.chan.send(
+            Timed(
+                samples=samples if timed else [],
+                values=values,
+                aliased=aliased,
+                threads=self._threads(),
+                parts_us={k: round(v, 1) for k, v in parts.items()},
+            )
+        )
 
     def _threads(self) -> list[str]:
         """Threads started since the load that are running the candidate's own code now (a

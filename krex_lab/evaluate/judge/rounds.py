@@ -211,6 +211,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
             with clock.round(len(order)) as bracket:
                 body = judge.ask(message, Timed, rs.shared, on_answer=bracket.answered)
             c1 = harness_cpu(judge.proc.pid)
+            clock.said(len(order), body.parts_us)
             outs = read_round(rs, order, body)
             rounds += 1
             got = body.samples
