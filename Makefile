@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml
 notebook-filter:
 	-@git rev-parse --git-dir >/dev/null 2>&1 && git config filter.krex-notebook.clean "python3 notebooks/strip_outputs.py"
 
+# make lab ARGS="--port 9999 --no-browser": krex lab's options and JupyterLab's, passed on
+ARGS ?=
 lab: $(STAMP) notebook-filter
-	$(BIN)/krex lab
+	$(BIN)/krex lab $(ARGS)
 
 TEST_WORKERS ?= 1
 
