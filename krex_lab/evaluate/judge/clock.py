@@ -31,7 +31,6 @@ A candidate that skips its harness (patched) saves at most the calibrated harnes
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import statistics
 import time
@@ -42,6 +41,7 @@ from typing import Any
 from ...procutil import tree
 from ..messages import Calibrate, Calibrated, Drop, Ok, Timed
 from ..outcomes import SampleStats
+from .harness_parts import parts_of, said_text
 from .outside import Drain, DrainFailed, drain_for
 from .timers import stats
 from .values import CandidateFailed
@@ -180,26 +180,6 @@ def _fit(table: dict[int, float]) -> tuple[float, float]:
     return max(0.0, table[small] - per_call * small), per_call
 
 
-#: the parts of a call's host time a harness reports (:attr:`Timed.parts_us`)
-PARTS = ("launch", "call", "deliver", "sync")
-
-
-def _parts(said: object) -> dict[str, float]:
-    """The known parts of what a process said, finite and not negative (it may say anything)."""
-    if not isinstance(said, dict):
-        return {}
-    out = {}
-    for k in PARTS:
-        v = said.get(k)
-        if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0:
-            out[k] = float(v)
-    return out
-
-
-def _said(per_call: dict[str, float]) -> str:
-    return "its harness says, a call: " + ", ".join(f"{k} {per_call[k]:.1f}" for k in PARTS if k in per_call)
-
-
 class OutsideClock:
     """One case's outside figure (see the module's docstring). ``method``: the harness's timing
     method. The twin's no-op rounds take sets shaped as a round's (the judge's
@@ -290,7 +270,7 @@ class OutsideClock:
 
     def said(self, calls: int, parts: dict[str, float]) -> None:
         """A timed round's :attr:`Timed.parts_us`, as the candidate's process says them."""
-        for k, v in _parts(parts).items():
+        for k, v in parts_of(parts).items():
             self.parts[k] = self.parts.get(k, 0.0) + v
         self.parts_calls += calls
 
@@ -407,7 +387,7 @@ class OutsideClock:
             if record and r.end is not None:
                 if r.end - r.start < self.wall.get(calls, float("inf")):
                     self.twin_split[calls] = r.split()
-                    self.twin_parts[calls] = {k: v / calls for k, v in _parts(body.parts_us).items()}
+                    self.twin_parts[calls] = {k: v / calls for k, v in parts_of(body.parts_us).items()}
                 self.wall[calls] = min(self.wall.get(calls, float("inf")), r.end - r.start)
                 self.cpu[calls] = min(self.cpu.get(calls, float("inf")), harness_cpu(self.twin.pid) - c0)
 
@@ -434,9 +414,9 @@ class OutsideClock:
             wait = statistics.median(w for _, w in pairs) * 1e6
             parts.append(f"candidate, {len(pairs)} round(s) of {n} calls: {ask:.0f} + {wait:.0f}")
         if self.parts and self.parts_calls:
-            parts[-1] += f" ({_said({k: v / self.parts_calls for k, v in self.parts.items()})})"
+            parts[-1] += f" ({said_text({k: v / self.parts_calls for k, v in self.parts.items()})})"
         for n, (ask, wait) in sorted(self.twin_split.items()):
-            said = f" ({_said(self.twin_parts[n])})" if self.twin_parts.get(n) else ""
+            said = f" ({said_text(self.twin_parts[n])})" if self.twin_parts.get(n) else ""
             parts.append(f"twin, {n} calls: {ask * 1e6:.0f} + {wait * 1e6:.0f}{said}")
         return "; ".join(parts)
 
