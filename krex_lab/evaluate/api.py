@@ -41,6 +41,7 @@ def evaluate(
     timeouts: Mapping[Phase, float] | None = None,
     memory_limit_mb: int | None = None,
     output_limit_mb: int | None = None,
+    disk_limit_mb: int | None = None,
     exclusive: bool = True,
     memory_budget_mb: int | None = None,
     options: EvaluateOptions | None = None,
@@ -66,7 +67,8 @@ def evaluate(
         reference again even when its time is cached for this GPU model and method;
         ``time_reference=False``: no reference time, no speedup. ``timeouts``: seconds per phase
         (``load``, ``check``, ``time``). ``memory_limit_mb``: host memory the candidate may add;
-        ``output_limit_mb``: what it may print per phase. ``exclusive=False`` times without a
+        ``output_limit_mb``: what it may print per phase; ``disk_limit_mb``: the disk it may use
+        (its build directory; 4096). ``exclusive=False`` times without a
         region (the result says so). ``memory_budget_mb``: GPU memory the timed rounds' input sets
         may take (default 512 MiB; :func:`evaluate_many` and ``krex eval --batch`` size it to the
         memory free when they admit the evaluation). ``options``: these options as one

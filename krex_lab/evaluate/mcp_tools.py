@@ -155,6 +155,9 @@ async def evaluate_kernel(
     output_limit_mb: Annotated[
         int | None, Field(ge=1, description="what the candidate may print per phase, MiB (16)")
     ] = None,
+    disk_limit_mb: Annotated[
+        int | None, Field(ge=0, description="disk the candidate may use, MiB (4096; 0: not watched)")
+    ] = None,
     retime_reference: Annotated[bool, Field(description="time the reference again though its time is cached")] = False,
     time_reference: Annotated[bool, Field(description="false: no reference time, no speedup")] = True,
     exclusive: Annotated[bool, Field(description="false: time without a region (the GPU shared; said)")] = True,

@@ -68,6 +68,7 @@ class EvaluateOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_
     timeouts: dict[Phase, _Seconds] | None = None
     memory_limit_mb: _Whole | None = None
     output_limit_mb: _Count | None = None
+    disk_limit_mb: _Whole | None = None
     exclusive: bool = True
     memory_budget_mb: _Whole | None = None
 
@@ -163,6 +164,9 @@ class Options(msgspec.Struct, kw_only=True, frozen=True):
     memory_limit_mb: int = 16384
     #: bytes the candidate may write to stdout and stderr per phase (MiB); more fails the write
     output_limit_mb: int = 16
+    #: disk the candidate may use (MiB; 0: not watched): its build directory and the removed
+    #: files it holds open; more, and it is killed (``disk_limit``)
+    disk_limit_mb: int = 4096
     #: time inside a region (False: share the GPU, and the result says so)
     exclusive: bool = True
     #: GPU memory the input sets of a case may take (MiB; 0: the judge's default, 512): a batch

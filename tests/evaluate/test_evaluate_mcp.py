@@ -39,7 +39,9 @@ async def test_an_mcp_client_gets_a_verdict_from_evaluate_kernel(eval_pool: Pool
         inputs = tools["evaluate_kernel"].input_schema["properties"]
         assert {"atol", "rtol", "seed", "strict", "timing", "mode", "trials", "load_timeout", "check_timeout"} <= set(
             inputs
-        ) and {"time_timeout", "max_case_s", "detail", "memory_limit_mb", "output_limit_mb"} <= set(inputs)
+        ) and {"time_timeout", "max_case_s", "detail", "memory_limit_mb", "output_limit_mb", "disk_limit_mb"} <= set(
+            inputs
+        )
         assert all(prop.get("description") for prop in inputs.values()), [
             n for n, p in inputs.items() if not p.get("description")
         ]

@@ -311,6 +311,37 @@ def test_a_candidates_shared_memory_counts_against_its_allowance(eval_pool: Pool
     assert after.verdict == "correct", after.summary
 
 
+#: disk no rlimit bounds: RLIMIT_FSIZE caps one file, not how many; removed files held open
+#: still take their blocks. Had it all stayed, the candidate goes on as the honest one.
+DISK_FILL = """
+import tempfile
+_held = []
+for _ in range({files}):
+    _f = tempfile.NamedTemporaryFile(delete={removed})
+    _f.write(b"x" * (16 << 20))
+    _f.flush()
+    _held.append(_f)
+if {removed}:
+    for _f in _held:
+        os.unlink(_f.name)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("removed", [False, True], ids=["kept", "removed_held_open"])
+def test_a_candidate_that_fills_the_disk_is_stopped(eval_pool: PoolProc, removed: bool) -> None:
+    if removed and os.geteuid() != 0:
+        pytest.skip("an ordinary user's judge cannot read its non-dumpable candidate's /proc/<pid>/fd")
+    source = PRELUDE + DISK_FILL.format(files=8, removed=False) + HONEST
+    if removed:
+        source = source.replace("if False:", "if True:")
+    ev = evaluate(problem("kb_scaled_add"), source, pool=eval_pool.client, timeouts=LIMITS, disk_limit_mb=64)
+    assert ev.verdict == "rejected", f"128 MiB written against a 64 MiB limit: {ev.summary}"
+    assert "more than its limit of 64 MiB" in str(ev.metadata.get("disk_limit")), ev.metadata
+    after = evaluate(problem("kb_scaled_add"), PRELUDE + HONEST, pool=eval_pool.client, timeouts=LIMITS)
+    assert after.verdict == "correct", after.summary
+
+
 #: what a compiler's cache does (Triton's writes into a temporary directory beside the entry, then
 #: renames it into place): a move between two directories of the candidate's own build directory
 CACHE_MOVE = """

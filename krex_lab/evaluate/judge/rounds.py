@@ -195,7 +195,8 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
     trace: list[tuple[int, int, int, int]] = []  # (round, MiB allocated, MiB reserved, shares held) after each refill
     rng = random.Random()
     label = timer_label(judge)
-    with _region(o, judge.device != "cuda") as region, _pinned(judge):
+    paused = judge.disk.paused() if judge.disk is not None else contextlib.nullcontext()
+    with _region(o, judge.device != "cuda") as region, _pinned(judge), paused:
         _own_scheduling(judge, clock)
         with clock.hold():  # the twin timed with no candidate code running
             clock.calibrate(k)

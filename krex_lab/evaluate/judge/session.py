@@ -42,6 +42,7 @@ from .buffers import out_spec, share_set
 from .builddir import BuildDir
 from .checks import check, trial_data
 from .clock import Scheduling
+from .disk_watch import DiskWatch
 from .failures import died, raised
 from .footprint import figures, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
@@ -130,6 +131,8 @@ class Judge:
         self.proc: CandidateProc | None = None
         #: the candidate's processes as a cgroup (or /proc accounting), made before its code loads
         self.group: CandidateGroup | None = None
+        #: the candidate's disk use, watched while its process lives
+        self.disk: DiskWatch | None = None
         #: the judge's nice value and, in a region, affinities: put back before anything is timed
         self.scheduling = Scheduling()
         #: changes to the judge's scheduling found (the candidate's doing)
@@ -257,6 +260,7 @@ class Judge:
             result.metadata["candidate_cgroup_s"] = f"{time.perf_counter() - t_group:.4f}"
             result.metadata["candidate_tasks"] = self.group.tasks
             result.metadata["candidate_memory"] = self.group.memory
+            self.disk = DiskWatch(self.build_dir, self.group.pids, self.opts.disk_limit_mb << 20).start()
         except (CandidateFailed, ChannelError, OSError, TimeoutError) as exc:
             # before any candidate code ran: the evaluation's failure, not the candidate's
             message = exc.message if isinstance(exc, CandidateFailed) else f"{type(exc).__name__}: {exc}"
@@ -337,6 +341,12 @@ class Judge:
             with contextlib.suppress(Exception):
                 self.proc.chan.sock.settimeout(2.0)
                 self.ask(Release(), Ok)
+        if self.disk is not None:
+            self.disk.stop()
+            if self.disk.breached and last is not None:  # killed for it: whatever it died of after
+                last.fail("rejected", "disk_limit", self.disk.breached)
+                last.metadata.pop("worker_died", None)
+            self.disk = None
         if left and last is not None and last.verdict is None:
             last.fail("rejected", "rejected", "")
             last.metadata["rejected"] = {
