@@ -12,8 +12,9 @@ a GPU while its footprint fits
 will take although they have not allocated it yet). A footprint is measured by the judge
 (:mod:`.judge.footprint`: the reference's peak, the input sets, the candidate's allowance) the
 first time a problem runs; until then an evaluation of that problem is admitted with the largest
-footprint measured in the batch so far, at least ``unknown_footprint_mb``. What does not fit
-waits in the queue.
+footprint measured in the batch so far, at least ``unknown_footprint_mb``. An evaluation whose
+footprint does not fit, but would with its input sets shrunk (to 16 MiB at least), starts now
+with them shrunk to what is free; what does not fit even so waits in the queue.
 
 An out-of-memory is the candidate's verdict only where the candidate alone held more than its
 allowance (its own figures: what it held and asked for). Any other (the judge's side ran out,
@@ -41,6 +42,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 #: the judge's default budget for a case's input sets on a GPU
 INPUT_SETS = 512 * MiB
+#: the least an evaluation admitted short of memory keeps for its input sets
+LEAST_SETS = 16 * MiB
 
 
 @dataclass
@@ -228,14 +231,19 @@ class Admission:
         committed = max(gpu.used, gpu.base + sum(gpu.running.values()))
         return gpu.total - self.policy.reserve_mb * MiB - committed
 
-    def place(self, need: int, gpu: int | None, alone: bool, waited_s: float) -> tuple[int, int | None] | None:
+    def place(
+        self, need: int, gpu: int | None, alone: bool, waited_s: float, sets: int = 0
+    ) -> tuple[int, int | None] | None:
         """``(gpu, bytes available there)`` for an evaluation of footprint ``need`` (``gpu``: the one
-        it asked for), or None: it waits. ``alone``: it runs with none of ours beside it."""
+        it asked for), or None: it waits. ``alone``: it runs with none of ours beside it. ``sets``:
+        the part of ``need`` that is its timed rounds' input sets, which may shrink to
+        :data:`LEAST_SETS`: where the rest fits, it starts now with fewer sets rather than wait."""
         options = [g for g in self.gpus if gpu is None or g == gpu]
         if gpu is not None and gpu not in self.gpus:
             options = [gpu]
             self.gpus[gpu] = _Gpu()
         best: tuple[int, int | None] | None = None
+        least = need - max(0, sets - LEAST_SETS)
         for g in sorted(options, key=lambda g: (len(self.gpus[g].running), -(self.available(g) or 0), g)):
             state = self.gpus[g]
             if state.alone is not None or (alone and state.running):
@@ -243,13 +251,17 @@ class Admission:
             free = self.available(g)
             if free is None or free >= need:
                 return g, free
+            if best is None and free >= least:
+                best = (g, free)  # fits with its input sets shrunk to what is free
             if not state.running and waited_s >= self.policy.max_wait_s and best is None:
                 best = (g, free)  # waited long enough: alone, and the input sets shrunk to what is free
         return best
 
-    def start(self, ticket: int, g: int, need: int, alone: bool) -> None:
+    def start(self, ticket: int, g: int, need: int, alone: bool, free: int | None = None) -> None:
+        """``ticket`` runs on ``g``, counted at ``need`` (or at ``free``, where it was admitted short
+        and its input sets shrink to that)."""
         state = self.gpus[g]
-        state.running[ticket] = need
+        state.running[ticket] = need if free is None else max(0, min(need, free))
         if alone:
             state.alone = ticket
 
@@ -259,9 +271,10 @@ class Admission:
         if state.alone == ticket:
             state.alone = None
 
-    def budget_mb(self, need: int, free: int | None) -> int:
+    def budget_mb(self, need: int, free: int | None, sets: int = 0) -> int:
         """MiB the judge's input sets may take: the default where the footprint fits, less by what
-        it lacks where it was admitted short."""
+        it lacks where it was admitted short (from ``sets``, their part of ``need`` where it was
+        measured, else the default)."""
         if free is None or free >= need:
             return INPUT_SETS // MiB
-        return max(16, (INPUT_SETS - (need - free)) // MiB)
+        return max(LEAST_SETS // MiB, ((sets or INPUT_SETS) - (need - free)) // MiB)

@@ -46,6 +46,8 @@ class _Item:
     attempts: int = 0
     alone: bool = False
     waited_s: float = 0.0
+    #: its input sets' part of the footprint it was admitted with (0: not measured)
+    sets: int = 0
     #: why it was sent back to the queue, one line a time
     requeued: list[str] = field(default_factory=list)
 
@@ -84,6 +86,8 @@ class _Engine:
         self.running = 0
         self.cond = threading.Condition()
         self.footprints: dict[str, int] = {}
+        #: the input sets' part of each measured footprint (what may shrink)
+        self.input_sets: dict[str, int] = {}
         self.cancelled = False
         self.admission = Admission(policy, gpus, arbiter_memory(pool) if pool is not None and gpus else None)
         self._tickets = 0
@@ -120,7 +124,8 @@ class _Engine:
                 need = max([self.policy.unknown_footprint_mb << 20, *self.footprints.values()])
             given = pair.options.get("gpu", self.defaults.gpu)
             gpu = given if isinstance(given, int) else None
-            placed = self.admission.place(need, gpu, item.alone, now - item.queued_at)
+            sets = self.input_sets.get(item.key, 0) if item.key in self.footprints else 0
+            placed = self.admission.place(need, gpu, item.alone, now - item.queued_at, sets)
             if placed is None:
                 if not waiting:
                     detail = self._wants(need, now - item.queued_at)
@@ -130,6 +135,7 @@ class _Engine:
                 continue
             self.queue.remove(item)
             item.waited_s += now - item.queued_at
+            item.sets = sets
             self._start(ex, item, placed[0], need, placed[1])
         return waiting, detail
 
@@ -142,7 +148,7 @@ class _Engine:
         self._tickets += 1
         ticket = self._tickets
         if gpu is not None:
-            self.admission.start(ticket, gpu, need, item.alone)
+            self.admission.start(ticket, gpu, need, item.alone, free)
         self.running += 1
         item.attempts += 1
         ex.submit(self._one, item, ticket, gpu, need, free)
@@ -151,7 +157,7 @@ class _Engine:
     def _one(self, item: _Item, ticket: int, gpu: int | None, need: int, free: int | None) -> None:
         ev: Evaluation | None = None
         try:
-            ev = self._evaluate(item.pair, gpu, need, free)
+            ev = self._evaluate(item.pair, gpu, need, free, item.sets)
         except BaseException as exc:  # never a pair without its result
             ev = error_result(item.pair, f"{type(exc).__name__}: {exc}")
         finally:
@@ -169,7 +175,7 @@ class _Engine:
                 finally:
                     self.cond.notify_all()
 
-    def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None) -> Evaluation:
+    def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None, sets: int = 0) -> Evaluation:
         from .api import evaluate
 
         if pair.problem is not None:
@@ -178,7 +184,7 @@ class _Engine:
         if gpu is not None:
             over["gpu"] = gpu
             if self.admission.by_memory:
-                over["memory_budget_mb"] = self.admission.budget_mb(need, free)
+                over["memory_budget_mb"] = self.admission.budget_mb(need, free, sets)
         return evaluate(pair.reference, pair.candidate, options=self.defaults.merged(over), pool=self.pool)
 
     def _settle(self, item: _Item, ev: Evaluation, gpu: int | None, need: int, free: int | None) -> Evaluation | None:
@@ -186,6 +192,8 @@ class _Engine:
         measured = ev.metadata.get("memory")
         if isinstance(measured, dict) and str(measured.get("footprint", "")).isdigit():
             self.footprints[item.key] = max(int(measured["footprint"]), self.footprints.get(item.key, 0))
+            if str(measured.get("input_sets", "")).isdigit():
+                self.input_sets[item.key] = max(int(measured["input_sets"]), self.input_sets.get(item.key, 0))
         allowance = MIN_ALLOWANCE
         if isinstance(measured, dict) and str(measured.get("candidate_allowance", "")).isdigit():
             allowance = int(measured["candidate_allowance"])

@@ -23,6 +23,7 @@ class Engine(_Engine):
     def __init__(self, pairs: list[Pair], gpus: list[int], total: int, seconds: dict[str, float], **kw: object) -> None:
         self.seconds = seconds
         self.spans: list[tuple[str, int | None, float, float]] = []
+        self.given: list[tuple[int, int | None]] = []
         self.lock = threading.Lock()
         out: list[object] = []
         policy = MemoryPolicy(poll_s=0.02, **kw)  # type: ignore[arg-type]
@@ -40,7 +41,8 @@ class Engine(_Engine):
         self.admission.read = lambda: {g: GpuMemory(total, 0) for g in gpus}
         self.admission.refresh(force=True)
 
-    def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None) -> Evaluation:
+    def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None, sets: int = 0) -> Evaluation:
+        self.given.append((need, free))
         t0 = time.monotonic()
         time.sleep(self.seconds.get(pair.candidate, self.seconds.get(pair.reference, 0.0)))
         with self.lock:
@@ -73,3 +75,20 @@ def test_a_pair_that_waited_too_long_is_not_starved_by_smaller_ones() -> None:
     assert not any(s[2] < big[3] and s[3] > big[2] for s in smalls), "the big one ran alone"
     assert any(s[2] >= big[3] for s in smalls), "smaller ones waited behind it"
     assert big[2] - min(s[2] for s in smalls) < 2.0, "it was not starved"
+
+
+def test_a_pair_that_fits_with_fewer_input_sets_starts_now_with_them() -> None:
+    # 10 GiB, 3 held by a neighbour; each pair takes 4 GiB, 3 of them its timed rounds' input sets:
+    # the first fits whole, the second fits with its sets shrunk to the 3 GiB left, and starts at
+    # once instead of waiting for the first (nothing else of its own frees memory sooner)
+    engine = Engine(_pairs(["a", "a"]), gpus=[0], total=10 * GiB, seconds={"a": 0.4}, reserve_mb=0, max_wait_s=60)
+    engine.admission.read = lambda: {0: GpuMemory(10 * GiB, 3 * GiB)}
+    engine.admission.refresh(force=True)
+    engine.footprints = {"a||None|None": 4 * GiB}
+    engine.input_sets = {"a||None|None": 3 * GiB}
+    engine.run()
+    (s1, s2) = sorted(engine.spans, key=lambda s: s[2])
+    assert s2[2] < s1[3], "the second started while the first ran"
+    assert sorted(engine.given) == [(4 * GiB, 3 * GiB), (4 * GiB, 7 * GiB)], engine.given
+    # the second's sets: 3 GiB less the 1 GiB it lacks
+    assert engine.admission.budget_mb(4 * GiB, 3 * GiB, 3 * GiB) == 2048
