@@ -1,5 +1,6 @@
-"""The Makefile's entry points as the README gives them: ``make lab ARGS=...`` passes its options
-on to ``krex lab`` (a dry run: nothing is installed or started)."""
+"""The checkout as the README promises it: ``make lab ARGS=...`` passes its options on to
+``krex lab`` (a dry run: nothing is installed or started), and a user's own notebooks in the lab's
+folder stay out of ``git status``."""
 
 from __future__ import annotations
 
@@ -21,3 +22,17 @@ def test_make_lab_passes_its_args_to_krex_lab() -> None:
     assert [line.split()[1:] for line in dry()] == [["lab"]]
     (line,) = dry("ARGS=--port 9999 --no-browser --fake-gpus 3")
     assert line.split()[1:] == ["lab", "--port", "9999", "--no-browser", "--fake-gpus", "3"], line
+
+
+def test_a_users_notebooks_stay_out_of_git_status() -> None:
+    """``make lab`` serves ``notebooks/``: a notebook the user makes there (Untitled.ipynb, a copy
+    saved with its outputs) is ignored; the shipped ones are not."""
+
+    def ignored(path: str) -> bool:
+        out = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, capture_output=True, timeout=30)
+        return out.returncode == 0
+
+    shipped = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert shipped and not any(ignored(f"notebooks/{n}") for n in shipped), shipped
+    assert ignored("notebooks/Untitled.ipynb") and ignored("notebooks/Untitled1.ipynb")
+    assert ignored("notebooks/quickstart with outputs.ipynb")
