@@ -28,7 +28,6 @@ its worker; a third gives up waiting.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import threading
@@ -42,7 +41,7 @@ import zmq
 from ... import paths, protocol
 from ...errors import JobTimeout, KrexError, PoolUnavailable, RemoteError, WorkerDied, error_from_wire
 from ...protocol import Request
-from ..endpoint import default_endpoint, ipc_path, lock_path
+from ..endpoint import default_endpoint, ipc_path
 from ..results import JobResult, RemoteTraceback
 from ..wire import (
     Accepted,
@@ -60,16 +59,15 @@ from ..wire import (
     decode_incoming,
 )
 from .fast_run import pool_died_line
+from .on_demand import lock_free, start_pool, started_line
 from .region_claim import region_claim
 from .stdin import STDIN_LIMIT, read_stdin
 from .trust import PoolPeer, is_untrusted, tcp_allowed, untrusted, verify_ipc_endpoint
 
 if TYPE_CHECKING:
     import concurrent.futures
-    import subprocess
 
 __all__ = [
-    "START_TIMEOUT",
     "STDIN_LIMIT",
     "OutputFn",
     "PoolClient",
@@ -81,9 +79,6 @@ __all__ = [
 ]
 
 OutputFn = Callable[[str, str], None]
-
-#: how long connect() waits for a pool it started to answer
-START_TIMEOUT = 60.0
 
 
 def print_output(stream: str, text: str) -> None:
@@ -119,7 +114,7 @@ class PoolClient:
         client = cls(endpoint, allow_tcp=allow_tcp)
         try:
             client.verify()
-            if client._lock_free():
+            if lock_free(client.endpoint):
                 raise PoolUnavailable("no pool holds its lock")
             client.info = client._request(Ping(), timeout=2.0)
         except PoolUnavailable as exc:
@@ -176,27 +171,6 @@ class PoolClient:
                 self._sockets.append(sock)
         return sock
 
-    def _lock_free(self) -> bool:
-        """True when no pool holds the endpoint's lock (so pinging would only wait)."""
-        path = lock_path(self.endpoint)
-        if path is None:
-            return False
-        sock = ipc_path(self.endpoint)
-        if sock is None or not os.path.exists(sock) or not os.path.exists(path):
-            return True
-        try:  # never follow a planted symlink, never block on a planted FIFO
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return True
-        except OSError:  # BlockingIOError: a pool holds it
-            return False
-        finally:
-            os.close(fd)
-
     def _pool_alive(self) -> bool:
         pid = self.peer.pid if self.peer is not None else self.info.pid if self.info is not None else None
         return pid is None or os.path.exists(f"/proc/{pid}")
@@ -219,22 +193,10 @@ class PoolClient:
         raise PoolUnavailable(f"no reply from the pool at {self.endpoint} within {timeout:g} s")
 
     def _start_pool(self) -> None:
-        """Start a detached pool on demand and wait until it answers."""
-        from ... import launcher  # here only: a run on a pool that answers never pays for it
-
-        sock = ipc_path(self.endpoint)
-        log_dir = Path(sock).parent if sock else paths.own_runtime_dir()
-        log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        cmd = launcher.command("krex_lab.workers.pool", "--on-demand", f"--endpoint={self.endpoint}")
-
-        def spawn() -> subprocess.Popen[bytes]:
-            return launcher.start(cmd, log_dir / "pool.log", new_session=True, cwd="/")
-
-        proc = spawn()
-        spawned = 1
+        """Start a detached pool on demand (:mod:`.on_demand`) and wait until it answers."""
 
         def answers() -> PoolInfo | None:
-            if self._lock_free():
+            if lock_free(self.endpoint):
                 return None
             try:
                 return self._request(Ping(), timeout=1.0)
@@ -244,26 +206,11 @@ class PoolClient:
                 self._drop_socket()  # not listening yet: the next try checks (and connects) afresh
                 return None
 
-        def alive() -> bool:
-            nonlocal proc, spawned
-            code = proc.poll()
-            if code is not None and self._lock_free():
-                if code != 0:
-                    tail = _tail(log_dir / "pool.log")
-                    raise PoolUnavailable(f"the pool started on demand exited with code {code}:\n{tail}")
-                if spawned < 5:  # it lost a race with a pool that has since exited: try again
-                    proc, spawned = spawn(), spawned + 1
-            return True
-
-        info = launcher.wait_until(answers, alive, START_TIMEOUT)
-        if info is None:
-            raise PoolUnavailable(
-                f"the pool started on demand did not answer within {START_TIMEOUT:g} s (see {log_dir / 'pool.log'})"
-            )
+        info, pid, log = start_pool(self.endpoint, answers)
         self.info = info
-        if info.pid == proc.pid:  # ours (not one that won a race): say it, once
-            self.started_pid = proc.pid
-            self._say_started(log_dir / "pool.log")
+        if info.pid == pid:  # ours (not one that won a race): say it, once
+            self.started_pid = pid
+            self._say_started(log)
 
     def _say_started(self, log: Path) -> None:
         """One line on stderr: a pool now runs in the background, how long it stays, how to stop it."""
@@ -274,14 +221,7 @@ class PoolClient:
             idle = self.status().pool.idle_exit_s
         except (KrexError, KeyError, TypeError, ValueError):
             idle = 0.0
-        after = f"{idle / 60:g} idle minutes" if idle >= 120 else f"{idle:g} idle seconds"
-        stays = f"exits after {after}" if idle > 0 else "stays"
-        print(
-            f"krex: started a pool of warm workers in the background (pid {self.info.pid}, log {log}) for this "
-            f"and later runs; it {stays}, or stop it now with `kill {self.info.pid}`",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(started_line(self.info.pid, log, idle), file=sys.stderr, flush=True)
 
     def _drop_socket(self) -> None:
         """Forget this thread's socket (the next request checks the endpoint again)."""
@@ -472,13 +412,6 @@ def _result(request: Request, reply: protocol.Reply) -> Any:
     if reply.error is not None:
         raise error_from_wire(reply.error.type, reply.error.message, reply.error.traceback)
     return protocol.result_as(request, reply.result)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 _default: PoolClient | None = None

@@ -17,8 +17,8 @@ outlives it, daemons included, and nothing survives the pool's shutdown.
 
 The server's lifecycle (lock, bind, receive, one reply per request, stop) is
 :class:`krex_lab.rpc_server.Service`'s; this module holds the pool's handlers, its traitlets options
-and how it discovers its GPUs; :mod:`.app` is the process around it. Messages:
-:mod:`krex_lab.workers.wire`.
+and what it does when the node changes; :mod:`.node` is what it knows of the node (arbiter,
+backend, GPUs), :mod:`.app` the process around it. Messages: :mod:`krex_lab.workers.wire`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from ..._version import __version__
 from ...errors import KrexError
 from ...rpc_server import DEFERRED, Peer, Service, lock_holder
 from ..contain import become_subreaper, ident, live
-from ..endpoint import default_endpoint, ipc_path, listens, lock_path
+from ..endpoint import default_endpoint, ipc_path, lock_path
 from ..results import JobResult
 from ..wire import (
     MAX_MESSAGE,
@@ -65,9 +65,9 @@ from .clients import ClientWatch
 from .dispatcher import DispatchConfig, Dispatcher
 from .fast_server import FastServer
 from .gates import GateWatcher
-from .handle import WorkerHandle
 from .jobs import Job, job_of
-from .spawn import PLACEMENT, WORKER_MODULE, NodeBackend, worker_launch
+from .node import NodeView
+from .spawn import PLACEMENT, WORKER_MODULE, worker_launch
 
 __all__ = ["PLACEMENT", "WORKER_MODULE", "Pool", "serving_log"]
 
@@ -183,13 +183,10 @@ class Pool(LoggingConfigurable):
         self.bound = self.endpoint or default_endpoint()
         self.arbiter_endpoint = self.arbiter or discovery.default_endpoint()
         self.started = time.time()
-        self.backend = NodeBackend()
-        self.gpu_uuids: dict[int, str] = {}
         self._last_busy = time.monotonic()
-        self._arbiter_known = False
-        self._arbiter_gone_since: float | None = None
         # Every component exists from here on; serve() only discovers the GPUs and starts them.
         self.gates = GateWatcher(self.arbiter_endpoint, self._gates_changed, self.resync)
+        self.node = NodeView(self.arbiter_endpoint, self.gates)
         config = DispatchConfig(
             workers_per_gpu=self.workers_per_gpu,
             spares_per_gpu=self.spares_per_gpu,
@@ -199,7 +196,7 @@ class Pool(LoggingConfigurable):
             max_jobs_per_worker=self.max_jobs_per_worker,
             keep_env=PLACEMENT,
         )
-        self.dispatcher = Dispatcher(config, self.gates, self._emit, self.spawn_args, self.stale)
+        self.dispatcher = Dispatcher(config, self.gates, self._emit, self.spawn_args, self.node.stale)
         self.clients = ClientWatch(self.dispatcher.client_gone)
         lock = lock_path(self.bound)
         self.service = Service(
@@ -230,8 +227,8 @@ class Pool(LoggingConfigurable):
             gpu,
             python=self.python,
             worker_env=self.worker_env,
-            backend=self.backend,
-            gpu_uuids=self.gpu_uuids,
+            backend=self.node.backend,
+            gpu_uuids=self.node.gpu_uuids,
             arbiter_endpoint=self.arbiter_endpoint,
             arbiter_connected=self.gates.connected,
             arbiter_pid=self.gates.arbiter_pid,
@@ -243,27 +240,17 @@ class Pool(LoggingConfigurable):
 
     def _gates_changed(self) -> None:
         d = self.dispatcher
-        if self.gates.connected and not self._arbiter_known:
-            self._learn_arbiter()
+        if self.gates.connected and not self.node.known:
+            self.node.learn()
             if d.gpus:  # serving already, on the GPUs assumed while no arbiter answered
                 self._resize_to_arbiter()
         # Workers registered with no arbiter, or with one that has since restarted, have no
         # session there: idle ones are replaced now, busy ones when their job ends.
         for w in list(d.workers.values()):
-            if w.state == "idle" and w.lease is None and self.stale(w):
+            if w.state == "idle" and w.lease is None and self.node.stale(w):
                 d.recycle(w, "its arbiter session is gone: a new worker registers")
         d.rebalance()
         d.dispatch()
-
-    def stale(self, w: WorkerHandle) -> bool:
-        """The worker has no session with the arbiter that answers now."""
-        return self.gates.connected and w.init.arbiter_pid != self.gates.arbiter_pid
-
-    def _learn_arbiter(self) -> None:
-        assert self.gates.info is not None
-        self._arbiter_known = True
-        self.backend = NodeBackend(self.gates.info.backend, self.gates.info.simulated)
-        self.gpu_uuids = dict(self.gates.uuids)
 
     def _resize_to_arbiter(self) -> None:
         """Serve the GPUs of the arbiter that answers now, not those assumed without one (a pool
@@ -282,36 +269,11 @@ class Pool(LoggingConfigurable):
         serving_log.info("%s (was GPUs %s, assumed before the arbiter answered)", self.serving_line(gpus), was)
 
     async def _discover(self) -> list[int]:
-        if await self.gates.start(self.arbiter_wait):
-            assert self.gates.info is not None
-            self._learn_arbiter()
-            count = self.gates.info.gpus
-        else:
-            log.warning(
-                "no arbiter answers at %s: workers run unregistered, regions are unavailable and "
-                "no gate is honoured until one answers",
-                self.arbiter_endpoint,
-            )
-            count = self._local_gpus()
+        count = await self.node.discover(self.arbiter_wait, self.fallback_gpus)
         gpus = [g for g in range(count) if not self.gpus or g in self.gpus]
         if not gpus:
             raise KrexError(f"no GPU to serve: the node has {count}, the pool was asked for {list(self.gpus)}")
         return gpus
-
-    def _local_gpus(self) -> int:
-        try:
-            from ...gpu import make_backend
-
-            backend = make_backend("auto", self.fallback_gpus)
-            try:
-                self.backend = NodeBackend(backend.name, backend.simulated)
-                self.gpu_uuids = {g.index: g.uuid for g in backend.inventory()}
-                return backend.gpu_count()
-            finally:
-                backend.close()
-        except Exception as exc:
-            log.warning("no GPU backend either (%s): assuming %d simulated GPU(s)", exc, self.fallback_gpus)
-            return self.fallback_gpus
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def serve(self, ready: asyncio.Event | None = None) -> int:
@@ -365,13 +327,7 @@ class Pool(LoggingConfigurable):
         return 0
 
     def serving_line(self, gpus: list[int]) -> str:
-        """``krex pool <version> serving on <endpoint> (GPUs [...], arbiter <endpoint>; ...)``."""
-        arbiter = self.arbiter_endpoint if self.gates.connected else "none answers yet"
-        sim = " [SIMULATED GPUs: fake backend]" if self.backend.simulated else ""
-        return (
-            f"krex pool {__version__} serving on {self.bound} (GPUs {gpus}, arbiter {arbiter}; "
-            f"pid {os.getpid()}, backend {self.backend.name}{sim})"
-        )
+        return self.node.serving_line(self.bound, gpus)
 
     def stop(self) -> None:
         self.service.stop()
@@ -424,53 +380,18 @@ class Pool(LoggingConfigurable):
 
     def _arbiter_gone(self) -> bool:
         """An on-demand pool whose arbiter answered once and has not for ``arbiter_gone_exit`` s."""
-        if not (self.on_demand and self.arbiter_gone_exit > 0 and self._arbiter_known):
-            return False
-        now = time.monotonic()
-        if self._arbiter_listens():
-            self._arbiter_gone_since = None
-            return False
-        if self._arbiter_gone_since is None:
-            self._arbiter_gone_since = now
-        return now - max(self._arbiter_gone_since, self._last_busy) >= self.arbiter_gone_exit
-
-    def _arbiter_listens(self) -> bool:
-        """Someone listens on the arbiter's ipc socket (a plain connect, nothing sent); for other
-        endpoints, the last re-read of the gates succeeded."""
-        path = ipc_path(self.arbiter_endpoint)
-        return not self.gates.failing if path is None else listens(path)
+        return self.on_demand and self.node.gone(self.arbiter_gone_exit, self._last_busy, time.monotonic())
 
     # -- clients ------------------------------------------------------------------------------------
     def _emit(self, job: Job, message: Output | JobResult) -> None:
         peer: Peer = job.client
         if isinstance(message, JobResult):
-            unchecked = self._unregistered(job)
+            unchecked = self.node.unregistered(job)
             if unchecked:
                 message.notice = f"{message.notice}; {unchecked}" if message.notice else unchecked
             peer.reply(message)  # the submit's one reply: the job's one result
         else:
             peer.send(message)
-
-    def _unregistered(self, job: Job) -> str | None:
-        """The notice of a job that ran on a worker with no arbiter session (``krex run`` prints it),
-        where that changed something: the arbiter this pool knew has gone, or would not register
-        the worker, so that others' regions on its GPU did not pause it. With no arbiter on the node
-        at all there are no regions to miss (the pool's log says so once, at start; ``--exclusive``
-        fails with its own error)."""
-        w = job.worker
-        if w is None or w.session is not None or w.info is None:
-            return None
-        if w.init.arbiter is None:
-            if not self._arbiter_known:
-                return None
-            return (
-                f"the arbiter at {self.arbiter_endpoint} stopped answering: the job ran unregistered, "
-                "not paused by others' regions on its GPU"
-            )
-        return (
-            f"the worker could not register with the arbiter at {self.arbiter_endpoint} "
-            f"({w.info.session_error}): the job ran without GPU exclusivity"
-        )
 
     def _ping(self, request: Ping, peer: Peer) -> PoolInfo:
         return PoolInfo(
@@ -479,11 +400,9 @@ class Pool(LoggingConfigurable):
             version=__version__,
             endpoint=self.bound,
             gpus=list(self.dispatcher.gpus),
-            backend=self.backend.name,
-            simulated=self.backend.simulated,
-            no_arbiter=None
-            if self.gates.connected and self._arbiter_known
-            else f"no KREX arbiter answers at {self.arbiter_endpoint}",
+            backend=self.node.backend.name,
+            simulated=self.node.backend.simulated,
+            no_arbiter=None if self.node.answering else f"no KREX arbiter answers at {self.arbiter_endpoint}",
         )
 
     def _status(self, request: PoolStatus, peer: Peer) -> PoolTable:
@@ -523,11 +442,11 @@ class Pool(LoggingConfigurable):
             on_demand=self.on_demand,
             idle_exit_s=self.on_demand_idle_exit if self.on_demand else self.idle_exit,
             # said once learnt, GPUs and all: a lab that finds it then knows what it will serve
-            arbiter=self.arbiter_endpoint if self.gates.connected and self._arbiter_known else None,
+            arbiter=self.arbiter_endpoint if self.node.answering else None,
             preload=list(self.preload),
             workers_per_gpu=self.workers_per_gpu,
             spares_per_gpu=self.spares_per_gpu,
-            backend=self.backend.name,
-            simulated=self.backend.simulated,
+            backend=self.node.backend.name,
+            simulated=self.node.backend.simulated,
         )
         return PoolTable(pool=pool, **msgspec.structs.asdict(self.dispatcher.status()))
