@@ -14,7 +14,7 @@ from typing import Any
 from .. import protocol
 from ..errors import InvalidRequest, KrexError, RequestRejected
 from ..node_status import NodeStatus
-from ..rpc_server import Peer
+from ..rpc_server import Handler, Peer
 from .history import USAGE_KEYS, Recent, RecentView, RegionHistory, Usage, usage_of
 from .identity import Tickets
 from .privacy import report_view, status_view
@@ -48,6 +48,10 @@ class NodeQueries:
         self.history_db = history_db
         self.multi_user = multi_user
         self.privacy = privacy
+
+    def handlers(self) -> dict[type, Handler]:
+        """The service's handler of each request these answer."""
+        return {protocol.Status: self.status, protocol.Regions: self.regions, protocol.History: self.history}
 
     def viewer(self, ticket: str) -> int | None:
         """The uid a status or regions request shows in full (None: anonymous); -1: everything."""

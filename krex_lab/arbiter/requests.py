@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, NotHolder, PermissionDenied
 from ..gpu import GpuBackend
 from ..procutil import ancestors, proc_uid
 from ..region_report import REVOKED
-from ..rpc_server import DEFERRED, Peer
+from ..rpc_server import DEFERRED, Handler, Peer
 from .identity import Tickets
 from .quotas import Quotas
 from .region import BackendInfo, RegionState
@@ -76,6 +76,18 @@ class SessionRequests:
         self.limits = limits
         #: where the Slurm job of a registering session is looked up (Arbiter.slurm), else None
         self.slurm = slurm
+
+    def handlers(self) -> dict[type, Handler]:
+        """The service's handler of each request these answer."""
+        return {
+            protocol.Place: self.place_request,
+            protocol.Register: self.register,
+            protocol.Unregister: self.unregister,
+            protocol.Acquire: self.acquire,
+            protocol.Release: self.release,
+            protocol.EndRegion: self.end_region,
+            protocol.DrainAck: self.drain_ack,
+        }
 
     def check_gpu(self, gpu: int) -> None:
         if not 0 <= gpu < self.gpu_count:

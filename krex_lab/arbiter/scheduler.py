@@ -12,21 +12,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..enforcement.freeze import continue_kin, thaw
+from ..enforcement.freeze import thaw
 from ..errors import KrexError, RegionCancelled
 from ..procfiles import KEPT
-from ..procutil import ancestors, node_task_count, task_count, tree, tree_until
+from ..procutil import ancestors, node_task_count, task_count, tree_until
 from ..protocol import Granted, RegionSpec
 from ..region_report import RegionReport
 from .draining import Draining
 from .enforcement import Enforcement, end_linger_named, isolate, unisolate
+from .intruders import Intruders
+from .kin_looks import KinLooks
 from .region import BackendInfo, Region, RegionState, Reply
 from .scheduler_config import Notifier, SchedulerConfig
 from .sessions import Session, SessionTable
@@ -39,13 +40,6 @@ INLINE_THREADS = 256
 #: how long the grant looks again at once (yielding to the loop, no timed pause) for stops
 #: that have not landed yet, before it pauses between looks
 SPIN_LANDING = 0.01
-
-#: seconds after a thaw at which the frozen processes' ancestors are looked at again
-KIN_LOOKS = (0.05, 0.5)
-
-#: a request that arrives within this many seconds of the end of its session's stop as an
-#: intruder was on its way when it was stopped: its report says how long that stop was
-STOPPED_WINDOW = 1.0
 
 
 class QueuePolicy(Protocol):
@@ -97,20 +91,15 @@ class Scheduler:
         #: the region ids of this arbiter start after this number (:meth:`number_after`)
         self.first_id = 1
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._intruders: dict[str, tuple[Region, asyncio.TimerHandle]] = {}
-        #: sessions stopped as intruders before they queued: when, and by which region
-        self._stopped: dict[str, tuple[float, Region]] = {}
         # Per-thread work (affinities of every thread of every session) runs here, off the loop;
         # one thread, so that the core book is only ever touched by one at a time.
         self._threads = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="krex-isolate")
         #: a lingering shield being ended (see enforcement.py): a grant waits for its cores
         self._ending_linger: asyncio.Future[Any] | None = None
-        #: the ancestors due a look at each of KIN_LOOKS, and the timer of each look
-        self._kin_due: list[tuple[dict[int, int], set[int], dict[int, tuple[int, int | None]]]] = [
-            ({}, set(), {}) for _ in KIN_LOOKS
-        ]
-        self._kin_timers: dict[int, asyncio.TimerHandle] = {}
+        #: a thawed region's frozen ancestors, looked at again
+        self.kin_looks = KinLooks()
         self.draining = Draining(steps, sessions, notify, config, self._other_session_pids, self._frozen_elsewhere)
+        self.intruders = Intruders(steps, notify, config, self._other_session_pids, self._spawn)
 
     def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         # Keep a reference: the loop holds tasks only weakly.
@@ -141,19 +130,9 @@ class Scheduler:
                 "queue": len(self.queues[gpu]),
             },
         )
-        stopped = self._stopped.pop(session.id, None)
-        if stopped is not None:
-            # Stopped as an intruder on its way here (between registering and queueing): the
-            # caller waited that long too, though this queue only saw it now.
-            since, by = stopped
-            until = by.granted_at + by.times.get("hold", 0.0) if by.state is RegionState.RELEASED else region.requested
-            if region.requested - until <= STOPPED_WINDOW:
-                region.times["stopped_before_request"] = until - since
+        self.intruders.requested(session, region)
         self._kick(gpu)
-        pending = self._intruders.pop(session.id, None)
-        if pending is not None:  # it registered mid-region and has now queued: stop it now
-            pending[1].cancel()
-            self._start_intrusion(pending[0], session, queued=True)
+        self.intruders.queued(session)
         return region
 
     def holder(self, gpu: int) -> Region | None:
@@ -202,10 +181,7 @@ class Scheduler:
 
     def session_gone(self, session: Session, reason: str) -> None:
         KEPT.forget(session.pid)  # the /proc files kept for its tree walks
-        self._stopped.pop(session.id, None)
-        pending = self._intruders.pop(session.id, None)
-        if pending is not None:
-            pending[1].cancel()
+        self.intruders.gone(session)
         for gpu in self.queues:
             for region in [r for r in self.queues[gpu] if r.session.id == session.id]:
                 self._spawn(self.release(region, reason))
@@ -339,43 +315,7 @@ class Scheduler:
 
     def intruder_session(self, session: Session) -> None:
         """A session that registers on a GPU mid-region is drained and frozen (lock first)."""
-        region = self.active.get(session.gpu)
-        if region is None or region.state is not RegionState.HELD:
-            return
-        if session.within == region.id or region.exempts(session.pid, self._other_session_pids(region)):
-            return
-        region.drain.intruders.append(session.pid)
-        # Let it hear its registration and queue first (request() then stops it at once).
-        handle = asyncio.get_running_loop().call_later(
-            self.config.intruder_grace, self._start_intrusion, region, session
-        )
-        self._intruders[session.id] = (region, handle)
-
-    def _start_intrusion(self, region: Region, session: Session, queued: bool = False) -> None:
-        self._intruders.pop(session.id, None)
-        if region.state is RegionState.HELD:
-            if region.freeze and not queued:  # stopped before it could queue (see request())
-                self._stopped[session.id] = (time.monotonic(), region)
-            self._spawn(self._intrude(region, session))
-
-    async def _intrude(self, region: Region, session: Session) -> None:
-        if self.steps.locker.can_lock:
-            region.locking = True
-            try:
-                await self.steps.locker.lock_all(tree(session.pid), region.drain, self.steps.lock_journal(region.id))
-            finally:
-                region.locking = False
-        elif session.control is not None:
-            # As in the grant's drain: it synchronises, answers (and says why it waits), and is
-            # frozen only then, or after drain_timeout if it does not answer.
-            ack = region.acks[session.id] = asyncio.get_running_loop().create_future()
-            self.notify.control(session, "drain", region)
-            with contextlib.suppress(asyncio.TimeoutError, KrexError):
-                await asyncio.wait_for(asyncio.shield(ack), self.config.drain_timeout)
-            if ack.done() and not ack.cancelled() and ack.exception() is None:
-                region.drain.acked.append(session.pid)
-        if region.freeze and region.state is RegionState.HELD:
-            self.steps.freezer.extend(region.id, region.frozen, [session.pid], region.exempt)
+        self.intruders.registered(session, self.active.get(session.gpu))
 
     def _other_session_pids(self, region: Region) -> set[int]:
         return {s.pid for s in self.sessions if s.id != region.session.id and s.within != region.id}
@@ -420,7 +360,7 @@ class Scheduler:
             times["unisolate"] = t1 - t0
             thaw(region.frozen)
             if region.frozen.kin:  # a parent whose own stop landed after the thaw: look again
-                self._look_at_kin(0, region.frozen.kin, region.frozen.kin_first, region.frozen.kin_looked)
+                self.kin_looks.look(0, region.frozen.kin, region.frozen.kin_first, region.frozen.kin_looked)
             t2 = time.monotonic()
             times["thaw"] = t2 - t1
             region.drain.closed = True
@@ -444,28 +384,6 @@ class Scheduler:
             self.active[region.gpu] = None
             region.done.set()
             self._kick(region.gpu)
-
-    def _look_at_kin(
-        self, look: int, kin: dict[int, int], first: set[int], up: dict[int, tuple[int, int | None]]
-    ) -> None:
-        """Look at ``kin`` again at the ``look``-th of :data:`KIN_LOOKS` after now (``first`` and
-        ``up``: see :func:`continue_kin`). The looks of every region due meanwhile are one batch,
-        one timer: at hundreds of regions a second, two timers and two reads of the same shared
-        ancestors a region cost more than the region's freeze (scale.py)."""
-        due = self._kin_due[look]
-        due[0].update(kin)
-        due[1].update(first)
-        due[2].update(up)
-        if look not in self._kin_timers:
-            wait = KIN_LOOKS[look] - (KIN_LOOKS[look - 1] if look else 0.0)
-            self._kin_timers[look] = asyncio.get_running_loop().call_later(wait, self._kin_looked, look)
-
-    def _kin_looked(self, look: int) -> None:
-        del self._kin_timers[look]
-        (kin, first, up), self._kin_due[look] = self._kin_due[look], ({}, set(), {})
-        continue_kin(kin, first, up)
-        if look + 1 < len(KIN_LOOKS):
-            self._look_at_kin(look + 1, kin, first, up)
 
     def _linger_over(self, name: str) -> None:
         """A lingering shield's time is up: give its cores back, unless a region adopted it. Taken

@@ -17,13 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from traitlets import Bool, Enum, Float, Int, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .. import paths, protocol
-from .._version import __version__
-from ..connguard import ConnectionLimits, raise_fd_limit
+from ..connguard import raise_fd_limit
 from ..enforcement.cgroups import CgroupPlacer
 from ..enforcement.corelock import NodeCoreLock
 from ..enforcement.drain import Locker
@@ -36,15 +34,15 @@ from ..enforcement.watch import AffinityWatch
 from ..errors import KrexError
 from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
-from ..node_status import ArbiterRow, NodeStatus
+from ..node_status import NodeStatus
 from ..procfiles import KEPT
-from ..rpc_server import Peer, Service, lock_holder
+from ..rpc_server import Peer, lock_holder
 from .enforcement import Enforcement
 from .events import EventNotifier, publish_telemetry
 from .fairshare import FairShare
 from .guardian_link import GuardianLink
 from .identity import IdentityServer, Tickets
-from .journal import Journal, undo_outstanding
+from .journal import Journal
 from .queries import NodeQueries
 from .quotas import Quotas, kept_files_limit, node_session_capacity
 from .records import RegionRecords
@@ -52,16 +50,10 @@ from .requests import RequestLimits, SessionRequests
 from .scheduler import Scheduler, SchedulerConfig
 from .sessions import SessionTable
 from .slurm_jobs import SlurmJobs
-from .status import node_table
+from .startup import another_arbiter, arbiter_service, claim_runtime_dir, refuse_unprivileged, replay_journal
+from .status import arbiter_row, hello_info, node_table
 
 log = logging.getLogger("krex.arbiter")
-
-
-def _another_arbiter(note: str, root: Path, endpoint: str) -> str:
-    """The one line a second arbiter on ``root`` exits with (``note``: what the holder wrote in the lock)."""
-    pid = note.strip().split()[0] if note.strip() else ""
-    who = f"another arbiter (pid {pid})" if pid.isdigit() else "another arbiter"
-    return f"{who} already serves {root} (its endpoint {endpoint}): stop it first, or give this one --runtime-dir"
 
 
 class Arbiter(LoggingConfigurable):
@@ -263,22 +255,9 @@ class Arbiter(LoggingConfigurable):
     def init_runtime_dir(self) -> str:
         """Refuse what must not start (an ordinary user's multi-user arbiter, a second arbiter
         here), prepare the runtime dir; the endpoint to serve."""
-        if self.multi_user and os.geteuid() != 0 and not self.allow_unprivileged_multi_user:
-            raise KrexError(
-                "--multi-user needs root: run by an ordinary user, other users could stop this "
-                "user's processes and its regions could not hold against theirs. Run it as root "
-                "(a system service), or set Arbiter.allow_unprivileged_multi_user for a trusted test."
-            )
+        refuse_unprivileged(self.multi_user, self.allow_unprivileged_multi_user)
         self.started = time.time()
-        self.root = paths.prepare_runtime_dir(
-            Path(self.runtime_dir) if self.runtime_dir else paths.runtime_dir(), multi_user=self.multi_user
-        )
-        endpoint = self.endpoint or os.environ.get(paths.ENDPOINT_ENV) or f"ipc://{self.root / 'arbiter.sock'}"
-        # Another arbiter here: say so before anything else is probed or logged (one line, not a
-        # backend warning first). serve() still takes the lock: this only reads who holds it.
-        holder = lock_holder(self.root / "arbiter.lock", wait=5.0)
-        if holder is not None:
-            raise KrexError(_another_arbiter(holder, self.root, endpoint))
+        self.root, endpoint = claim_runtime_dir(self.runtime_dir, self.endpoint, self.multi_user)
         return endpoint
 
     def init_backend(self, endpoint: str) -> None:
@@ -291,18 +270,7 @@ class Arbiter(LoggingConfigurable):
         self.events = paths.events_endpoint(endpoint)
         self.quotas = Quotas(parent=self)
         # Handlers are registered once the parts they call exist (init_requests).
-        self.service = Service(
-            "arbiter",
-            endpoint,
-            {},
-            protocol.decode_request,
-            events=self.events,
-            lock=self.root / "arbiter.lock",
-            socket_mode=0o666 if self.multi_user else 0o600,
-            connections=ConnectionLimits(
-                self.quotas.connections_per_user, self.quotas.connections, self.quotas.is_admin
-            ),
-        )
+        self.service = arbiter_service(endpoint, self.events, self.root, self.multi_user, self.quotas)
 
     def init_enforcement(self) -> tuple[Enforcement, SchedulerConfig]:
         """The region's steps: gate, driver locks, freezer, cores and shield, journaled."""
@@ -409,19 +377,7 @@ class Arbiter(LoggingConfigurable):
         )
         self.guardian_link = GuardianLink(self.journal_path, self.backend.name, self.node_lock)
         self.service.handlers.update(
-            {
-                protocol.Hello: self._hello,
-                protocol.Status: self.queries.status,
-                protocol.Regions: self.queries.regions,
-                protocol.Place: self.requests.place_request,
-                protocol.Register: self.requests.register,
-                protocol.Unregister: self.requests.unregister,
-                protocol.Acquire: self.requests.acquire,
-                protocol.Release: self.requests.release,
-                protocol.EndRegion: self.requests.end_region,
-                protocol.DrainAck: self.requests.drain_ack,
-                protocol.History: self.queries.history,
-            }
+            {protocol.Hello: self._hello, **self.queries.handlers(), **self.requests.handlers()}
         )
 
     def own_pids(self) -> set[int]:
@@ -431,18 +387,11 @@ class Arbiter(LoggingConfigurable):
         return pids
 
     # -- lifecycle ------------------------------------------------------------------------
-    def unlock_journaled(self, backend: str, procs: list[tuple[int, int]]) -> list[str]:
-        if backend != self.backend.name or not self.backend.capabilities.lock:
-            return [f"cannot unlock {len(procs)} processes of backend {backend} from {self.backend.name}"]
-        return self.locker.unlock_sync(procs)
-
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
-            raise KrexError(_another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
+            raise KrexError(another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
         self.records.serve_metrics(self.metrics_port, self.metrics_addr)
-        summary = undo_outstanding(self.journal_path, self.unlock_journaled)
-        if summary.undid:
-            log.warning("replayed the journal of an earlier arbiter: %s", summary)
+        replay_journal(self.journal_path, self.backend, self.locker)
         self.journal.open()
         last = self.records.open()
         if last is not None:
@@ -493,10 +442,8 @@ class Arbiter(LoggingConfigurable):
 
     def status(self) -> NodeStatus:
         """The node table (``krex status``)."""
-        # the backend's describe() gives backend, simulated, capabilities and driver
-        described = msgspec.convert(msgspec.to_builtins(self.backend_info), ArbiterRow, strict=False)
-        me = msgspec.structs.replace(
-            described,
+        me = arbiter_row(
+            self.backend_info,
             pid=os.getpid(),
             endpoint=self.bound,
             events=self.events,
@@ -511,12 +458,4 @@ class Arbiter(LoggingConfigurable):
 
     # -- requests -------------------------------------------------------------------------
     def _hello(self, req: protocol.Hello, peer: Peer) -> protocol.Info:
-        return protocol.Info(
-            version=__version__,
-            protocol=protocol.VERSION,
-            pid=os.getpid(),
-            gpus=self.gpu_count,
-            identity=self.identity.path,
-            events=self.events,
-            **self.backend_info,
-        )
+        return hello_info(self.gpu_count, self.identity.path, self.events, self.backend_info)

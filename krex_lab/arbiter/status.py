@@ -1,20 +1,44 @@
 """The node's table as the arbiter builds it (:func:`node_table`) from its scheduler, gate and
-sessions; the table's types and rendering are wire types, in :mod:`krex_lab.node_status`."""
+sessions, and what the arbiter says of itself (its row, its answer to Hello); the table's types
+and rendering are wire types, in :mod:`krex_lab.node_status`."""
 
 from __future__ import annotations
 
+import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .. import protocol
+from .._version import __version__
 from ..node_status import ArbiterRow, GpuRow, HolderRow, NodeStatus, QueueRow
 
 if TYPE_CHECKING:
     from ..enforcement.gate import Gate
-    from ..gpu.base import GpuInfo
+    from ..gpu.base import BackendDescription, GpuInfo
     from .scheduler import Scheduler
     from .sessions import SessionTable
+
+
+def arbiter_row(backend_info: BackendDescription, **fields: Any) -> ArbiterRow:
+    """The arbiter's own row: what the backend's describe() says (backend, simulated, capabilities
+    and driver), with ``fields``."""
+    described = msgspec.convert(msgspec.to_builtins(backend_info), ArbiterRow, strict=False)
+    return msgspec.structs.replace(described, **fields)
+
+
+def hello_info(gpus: int, identity: str, events: str, backend_info: BackendDescription) -> protocol.Info:
+    """The arbiter's answer to Hello."""
+    return protocol.Info(
+        version=__version__,
+        protocol=protocol.VERSION,
+        pid=os.getpid(),
+        gpus=gpus,
+        identity=identity,
+        events=events,
+        **backend_info,
+    )
 
 
 def node_table(

@@ -10,7 +10,10 @@ the candidate's never crosses. Values are trees of tuples, lists, dicts, scalars
 (``encode_tree`` / ``decode_tree``).
 
 Both sides import this module; the candidate's copy may be patched in its own process, which
-changes only what it sends, and everything it sends is checked on the judge's side.
+changes only what it sends, and everything it sends is checked on the judge's side. The memory
+arrays lie in (a message's memfds, the views over them) is :mod:`.array_memory`'s; what the
+candidate's side could patch to attack the judge (``describe``, ``encode_tree``, ``Channel``) and
+every check of what crosses stay here, so a patch reaches the same code by the same name.
 """
 
 from __future__ import annotations
@@ -26,6 +29,18 @@ from typing import Any, TypeVar
 import msgspec
 
 from . import cuda_ipc
+from .array_memory import (
+    ALLOWED_DTYPES,
+    ArrayDesc,
+    Shared,
+    contiguous_strides,
+    dtype_name,
+    element_size,
+    is_numpy,
+    is_torch,
+    span_of,
+    view_over,
+)
 from .messages import Body
 
 __all__ = [
@@ -35,230 +50,23 @@ __all__ = [
     "ChannelError",
     "Envelope",
     "Shared",
-    "array_in",
     "decode_tree",
     "encode_tree",
 ]
 
-#: the dtypes an array may have on either side (by name, torch's and numpy's alike)
-ALLOWED_DTYPES = frozenset(
-    [
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "bool",
-        "complex64",
-        "complex128",
-    ]
-)
 _MAX_MESSAGE = 64 << 20
 _MAX_FDS = 256
-#: the least size of a memfd that inputs share (:meth:`Shared.place`)
-_ARENA_BYTES = 64 << 20
 
 
 class ChannelError(Exception):
     """The other side broke the protocol, or went away."""
 
 
-class ArrayDesc(msgspec.Struct, kw_only=True):
-    """One array as it crosses: where its memory is, and how to view it."""
-
-    #: "torch" or "numpy"
-    lib: str
-    dtype: str
-    shape: list[int]
-    #: in elements
-    strides: list[int]
-    #: elements from the start of the memory below
-    offset: int
-    #: "memfd" (the message's fd number ``fd``), "cuda" (an IPC handle), or "input" (the memory of
-    #: input array ``ref`` that the judge shared for this call: an output written in place)
-    where: str
-    nbytes: int = 0
-    fd: int = -1
-    ref: int = -1
-    #: torch's ``UntypedStorage._share_cuda_()`` fields: device, handle, size, offset, ref-counter
-    #: handle and offset, event handle, event sync required
-    cuda: list[Any] = []
-
-
-def _dtype_name(x: Any) -> str:
-    return str(x.dtype).replace("torch.", "")
-
-
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _is_numpy(x: Any) -> bool:
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(x, np.ndarray)
-
-
-class Shared:
-    """Arrays of one message: their descriptors, the fds that go with them, and the mappings kept
-    alive while the other side may use them."""
-
-    def __init__(self) -> None:
-        self.arrays: list[Any] = []
-        self.fds: list[int] = []
-        self.keep: list[Any] = []
-        #: the CUDA IPC counters of the arrays it shares (:func:`.cuda_ipc.held_of`)
-        self.counters: list[tuple[bytes, int]] = []
-        #: host arrays to pack into one memfd at :meth:`finish` (one file, not one per array)
-        self.packed: list[tuple[ArrayDesc, Any, int]] = []
-        self.packed_bytes = 0
-        #: the memfd that :meth:`place` fills with inputs: (mapping, its fd's index, bytes used)
-        self.arena: tuple[mmap.mmap, int, int] | None = None
-
-    def place(self, nbytes: int) -> tuple[mmap.mmap, int, int]:
-        """Room for ``nbytes`` in this message's input memory: (mapping, fd index, byte offset).
-        Inputs share memfds of at least 64 MiB (sparse until written): a message may carry at
-        most 253 descriptors, and a round's sets of a three-input problem are 300 arrays."""
-        need = (max(1, nbytes) + 63) // 64 * 64  # every dtype's alignment
-        if self.arena is None or self.arena[2] + need > self.arena[0].size():
-            mm, index = self.region(max(_ARENA_BYTES, need), "krex-inputs")
-            self.arena = (mm, index, 0)
-        mm, index, used = self.arena
-        self.arena = (mm, index, used + need)
-        return mm, index, used
-
-    def region(self, nbytes: int, name: str = "krex-set") -> tuple[mmap.mmap, int]:
-        """A memfd of its own for this message: (the sender's mapping, its fd's index). Nothing
-        else lies in it, so an array there reaches no other array of the message through its
-        memory (a view past its end runs off the file)."""
-        fd = sealed_memfd(name, max(1, nbytes))
-        mm = mmap.mmap(fd, max(1, nbytes))
-        self.fds.append(fd)
-        self.keep.append(mm)
-        return mm, len(self.fds) - 1
-
-    def pack(self, desc: ArrayDesc, contiguous: Any) -> None:
-        nbytes = int(contiguous.nbytes)
-        self.packed.append((desc, contiguous, self.packed_bytes))
-        self.packed_bytes += (nbytes + 63) // 64 * 64  # every dtype's alignment
-
-    def finish(self) -> None:
-        """The packed arrays copied into one memfd, their descriptors pointed at it."""
-        if not self.packed:
-            return
-        arena, fd, mm = memfd_array("numpy", "uint8", [max(1, self.packed_bytes)])
-        self.fds.append(fd)
-        self.keep += [arena, mm]
-        for desc, x, at in self.packed:
-            raw = x.reshape(-1).view(__import__("torch").uint8).numpy() if _is_torch(x) else x.reshape(-1).view("uint8")
-            arena[at : at + raw.nbytes] = raw
-            desc.fd = len(self.fds) - 1
-            desc.offset = at // max(1, x.itemsize if not _is_torch(x) else x.element_size())
-            desc.nbytes = mm.size()
-        self.packed = []
-
-    def close(self) -> None:
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
-
-
-def sealed_memfd(name: str, nbytes: int) -> int:
-    """A memfd of ``nbytes`` whose size no process can change any more: the other side holds its
-    fd too, and a file it shrank would kill the judge with SIGBUS on its next read."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, nbytes)
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def array_in(lib: str, dtype: str, shape: list[int], mm: mmap.mmap, index: int, at: int) -> tuple[ArrayDesc, Any]:
-    """A contiguous array at byte ``at`` of a message's memfd ``index`` (mapped here as ``mm``):
-    (its descriptor, the sender's own array over it)."""
-    numel = 1
-    for n in shape:
-        numel *= int(n)
-    itemsize = _itemsize(lib, dtype)
-    arr = _view(lib, dtype, shape, None, at // itemsize, mm, numel)
-    desc = ArrayDesc(
-        lib=lib,
-        dtype=dtype,
-        shape=[int(n) for n in shape],
-        strides=_contiguous_strides([int(n) for n in shape]),
-        offset=at // itemsize,
-        where="memfd",
-        nbytes=mm.size(),
-        fd=index,
-    )
-    return desc, arr
-
-
-def memfd_array(lib: str, dtype: str, shape: list[int], fill: Any = None) -> tuple[Any, int, mmap.mmap]:
-    """A new contiguous array over a memfd: (array, fd, mapping); ``fill`` copied in when given."""
-    numel = 1
-    for s in shape:
-        numel *= int(s)
-    itemsize = _itemsize(lib, dtype)
-    nbytes = max(1, numel * itemsize)
-    fd = sealed_memfd("krex-array", nbytes)
-    mm = mmap.mmap(fd, nbytes)
-    arr = _view(lib, dtype, shape, None, 0, mm, numel)
-    if fill is not None:
-        if lib == "torch":
-            arr.copy_(fill)
-        else:
-            arr[...] = fill
-    return arr, fd, mm
-
-
-@functools.lru_cache(maxsize=64)
-def _itemsize(lib: str, dtype: str) -> int:
-    if lib == "torch":
-        import torch
-
-        return int(torch.empty(0, dtype=getattr(torch, dtype)).element_size())
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)
-
-
-def _view(lib: str, dtype: str, shape: list[int], strides: list[int] | None, offset: int, mm: Any, numel: int) -> Any:
-    if lib == "torch":
-        import torch
-
-        flat = torch.frombuffer(mm, dtype=torch.uint8).view(getattr(torch, dtype))
-        if strides is None:
-            return flat[offset : offset + numel].view(shape)
-        return flat.as_strided(shape, strides, offset)
-    import numpy as np
-
-    dt = np.dtype(dtype)
-    host = np.frombuffer(mm, dtype=dt)
-    if strides is None:
-        return host[offset : offset + numel].reshape(shape)
-    return np.lib.stride_tricks.as_strided(
-        host[offset:], shape=shape, strides=[s * dt.itemsize for s in strides], writeable=True
-    )
-
-
 def spans(inputs: list[Any] | None) -> list[tuple[int, int, int]]:
     """(start, end, index) of the memory of each of ``inputs``, for :func:`describe`."""
     out = []
     for k, src in enumerate(inputs or ()):
-        lo, hi = _span(src)
+        lo, hi = span_of(src)
         out.append((lo, hi, k))
     return out
 
@@ -266,14 +74,14 @@ def spans(inputs: list[Any] | None) -> list[tuple[int, int, int]]:
 def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None = None) -> ArrayDesc:
     """``x`` as a descriptor, its memory shared (sender side). An array that lies in one of
     ``inputs`` (:func:`spans` of memory the other side shared with us) is said as a view of it."""
-    lib = "torch" if _is_torch(x) else "numpy"
-    dtype = _dtype_name(x)
+    lib = "torch" if is_torch(x) else "numpy"
+    dtype = dtype_name(x)
     shape = [int(s) for s in x.shape]
     strides = [int(s) for s in x.stride()] if lib == "torch" else [int(s) // max(1, x.itemsize) for s in x.strides]
     start = _data_ptr(x) if inputs else 0
     for lo, hi, k in inputs or ():
         if lo <= start < hi:
-            elem = _itemsize(lib, dtype)
+            elem = element_size(lib, dtype)
             return ArrayDesc(
                 lib=lib, dtype=dtype, shape=shape, strides=strides, offset=(start - lo) // elem, where="input", ref=k
             )
@@ -293,7 +101,7 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
             cuda=[_plain(f) for f in fields],
         )
     contiguous = x.detach().cpu().contiguous() if lib == "torch" else __import__("numpy").ascontiguousarray(x)
-    desc = ArrayDesc(lib=lib, dtype=dtype, shape=shape, strides=_contiguous_strides(shape), offset=0, where="memfd")
+    desc = ArrayDesc(lib=lib, dtype=dtype, shape=shape, strides=contiguous_strides(shape), offset=0, where="memfd")
     shared.pack(desc, contiguous)
     return desc
 
@@ -301,17 +109,17 @@ def describe(x: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None =
 def share_input(x: Any, shared: Shared) -> tuple[ArrayDesc, Any]:
     """An input the judge made, moved into memory both sides map (CPU: a memfd; GPU: the tensor's
     own allocation): (its descriptor, the judge's array over that memory)."""
-    if _is_torch(x) and x.is_cuda:
+    if is_torch(x) and x.is_cuda:
         x = x.contiguous()
         return describe(x, shared), x
-    lib, dtype = ("torch" if _is_torch(x) else "numpy"), _dtype_name(x)
+    lib, dtype = ("torch" if is_torch(x) else "numpy"), dtype_name(x)
     shape = [int(s) for s in x.shape]
     numel = 1
     for n in shape:
         numel *= n
-    itemsize = _itemsize(lib, dtype)
+    itemsize = element_size(lib, dtype)
     mm, index, at = shared.place(numel * itemsize)
-    arr = _view(lib, dtype, shape, None, at // itemsize, mm, numel)
+    arr = view_over(lib, dtype, shape, None, at // itemsize, mm, numel)
     if lib == "torch":
         arr.copy_(x)
     else:
@@ -321,21 +129,13 @@ def share_input(x: Any, shared: Shared) -> tuple[ArrayDesc, Any]:
         lib=lib,
         dtype=dtype,
         shape=shape,
-        strides=_contiguous_strides(shape),
+        strides=contiguous_strides(shape),
         offset=at // itemsize,
         where="memfd",
         nbytes=mm.size(),
         fd=index,
     )
     return desc, arr
-
-
-def _contiguous_strides(shape: list[int]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= max(1, int(s))
-    return out[::-1]
 
 
 def _plain(v: Any) -> Any:
@@ -347,19 +147,9 @@ def _plain(v: Any) -> Any:
 
 
 def _data_ptr(x: Any) -> int:
-    if _is_torch(x):
+    if is_torch(x):
         return int(x.data_ptr())
     return int(x.__array_interface__["data"][0])
-
-
-def _span(x: Any) -> tuple[int, int]:
-    """The memory of ``x`` itself (an input the judge made: contiguous), not of what it views:
-    inputs share memfds (:meth:`Shared.place`), and an output written into one must name that one."""
-    if _is_torch(x):
-        start = int(x.data_ptr())
-        return start, start + int(x.numel()) * int(x.element_size())
-    start = int(x.__array_interface__["data"][0])
-    return start, start + int(x.nbytes)
 
 
 def open_arrays(descs: list[ArrayDesc], fds: list[int], inputs: list[Any] | None = None) -> list[Any]:
@@ -380,7 +170,7 @@ def open_array(
     numel = 1
     for s in d.shape:
         numel *= s
-    itemsize = _itemsize(d.lib, d.dtype)
+    itemsize = element_size(d.lib, d.dtype)
     span = d.offset + (1 + sum((n - 1) * s for n, s in zip(d.shape, d.strides) if n > 0) if numel else 0)
     if any(s < 0 for s in d.strides):
         raise ChannelError("negative strides are not accepted")
@@ -388,7 +178,7 @@ def open_array(
         if inputs is None or not 0 <= d.ref < len(inputs):
             raise ChannelError("an output names an input that was not shared")
         base = inputs[d.ref]
-        lo, hi = _span(base)
+        lo, hi = span_of(base)
         if (hi - lo) < span * itemsize:
             raise ChannelError("an output's view runs past the input it names")
         if d.lib == "torch":  # the offset is from the input's first element, on both sides
@@ -410,7 +200,7 @@ def open_array(
             mm = mmap.mmap(fds[d.fd], size)
             if maps is not None:
                 maps[d.fd] = mm
-        return _view(d.lib, d.dtype, d.shape, d.strides, d.offset, mm, numel)
+        return view_over(d.lib, d.dtype, d.shape, d.strides, d.offset, mm, numel)
     if d.where == "cuda" and d.lib == "torch":
         import torch
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -443,7 +233,7 @@ def open_array(
 def encode_tree(value: Any, shared: Shared, inputs: list[tuple[int, int, int]] | None = None) -> Any:
     """``value`` as plain data: ``["a", k]`` for the k-th array of ``shared.arrays``, ``["t", ...]``
     tuples, ``["l", ...]`` lists, ``["d", {...}]`` dicts (string keys), ``["v", x]`` scalars."""
-    if _is_torch(value) or _is_numpy(value):
+    if is_torch(value) or is_numpy(value):
         shared.arrays.append(describe(value, shared, inputs))
         return ["a", len(shared.arrays) - 1]
     if isinstance(value, tuple):

@@ -21,7 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..channel import Shared, array_in, describe
+from ..array_memory import array_in
+from ..channel import Shared, describe
 from ..messages import CallEntry
 from .tensors import _is_array, _is_torch, arrays
 from .values import replace_arrays, tree_of
@@ -70,7 +71,7 @@ class OutSpec:
 
 
 def _itemsize(lib: str, dtype: str) -> int:
-    from ..channel import _itemsize as size
+    from ..array_memory import element_size as size
 
     return size(lib, dtype)
 
