@@ -378,13 +378,22 @@ def _cap_tasks(group: CandidateGroup) -> None:
     group.tasks = where if where.startswith("not capped") else f"at most {TASKS_MAX} (pids.max of {where})"
 
 
-def _cap_memory(group: CandidateGroup, limit: int) -> None:
-    """The host memory the group's processes add from now on capped at ``limit`` bytes, shared
-    memory included (a memfd, a MAP_SHARED mapping: RLIMIT_DATA counts neither), with no swap
-    beyond it. What it charged before it was placed (its CUDA context) stays where it was."""
-    if limit <= 0:
+#: what the kernel charges a candidate's cgroup beyond the allocations its RLIMIT_DATA counts
+#: (pages of its parent's it copies as it writes them, files it reads in): the cgroup's cap is
+#: this much above the allowance, so that an allocation past the allowance is the process's
+#: MemoryError, and the cgroup stops only what the rlimit does not see
+MEMORY_MARGIN = 256 << 20
+
+
+def _cap_memory(group: CandidateGroup, allowance: int) -> None:
+    """The host memory the group's processes add from now on capped a margin above
+    ``allowance`` bytes, shared memory included (a memfd, a MAP_SHARED mapping: RLIMIT_DATA
+    counts neither), with no swap beyond it. What it charged before it was placed (its CUDA
+    context) stays where it was."""
+    if allowance <= 0:
         group.memory = "not capped (no limit asked for)"
         return
+    limit = allowance + max(MEMORY_MARGIN, allowance // 8)
     v2 = {"memory.max": str(limit), "memory.swap.max": "0"}
     v1 = {"memory.limit_in_bytes": str(limit), "memory.memsw.limit_in_bytes": str(limit)}
     where = _cap(group, "memory", v2, v1)
