@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,17 @@ def check_both_there(reference: Any, candidate: Any) -> None:
         )
 
 
+#: one ast.parse at a time in this process: CPython's AST conversion keeps its recursion depth in
+#: interpreter-wide state, and parses in two threads at once (a batch's evaluations, each telling
+#: its format) can fail with "SystemError: AST constructor recursion depth mismatch"
+_PARSE = threading.Lock()
+
+
 def top_level_names(text: str, label: str = "<string>") -> set[str]:
     """Names bound at module level (functions, classes, assignments, imports)."""
     try:
-        tree = ast.parse(text, label)
+        with _PARSE:
+            tree = ast.parse(text, label)
     except SyntaxError:
         return set()
     names: set[str] = set()
