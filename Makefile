@@ -26,8 +26,8 @@ lab: $(STAMP) notebook-filter
 TEST_WORKERS ?= 1
 
 test: $(STAMP) notebook-filter
-	$(BIN)/ruff check krex_lab tests benchmarks kernels
-	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
+	$(BIN)/ruff check krex_lab tests benchmarks
+	$(BIN)/ruff format --check krex_lab tests benchmarks
 	$(BIN)/mypy
 	# TEST_WORKERS=2: two passes (tests/support/workers.py): two xdist workers, then the few files
 	# that take the node's cores or time against a bound, alone; both always run. Off by default
@@ -42,8 +42,8 @@ test: $(STAMP) notebook-filter
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check krex_lab tests benchmarks kernels
-	$(BIN)/ruff format --check krex_lab tests benchmarks kernels
+	$(BIN)/ruff check krex_lab tests benchmarks
+	$(BIN)/ruff format --check krex_lab tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -4,7 +4,8 @@
 #   bash benchmarks/device_run.sh [STAGE ...]
 # Stages: each `case` below, a comment beside it (default: info
 # gputests fidelity latency warm quickstart). `before` runs the latency stage in .before/, an earlier tree unpacked there
-# (`mkdir .before && git archive REV krex_lab benchmarks kernels pyproject.toml | tar -x -C .before`, carried), and
+# (`mkdir .before && git archive REV krex_lab benchmarks pyproject.toml | tar -x -C .before`, carried; add `kernels`
+# for a REV from before the candidate library moved into krex_lab/kernels/), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz, and benchmarks/out/ on
 # that machine. proccost, lockcost, lag and modes run the probes of benchmarks/probes/ (its README).
@@ -85,7 +86,7 @@ for stage in "${stages[@]}"; do
       # 16 warm workers (numba.cuda, torch, Triton preloaded: ~40 s), the reference pass (every correct candidate alone on
       # a warm worker, 4 times, each on fresh inputs: ~280 s; a tiled matmul reads one of two times by its allocation),
       # then 16 agents x {command,region}, think mean 8 s, 10 s warm-up + 45 s measured each
-      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      python3 -m compileall -q krex_lab benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-545} python3 benchmarks/agent/agent_study.py --backend nvidia ${STUDY_ARGS:---agents 16 --think-mean 8 \
         --seconds 45 --warmup 10 --launch warm --modes command,region --reference-repeats 4 --no-reference-after} 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
@@ -93,18 +94,18 @@ for stage in "${stages[@]}"; do
     studylong)  # toward deciding the 3.4x bar: 16 agents x {command,region}, think 8 s, 140 s windows (a
       # ratio's 95 % counting interval about +-14 %, against +-25 % in 45 s; runs on other machines differ by more:
       # repeat it), two alone runs a candidate; about 8.5 min
-      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      python3 -m compileall -q krex_lab benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-560} python3 benchmarks/agent/agent_study.py --backend nvidia --agents 16 --think-mean 8 \
         --seconds 140 --warmup 10 --launch warm --modes command,region --reference-repeats 2 --no-reference-after \
         ${STUDYLONG_ARGS:-} 2>&1 | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" \
         -e "warn(errors.NumbaPerformanceWarning" > "$OUT/studylong.log"; tail -12 "$OUT/studylong.log" ;;
     study0)  # think time 0 (the GPU saturated): 16 agents x {command,region,none}, warm, 24 s each; ~4 min
-      python3 -m compileall -q krex_lab kernels benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
+      python3 -m compileall -q krex_lab benchmarks ${PYTHONPATH%%:*} > /dev/null 2>&1
       timeout ${STUDY_TIMEOUT:-330} python3 benchmarks/agent/agent_study.py --backend nvidia --agents 16 --think-mean 0 \
         --seconds 24 --warmup 5 --launch warm --reference-repeats 1 --no-reference-after --no-plots 2>&1 \
         | grep -v -e "^krex: waiting" -e "NumbaPerformanceWarning" -e "warn(errors.NumbaPerformanceWarning" \
         > "$OUT/study0.log"; tail -12 "$OUT/study0.log" ;;
-    bench)  # krex_lab.bench vs triton do_bench and the kernels/ presets; then notebook 02 on the GPU
+    bench)  # krex_lab.bench vs triton do_bench and the krex_lab/kernels/ presets; then notebook 02 on the GPU
       timeout 240 python3 benchmarks/regions/bench_vs_do_bench.py ${BENCH_ARGS:-} 2>&1 | tail -70 | tee "$OUT/bench.log"
       timeout 300 python3 benchmarks/lab/notebook_device.py notebooks/02_optimize_a_kernel.ipynb 2>&1 \
         | grep -v "IPKernelApp.*without encryption" | tail -60 | tee "$OUT/notebook02.log" ;;

@@ -112,6 +112,12 @@ FORBIDDEN = [
 CANDIDATE = "krex_lab.evaluate.candidate"
 CANDIDATE_MAY = ("krex_lab.evaluate.channel",)
 
+#: the candidate kernel library: material for the user's notebooks and the benchmarks, which the lab
+#: itself never needs (so no server, pool or ``import krex_lab`` loads numba through it). It imports of
+#: the package only the harness its ``KernelSpec.check`` runs.
+LIBRARY = "krex_lab.kernels"
+LIBRARY_MAY = ("krex_lab.bench",)
+
 
 #: the only modules outside ``krex_lab.arbiter`` that may import it: what runs or administers an
 #: arbiter. Every other module reads the arbiter through the wire (``protocol``, ``node_status``,
@@ -143,6 +149,18 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
                 for t in sorted(targets)
                 if not _under(t, CANDIDATE) and t not in CANDIDATE_MAY and graph.get(t)
             ]
+        if _under(m, LIBRARY):
+            found += [
+                f"{m} -> {t} (the kernel library imports only the bench harness)"
+                for t in sorted(targets)
+                if not _under(t, LIBRARY) and not any(_under(t, may) for may in LIBRARY_MAY)
+            ]
+        else:
+            found += [
+                f"{m} -> {t} (nothing of the lab needs the kernel library)"
+                for t in sorted(targets)
+                if _under(t, LIBRARY)
+            ]
         if not _under(m, "krex_lab.arbiter") and m not in ARBITER_USERS:
             found += [
                 f"{m} -> {t} (neither runs nor administers an arbiter: read it through the wire)"
@@ -167,6 +185,9 @@ def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
         ("krex_lab.node_status", "krex_lab.arbiter.slurm_jobs"),
         ("krex_lab.evaluate.judge.session", "krex_lab.evaluate.candidate.sandbox"),
         ("krex_lab.evaluate.candidate.process", "krex_lab.workers.context.runner"),
+        ("krex_lab.kernels.spec", "krex_lab.client"),
+        ("krex_lab.bench.timing", "krex_lab.kernels.registry"),
+        ("krex_lab", "krex_lab.kernels"),
     ],
 )
 def test_the_layer_checker_sees_a_planted_edge(importer: str, imported: str) -> None:

@@ -1,4 +1,4 @@
-"""The candidate library (``kernels/``) under numba's CUDA simulator: every candidate matches its NumPy
+"""The candidate library (``krex_lab.kernels``) under numba's CUDA simulator: every candidate matches its NumPy
 reference at small, awkward sizes; presets are estimated near their names on an H200."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ TARGETS = {"0.05ms": 0.05, "0.1ms": 0.1, "1ms": 1.0, "10ms": 10.0}
 @pytest.fixture(scope="module")
 def lib() -> Any:
     use_simulator()
-    import kernels
-    from kernels import spec
+    from krex_lab import kernels
+    from krex_lab.kernels import spec
 
     assert spec.SIMULATOR, "the simulator, not a GPU"
     return kernels
@@ -78,5 +78,11 @@ def test_presets_are_estimated_near_their_names(lib: Any) -> None:
 
 
 def test_import_kernels_is_cheap() -> None:
-    code = "import sys, kernels\nassert 'numba' not in sys.modules and 'numpy' not in sys.modules"
+    """``import krex_lab`` leaves the library alone; importing the library loads neither numba nor NumPy."""
+    code = (
+        "import sys, krex_lab\n"
+        "assert 'krex_lab.kernels' not in sys.modules, 'import krex_lab imported the library'\n"
+        "from krex_lab import kernels\n"
+        "assert 'numba' not in sys.modules and 'numpy' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,6 +1,6 @@
 """What an agent of ``agent_study.py`` writes and how one candidate is evaluated (compile, check, time).
 
-The candidate space (:func:`space`): for every kernel of ``kernels/``, its naive and optimised
+The candidate space (:func:`space`): for every kernel of ``krex_lab/kernels/``, its naive and optimised
 variants (numba.cuda), parameter mutations of them (block size, tile shape, the depth of a
 matmul's shared-memory step, a vector add's chunk) and a few wrong ones on purpose (an
 off-by-one bound, a swapped tile index, a block size the reduction tree cannot take, a typo
@@ -45,7 +45,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-# kernels/, benchmarks/ (common) and agent_triton/ here, for the written candidates too
+# krex_lab (its kernels/), benchmarks/ (common) and agent_triton/ here, for the written candidates too
 for _path in (REPO, HERE.parent, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
@@ -150,7 +150,7 @@ def triton_usable() -> str:
 
 
 def source(c: Candidate, stem: str = "") -> str:
-    """The candidate's module (``kernels/<kernel>.py``, or ``agent_triton/<kernel>.py`` for a Triton
+    """The candidate's module (``krex_lab/kernels/<kernel>.py``, or ``agent_triton/<kernel>.py`` for a Triton
     one) with the change applied; ``stem``, the written file's name, marks a Triton kernel's body."""
     if c.compiler == "triton":
         text = (HERE / "agent_triton" / f"{c.kernel}.py").read_text()
@@ -158,12 +158,12 @@ def source(c: Candidate, stem: str = "") -> str:
             raise ValueError(f"agent_triton/{c.kernel}.py has no {_CANDIDATE_MARK!r} line")
         text = text.replace(_CANDIDATE_MARK, f"# candidate {stem or c.id}")
     else:
-        text = (REPO / "kernels" / f"{c.kernel}.py").read_text()
-        text = text.replace("from .spec import", "from kernels.spec import")
+        text = (REPO / "krex_lab" / "kernels" / f"{c.kernel}.py").read_text()
+        text = text.replace("from .spec import", "from krex_lab.kernels.spec import")
     for pattern, repl in EDITS.get(c.change, []):
         if pattern == _AFTER_IMPORT:
             text, n = re.subn(
-                r"^(from kernels\.spec import .*)$", lambda m, r=repl: m.group(1) + "\n" + r, text, flags=re.M
+                r"^(from krex_lab\.kernels\.spec import .*)$", lambda m, r=repl: m.group(1) + "\n" + r, text, flags=re.M
             )
         else:
             text, n = re.subn(pattern, repl, text, count=1, flags=re.M)
@@ -293,9 +293,9 @@ def burn_cpu(seconds: float) -> None:
 def _phases(job: dict[str, Any], c: Candidate, mode: str, gpu: int, rec: dict[str, Any], krex_lab: Any) -> None:
     import numpy as np
 
-    import kernels
-    from kernels.spec import SIMULATOR, cuda
+    from krex_lab import kernels
     from krex_lab.devsync import numba_free_pending
+    from krex_lab.kernels.spec import SIMULATOR, cuda
 
     spec = kernels.get(c.kernel)
     rec["simulated"] = SIMULATOR

@@ -50,7 +50,7 @@ MIN_RETURNS = 10
 
 
 def sizes(args: argparse.Namespace) -> tuple[str, str]:
-    """The check and timing sizes of every evaluation (kernels/ presets)."""
+    """The check and timing sizes of every evaluation (krex_lab.kernels presets)."""
     fake = args.backend == "fake"
     return (args.check_size or ("test1" if fake else "0.05ms"), args.time_size or ("test1" if fake else "0.1ms"))
 

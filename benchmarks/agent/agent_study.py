@@ -8,7 +8,7 @@ Agents behave like kernel-optimising LLM agents. Each is a real process (``agent
 registered with a real ``krex arbiter`` as a session on its GPU (agent i on GPU i mod --gpus),
 looping: **think** (the model's latency, drawn from a lognormal with mean ``--think-mean`` and
 sigma ``--think-sigma``; a sleep, as waiting on a remote model is), **write** a candidate (a
-new ``.py`` file: a kernel of ``kernels/``, naive or optimised, or a parameter mutation of one
+new ``.py`` file: a kernel of ``krex_lab.kernels``, naive or optimised, or a parameter mutation of one
 such as block size or tile shape; with probability ``--p-wrong`` one that is wrong on purpose,
 see ``agent_kernels.SPACE``), **compile** it, **check** it with ``krex_lab.check`` and, if
 correct, **time** it with ``krex_lab.bench``.
@@ -123,7 +123,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--cold-think", type=float, default=None, help="think mean there (default: the last of --think-mean)"
     )
     p.add_argument("--cold-modes", default="command,region")
-    p.add_argument("--kernels", default="", help="kernels of kernels/ the agents work on (default: all)")
+    p.add_argument("--kernels", default="", help="kernels of krex_lab.kernels the agents work on (default: all)")
     p.add_argument(
         "--kernelbench",
         action="store_true",

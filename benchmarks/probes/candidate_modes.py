@@ -58,8 +58,8 @@ def trials(
     from numba import cuda
 
     import krex_lab
-    from kernels.spec import SIMULATOR
     from krex_lab.devsync import numba_free_pending
+    from krex_lab.kernels.spec import SIMULATOR
 
     rows = []
     for _ in range(n):
@@ -106,7 +106,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=16, help="timed runs per candidate and placement")
     p.add_argument("--candidates", default="matmul/optimised,softmax/naive,vector_add/naive")
     p.add_argument(
-        "--size", default="0.1ms", help="kernels/ preset (the study's timing size); test0/test1: the simulator"
+        "--size", default="0.1ms", help="krex_lab.kernels preset (the study's timing size); test0/test1: the simulator"
     )
     p.add_argument("--idle", type=float, default=3.0, help="seconds the GPU idles before each 'after idle' run")
     p.add_argument("--long-warmup", type=float, default=1.0, help="bench warm-up (s) of the last 'after idle' set")
@@ -115,7 +115,7 @@ def main() -> None:
 
     from agent_kernels import size_arg
 
-    import kernels
+    from krex_lab import kernels
 
     rng = random.Random(args.seed)
     out: dict[str, Any] = {"benchmark": "candidate_modes", "machine": machine(), "size": args.size, "candidates": {}}

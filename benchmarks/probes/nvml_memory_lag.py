@@ -89,7 +89,7 @@ def main() -> None:
     import pynvml
     from numba import cuda
 
-    import kernels.spec  # noqa: F401 - numba-cuda's np.row_stack under NumPy 2.4 (see kernels/spec.py)
+    import krex_lab.kernels.spec  # noqa: F401 - numba-cuda's np.row_stack under NumPy 2.4 (see spec.py)
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -1,4 +1,4 @@
-"""``krex_lab.bench`` against ``triton.testing.do_bench`` on one GPU, alone; every kernels/ preset timed.
+"""``krex_lab.bench`` against ``triton.testing.do_bench`` on one GPU, alone; every krex_lab.kernels preset timed.
 
     python benchmarks/regions/bench_vs_do_bench.py [--budget 170] [--repeats 5]
 
@@ -11,9 +11,9 @@ A. torch fp32 matmuls (TF32 off) at the fidelity benchmark's sizes for 0.05, 0.1
    three ``do_bench`` runs (``return_mode="all"``, L2 cleared by do_bench itself); reports the
    medians, the spread of the bench medians ((max - min) / median) and the agreement of the
    median of bench medians with the median of do_bench medians (target: within 2 % from 0.1 ms).
-B. kernels/ on the real GPU: every candidate checked against its reference (``krex_lab.check``)
+B. krex_lab.kernels on the real GPU: every candidate checked against its reference (``krex_lab.check``)
    at the ``0.05ms`` preset (block sizes differ from the simulator's).
-C. kernels/ presets: every candidate at every preset timed once by ``bench`` (timeout 6 s); the
+C. krex_lab.kernels presets: every candidate at every preset timed once by ``bench`` (timeout 6 s); the
    optimised ones at 0.1 ms and more also by ``do_bench`` (agreement). Measured ms vs the
    roofline estimate behind the preset.
 
@@ -141,7 +141,7 @@ def free_numba() -> None:
 
 
 def part_b(run: Run) -> dict[str, Any]:
-    import kernels
+    from krex_lab import kernels
 
     out: dict[str, Any] = {}
     for name, spec in kernels.REGISTRY.items():
@@ -165,8 +165,8 @@ def part_b(run: Run) -> dict[str, Any]:
 
 
 def part_c(run: Run, have_triton: bool) -> dict[str, Any]:
-    import kernels
     import krex_lab
+    from krex_lab import kernels
 
     out: dict[str, Any] = {}
     for name, spec in kernels.REGISTRY.items():
@@ -216,7 +216,7 @@ def table(doc: dict[str, Any]) -> str:
         )
     bad = [k for k, v in doc["checks"].items() if not all(x.get("ok") for x in v.values())]
     lines.append(f"B. checks on the GPU: {len(doc['checks'])} candidates, failing: {bad or 'none'}")
-    lines.append("C. kernels/ presets: median ms (estimate) naive | optimised [do_bench agreement]")
+    lines.append("C. krex_lab.kernels presets: median ms (estimate) naive | optimised [do_bench agreement]")
     for name, presets in doc["kernels"].items():
         for preset, row in presets.items():
             opt, nai = row.get("optimised", {}), row.get("naive", {})

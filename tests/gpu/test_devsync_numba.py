@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     """\
     import json, threading
     import numpy as np
-    import kernels.spec  # the repo's numba-cuda vs NumPy 2.4 alias (np.row_stack), as candidates get it
+    import krex_lab.kernels.spec  # the repo's numba-cuda vs NumPy 2.4 alias (np.row_stack), as candidates get it
     from numba import cuda
     from numba.cuda.cudadrv import driver
     from krex_lab import devsync

@@ -61,7 +61,7 @@ def test_numba_memory_freed_by_a_job_keeps_the_worker(gpu_pool: PoolProc) -> Non
     gpu_pool.wait_ready(120)
     recycled = gpu_pool.status().counters.get("recycled", 0)
     code = (
-        "import numpy as np\nnp.row_stack = getattr(np, 'row_stack', np.vstack)  # kernels/spec.py says why\n"
+        "import numpy as np\nnp.row_stack = getattr(np, 'row_stack', np.vstack)  # krex_lab/kernels/spec.py says why\n"
         "from numba import cuda\n"
         "x = cuda.device_array(600 << 18, dtype=np.float32)\nx[:] = 1.0\ncuda.synchronize()\nint(x.size)"
     )

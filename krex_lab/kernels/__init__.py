@@ -1,6 +1,6 @@
 """Candidate GPU kernels (numba.cuda) with references, input makers and size presets.
 
-    import kernels
+    from krex_lab import kernels
     spec = kernels.REGISTRY["softmax"]          # or kernels.get("softmax")
     spec.check("optimised")                     # krex_lab.check against the NumPy reference
     x, out = spec.device_inputs("1ms")[0] + spec.device_inputs("1ms")[1]
@@ -12,7 +12,9 @@ Kernels: vector_add, reduction, softmax, transpose, matmul; each has a ``naive``
 the optimised candidate; the naive ones are slower by design). Everything runs under numba's
 CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) at the small ``test_sizes``.
 
-numba is imported on first use of a name below, not by ``import kernels``.
+numba is imported on first use of a name below, not by ``from krex_lab import kernels``, and
+``import krex_lab`` does not import this package at all. It lives inside ``krex_lab`` because a
+published PyPI distribution (Hugging Face's ``kernels``) owns the top-level import name ``kernels``.
 """
 
 from __future__ import annotations
@@ -35,4 +37,4 @@ def __getattr__(name: str) -> Any:
         from .spec import KernelSpec
 
         return KernelSpec
-    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    raise AttributeError(f"module 'krex_lab.kernels' has no attribute {name!r}")
