@@ -9,7 +9,9 @@ each GPU's total and what every process holds on it are read from there, so that
 GPU memory can be tested without a GPU. Any process (a KREX worker, a test's stand-in for a
 foreign GPU process) says what it holds with :meth:`SimulatedMemory.hold`, or allocates through
 :func:`simulated_allocation`, which fails as a framework's allocator does when the GPU is full.
-What a process held stops counting when it exits.
+What a process held stops counting when it exits. ``$KREX_FAKE_CONTEXT_MB`` is what each
+worker's simulated context holds there from its start, as a CUDA context and its framework's
+caches hold memory on a GPU while the worker idles (:func:`hold_context`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from pathlib import Path
 
 from .base import GpuBackend, GpuInfo, GpuProcess
 
-__all__ = ["MEMORY_ENV", "FakeBackend", "SimulatedMemory", "SimulatedOutOfMemory", "simulated_allocation"]
+__all__ = [
+    "CONTEXT_ENV",
+    "MEMORY_ENV",
+    "FakeBackend",
+    "SimulatedMemory",
+    "SimulatedOutOfMemory",
+    "hold_context",
+    "simulated_allocation",
+]
 
 #: a directory describing the simulated GPUs' memory (see :class:`SimulatedMemory`)
 MEMORY_ENV = "KREX_FAKE_GPU_MEMORY"
+#: MiB a worker's simulated context holds while it lives (see :func:`hold_context`)
+CONTEXT_ENV = "KREX_FAKE_CONTEXT_MB"
 
 
 class SimulatedOutOfMemory(RuntimeError):
@@ -144,6 +156,17 @@ def simulated_allocation(nbytes: int, gpu: int | None = None) -> Iterator[None]:
     finally:
         _peak["now"] -= nbytes
         memory.hold(gpu, max(0, memory.held(gpu) - nbytes))
+
+
+def hold_context(gpu: int) -> int:
+    """This process (a worker on simulated GPU ``gpu``) holds ``$KREX_FAKE_CONTEXT_MB`` there from
+    now until it exits, as a real worker's CUDA context does; returns the bytes (0: none)."""
+    memory = SimulatedMemory.from_env()
+    mb = os.environ.get(CONTEXT_ENV, "")
+    if memory is None or not mb.isdigit() or not int(mb):
+        return 0
+    memory.hold(gpu, memory.held(gpu) + (int(mb) << 20))
+    return int(mb) << 20
 
 
 class FakeBackend(GpuBackend):

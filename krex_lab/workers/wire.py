@@ -231,11 +231,17 @@ class Sized(msgspec.Struct):
 class Size(Request, tag="size"):
     """Keep at least ``per_gpu`` active workers on every GPU while process ``pid`` lives (0: this
     client asks for nothing any more). A batch sizes the pool to its jobs per GPU this way; the
-    pool keeps the largest ask of its live clients, at most ``max_workers_per_gpu``."""
+    pool keeps the largest ask of its live clients, at most ``max_workers_per_gpu``.
+
+    ``cap``: keep *at most* ``per_gpu`` (at least 1) while ``pid`` lives, below the pool's own
+    ``workers_per_gpu`` and spares too: a batch starved of GPU memory gives back what the
+    pool's idle workers hold (their contexts). The smallest live cap holds; 0 lifts this
+    client's."""
 
     reply = Sized
     per_gpu: int
     pid: int
+    cap: bool = False
 
 
 PoolRequest = Union[Ping, PoolStatus, ReleaseLease, Interrupt, Submit, Size]

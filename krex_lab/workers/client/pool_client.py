@@ -355,10 +355,11 @@ class PoolClient:
             return cloudpickle.loads(result.value)
         raise exception_of(result)
 
-    def size(self, per_gpu: int) -> int:
+    def size(self, per_gpu: int, cap: bool = False) -> int:
         """Ask the pool to keep ``per_gpu`` active workers on every GPU while this process lives
-        (0: no more); returns what it keeps now (within its ``max_workers_per_gpu``)."""
-        sized: Sized = self._request(Size(per_gpu=per_gpu, pid=os.getpid()))
+        (0: no more); returns what it keeps now (within its ``max_workers_per_gpu``). ``cap``: let
+        it keep at most ``per_gpu`` workers per GPU, spares included (0: lift the cap)."""
+        sized: Sized = self._request(Size(per_gpu=per_gpu, pid=os.getpid(), cap=cap))
         return sized.per_gpu
 
     def status(self) -> PoolTable:

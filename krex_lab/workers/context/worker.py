@@ -93,6 +93,10 @@ class Worker:
                 os.environ.pop("KREX_REGION", None)
         t1 = time.perf_counter()
         loaded, skipped, seconds = preload(list(self.init.preload), self.init.real, self.init.warmup)
+        if not self.init.real:  # a simulated GPU's context holds its simulated memory, where one is set
+            from ...gpu.fake import hold_context
+
+            hold_context(self.gpu)
         install_sigint()
         self.baseline = Baseline(self.init.memory_slack)
         # what the worker holds now (torch's module graph: ~10^6 objects) lives as long as it does:

@@ -183,7 +183,7 @@ class Dispatcher(Sizing):
                 job.timers.append(asyncio.get_running_loop().call_later(self.config.interrupt_grace, force))
         for lease in [le for le in self.leases.values() if le.owner_pid == pid]:
             self.release_lease(lease.key)
-        if self.asked.pop(pid, None) is not None:
+        if self.forget(pid):
             self.rebalance()
 
     def finish(self, job: Job, result: JobResult) -> None:

@@ -421,8 +421,8 @@ class Pool(LoggingConfigurable):
         if request.per_gpu < 0:
             raise ValueError(f"per_gpu must be >= 0, not {request.per_gpu}")
         if request.per_gpu:
-            self.clients.watch(request.pid)  # its ask ends with it
-        return Sized(self.dispatcher.size(request.pid, request.per_gpu))
+            self.clients.watch(request.pid)  # its ask (or cap) ends with it
+        return Sized(self.dispatcher.size(request.pid, request.per_gpu, request.cap))
 
     def _submit(self, request: Submit, peer: Peer) -> Any:
         d = self.dispatcher

@@ -44,6 +44,8 @@ class Sizing:
         self.closing = False
         #: client pid -> active workers per GPU it asked for (a batch's jobs per GPU)
         self.asked: dict[int, int] = {}
+        #: client pid -> the most workers per GPU it lets the pool keep (a batch short of GPU memory)
+        self.capped: dict[int, int] = {}
 
     def gpu_open(self, gpu: int) -> bool:
         """Whether a worker may start on ``gpu`` now (the dispatcher's gates and jobs say)."""
@@ -59,20 +61,38 @@ class Sizing:
         self._failures = {g: self._failures.get(g, 0) for g in gpus}
         self._retry_at = {g: self._retry_at.get(g, 0.0) for g in gpus}
 
-    def size(self, pid: int, per_gpu: int) -> int:
+    def size(self, pid: int, per_gpu: int, cap: bool = False) -> int:
         """Client ``pid`` asks for ``per_gpu`` active workers per GPU (0: no more); the pool keeps the
-        largest live ask, within ``max_workers_per_gpu``. Returns what it keeps now."""
+        largest live ask, within ``max_workers_per_gpu``. ``cap``: it lets the pool keep at most
+        ``per_gpu`` workers per GPU, spares included (0: it lifts its cap); the smallest live cap
+        holds over every ask and the pool's own size. Returns the active workers it keeps now."""
+        which = self.capped if cap else self.asked
         if per_gpu > 0:
-            self.asked[pid] = per_gpu
+            which[pid] = per_gpu
         else:
-            self.asked.pop(pid, None)
+            which.pop(pid, None)
         self.rebalance()
         return self.wanted_per_gpu()
+
+    def forget(self, pid: int) -> bool:
+        """Client ``pid`` is gone: its ask and its cap end (True: it had one)."""
+        had = self.asked.pop(pid, None) is not None
+        return self.capped.pop(pid, None) is not None or had
+
+    def cap(self) -> int | None:
+        """The most workers per GPU a live client lets the pool keep (None: no cap)."""
+        return min(self.capped.values(), default=None)
 
     def wanted_per_gpu(self) -> int:
         asked = max(self.asked.values(), default=0)
         bound = max(self.config.max_workers_per_gpu, self.config.workers_per_gpu)
-        return min(bound, max(self.config.workers_per_gpu, asked))
+        wanted = min(bound, max(self.config.workers_per_gpu, asked))
+        cap = self.cap()
+        return wanted if cap is None else max(1, min(wanted, cap))
+
+    def spares_per_gpu(self) -> int:
+        """Spares kept per GPU: the pool's own, none under a cap (a spare holds a context too)."""
+        return self.config.spares_per_gpu if self.cap() is None else 0
 
     def _alive(self, gpu: int) -> list[WorkerHandle]:
         """The GPU's pool workers (those started for one region job are not counted)."""
@@ -85,6 +105,9 @@ class Sizing:
     def target_active(self, gpu: int) -> int:
         leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
         bound = max(self.config.max_workers_per_gpu, self.config.workers_per_gpu)
+        cap = self.cap()
+        if cap is not None:  # short of GPU memory: one beside the leases at most, and no more than the cap
+            bound = min(bound, max(cap, leased))
         return min(bound, max(self.wanted_per_gpu(), leased + 1))
 
     def rebalance(self) -> None:
@@ -106,11 +129,11 @@ class Sizing:
                 w.active = False
                 active.remove(w)
                 spares.append(w)
-            extra = len(spares) - self.config.spares_per_gpu
+            extra = len(spares) - self.spares_per_gpu()
             for w in [w for w in spares if w.state == "idle"][: max(0, extra)]:
                 self.recycle(w, "more workers than needed")
                 spares.remove(w)
-            want[g] = max(0, target + self.config.spares_per_gpu - len(active) - len(spares))
+            want[g] = max(0, target + self.spares_per_gpu() - len(active) - len(spares))
         self._spawn(want)
 
     def _spawn(self, want: dict[int, int]) -> None:
@@ -147,7 +170,7 @@ class Sizing:
         """Every GPU has its active workers up (used by tests and ``krex pool --wait``)."""
         return all(
             sum(1 for w in self._alive(g) if w.active and w.state != "starting") >= self.target_active(g)
-            and len(self._alive(g)) >= self.target_active(g) + self.config.spares_per_gpu
+            and len(self._alive(g)) >= self.target_active(g) + self.spares_per_gpu()
             and all(w.state != "starting" for w in self._alive(g))
             for g in self.gpus
         )
