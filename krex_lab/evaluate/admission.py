@@ -62,6 +62,12 @@ class MemoryPolicy:
     max_wait_s: float = 120.0
     #: False: no admission by memory (evaluations start as workers are free)
     enabled: bool = True
+    #: True: while nothing could be admitted for ``give_back_after_s``, the batch lets the pool keep
+    #: half as many workers per GPU (down to what runs, at least 1): the idle ones' contexts hold
+    #: GPU memory that the evaluations waiting need (off by default until proven on a GPU)
+    give_back_workers: bool = False
+    #: seconds without an admission, while evaluations wait for memory, before each give-back
+    give_back_after_s: float = 5.0
 
 
 @dataclass
@@ -220,8 +226,9 @@ class Admission:
             if mem is None:
                 continue
             gpu.total, gpu.used = mem.total, mem.used
-            if not gpu.running:
-                gpu.base = mem.used
+            # used below the base: something of it was given back (a worker the pool let go), so
+            # the base was that much too high, even while ours run and count in ``used``
+            gpu.base = mem.used if not gpu.running else min(gpu.base, mem.used)
 
     def available(self, g: int) -> int | None:
         """Bytes an evaluation may still be admitted with on ``g`` (None: memory not known)."""

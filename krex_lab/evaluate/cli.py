@@ -138,6 +138,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="runs of a pair at most while its out-of-memory errors are someone else's (default 4)",
     )
     memory.add_argument(
+        "--memory-give-back-workers",
+        action="store_true",
+        help="while evaluations wait for memory and none could start for 5 s, let the pool keep half as many "
+        "workers per GPU (down to what runs, at least 1), so that the idle ones' GPU contexts give their memory "
+        "back (off by default)",
+    )
+    memory.add_argument(
         "--no-memory-admission",
         dest="memory_admission",
         action="store_false",
@@ -287,6 +294,7 @@ def _batch(args: argparse.Namespace, options: EvaluateOptions) -> int:
             unknown_footprint_mb=args.memory_unknown_mb,
             attempts=args.memory_attempts,
             enabled=args.memory_admission,
+            give_back_workers=args.memory_give_back_workers,
         )
         verdicts = run_batch(pairs, jobs=args.jobs, defaults=options, pool=pool, emit=emit, memory=memory)
     finally:

@@ -91,6 +91,11 @@ class _Engine:
         self.cancelled = False
         self.admission = Admission(policy, gpus, arbiter_memory(pool) if pool is not None and gpus else None)
         self._tickets = 0
+        #: the pool's workers per GPU the batch asks for, and the fewer it let the pool keep (memory)
+        self.per_gpu = math.ceil(self.jobs / len(gpus)) if gpus else self.jobs
+        self.capped: int | None = None
+        #: when the last evaluation was admitted, or workers given back (the batch's start at first)
+        self.moved_at = time.monotonic()
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -128,7 +133,7 @@ class _Engine:
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at, sets)
             if placed is None:
                 if not waiting:
-                    detail = self._wants(need, now - item.queued_at)
+                    detail = self._wants(need, now - item.queued_at) + self._give_back(now)
                 waiting += 1
                 if now - item.queued_at >= self.policy.max_wait_s:
                     break  # waited long enough: no pair behind it starts, so that a GPU drains for it
@@ -138,6 +143,28 @@ class _Engine:
             item.sets = sets
             self._start(ex, item, placed[0], need, placed[1])
         return waiting, detail
+
+    def _give_back(self, now: float) -> str:
+        """Nothing admitted for a while, evaluations waiting for memory: let the pool keep half as
+        many workers per GPU (at least what runs, and 1), so that the idle ones' contexts give their
+        memory back (:attr:`MemoryPolicy.give_back_workers`). Returns a note for the progress line."""
+        note = f"; {self.capped} worker(s) a GPU kept, the others' memory given back" if self.capped else ""
+        if not self.policy.give_back_workers or self.pool is None or not self.admission.by_memory:
+            return note
+        if now - self.moved_at < self.policy.give_back_after_s:
+            return note
+        now_per_gpu = self.capped or self.per_gpu
+        running = max((len(g.running) for g in self.admission.gpus.values()), default=0)
+        target = max(1, running, now_per_gpu // 2)
+        if target >= now_per_gpu:
+            return note
+        try:
+            self.pool.size(target, cap=True)
+        except Exception:
+            return note
+        self.capped, self.moved_at = target, now
+        self.jobs = min(self.jobs, target * len(self.admission.gpus))
+        return f"; {target} worker(s) a GPU kept, the others' memory given back"
 
     def _wants(self, need: int, waited_s: float) -> str:
         free = [f for f in map(self.admission.available, self.admission.gpus) if f is not None]
@@ -151,6 +178,7 @@ class _Engine:
             self.admission.start(ticket, gpu, need, item.alone, free)
         self.running += 1
         item.attempts += 1
+        self.moved_at = time.monotonic()
         ex.submit(self._one, item, ticket, gpu, need, free)
 
     # -- one evaluation (in its thread) ------------------------------------------------------------
@@ -230,6 +258,7 @@ class _Engine:
                 "waited_for_memory_s": round(item.waited_s, 3),
                 "attempts": item.attempts,
                 **({"requeued": item.requeued} if item.requeued else {}),
+                **({"workers_per_gpu_kept": self.capped} if self.capped else {}),
             }
         pair = item.pair
         record = BatchRecord(
@@ -282,10 +311,11 @@ def run_pairs(
         engine.run()
     finally:
         if sized and pool is not None:
-            try:
-                pool.size(0)
-            except Exception:
-                pass
+            for cap in (False, True) if engine.capped else (False,):
+                try:  # the ask ends, and the cap where workers were given back
+                    pool.size(0, cap=cap)
+                except Exception:
+                    pass
         bar.close()
     return bar.verdicts
 

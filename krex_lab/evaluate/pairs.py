@@ -98,7 +98,7 @@ class Progress:
 
     def _state(self) -> str:
         counts = ", ".join(f"{v} {n}" for v, n in self.verdicts.most_common())
-        wait = f"; {self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
+        wait = f"{'; ' if counts else ''}{self.memory_waits} waiting for GPU memory" if self.memory_waits else ""
         if wait and self.memory_detail:
             wait += f" ({self.memory_detail})"
         return f"{counts}{wait}"

@@ -19,48 +19,18 @@ from krex_lab.evaluate.batch import BatchRecord, Pair
 from krex_lab.evaluate.many import run_pairs
 from krex_lab.evaluate.options import EvaluateOptions
 from krex_lab.evaluate.pairs import Progress
-from krex_lab.gpu.fake import MEMORY_ENV, SimulatedMemory
-from krex_lab.pytest_plugin import running_arbiter
-from tests.support.pool import PoolProc
+from krex_lab.gpu.fake import SimulatedMemory
 
 from .helpers import LIMITS, problem
+from .memory_node import Terminal, memory_node
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
-class Terminal(io.StringIO):
-    """The progress line's stream, as a terminal (the line is drawn only there)."""
-
-    def isatty(self) -> bool:
-        return True
-
-
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    base = tmp_path_factory.mktemp("admission")
-    memory_dir = base / "gpu-memory"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(MEMORY_ENV, str(memory_dir))
-        mp.setenv("KREX_POOL_ENDPOINT", f"ipc://{base / 'rt' / 'pool.sock'}")
-        mp.setenv("KREX_EVAL_CACHE", str(base / "cache"))
-        memory = SimulatedMemory(memory_dir)
-        memory.set_total(0, 8 * GiB)
-        for arbiter in running_arbiter(base, mp, gpus=1):
-            pool = PoolProc(
-                arbiter.env(),
-                f"ipc://{arbiter.runtime / 'pool.sock'}",
-                "--Pool.preload=torch",
-                "--workers-per-gpu=1",
-                "--spares=0",
-                "--Pool.interrupt_grace=1.0",
-                log=arbiter.runtime / "pool.log",
-            )
-            pool.start(180)
-            try:
-                yield SimpleNamespace(pool=pool, memory=memory, base=base)
-            finally:
-                pool.stop()
+    yield from memory_node(tmp_path_factory, 8 * GiB)
 
 
 def _foreign(memory: SimulatedMemory, nbytes: int, seconds: float = 600.0) -> subprocess.Popen[bytes]:
@@ -172,6 +142,12 @@ def test_in_a_log_the_progress_is_plain_lines_a_few_and_the_last() -> None:
         "free; waited 3 s of 120))",
         "krex eval: 3/3 done (correct 2, incorrect 1)",
     ], lines
+    # before any result: the waits alone, no stray separator
+    log = io.StringIO()
+    bar = Progress(2, log)
+    bar.every_s = 0.0
+    bar.waiting(2, "the first needs 1.00 GiB")
+    assert log.getvalue().splitlines() == ["krex eval: 0/2 done (2 waiting for GPU memory (the first needs 1.00 GiB))"]
 
 
 def test_out_of_memory_caused_by_a_neighbour_is_requeued_not_blamed(node: SimpleNamespace) -> None:
