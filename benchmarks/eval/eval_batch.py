@@ -94,6 +94,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-ms", type=float, default=1.0, help="pairs over this runtime are compared")
     p.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True, help="the (b') repeat")
     p.add_argument("--budget-s", type=float, default=0.0, help="skip (b') when the run is past this (0: never)")
+    p.add_argument(
+        "--give-back-workers",
+        action="store_true",
+        help="krex eval --memory-give-back-workers: the batch lets the pool keep fewer workers while memory is short",
+    )
     p.add_argument("--pool-memory-slack-mb", type=int, default=None, help="the pool's Pool.memory_slack_mb")
     p.add_argument(
         "--pool-start-concurrency", type=int, default=0, help="the pool's Pool.start_concurrency (default: its own)"
@@ -297,6 +302,8 @@ def krex_command(manifest: Path, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "krex_lab.cli", "eval", "--batch", str(manifest), "--jobs", str(args.jobs)]
     if args.memory_reserve_mb is not None:
         cmd += ["--memory-reserve-mb", str(args.memory_reserve_mb)]
+    if args.give_back_workers:
+        cmd += ["--memory-give-back-workers"]
     return [*cmd, "--trials", str(args.trials), "--perf-trials", str(args.perf_trials)]
 
 
@@ -376,15 +383,36 @@ def cut_short(work: Path) -> dict[str, Any]:
     out = work / "krex.out"
     lines = out.read_text().splitlines() if out.exists() else []
     verdicts: dict[str, int] = {}
+    #: each result not ``correct``: its id, summary and the metadata that says why (first 600 chars)
+    failed: list[dict[str, str]] = []
     for line in lines:
         with contextlib.suppress(ValueError, AttributeError):
-            v = str(json.loads(line).get("verdict"))
+            record = json.loads(line)
+            v = str(record.get("verdict"))
             verdicts[v] = verdicts.get(v, 0) + 1
+            if v != "correct" and len(failed) < 40:
+                meta = record.get("metadata") or {}
+                why = {k: str(meta[k])[:600] for k in WHY_KEYS if meta.get(k)}
+                failed.append({"id": str(record.get("id")), "summary": str(record.get("summary"))[:600], **why})
     err = work / "krex.err"
     tail = err.read_text(errors="replace")[-4000:] if err.exists() else ""
     for line in tail.splitlines()[-12:]:
         print(f"    (a) {line}", flush=True)
-    return {"results": len(lines), "verdicts": verdicts, "stderr_tail": tail}
+    for f in failed[:8]:
+        print(f"    (a) {f['id']}: {f['summary'][:300]}", flush=True)
+    return {"results": len(lines), "verdicts": verdicts, "not_correct": failed, "stderr_tail": tail}
+
+
+#: the metadata that says why an evaluation was not ``correct`` (kept when a run is cut short)
+WHY_KEYS = (
+    "evaluation_error",
+    "reference_error",
+    "out_of_memory",
+    "out_of_memory_elsewhere",
+    "worker_output",
+    "worker_died",
+    "admission",
+)
 
 
 def main(argv: list[str] | None = None) -> Path:
