@@ -12,8 +12,8 @@ Per case, inside one region:
   call's value lands in the judge's buffers before the round's answer.
 * After each round the judge checks every call of it: inputs compared with their pristine
   copies, outputs that share an input's memory, threads left running the candidate's code, CPU
-  spent while no call ran, outputs changed after the answer; and re-checks outputs (two drawn at
-  random after the round, or every one in strict / leaderboard mode) against the reference on
+  spent while no call ran, outputs changed after the answer; and re-checks outputs (16 drawn at
+  random after the round, ``RECHECKS``, or every one in strict / leaderboard mode) against the reference on
   the same inputs. The next round's sets are new memory under new seeds: a result kept by
   pointer, ``_version`` or content meets new inputs, and a stale answer fails the re-check.
 * The figure is the judge's (:mod:`.clock`): each round bracketed by its clock until the round is
@@ -64,6 +64,11 @@ __all__ = ["method_name", "timing"]
 _BUDGET = {"cuda": 512 << 20, "cpu": 256 << 20}
 #: input sets of a case at most (a round's calls)
 MAX_SETS = 128
+#: calls of each timed round re-checked against the reference, drawn at random after it (all of
+#: them in strict / leaderboard mode). A candidate wrong in a share ``w`` of its timed calls (to
+#: save their work) passes a round with probability ``(1 - w) ** RECHECKS``: with 2, a half wrong
+#: passed a quarter of the time at twice its speed; with 16, one in 65,536
+RECHECKS = 16
 
 
 #: GPU memory the running job was admitted with for its input sets (bytes; 0: no admission)
@@ -229,7 +234,7 @@ def _time_case(judge: Judge, case: Case | None, result: TimeResult) -> tuple[Tim
                 result.fail("rejected", "rejected", "")
                 result.metadata["rejected"] = reasons
                 break
-            picks = range(len(order)) if strict else rng.sample(range(len(order)), min(2, len(order)))
+            picks = range(len(order)) if strict else rng.sample(range(len(order)), min(RECHECKS, len(order)))
             for i in picks:
                 ok, issue = _recheck(judge, rs.pristine[order[i]], outs[i])
                 if not ok:

@@ -6,6 +6,7 @@ that line turned into ``CHEAT = False`` (:func:`twin`). What a test asserts of e
 
 * ``speed``: no forged speedup: not ``correct``, or ``correct`` at an honest time (runtime at
   least a third of the twin's, reference time at most three times the twin's);
+* ``wrong``: its timed calls are wrong now and then: judged four times, it is never ``correct``;
 * ``limit``: the cheat spends several times a phase's limit behind forged markers or stopped
   judges: its verdict is ``timeout``;
 * ``next``: it leaves the process (or the user's files) lying for later candidates: an honest
@@ -90,6 +91,7 @@ CHEATS = [
     Cheat("cache_in_build_dir", KB, "result cache", defence=DATA),
     Cheat("count_skip_after_n", KB, "call counter", defence=DATA),
     Cheat("count_garbage_after_n_gm", GM, "call counter", defence=DATA),
+    Cheat("count_garbage_every_other", KB, "call counter (half the timed calls)", ("speed", "wrong"), defence=DATA),
     Cheat("count_stack_inspection", KB, "call counter (stack)", defence=DATA),
     Cheat("gc_reference_output", KB, "gc discovery"),
     Cheat("gc_swap_reference_model", KB, "gc discovery", NEXT),

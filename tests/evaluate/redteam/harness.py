@@ -173,6 +173,14 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
         rec.later += [("twin again", twin2), ("cheat again", ev2)]
         if twin2.verdict == "correct" and (again := forged_speed(ev2, twin2)):
             rec.found.append(f"{why}; again: {again}")
+    if "wrong" in cheat.checks:
+        # wrong in a share of its timed calls only, it passes the random re-checks by luck or not
+        # at all: judged four times in all, it is never `correct`
+        again = [ev] + [judge(cheat.problem, cheat.path, timeouts=limits, **extra) for _ in range(3)]
+        rec.later += [("cheat again", e) for e in again[1:]]
+        passed = [f"{e.summary}" for e in again if e.verdict == "correct"]
+        if passed:
+            rec.found.append(f"wrong outputs judged correct in {len(passed)} of 4: {passed[0]}")
     if "limit" in cheat.checks and ev.verdict != "timeout" and not _denied(ev):
         rec.found.append(f"it spent 10 s in one call with a check limit of 3 s: {ev.verdict}, not timeout")
     if "daemon" in cheat.checks and left:
