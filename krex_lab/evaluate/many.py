@@ -133,7 +133,7 @@ class _Engine:
             placed = self.admission.place(need, gpu, item.alone, now - item.queued_at, sets)
             if placed is None:
                 if not waiting:
-                    detail = self._wants(need, now - item.queued_at) + self._give_back(now)
+                    detail = self._wants(need, now - item.queued_at) + self._give_back(now, need)
                 waiting += 1
                 if now - item.queued_at >= self.policy.max_wait_s:
                     break  # waited long enough: no pair behind it starts, so that a GPU drains for it
@@ -144,14 +144,19 @@ class _Engine:
             self._start(ex, item, placed[0], need, placed[1])
         return waiting, detail
 
-    def _give_back(self, now: float) -> str:
-        """Nothing admitted for a while, evaluations waiting for memory: let the pool keep half as
-        many workers per GPU (at least what runs, and 1), so that the idle ones' contexts give their
-        memory back (:attr:`MemoryPolicy.give_back_workers`). Returns a note for the progress line."""
+    def _give_back(self, now: float, need: int) -> str:
+        """Nothing admitted for a while, the first waiting pair needing more memory than any GPU
+        has free: let the pool keep half as many workers per GPU (at least what runs, and 1), so
+        that the idle ones' contexts give their memory back (:attr:`MemoryPolicy.give_back_workers`).
+        A pair that waits behind one running alone waits for that one, not for memory: nothing is
+        given back for it. Returns a note for the progress line."""
         note = f"; {self.capped} worker(s) a GPU kept, the others' memory given back" if self.capped else ""
         if not self.policy.give_back_workers or self.pool is None or not self.admission.by_memory:
             return note
         if now - self.moved_at < self.policy.give_back_after_s:
+            return note
+        free = [f for f in map(self.admission.available, self.admission.gpus) if f is not None]
+        if not free or max(free) >= need:
             return note
         now_per_gpu = self.capped or self.per_gpu
         running = max((len(g.running) for g in self.admission.gpus.values()), default=0)
