@@ -102,9 +102,13 @@ def _relpath(item: pytest.Item) -> str:
 @pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temporary root
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SERIAL}: runs alone, after the parallel pass (tests/support/workers.py)")
-    if hasattr(config, "workerinput"):  # an xdist worker
-        base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    # the run's arbiters take their core lock in its own temporary root (each xdist worker's own):
+    # a user without a runtime dir would find /tmp/krex-cores-UID.lock left by the suite otherwise
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    if hasattr(config, "workerinput"):
         os.environ[CORE_LOCK_ENV] = str(base / "krex-cores.lock")
+    else:
+        os.environ.setdefault(CORE_LOCK_ENV, str(base / "krex-cores.lock"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own, which deselects by marker (-m)
