@@ -108,4 +108,7 @@ def test_a_large_case_is_calibrated_on_sets_of_its_own_size(eval_pool: PoolProc)
         timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
     )
     assert ev.verdict == "correct", ev.summary
-    assert ev.speedup is not None and 0.4 <= ev.speedup <= 2.5, (ev.summary, ev.metadata.get("timing_split_us"))
+    # on the 2-core CI machine the figure still carries part of the delivery's page faults: 0.30-0.38x
+    # of its own reference in the runs that missed 0.4 (the rest of the output copy the twin's
+    # calibration leaves in); the calibration this test guards against gave 0.15-0.22x
+    assert ev.speedup is not None and 0.25 <= ev.speedup <= 2.5, (ev.summary, ev.metadata.get("timing_split_us"))
