@@ -140,9 +140,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     memory.add_argument(
         "--memory-give-back-workers",
         action="store_true",
-        help="while evaluations wait for memory and none could start for 5 s, let the pool keep half as many "
-        "workers per GPU (down to what runs, at least 1), so that the idle ones' GPU contexts give their memory "
-        "back (off by default)",
+        help="when none could start for 5 s and the first waiting pair needs more memory than any GPU has free, "
+        "let the pool keep half as many workers per GPU (down to what runs, at least 1), so that the idle ones' "
+        "GPU contexts give their memory back (off by default)",
     )
     memory.add_argument(
         "--no-memory-admission",

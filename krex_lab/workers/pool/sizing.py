@@ -106,7 +106,7 @@ class Sizing:
         leased = sum(1 for w in self._alive(gpu) if w.lease is not None)
         bound = max(self.config.max_workers_per_gpu, self.config.workers_per_gpu)
         cap = self.cap()
-        if cap is not None:  # short of GPU memory: one beside the leases at most, and no more than the cap
+        if cap is not None:  # a client short of GPU memory: no more than its cap, or than the leases held
             bound = min(bound, max(cap, leased))
         return min(bound, max(self.wanted_per_gpu(), leased + 1))
 
