@@ -13,8 +13,8 @@ will take although they have not allocated it yet). A footprint is measured by t
 (:mod:`.judge.footprint`: the reference's peak, the input sets, the candidate's allowance) the
 first time a problem runs; until then an evaluation of that problem is admitted with the largest
 footprint measured in the batch so far, at least ``unknown_footprint_mb``. An evaluation whose
-footprint does not fit, but would with its input sets shrunk (to 16 MiB at least), starts now
-with them shrunk to what is free; what does not fit even so waits in the queue.
+footprint does not fit, but would with its input sets shrunk (to 16 MiB a round, or one set, at
+least), starts now with them shrunk to what is free; what does not fit even so waits in the queue.
 
 An out-of-memory is the candidate's verdict only where the candidate alone held more than its
 allowance (its own figures: what it held and asked for). Any other (the judge's side ran out,
@@ -239,18 +239,18 @@ class Admission:
         return gpu.total - self.policy.reserve_mb * MiB - committed
 
     def place(
-        self, need: int, gpu: int | None, alone: bool, waited_s: float, sets: int = 0
+        self, need: int, gpu: int | None, alone: bool, waited_s: float, shrink: int = 0
     ) -> tuple[int, int | None] | None:
         """``(gpu, bytes available there)`` for an evaluation of footprint ``need`` (``gpu``: the one
-        it asked for), or None: it waits. ``alone``: it runs with none of ours beside it. ``sets``:
-        the part of ``need`` that is its timed rounds' input sets, which may shrink to
-        :data:`LEAST_SETS`: where the rest fits, it starts now with fewer sets rather than wait."""
+        it asked for), or None: it waits. ``alone``: it runs with none of ours beside it. ``shrink``:
+        what ``need`` loses with its timed rounds' input sets at their least: where the rest fits,
+        it starts now with fewer sets rather than wait."""
         options = [g for g in self.gpus if gpu is None or g == gpu]
         if gpu is not None and gpu not in self.gpus:
             options = [gpu]
             self.gpus[gpu] = _Gpu()
         best: tuple[int, int | None] | None = None
-        least = need - max(0, sets - LEAST_SETS)
+        least = need - max(0, shrink)
         for g in sorted(options, key=lambda g: (len(self.gpus[g].running), -(self.available(g) or 0), g)):
             state = self.gpus[g]
             if state.alone is not None or (alone and state.running):
@@ -279,9 +279,16 @@ class Admission:
             state.alone = None
 
     def budget_mb(self, need: int, free: int | None, sets: int = 0) -> int:
-        """MiB the judge's input sets may take: the default where the footprint fits, less by what
-        it lacks where it was admitted short (from ``sets``, their part of ``need`` where it was
-        measured, else the default)."""
+        """MiB a round's input sets may take in the judge: the default where the footprint fits,
+        less where it was admitted short. ``sets``: their part of ``need`` where it was measured
+        (two rounds' worth: the next round's sets are made before the last's are freed), else
+        twice the default; each round gives up half of what the footprint lacks."""
         if free is None or free >= need:
             return INPUT_SETS // MiB
-        return max(LEAST_SETS // MiB, ((sets or INPUT_SETS) - (need - free)) // MiB)
+        return max(LEAST_SETS // MiB, ((sets or 2 * INPUT_SETS) - (need - free)) // 2 // MiB)
+
+    @staticmethod
+    def shrinkable(sets: int, least: int) -> int:
+        """What a footprint whose input sets take ``sets`` loses with them at their least: the
+        judge's budget at :data:`LEAST_SETS`, or one set a round (``least``: two rounds' worth)."""
+        return max(0, sets - max(2 * LEAST_SETS, least))

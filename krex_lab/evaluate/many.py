@@ -86,8 +86,9 @@ class _Engine:
         self.running = 0
         self.cond = threading.Condition()
         self.footprints: dict[str, int] = {}
-        #: the input sets' part of each measured footprint (what may shrink)
+        #: the input sets' part of each measured footprint, and what of it stays at their least
         self.input_sets: dict[str, int] = {}
+        self.sets_least: dict[str, int] = {}
         self.cancelled = False
         self.admission = Admission(policy, gpus, arbiter_memory(pool) if pool is not None and gpus else None)
         self._tickets = 0
@@ -130,7 +131,8 @@ class _Engine:
             given = pair.options.get("gpu", self.defaults.gpu)
             gpu = given if isinstance(given, int) else None
             sets = self.input_sets.get(item.key, 0) if item.key in self.footprints else 0
-            placed = self.admission.place(need, gpu, item.alone, now - item.queued_at, sets)
+            shrink = self.admission.shrinkable(sets, self.sets_least.get(item.key, 0)) if sets else 0
+            placed = self.admission.place(need, gpu, item.alone, now - item.queued_at, shrink)
             if placed is None:
                 if not waiting:
                     detail = self._wants(need, now - item.queued_at) + self._give_back(now, need)
@@ -227,6 +229,8 @@ class _Engine:
             self.footprints[item.key] = max(int(measured["footprint"]), self.footprints.get(item.key, 0))
             if str(measured.get("input_sets", "")).isdigit():
                 self.input_sets[item.key] = max(int(measured["input_sets"]), self.input_sets.get(item.key, 0))
+            if str(measured.get("input_sets_least", "")).isdigit():
+                self.sets_least[item.key] = max(int(measured["input_sets_least"]), self.sets_least.get(item.key, 0))
         allowance = MIN_ALLOWANCE
         if isinstance(measured, dict) and str(measured.get("candidate_allowance", "")).isdigit():
             allowance = int(measured["candidate_allowance"])

@@ -90,5 +90,32 @@ def test_a_pair_that_fits_with_fewer_input_sets_starts_now_with_them() -> None:
     (s1, s2) = sorted(engine.spans, key=lambda s: s[2])
     assert s2[2] < s1[3], "the second started while the first ran"
     assert sorted(engine.given) == [(4 * GiB, 3 * GiB), (4 * GiB, 7 * GiB)], engine.given
-    # the second's sets: 3 GiB less the 1 GiB it lacks
-    assert engine.admission.budget_mb(4 * GiB, 3 * GiB, 3 * GiB) == 2048
+    # the second's sets: 3 GiB for two rounds' worth less the 1 GiB it lacks, 1 GiB a round
+    assert engine.admission.budget_mb(4 * GiB, 3 * GiB, 3 * GiB) == 1024
+
+
+def test_a_pair_whose_one_set_is_larger_than_the_room_left_waits() -> None:
+    # the same, but one input set alone is 1.5 GiB (two rounds' worth: all 3 GiB of its sets): however
+    # little the judge is given for its sets, a round holds one, so the second cannot start short
+    engine = Engine(_pairs(["a", "a"]), gpus=[0], total=10 * GiB, seconds={"a": 0.4}, reserve_mb=0, max_wait_s=60)
+    engine.admission.read = lambda: {0: GpuMemory(10 * GiB, 3 * GiB)}
+    engine.admission.refresh(force=True)
+    engine.footprints = {"a||None|None": 4 * GiB}
+    engine.input_sets = {"a||None|None": 3 * GiB}
+    engine.sets_least = {"a||None|None": 3 * GiB}
+    engine.run()
+    (s1, s2) = sorted(engine.spans, key=lambda s: s[2])
+    assert s2[2] >= s1[3], "the second waited for the first"
+
+
+def test_a_footprint_counts_one_set_at_least_and_two_rounds_of_them() -> None:
+    from krex_lab.evaluate.judge.footprint import figures
+
+    # small sets: the judge's 512 MiB budget a round, and the next round's made before it is freed
+    small = figures("cuda", peak=GiB // 4, per_set=1 << 20, max_sets=128)
+    assert int(small["input_sets"]) == 2 * 128 * (1 << 20) and int(small["input_sets_least"]) == 2 << 20
+    # one set of 2 GiB (three vectors of 2^26 floats, their pristine copies and output): over the budget,
+    # a round still holds it
+    large = figures("cuda", peak=GiB, per_set=2 * GiB, max_sets=128)
+    assert int(large["input_sets"]) == 4 * GiB == int(large["input_sets_least"])
+    assert int(large["footprint"]) == 2 * GiB + 4 * GiB + 2 * GiB

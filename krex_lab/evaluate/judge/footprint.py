@@ -8,7 +8,8 @@ footprint a batch admits an evaluation by is then
 * the judge's side: the reference's peak twice (its model and answers, the pristine copies and
   the compared outputs of a trial), and the timed rounds' input sets: as many as a round may have
   (``MAX_SETS``) of the first trial's size (its inputs twice, with their pristine copies, and its
-  output), within the judge's default budget (:data:`INPUT_SETS`);
+  output), within the judge's default budget (:data:`INPUT_SETS`) but one set at least, however
+  large; twice that, as the next round's sets are made before the last round's are freed;
 * the candidate's allowance: twice the reference's peak, at least :data:`MIN_ALLOWANCE` (a
   candidate builds a model like the reference's and computes outputs like its own).
 
@@ -60,14 +61,18 @@ def reference_peak(device: str) -> Iterator[list[int]]:
 
 def figures(device: str, peak: int, per_set: int, max_sets: int) -> dict[str, str]:
     """The evaluation's footprint, by part, in bytes (``metadata["memory"]``): ``per_set`` is one
-    input set's size with its pristine copy and output, ``max_sets`` the most a round may have."""
-    input_sets = min(INPUT_SETS.get(device, INPUT_SETS["cpu"]), max(1, per_set) * max_sets)
+    input set's size with its pristine copy and output, ``max_sets`` the most a round may have.
+    ``input_sets``: the sets' part of the footprint (two rounds' worth, see the module doc), of
+    which ``input_sets_least`` stays however little the batch gives the judge for them."""
+    per_set = max(1, per_set)
+    a_round = max(per_set, min(INPUT_SETS.get(device, INPUT_SETS["cpu"]), per_set * max_sets))
     allowance = max(MIN_ALLOWANCE, 2 * peak)
     return {
         "reference_peak": str(peak),
-        "input_sets": str(input_sets),
+        "input_sets": str(2 * a_round),
+        "input_sets_least": str(2 * per_set),
         "candidate_allowance": str(allowance),
-        "footprint": str(2 * peak + input_sets + allowance),
+        "footprint": str(2 * peak + 2 * a_round + allowance),
     }
 
 
