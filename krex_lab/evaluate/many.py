@@ -226,7 +226,11 @@ class _Engine:
         """Learn its footprint; send it back to the queue (None), or give the result to deliver."""
         measured = ev.metadata.get("memory")
         if isinstance(measured, dict) and str(measured.get("footprint", "")).isdigit():
-            self.footprints[item.key] = max(int(measured["footprint"]), self.footprints.get(item.key, 0))
+            footprint = int(measured["footprint"])
+            if str(measured.get("judge_peak", "")).isdigit() and str(measured.get("candidate_allowance", "")).isdigit():
+                # what the judge's side took, as it ran, where that is more than the estimate said
+                footprint = max(footprint, int(measured["judge_peak"]) + int(measured["candidate_allowance"]))
+            self.footprints[item.key] = max(footprint, self.footprints.get(item.key, 0))
             if str(measured.get("input_sets", "")).isdigit():
                 self.input_sets[item.key] = max(int(measured["input_sets"]), self.input_sets.get(item.key, 0))
             if str(measured.get("input_sets_least", "")).isdigit():

@@ -119,3 +119,21 @@ def test_a_footprint_counts_one_set_at_least_and_two_rounds_of_them() -> None:
     large = figures("cuda", peak=GiB, per_set=2 * GiB, max_sets=128)
     assert int(large["input_sets"]) == 4 * GiB == int(large["input_sets_least"])
     assert int(large["footprint"]) == 2 * GiB + 4 * GiB + 2 * GiB
+
+
+def test_the_judges_measured_peak_raises_the_footprint() -> None:
+    # the estimate said 2 GiB; the judge's side took 5 GiB as it ran, the candidate is allowed 1: the
+    # next pairs of the problem are admitted at 6 GiB
+    class Measured(Engine):
+        def _evaluate(self, pair: Pair, gpu: int | None, need: int, free: int | None, sets: int = 0) -> Evaluation:
+            ev = super()._evaluate(pair, gpu, need, free, sets)
+            ev.metadata["memory"] = {
+                "footprint": str(2 * GiB),
+                "judge_peak": str(5 * GiB),
+                "candidate_allowance": str(GiB),
+            }
+            return ev
+
+    engine = Measured(_pairs(["a"]), gpus=[0], total=10 * GiB, seconds={"a": 0.01}, reserve_mb=0)
+    engine.run()
+    assert engine.footprints == {"a||None|None": 6 * GiB}

@@ -26,7 +26,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-__all__ = ["MIN_ALLOWANCE", "device_free", "figures", "reference_peak"]
+__all__ = ["MIN_ALLOWANCE", "device_free", "figures", "judge_peak", "reference_peak"]
 
 #: the least GPU memory a candidate is allowed, whatever the reference takes
 MIN_ALLOWANCE = 512 << 20
@@ -36,12 +36,13 @@ INPUT_SETS = {"cuda": 512 << 20, "cpu": 256 << 20}
 
 @contextlib.contextmanager
 def reference_peak(device: str) -> Iterator[list[int]]:
-    """Bytes the block took at its peak, beyond what was allocated before it (``[0]`` at exit)."""
-    out = [0]
+    """Bytes the block took at its peak, beyond what was allocated before it (``[0]`` at exit);
+    ``[1]``: what was allocated before it, from which :func:`judge_peak` counts the whole evaluation."""
+    out = [0, 0]
     torch = sys.modules.get("torch")
     if device == "cuda" and torch is not None:
         torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
+        out[1] = before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         try:
             yield out
@@ -74,6 +75,22 @@ def figures(device: str, peak: int, per_set: int, max_sets: int) -> dict[str, st
         "candidate_allowance": str(allowance),
         "footprint": str(2 * peak + 2 * a_round + allowance),
     }
+
+
+def judge_peak(device: str, before: int) -> int | None:
+    """Bytes the judge's side of the evaluation took at its peak, from the reference's load to now,
+    beyond the ``before`` of :func:`reference_peak` (None where nothing is measured). The estimate
+    of :func:`figures` leaves out what a problem's sizes make hard to foresee (the layout's sample
+    set and its reference copy, the first trial's data, the L2 flush): the batch admits the next
+    pairs of the problem by this figure where it is larger."""
+    torch = sys.modules.get("torch")
+    if device == "cuda" and torch is not None:
+        with contextlib.suppress(Exception):
+            return max(0, int(torch.cuda.max_memory_allocated()) - before)
+        return None
+    from ...gpu.fake import SimulatedMemory, simulated_peak
+
+    return simulated_peak() if SimulatedMemory.from_env() is not None else None
 
 
 def device_free(device: str) -> int | None:

@@ -44,7 +44,7 @@ from .checks import check, trial_data
 from .clock import Scheduling
 from .disk_watch import DiskWatch
 from .failures import died, raised
-from .footprint import figures, reference_peak
+from .footprint import figures, judge_peak, reference_peak
 from .problems import MissingDefinition, Problem, nbytes, problem_for
 from .seeds import Seeds
 from .spares import CandidateProc, proc_alive, sandbox_summary, spares_for
@@ -123,6 +123,8 @@ class Judge:
         self.device, self.device_name = _device()
         #: every input set's seed, each from the CSPRNG (:mod:`.seeds`)
         self.seeds = Seeds(self.opts.seed)
+        #: GPU memory torch had allocated in this judge when the evaluation's reference was loaded
+        self.allocated_before = 0
         self.salt = self.opts.seed if self.opts.seed is not None else 0
         #: its build directory: its own for this evaluation, the compilers' cache of its source kept
         self.build = BuildDir(job.build_root, job.candidate.sha256[:32])
@@ -241,6 +243,7 @@ class Judge:
         data, _, answer, _ = self.first
         per_set = 2 * nbytes(data) + nbytes(answer)  # as a timed round counts a set
         result.metadata["memory"] = figures(self.device, peak[0], per_set, MAX_SETS)
+        self.allocated_before = peak[1]
         t0 = time.perf_counter()
         try:
             try:
@@ -444,6 +447,12 @@ def _phases(judge: Judge, job: Job) -> PhaseResults:
     finally:
         judge.end(last)
         _collect_output(judge, last)
+        memory = loaded.metadata.get("memory")
+        if isinstance(memory, dict):  # the judge's side as it was, for the batch's next pairs of it
+            with contextlib.suppress(Exception):
+                took = judge_peak(judge.device, judge.allocated_before)
+                if took is not None:
+                    memory["judge_peak"] = str(took)
     if out.reproducibility is not None:  # the seeds, said once the candidate's process is gone
         out.reproducibility.seeds = list(judge.seeds.drawn)
     mark("done", nonce)
