@@ -22,8 +22,15 @@ def test_a_neighbour_that_widens_itself_again_is_put_back_or_named(alice: User, 
     with multi_user_arbiter("--guard-neighbours", "--Arbiter.shield=affinity") as arb:
         plain, _ = region_beside(alice, mallory, arb, "plain")
         once, once_pids = region_beside(alice, mallory, arb, "once")
+        ratio = once["rate"] / plain["rate"]
+        named = {i["pid"] for i in once["report"]["shield"].get("intrusions", [])} & set(once_pids)
+        if ratio < 0.85 and not (once["report"]["degraded"] and named):
+            # two 2-second rates on a busy 2-core machine differ by 25% now and then; a neighbour
+            # left on the core (the fault) costs a third to a half in every pair: measured again
+            plain, _ = region_beside(alice, mallory, arb, "plain")
+            once, once_pids = region_beside(alice, mallory, arb, "once")
+            ratio = once["rate"] / plain["rate"]
         always, always_pids = region_beside(alice, mallory, arb, "always")
-    ratio = once["rate"] / plain["rate"]
     shields = {m: r["report"]["shield"] for m, r in (("plain", plain), ("once", once), ("always", always))}
     print(
         f"holder's rate: beside plain loops {plain['rate']:.0f}/s, beside loops that widen once "
