@@ -52,6 +52,21 @@ def ipc_path(endpoint: str) -> str | None:
     return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
 
 
+#: the longest path a UNIX socket takes (``sizeof(sockaddr_un.sun_path)`` less its terminator)
+SOCKET_PATH_MAX = 107
+
+
+def check_socket_path(endpoint: str) -> None:
+    """A :class:`KrexError` that names the path and the limit when an ``ipc://`` endpoint's file
+    is longer than a UNIX socket allows (ZeroMQ's own error names neither the fix nor the cause)."""
+    path = ipc_path(endpoint)
+    if path is not None and len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise KrexError(
+            f"the socket path {path} is {len(os.fsencode(path))} bytes, over the {SOCKET_PATH_MAX} a UNIX "
+            "socket takes: give a shorter runtime directory (--runtime-dir or $KREX_RUNTIME_DIR)"
+        )
+
+
 def lock_holder(path: Path, wait: float = 0.0) -> str | None:
     """What the process holding the lock file ``path`` wrote in it (its pid) when one holds it for
     ``wait`` seconds; None when it is free or absent. Takes nothing: a server that must not start
@@ -181,6 +196,8 @@ class Service:
         return True
 
     def bind(self) -> None:
+        for ep in (self.endpoint, self.events):
+            check_socket_path(ep or "")
         self.guard.start()  # before the first connection can be accepted
         old = os.umask(0o077)
         try:

@@ -213,6 +213,16 @@ def test_lock_threads_0_is_one_line_and_nothing_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "arbiter.sock").exists()
 
 
+def test_a_runtime_dir_too_long_for_a_socket_is_one_line_naming_the_limit(tmp_path: Path) -> None:
+    runtime = tmp_path / ("r" * 100)
+    runtime.mkdir(mode=0o700)
+    out = krex("arbiter", "--no-guardian", "--backend", "fake", env={**os.environ, "KREX_RUNTIME_DIR": str(runtime)})
+    assert out.returncode == 1, out.stderr
+    line = one_line(out.stderr)
+    assert line.startswith("krex arbiter: the socket path ") and "over the 107" in line, out.stderr
+    assert "--runtime-dir" in line and "unexpected" not in line
+
+
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="NVML may be there")
 def test_backend_nvidia_without_nvml_is_one_line(tmp_path: Path) -> None:
     out = krex("arbiter", "--no-guardian", "--backend", "nvidia", env={**os.environ, "KREX_RUNTIME_DIR": str(tmp_path)})
