@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -575,18 +577,22 @@ def _answers(client: Any, endpoint: str) -> bool:
 def test_snapshot_script_writes_the_dashboard_page(tmp_path: Path) -> None:
     """``tests.procs.dashboard_snapshot`` (what makes the GPU machine's picture) on the fake backend."""
     out = tmp_path / "snap"
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.procs.dashboard_snapshot", "run", str(out), "--timeout", "30"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=80,
-        env={**os.environ, "TMPDIR": str(tmp)},
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert not list(tmp.glob("krex-snap-*")), "its runtime dir is left in /tmp"
+    # its own temporary directory, short: the script's sockets go in it (a UNIX socket's path
+    # takes 107 bytes, and a parallel run's tmp_path alone is near that)
+    tmp = Path(tempfile.mkdtemp(prefix="ks-"))
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "tests.procs.dashboard_snapshot", "run", str(out), "--timeout", "30"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=80,
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert not list(tmp.glob("krex-snap-*")), "its runtime dir is left in /tmp"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     page = (out / "dashboard.html").read_text()
     for text in ("SIMULATED GPUs", "held by", "region-loop-a", "region-loop-b", "idle-neighbour", "<svg"):
         assert text in page, text
