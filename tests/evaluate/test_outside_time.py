@@ -60,6 +60,10 @@ def test_an_honest_candidates_figure_is_its_cgroups_cpu_time(eval_pool: PoolProc
     # beside them, what each harness says its calls' host time went to (shown, never a figure)
     said = re.findall(r"its harness says, a call: call ([0-9.]+), deliver ([0-9.]+)", split)
     assert len(said) >= 2 and all(float(c) > 0 for c, _ in said), split
+    # and the harness thread's own CPU time over its calls, and its preemptions (where a part
+    # slower in one process than in the other went: waiting, or not being run)
+    used = re.findall(r"deliver [0-9.]+, cpu ([0-9.]+), preempted ([0-9.]+)", split)
+    assert len(used) == len(said) and all(float(c) > 0 for c, _ in used), split
     # the candidate's own figure may sit a few percent off its cgroup's on a loaded host (the verdict
     # then says so in timing_bound): on a CPU the figure is the cgroup's either way, asserted above
     assert ev.verdict == "correct" and "rejected" not in meta, meta

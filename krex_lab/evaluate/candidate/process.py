@@ -296,6 +296,9 @@ class Candidate:
         values: list[Any] = []
         aliased: list[list[int]] = []
         parts: dict[str, float] = {}
+        # the thread's own CPU time and its preemptions over the calls: a part slower here than in
+        # the twin's process, with as much CPU time, waited for something; with less, was not run
+        used0 = resource.getrusage(resource.RUSAGE_THREAD)
         if _cuda() and method != "host":
             import torch
 
@@ -338,6 +341,9 @@ class Candidate:
                 parts["deliver"] = parts.get("deliver", 0.0) + (time.perf_counter() - t1) * 1e6
                 values.append(got)
                 aliased.append(alias)
+        used1 = resource.getrusage(resource.RUSAGE_THREAD)
+        parts["cpu"] = (used1.ru_utime + used1.ru_stime - used0.ru_utime - used0.ru_stime) * 1e6
+        parts["preempted"] = float(used1.ru_nivcsw - used0.ru_nivcsw)
         timed = method != "warmup"
         self.chan.send(
             Timed(

@@ -9,8 +9,9 @@ import math
 
 __all__ = ["PARTS", "parts_of", "said_text"]
 
-#: the parts of a call's host time a harness reports (:attr:`Timed.parts_us`)
-PARTS = ("launch", "call", "deliver", "sync")
+#: the parts of a call's host time a harness reports (:attr:`Timed.parts_us`), then the
+#: harness thread's CPU time over them and how often it was preempted (a count, not us)
+PARTS = ("launch", "call", "deliver", "sync", "cpu", "preempted")
 
 
 def parts_of(said: object) -> dict[str, float]:
