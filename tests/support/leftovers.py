@@ -7,6 +7,10 @@
   run.
 - ``git status --porcelain`` of the checkout at the end must be what it was at the start: a file
   written into the checkout (or one deleted) is named and fails the run.
+- Ctrl-C still reaches what the next test starts: a test (or a library it runs in the test
+  process) that leaves SIGINT ignored or blocked there fails, and the signal is put back (an
+  ignored or blocked signal is inherited across fork and exec: every ``krex run`` started after it
+  would ignore Ctrl-C).
 - The node's core lock file of a user with no ``XDG_RUNTIME_DIR`` (``/tmp/krex-cores-UID.lock``),
   made by the run's arbiters where there was none, is removed at its end unless something holds it.
 """
@@ -14,9 +18,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -66,6 +72,21 @@ def _describe(proc: psutil.Process) -> str:
         return f"{proc.pid} {' '.join(proc.cmdline())[:120]}"
     except psutil.Error:
         return str(proc.pid)
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_what_tests_start() -> Iterator[None]:
+    yield
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    assert not (ignored or blocked), (
+        f"SIGINT was left {'ignored' if ignored else 'blocked'} in the test process (put back now): "
+        "every process started after this test would have ignored Ctrl-C"
+    )
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temporary root
