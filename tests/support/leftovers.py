@@ -7,10 +7,11 @@
   run.
 - ``git status --porcelain`` of the checkout at the end must be what it was at the start: a file
   written into the checkout (or one deleted) is named and fails the run.
-- Ctrl-C still reaches what the next test starts: a test (or a library it runs in the test
-  process) that leaves SIGINT ignored or blocked there fails, and the signal is put back (an
-  ignored or blocked signal is inherited across fork and exec: every ``krex run`` started after it
-  would ignore Ctrl-C).
+- Ctrl-C reaches what the tests start. A run started in the background by a shell without job
+  control (``make test &`` in a script) inherits SIGINT ignored, and an ignored or blocked signal
+  is inherited across fork and exec: every ``krex run`` a test starts would ignore Ctrl-C. The run
+  (and each xdist worker) puts the default handler back when it starts; a test (or a library it
+  runs in the test process) that leaves SIGINT ignored or blocked fails, and the signal is put back.
 - The node's core lock file of a user with no ``XDG_RUNTIME_DIR`` (``/tmp/krex-cores-UID.lock``),
   made by the run's arbiters where there was none, is removed at its end unless something holds it.
 """
@@ -79,18 +80,22 @@ def _ctrl_c_reaches_what_tests_start() -> Iterator[None]:
     yield
     ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if blocked:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    _ctrl_c_as_from_a_terminal()
     assert not (ignored or blocked), (
         f"SIGINT was left {'ignored' if ignored else 'blocked'} in the test process (put back now): "
         "every process started after this test would have ignored Ctrl-C"
     )
 
 
+def _ctrl_c_as_from_a_terminal() -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own, which makes the temporary root
 def pytest_configure(config: pytest.Config) -> None:
+    _ctrl_c_as_from_a_terminal()
     if hasattr(config, "workerinput"):  # a distributed worker: the controller checks
         return
     token = uuid.uuid4().hex
