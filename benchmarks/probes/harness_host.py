@@ -16,9 +16,13 @@ thread's CPU time and its involuntary switches:
   the process filter), as every spare;
 * ``cgroup``: in a cgroup of its own with a host-memory cap
   (:func:`~krex_lab.evaluate.judge.account.place`), as a candidate;
-* ``landlock``: :func:`~krex_lab.evaluate.candidate.sandbox.confine_files` on a build directory;
+* ``landlock``: :func:`~krex_lab.evaluate.candidate.sandbox.confine_files` on a build directory
+  (the prebuilt extension copied into it first: ``load_inline`` takes a lock file beside it);
+* ``rlimit``: the candidate's resource limits (``RLIMIT_DATA`` its data plus 16 GiB, as
+  ``memory_limit_mb``'s default; ``RLIMIT_FSIZE``) and its output going to a file;
 * ``ext``: the call is a ``load_inline`` extension's (built once, before; else a no-op that
   returns its input, as the twin's);
+* ``build``: the extension built in this process, as a candidate builds it (implies ``ext``);
 * ``onecore``: pinned to one core.
 
 Variants join with ``+``. Needs an NVIDIA GPU (CUDA torch, a compiler for ``load_inline``); writes
@@ -53,7 +57,10 @@ torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha) {
 }
 """
 CPP = "torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha);"
-DEFAULT = "plain,plain+ext,seccomp+ext,cgroup+ext,seccomp+cgroup+landlock+ext,seccomp+cgroup+landlock,onecore+ext"
+DEFAULT = (
+    "plain+ext,build,rlimit+ext,landlock+ext,seccomp+cgroup+landlock+ext,"
+    "seccomp+cgroup+landlock+rlimit+build,seccomp+cgroup+landlock+rlimit"
+)
 
 
 def build(ext_dir: str) -> None:
@@ -80,12 +87,25 @@ def child(variant: str, ext_dir: str, rounds: int, calls: int) -> dict[str, Any]
     from krex_lab.evaluate.candidate.process import L2_FLUSH_SHAPE
 
     torch.zeros(1, device="cuda")
+    build_dir = tempfile.mkdtemp(prefix="krex-probe-build-")
+    if "build" in steps:  # a fresh directory: the build runs here
+        ext_dir = os.path.join(build_dir, "torch_extensions")
+    elif "landlock" in steps:  # a copy of the prebuilt one where the process may write its lock
+        import shutil
+
+        ext_dir = shutil.copytree(ext_dir, os.path.join(build_dir, "torch_extensions"))
+    if "rlimit" in steps:
+        fd = os.open(os.path.join(build_dir, "output"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+        with open("/proc/self/status") as f:
+            data = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:")), 0)
+        resource.setrlimit(resource.RLIMIT_DATA, (data + (16 << 30), data + (16 << 30)))
     if "landlock" in steps:
         from krex_lab.evaluate.candidate.sandbox import confine_files
 
-        build_dir = tempfile.mkdtemp(prefix="krex-probe-build-")
-        confine_files(build_dir, os.path.join(build_dir, "tmp"), [ext_dir, str(REPO)])
-    if "ext" in steps:
+        confine_files(build_dir, os.path.join(build_dir, "tmp"), [str(REPO)])
+    if "ext" in steps or "build" in steps:
         os.environ["TORCH_EXTENSIONS_DIR"] = ext_dir
         from torch.utils.cpp_extension import load_inline
 
