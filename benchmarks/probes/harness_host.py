@@ -23,7 +23,10 @@ thread's CPU time and its involuntary switches:
 * ``ext``: the call is a ``load_inline`` extension's (built once, before; else a no-op that
   returns its input, as the twin's);
 * ``build``: the extension built in this process, as a candidate builds it (implies ``ext``);
-* ``onecore``: pinned to one core.
+* ``onecore``: pinned to one core;
+* ``held``: before each timed round the parent holds it as the judge holds a candidate while its
+  twin is calibrated (the driver's checkpoint lock, SIGSTOP, half a second, then SIGCONT and the
+  unlock), and locks and unlocks it once more as a round's end is drained.
 
 Variants join with ``+``. Needs an NVIDIA GPU (CUDA torch, a compiler for ``load_inline``); writes
 ``benchmarks/out/harness_host-<date>.json``.
@@ -59,7 +62,7 @@ torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha) {
 CPP = "torch::Tensor scaled_add(torch::Tensor a, torch::Tensor b, double alpha);"
 DEFAULT = (
     "plain+ext,build,rlimit+ext,landlock+ext,seccomp+cgroup+landlock+ext,"
-    "seccomp+cgroup+landlock+rlimit+build,seccomp+cgroup+landlock+rlimit"
+    "seccomp+cgroup+landlock+rlimit+build,seccomp+cgroup+landlock+rlimit,held+ext,held"
 )
 
 
@@ -121,7 +124,10 @@ def child(variant: str, ext_dir: str, rounds: int, calls: int) -> dict[str, Any]
     sets = [(torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")) for _ in range(calls)]
     outs = [torch.empty(4096, device="cuda") for _ in range(calls)]
     per_round = []
-    for _ in range(rounds + 1):  # the first round warms up
+    for r in range(rounds + 1):  # the first round warms up
+        if "held" in steps and r > 0:
+            print("HOLD", flush=True)
+            sys.stdin.readline()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         flush = torch.empty(L2_FLUSH_SHAPE, dtype=torch.int64, device="cuda")
         parts = dict.fromkeys(("launch", "call", "deliver", "sync"), 0.0)
@@ -162,6 +168,24 @@ def child(variant: str, ext_dir: str, rounds: int, calls: int) -> dict[str, Any]
     return {"variant": variant, "best": best, "rounds": rest, "cpus": sorted(os.sched_getaffinity(0))}
 
 
+def hold(pid: int) -> None:
+    """The judge's hold of a candidate: its device work drained and locked, the process stopped,
+    half a second, then let go in the reverse order; then a round end's lock and unlock."""
+    import signal
+    import time
+
+    from krex_lab.gpu.cuda_driver import CtypesCudaDriver
+
+    driver = CtypesCudaDriver()
+    driver.checkpoint_lock(pid, 5000)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGCONT)
+    driver.checkpoint_unlock(pid)
+    driver.checkpoint_lock(pid, 5000)
+    driver.checkpoint_unlock(pid)
+
+
 def run_variant(variant: str, ext_dir: str, rounds: int, calls: int) -> dict[str, Any]:
     code = (
         f"import sys, json; sys.path.insert(0, {str(REPO / 'benchmarks' / 'probes')!r}); import harness_host as h; "
@@ -175,16 +199,24 @@ def run_variant(variant: str, ext_dir: str, rounds: int, calls: int) -> dict[str
         from krex_lab.evaluate.judge.account import place
 
         group = place(proc.pid, lambda: [proc.pid], memory_limit=4 << 30)
-    assert proc.stdin is not None
+    assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    out, _ = proc.communicate(timeout=600)
+    lines = []
+    for line in proc.stdout:  # a round's HOLD: held as the judge holds a candidate, then let go
+        lines.append(line)
+        if line.strip() == "HOLD":
+            hold(proc.pid)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+    proc.wait(timeout=600)
+    out = "".join(lines)
     if group is not None:
         group.remove()
-    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
-    if line is None:
+    found = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+    if found is None:
         return {"variant": variant, "error": f"exit {proc.returncode}: {out[-500:]}"}
-    got: dict[str, Any] = json.loads(line[7:])
+    got: dict[str, Any] = json.loads(found[7:])
     if group is not None:
         got["cgroup"] = f"{group.accounting}; memory {group.memory}"
     return got
