@@ -8,7 +8,7 @@
 # for a REV from before the candidate library moved into krex_lab/kernels/), and
 # names its JSON ...-before-REV (REV from .before/REV): both trees measured back to back on one machine.
 # Logs and JSON are gathered in one archive, $OUT/device-results.tgz, and benchmarks/out/ on
-# that machine. proccost, lockcost, lag and modes run the probes of benchmarks/probes/ (its README).
+# that machine. proccost, lockcost, lag, modes and harnesshost run the probes of benchmarks/probes/ (its README).
 set -uo pipefail
 FINAL=${OUT:-/tmp/krex-final}; mkdir -p "$FINAL"
 export OUT=/tmp/krex-out; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -77,6 +77,10 @@ for stage in "${stages[@]}"; do
         | tee "$OUT/warmcpu.log" ;;
     quickstart)
       timeout 240 python3 benchmarks/lab/quickstart_device.py 2>&1 | tail -30 | tee "$OUT/quickstart.log" ;;
+    harnesshost)  # probe: the judge's timed loop in fresh processes, each with more of a candidate's confinement,
+      # build, rlimits and hold (HARNESS_ARGS: --variants ...); ~3 min with the in-process builds
+      timeout ${HARNESS_TIMEOUT:-300} python3 benchmarks/probes/harness_host.py ${HARNESS_ARGS:-} 2>&1 | grep -v Warning \
+        | tail -20 | tee "$OUT/harness_host.log" ;;
     lag)  # probe: how long freed GPU memory keeps counting in NVML, and what one evaluation leaves (~40 s)
       timeout 90 python3 benchmarks/probes/nvml_memory_lag.py --rounds 3 2>&1 | grep -v Numba | tail -16 | tee "$OUT/nvml_lag.log" ;;
     modes)  # probe: the tiled matmul alone, inputs in one place, shifted, or after the GPU idled, short or long warm-up (~4 min)
