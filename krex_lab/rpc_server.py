@@ -58,9 +58,10 @@ SOCKET_PATH_MAX = 107
 
 def check_socket_path(endpoint: str) -> None:
     """A :class:`KrexError` that names the path and the limit when an ``ipc://`` endpoint's file
-    is longer than a UNIX socket allows (ZeroMQ's own error names neither the fix nor the cause)."""
-    path = ipc_path(endpoint)
-    if path is not None and len(os.fsencode(path)) > SOCKET_PATH_MAX:
+    (or a plain socket file's path) is longer than a UNIX socket allows: ZeroMQ's error and
+    Python's ("AF_UNIX path too long") name neither the fix nor the cause."""
+    path = ipc_path(endpoint) if "://" in endpoint else endpoint
+    if path and len(os.fsencode(path)) > SOCKET_PATH_MAX:
         raise KrexError(
             f"the socket path {path} is {len(os.fsencode(path))} bytes, over the {SOCKET_PATH_MAX} a UNIX "
             "socket takes: give a shorter runtime directory (--runtime-dir or $KREX_RUNTIME_DIR)"

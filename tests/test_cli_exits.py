@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,10 +214,20 @@ def test_lock_threads_0_is_one_line_and_nothing_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "arbiter.sock").exists()
 
 
-def test_a_runtime_dir_too_long_for_a_socket_is_one_line_naming_the_limit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("endpoint", ["in the runtime dir", "short, elsewhere"])
+def test_a_runtime_dir_too_long_for_a_socket_is_one_line_naming_the_limit(tmp_path: Path, endpoint: str) -> None:
     runtime = tmp_path / ("r" * 100)
     runtime.mkdir(mode=0o700)
-    out = krex("arbiter", "--no-guardian", "--backend", "fake", env={**os.environ, "KREX_RUNTIME_DIR": str(runtime)})
+    env = {k: v for k, v in os.environ.items() if k != "KREX_ENDPOINT"}
+    env["KREX_RUNTIME_DIR"] = str(runtime)
+    if endpoint == "short, elsewhere":  # the ZeroMQ socket fits; the identity socket in the runtime dir does not
+        short = Path(tempfile.mkdtemp(prefix="ks-"))
+        env["KREX_ENDPOINT"] = f"ipc://{short}/arbiter.sock"
+    try:
+        out = krex("arbiter", "--no-guardian", "--backend", "fake", env=env)
+    finally:
+        if endpoint == "short, elsewhere":
+            shutil.rmtree(short, ignore_errors=True)
     assert out.returncode == 1, out.stderr
     line = one_line(out.stderr)
     assert line.startswith("krex arbiter: the socket path ") and "over the 107" in line, out.stderr

@@ -36,7 +36,7 @@ from ..gpu import FAKE_GPUS, GpuBackend, make_backend
 from ..gpu.traits import BackendName
 from ..node_status import NodeStatus
 from ..procfiles import KEPT
-from ..rpc_server import Peer, lock_holder
+from ..rpc_server import Peer, check_socket_path, lock_holder
 from .enforcement import Enforcement
 from .events import EventNotifier, publish_telemetry
 from .fairshare import FairShare
@@ -403,6 +403,7 @@ class Arbiter(LoggingConfigurable):
         if self.guardian:
             self.guardian_link.start()  # armed before the first client can be served
             background.append(self.guardian_link.keep())
+        check_socket_path(self.identity.path)  # before anything binds: all of them fit, or none is made
         self.service.bind()
         await self.identity.start()
         if self.telemetry_interval > 0:
