@@ -104,15 +104,24 @@ def test_a_large_case_is_calibrated_on_sets_of_its_own_size(eval_pool: PoolProc)
     from tests.evaluate.helpers import PROBLEMS
 
     scale = PROBLEMS / "gm_vector_scale"
-    ev = evaluate(
-        scale / "reference.py",
-        scale / "same_as_reference.py",
-        pool=eval_pool.client,
-        benchmarks=["size: 4194304; seed: 12"],
-        timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
-    )
-    assert ev.verdict == "correct", ev.summary
+
+    def judged() -> Evaluation:
+        ev = evaluate(
+            scale / "reference.py",
+            scale / "same_as_reference.py",
+            pool=eval_pool.client,
+            benchmarks=["size: 4194304; seed: 12"],
+            timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
+        )
+        assert ev.verdict == "correct", ev.summary
+        return ev
+
     # on the 2-core CI machine the figure still carries part of the delivery's page faults: 0.30-0.38x
     # of its own reference in the runs that missed 0.4 (the rest of the output copy the twin's
-    # calibration leaves in); the calibration this test guards against gave 0.15-0.22x
+    # calibration leaves in); the calibration this test guards against gave 0.15-0.22x every time.
+    # One figure on a busy 2-core machine can land anywhere (0.09x and 4.4x were seen beside other
+    # load, the twin's calibration or the rounds slowed alone): a miss is measured again once
+    ev = judged()
+    if ev.speedup is None or not 0.25 <= ev.speedup <= 2.5:
+        ev = judged()
     assert ev.speedup is not None and 0.25 <= ev.speedup <= 2.5, (ev.summary, ev.metadata.get("timing_split_us"))
