@@ -4,6 +4,7 @@
 ``/krex/api/sessions``  every registered session, flattened, with the GPU it is placed on
 ``/krex/api/regions``   recent regions with their reports (``?limit=N``, newest last)
 ``/krex/metrics``       Prometheus text format (send the token: ``Authorization: token …``)
+``/krex/api/spec.json`` the OpenAPI document of these routes (:mod:`.openapi`)
 
 The arbiter is reached with the blocking client (ZeroMQ with timeouts), always in a thread of
 the executor, never on the tornado loop. What the handlers use of the extension comes through the
@@ -25,10 +26,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tornado import web
 
 from ..errors import KrexError
-from ..node_status import NodeStatus, SessionRow
+from ..node_status import NodeStatus
 from ..region_report import RegionReport
 from . import metrics
 from .metrics import RegionStats
+from .openapi import SessionEntry, SessionsAnswer, StatusAnswer, document
 from .processes import Services
 
 T = TypeVar("T")
@@ -62,21 +64,6 @@ def fetch_status(endpoint: str) -> NodeStatus:
     return NodeStatus.of(status(endpoint, timeout=5.0))
 
 
-class SessionEntry(SessionRow, kw_only=True):
-    """A session as ``/krex/api/sessions`` lists it: its status row, and whether it holds or
-    waits for its GPU."""
-
-    holding: bool
-    waiting: bool
-
-
-class SessionsAnswer(msgspec.Struct, kw_only=True):
-    """The body of ``/krex/api/sessions``: every session, and whether the GPUs are simulated."""
-
-    sessions: list[SessionEntry]
-    simulated: bool
-
-
 class KrexHandler(ExtensionHandlerMixin, APIHandler):
     auth_resource = "krex"
 
@@ -107,7 +94,7 @@ class StatusHandler(KrexHandler):
     @authorized
     async def get(self) -> None:
         table = await self.arbiter_call(fetch_status, self.krex_services.endpoint)
-        self.write_json({**msgspec.to_builtins(table), "server": self.krex_services.describe()})
+        self.write_json(StatusAnswer(**msgspec.structs.asdict(table), server=self.krex_services.describe()))
 
 
 class SessionsHandler(KrexHandler):
@@ -154,9 +141,17 @@ class MetricsHandler(KrexHandler):
         self.finish(body, set_content_type=CONTENT_TYPE_LATEST)
 
 
+class SpecHandler(KrexHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.write_json(document())
+
+
 default_handlers: list[tuple[str, type[KrexHandler]]] = [
     (r"/krex/api/status", StatusHandler),
     (r"/krex/api/sessions", SessionsHandler),
     (r"/krex/api/regions", RegionsHandler),
     (r"/krex/metrics", MetricsHandler),
+    (r"/krex/api/spec.json", SpecHandler),
 ]

@@ -33,7 +33,7 @@ from krex_lab.serverext.processes import pool_available
 from tests.support import ROOT
 from tests.support.procs import Procs
 
-URLS = ["krex/api/status", "krex/api/sessions", "krex/api/regions", "krex/metrics"]
+URLS = ["krex/api/status", "krex/api/sessions", "krex/api/regions", "krex/metrics", "krex/api/spec.json"]
 
 
 @pytest.fixture
@@ -111,6 +111,37 @@ def test_regions_json(jp_serverapp: Any, get: Any, procs: Procs) -> None:
     assert last["hold_s"] >= 0.05 and last["released_by"] == "released by holder"
     assert len(get_json(get, "krex/api/regions", params={"limit": "1"})["regions"]) == 1
     assert get("krex/api/regions", params={"limit": "x"})[0] == 400
+
+
+def test_the_openapi_document_names_every_route_and_describes_what_each_answers(
+    jp_serverapp: Any, get: Any, procs: Procs
+) -> None:
+    from jsonschema import Draft202012Validator
+
+    from krex_lab.serverext.handlers import default_handlers
+
+    spec = get_json(get, "krex/api/spec.json")
+    assert spec["openapi"].startswith("3.1") and spec["info"]["version"]
+    assert set(spec["paths"]) == {route for route, _ in default_handlers}
+    procs.start("sibling", "1", "--sleep")
+    holder = procs.start("holder", "0", "--hold", "0.05", wait_line="granted")
+    assert procs.readline(holder).startswith("released")
+    procs.start("holder", "0", wait_line="granted")  # one holding now: the status has a holder row
+    for path in ("krex/api/status", "krex/api/sessions", "krex/api/regions"):
+        schema = spec["paths"]["/" + path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        # the document's own references resolve against it: #/components/schemas/...
+        validator = Draft202012Validator({**schema, "components": spec["components"]})
+        body = get_json(get, path)
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(body)]
+        assert not errors, (path, errors[:5])
+    # and the document says what it would refuse: a GPU that is not a number, a frozen pid that is text
+    regions = spec["paths"]["/krex/api/regions"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator({**regions, "components": spec["components"]})
+    good = get_json(get, "krex/api/regions")
+    for field, value in (("gpu", "zero"), ("frozen", ["1234"])):
+        bad = json.loads(json.dumps(good))
+        bad["regions"][0][field] = value
+        assert not validator.is_valid(bad), field
 
 
 def test_metrics_text(jp_serverapp: Any, get: Any, procs: Procs) -> None:
