@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 from pathlib import Path
@@ -296,6 +297,23 @@ def main() -> None:
     out = RESULTS / f"agent_sweep-{args.backend}-think{args.think:g}.png"
     sweep(runs, args.think).savefig(out, dpi=110)
     print(f"wrote {out}")
+
+
+def write_plots(result: dict[str, Any], path: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    written = []
+    for name, fn in FIGURES.items():
+        fig = fn(result)
+        out = path.with_name(f"{path.stem}-{name}.png")
+        fig.savefig(out, dpi=110)
+        written.append(out)
+        if os.environ.get("OUT"):
+            fig.savefig(Path(os.environ["OUT"], out.name), dpi=110)
+        print(f"wrote {out}")
+    return written
 
 
 if __name__ == "__main__":
