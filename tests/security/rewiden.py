@@ -24,15 +24,16 @@ krex_lab.attach(gpu=0, name="timing")
 region = krex_lab.exclusive(gpu=0, isolate=True, cores=1, max_hold=60)
 region.acquire()
 time.sleep(0.3)  # the neighbours widen themselves meanwhile
-n, t0 = 0, time.perf_counter()
+n, t0, c0 = 0, time.perf_counter(), time.thread_time()
 while time.perf_counter() - t0 < seconds:
     for _ in range(10000):
         pass
     n += 1
-rate = n / (time.perf_counter() - t0)
+wall = time.perf_counter() - t0
+rate, cpu_share = n / wall, (time.thread_time() - c0) / wall
 region.release()
 report = region.report
-out(rate=rate, report=report.to_dict() if hasattr(report, "to_dict") else dict(report))
+out(rate=rate, cpu_share=cpu_share, report=report.to_dict() if hasattr(report, "to_dict") else dict(report))
 """
 
 #: ``plain`` never touches its affinity; ``once`` widens itself again the first time it finds
@@ -56,8 +57,8 @@ def region_beside(
     alice: User, mallory: User, arb: ArbiterProc, mode: str, seconds: float = 2.0
 ) -> tuple[dict[str, Any], list[int]]:
     """alice's region (one reserved core) timing a loop for ``seconds`` beside one of mallory's
-    loops per core in ``mode`` (see :data:`LOOP`): her result (``rate`` a second and ``report``)
-    and the loops' pids."""
+    loops per core in ``mode`` (see :data:`LOOP`): her result (``rate`` a second, ``cpu_share``:
+    the CPU time her loop got over its wall time, and ``report``) and the loops' pids."""
     loops = [spawn_as(mallory, arb, LOOP, mode) for _ in CPUS]
     try:
         for loop in loops:  # one that dies says why (its stderr), not just that it never got ready
