@@ -232,6 +232,7 @@ def test_a_runtime_dir_too_long_for_a_socket_is_one_line_naming_the_limit(tmp_pa
     line = one_line(out.stderr)
     assert line.startswith("krex arbiter: the socket path ") and "over the 107" in line, out.stderr
     assert "--runtime-dir" in line and "unexpected" not in line
+    assert not list(runtime.iterdir()), "a refused start makes nothing in the runtime dir"
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="NVML may be there")

@@ -388,6 +388,8 @@ class Arbiter(LoggingConfigurable):
 
     # -- lifecycle ------------------------------------------------------------------------
     async def serve(self, ready: asyncio.Event | None = None) -> None:
+        for path in (self.service.endpoint, self.events or "", self.identity.path):
+            check_socket_path(path)  # first: a socket that cannot be made refuses the start, and nothing is made
         if not self.service.take_lock(note=f"{os.getpid()}\n", wait=5.0):
             raise KrexError(another_arbiter(lock_holder(self.root / "arbiter.lock") or "", self.root, self.bound))
         self.records.serve_metrics(self.metrics_port, self.metrics_addr)
@@ -403,7 +405,6 @@ class Arbiter(LoggingConfigurable):
         if self.guardian:
             self.guardian_link.start()  # armed before the first client can be served
             background.append(self.guardian_link.keep())
-        check_socket_path(self.identity.path)  # before anything binds: all of them fit, or none is made
         self.service.bind()
         await self.identity.start()
         if self.telemetry_interval > 0:
