@@ -79,6 +79,7 @@ CHEATS = [
     Cheat("timer_time_module", KB, "timer patch", NEXT, defence=TIME),
     Cheat("timer_statistics", KB, "statistics patch", NEXT, defence=TIME),
     Cheat("timer_numpy_mean", KB, "statistics patch", NEXT, defence=TIME),
+    Cheat("timer_cpu_clocks", KB, "CPU clock patch", NEXT, defence=TIME),
     Cheat("cmp_numpy_isclose", KB, "comparator patch (numpy)", NEXT),
     Cheat("cmp_numpy_allclose_gm", GM_NP, "comparator patch (numpy)", NEXT),
     Cheat("cmp_torch_allclose", GM, "comparator patch (torch)", NEXT),
