@@ -55,9 +55,19 @@ def judge(eval_pool: PoolProc) -> Judge:
     return go
 
 
-def _not_forged(ev: Evaluation, honest: Evaluation) -> None:
-    if ev.verdict == "correct":
-        assert ev.runtime >= honest.runtime / SLACK, f"{ev.summary}; its honest twin: {honest.summary}"
+def _forged(ev: Evaluation, honest: Evaluation) -> str:
+    if ev.verdict == "correct" and ev.runtime < honest.runtime / SLACK:
+        return f"{ev.summary}; its honest twin: {honest.summary}"
+    return ""
+
+
+def _not_forged(judge: Judge, problem: str, cheat: str, ev: Evaluation, honest: Evaluation) -> None:
+    """A forged time is 10-1000x off; a busy shared host can slow an honest twin past the slack
+    now and then (135 us against 32 us, once): a forgery counts when both, judged again, show it
+    again."""
+    if why := _forged(ev, honest):
+        honest2, ev2 = judge(problem, cheat)
+        assert not (again := _forged(ev2, honest2)), f"{why}; again: {again}"
 
 
 @pytest.mark.timeout(300)
@@ -93,7 +103,7 @@ def test_a_timed_call_that_writes_into_its_input_is_rejected(judge: Judge) -> No
 def test_one_call_reaches_no_other_set_of_its_round(judge: Judge) -> None:
     honest, ev = judge("kb_add3", "batch_round")
     assert "krex-saw" not in (ev.output or ""), ev.output
-    _not_forged(ev, honest)
+    _not_forged(judge, "kb_add3", "batch_round", ev, honest)
 
 
 @pytest.mark.timeout(300)

@@ -22,6 +22,7 @@ and everything it started, when the evaluation ends.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import signal
@@ -69,20 +70,56 @@ def _sync() -> None:
 
 
 def _touch(tree: Any) -> None:
-    """Read one value a page of every host array in ``tree``, as a call that reads its inputs
+    """Read one byte a page of every host array in ``tree``, as a call that reads its inputs
     does: the calibration's no-op then pays the page faults of a round's fresh memory too (a
-    device array faults nothing on the host)."""
+    device array faults nothing on the host). Without a framework op: a no-op that costs more than
+    a small candidate's whole call (three torch reductions took 26 us, a + b + c 4 us) makes the
+    judge subtract more than the harness costs."""
     if isinstance(tree, (list, tuple)):
         for x in tree:
             _touch(x)
     elif isinstance(tree, dict):
         for x in tree.values():
             _touch(x)
-    elif hasattr(tree, "reshape") and getattr(tree, "ndim", 0) > 0 and not getattr(tree, "is_cuda", False):
-        size = tree.element_size() if hasattr(tree, "element_size") else tree.itemsize
-        flat = tree.reshape(-1)
-        if flat.shape[0]:
-            float(flat[:: max(1, 4096 // size)].sum())
+    else:
+        span = _host_span(tree)
+        if span is not None:
+            _read_pages(*span)
+
+
+def _host_span(x: Any) -> tuple[int, int] | None:
+    """(first address, bytes) of the host memory an array's values lie in; None for a device
+    array, an empty one or anything else."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        if x.dtype.hasobject or not x.size:
+            return None
+        ptr, shape, strides, size = x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
+    elif type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        if not x.is_cpu or not x.numel():
+            return None
+        size = x.element_size()
+        if x.is_contiguous():
+            return x.data_ptr(), x.numel() * size
+        ptr, shape, strides = x.data_ptr(), x.shape, [st * size for st in x.stride()]
+    else:
+        return None
+    lo = hi = ptr
+    for n, st in zip(shape, strides):  # a strided view's values lie between its lowest and highest
+        lo, hi = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
+    return lo, hi + size - lo
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_byte = ctypes.c_char.from_address
+
+
+def _read_pages(addr: int, size: int) -> None:
+    if size <= 16 * _PAGE:  # a few pages: a byte each (a buffer object costs more)
+        for a in range(addr, addr + size, _PAGE):
+            _byte(a).value  # noqa: B018 (the read is the point)
+    else:
+        bytes(memoryview((ctypes.c_char * size).from_address(addr)).cast("B")[::_PAGE])
 
 
 def _fit_threads() -> None:
