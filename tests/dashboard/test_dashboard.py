@@ -360,9 +360,15 @@ def test_widgets_follow_the_scripted_sequence() -> None:
 
 
 def test_draws_are_batched_and_throttled(monkeypatch: pytest.MonkeyPatch) -> None:
+    import comm
     import ipywidgets
 
     from krex_lab.dashboard.view import Dashboard
+
+    # Widgets outside a kernel send through the comm package's default comm. Once anything in
+    # the process has imported ipykernel's kernel module (a jupyter_server test does), comms are
+    # ipykernel's, with no kernel here, and widgets send nothing: this test's comms are its own.
+    monkeypatch.setattr(comm, "create_comm", comm.DummyComm)
 
     sent: collections.Counter[str] = collections.Counter()
     original = ipywidgets.Widget._send
