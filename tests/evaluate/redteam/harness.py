@@ -149,6 +149,10 @@ def judge_cheat(cheat: Cheat, judge: Judge, pool: Any, baselines: Baselines, lim
     honest = baselines.get(judge, cheat.problem, "honest")
     slow = baselines.get(judge, cheat.problem, "slow") if "next" in cheat.checks else None
     twin = judge(cheat.problem, cheat.twin(), retime_reference=True)
+    if twin.verdict == "timeout":
+        # out of time on a busy 2-core machine (two evaluations at once beside the rest of a whole
+        # run: two honest twins of 72 once ran past 30 s): judged again before it is blamed
+        twin = judge(cheat.problem, cheat.twin(), retime_reference=True)
     if twin.verdict != "correct":
         raise AssertionError(f"the honest twin of {cheat.name}: {twin.summary}")
     if not honest.runtime / SLACK <= twin.runtime <= honest.runtime * SLACK:
