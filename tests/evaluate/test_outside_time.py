@@ -98,33 +98,27 @@ def test_a_candidate_that_renices_the_judge_changes_nothing(eval_pool: PoolProc,
 def test_a_large_case_is_calibrated_on_sets_of_its_own_size(eval_pool: PoolProc) -> None:
     """The reference's own kernel as the candidate, on a benchmark case of 4 Mi values whose test
     cases are tiny: the twin's harness cost (the case's fresh pages touched, its output copied) is
-    measured on sets of the timed case's size, so the figure is the kernel's. Calibrated on the
-    first test case's sets instead (1000 values), that cost stayed in the candidate's figure:
-    0.15-0.22x of its own reference."""
+    measured on sets of the timed case's size. Calibrated on the first test case's sets instead
+    (1000 values), the twin's delivery of an output cost a thousandth of the candidate's, and that
+    cost stayed in the candidate's figure: 0.15-0.22x of its own reference."""
     from tests.evaluate.helpers import PROBLEMS
 
     scale = PROBLEMS / "gm_vector_scale"
-
-    def judged() -> Evaluation:
-        ev = evaluate(
-            scale / "reference.py",
-            scale / "same_as_reference.py",
-            pool=eval_pool.client,
-            benchmarks=["size: 4194304; seed: 12"],
-            timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
-        )
-        assert ev.verdict == "correct", ev.summary
-        return ev
-
-    # The calibration this test guards against gave 0.15-0.22x every time. On the 2-core CI machine
-    # one figure of this case can land anywhere: the same candidate in fresh pools was judged
-    # 0.1x-76x of its own reference (the harness costs ~17 ms a call against a ~2 ms kernel, and the
-    # twin's and the candidate's costs of letting go of a round's pages differ). A figure at or above
-    # 0.25x in one of three judgements is what the right calibration gives; the wrong one never did.
-    seen = []
-    for _ in range(3):
-        ev = judged()
-        seen.append((ev.summary, ev.metadata.get("timing_split_us")))
-        if ev.speedup is not None and ev.speedup >= 0.25:
-            break
-    assert ev.speedup is not None and ev.speedup >= 0.25, seen
+    ev = evaluate(
+        scale / "reference.py",
+        scale / "same_as_reference.py",
+        pool=eval_pool.client,
+        benchmarks=["size: 4194304; seed: 12"],
+        timeouts={"load": 120.0, "check": 60.0, "time": 120.0},
+    )
+    assert ev.verdict == "correct", ev.summary
+    # What each harness says its delivery of an output (16 MiB copied into the judge's buffers)
+    # took, a call: the same work in both, so within a small factor. The figure itself is not
+    # held: on the 2-core machine it still carries the candidate's write faults on its output,
+    # which the twin's reads do not pay (0.13-0.28x of its own reference in
+    # benchmarks/probes/cpu_figures.py's runs), and overlaps what the wrong calibration gave.
+    split = ev.metadata["timing_split_us"]
+    candidate = [float(x) for x in re.findall(r"candidate, [^;]*?deliver ([\d.]+)", split)]
+    twin = {int(n): float(x) for n, x in re.findall(r"twin, (\d+) calls: [^;]*?deliver ([\d.]+)", split)}
+    assert candidate and twin, split
+    assert max(candidate) <= 8 * twin[max(twin)], (ev.summary, split)

@@ -368,7 +368,7 @@ class OutsideClock:
             c0 = harness_cpu(self.twin.pid)
             try:
                 body = self.judge.ask(
-                    Calibrate(calls=calls, method=self.method, sets=sets, keep=self.let_go),
+                    Calibrate(calls=calls, method=self.method, sets=[cs.entry for cs in sets], keep=self.let_go),
                     Timed,
                     shared,
                     proc=self.twin,
@@ -376,6 +376,13 @@ class OutsideClock:
                 )
                 if self.let_go:  # outside the bracket, as the candidate lets go of its rounds'
                     self.judge.ask(Drop(), Ok, proc=self.twin)
+                if not self.cuda:
+                    # freed by the judge, as a candidate's round's sets are (``refill``): else the
+                    # twin, the last to map them, paid for freeing their pages (12 ms a set of
+                    # 48 MiB, where the candidate's letting go costs 0.1 ms), after its answer and
+                    # so in the next round's figure or not, as the two processes raced
+                    for cs in sets:
+                        cs.release()
             except Exception as exc:  # the twin failed (or was killed): no calibration from it
                 self.notes.append(f"the calibration twin failed ({type(exc).__name__}: {exc})")
                 from .spares import spares_for

@@ -33,12 +33,12 @@ from typing import Any, TypeVar
 from .. import cuda_ipc
 from ..cache import make_output_file, output_file
 from ..channel import ChannelError, Shared, encode_tree
-from ..messages import Body, CallEntry, Failed, Load, Loaded, Ok, Release
+from ..messages import Body, Failed, Load, Loaded, Ok, Release
 from ..numerics import applied, settings_for
 from ..options import Job, ProgramSource
 from ..outcomes import LoadResult, PhaseResult, PhaseResults
 from .account import CandidateGroup, place
-from .buffers import out_spec, share_set
+from .buffers import CallSet, out_spec, share_set
 from .builddir import BuildDir
 from .checks import check, trial_data
 from .clock import Scheduling
@@ -315,7 +315,7 @@ class Judge:
         self.proc.confine(self.build_dir, self._import_dirs(), [self.output_path])
         self.confine_s = time.perf_counter() - t0
 
-    def _calibration_sets(self, calls: int, sample: Any = None) -> tuple[list[CallEntry], Shared]:
+    def _calibration_sets(self, calls: int, sample: Any = None) -> tuple[list[CallSet], Shared]:
         """``calls`` input sets as a timed round sends them (each in memory of its own, with its
         output buffers), of ``sample`` (a set of the case being timed and its output layout; None:
         the first trial's data): the harness's cost then counts taking a round's sets over,
@@ -326,7 +326,7 @@ class Judge:
         shared = Shared()
         sets = [share_set(self.problem, data, spec, shared) for _ in range(calls)]
         synchronize()
-        return [cs.entry for cs in sets], shared
+        return sets, shared
 
     # -- check -------------------------------------------------------------------------------------
 
