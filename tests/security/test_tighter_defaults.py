@@ -8,6 +8,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
+import pytest
+
 from .helpers_arbiter import Agent, agents, assert_healthy, multi_user_arbiter, run_as
 from .users import User
 
@@ -30,6 +32,7 @@ def _rows(db: str, user: str) -> list[str]:
         conn.close()
 
 
+@pytest.mark.timeout(300)  # the flood (up to 120 s) and the wait for the writer (up to 120 s)
 def test_history_keeps_at_most_its_cap_per_user_newest_first(mallory: User, bob: User) -> None:
     with multi_user_arbiter("--Arbiter.history_per_user=20") as arb:
         run_as(bob, arb, MANY_REGIONS, "5")
@@ -38,7 +41,9 @@ def test_history_keeps_at_most_its_cap_per_user_newest_first(mallory: User, bob:
         db = str(arb.runtime / "history.sqlite")
         # the history's writer runs behind the regions (a thread of its own): wait for her last one,
         # not for the count, which reaches 20 while her newest rows are still on their way
-        deadline = time.monotonic() + 60  # past the writer's busy timeout (30 s) and its retries
+        # past the writer's worst case: three attempts of its busy timeout (30 s each) and the
+        # sleeps between them (60 s was not: a whole CI run once stopped waiting 23 rows short)
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and newest[-1] not in _rows(db, mallory.name):
             time.sleep(0.5)
         time.sleep(0.5)  # the cap's delete follows the insert in the writer
