@@ -115,11 +115,14 @@ _byte = ctypes.c_char.from_address
 
 
 def _read_pages(addr: int, size: int) -> None:
+    """A byte of every page of ``[addr, addr + size)``: one a page from ``addr`` on, and the last
+    (a span that starts inside a page ends inside one that the stride steps over)."""
     if size <= 16 * _PAGE:  # a few pages: a byte each (a buffer object costs more)
         for a in range(addr, addr + size, _PAGE):
             _byte(a).value  # noqa: B018 (the read is the point)
     else:
         bytes(memoryview((ctypes.c_char * size).from_address(addr)).cast("B")[::_PAGE])
+    _byte(addr + size - 1).value  # noqa: B018
 
 
 def _fit_threads() -> None:
