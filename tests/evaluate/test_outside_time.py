@@ -126,22 +126,20 @@ def test_a_large_case_is_calibrated_on_sets_of_its_own_size(eval_pool: PoolProc)
 
 def test_the_calibration_no_op_reads_every_page_of_an_array_that_starts_inside_one() -> None:
     """The twin's no-op pays a round's page faults as a call that reads its inputs does: every page
-    an array's values lie in, the last one too when the array starts past a page's first byte."""
+    an input's values lie in, the last one too when the array starts past a page's first byte."""
     import ctypes
     import mmap
 
-    import numpy as np
-
-    from krex_lab.evaluate.candidate.process import _touch
+    from krex_lab.evaluate.candidate.process import _read_pages
 
     page = mmap.PAGESIZE
     libc = ctypes.CDLL(None, use_errno=True)
     for pages in (3, 40):  # a byte at a time, and through a buffer (more than 16 pages)
         with mmap.mmap(-1, (pages + 1) * page) as mem:
-            base = ctypes.addressof(ctypes.c_char.from_buffer(mem))
-            values = np.frombuffer(mem, dtype=np.uint8, count=pages * page, offset=100)
-            _touch((values, {"again": [values]}))
+            view = ctypes.c_char.from_buffer(mem)
+            base = ctypes.addressof(view)
+            _read_pages(base + 100, pages * page)
             resident = (ctypes.c_ubyte * (pages + 1))()
             assert libc.mincore(ctypes.c_void_p(base), (pages + 1) * page, resident) == 0, ctypes.get_errno()
             assert [r & 1 for r in resident] == [1] * (pages + 1)
-            del values
+            del view

@@ -69,47 +69,6 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _touch(tree: Any) -> None:
-    """Read one byte a page of every host array in ``tree``, as a call that reads its inputs
-    does: the calibration's no-op then pays the page faults of a round's fresh memory too (a
-    device array faults nothing on the host). Without a framework op: a no-op that costs more than
-    a small candidate's whole call (three torch reductions took 26 us, a + b + c 4 us) makes the
-    judge subtract more than the harness costs."""
-    if isinstance(tree, (list, tuple)):
-        for x in tree:
-            _touch(x)
-    elif isinstance(tree, dict):
-        for x in tree.values():
-            _touch(x)
-    else:
-        span = _host_span(tree)
-        if span is not None:
-            _read_pages(*span)
-
-
-def _host_span(x: Any) -> tuple[int, int] | None:
-    """(first address, bytes) of the host memory an array's values lie in; None for a device
-    array, an empty one or anything else."""
-    np = sys.modules.get("numpy")
-    if np is not None and isinstance(x, np.ndarray):
-        if x.dtype.hasobject or not x.size:
-            return None
-        ptr, shape, strides, size = x.__array_interface__["data"][0], x.shape, x.strides, x.itemsize
-    elif type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
-        if not x.is_cpu or not x.numel():
-            return None
-        size = x.element_size()
-        if x.is_contiguous():
-            return x.data_ptr(), x.numel() * size
-        ptr, shape, strides = x.data_ptr(), x.shape, [st * size for st in x.stride()]
-    else:
-        return None
-    lo = hi = ptr
-    for n, st in zip(shape, strides):  # a strided view's values lie between its lowest and highest
-        lo, hi = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
-    return lo, hi + size - lo
-
-
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _byte = ctypes.c_char.from_address
 
@@ -207,24 +166,37 @@ class Candidate:
         call), which land in the set's buffers as a real call's value does. The judge sends this
         to a clean spare (its calibration twin), never to the candidate's process."""
 
+        # a call reads its inputs: a fresh set's pages fault in the call's time (a device array
+        # faults nothing on the host). The pages are read from the spans that mapping the set
+        # measured, as the candidate's process measures them too: the no-op's own cost is then a
+        # loop, not a walk of the arguments (which cost more than a small candidate's whole call,
+        # and the judge would subtract more than the harness costs).
+        host = not _cuda()
+        value: list[list[Any]] = []  # this round's value, taken at its first call
+
         def noop(given: Any) -> Any:
-            inputs, bufs = given
-            _touch(inputs)  # a call reads its inputs: a fresh set's pages fault in the call's time
-            # a value like the expected output, made once and returned at every call: copying it
-            # into the judge's buffers is the harness's cost, but making it is the call's (the
-            # reference's time has its own allocation in it), so the twin does not count it
-            key = [None if b is None else (tuple(b.shape), str(b.dtype)) for b in bufs]
-            if self.outputs is None or self.outputs[0] != key:
-                made = [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
-                self.outputs = (key, made)
-            return list(self.outputs[1])
+            bufs, where = given
+            if host:
+                for lo, hi, _ in where:
+                    if hi > lo:
+                        _read_pages(lo, hi - lo)
+            if not value:
+                # a value like the expected output, made once and returned at every call: copying
+                # it into the judge's buffers is the harness's cost, but making it is the call's
+                # (the reference's time has its own allocation in it), so the twin does not count it
+                key = [None if b is None else (tuple(b.shape), str(b.dtype)) for b in bufs]
+                if self.outputs is None or self.outputs[0] != key:
+                    made = [b if b is None else (b.clone() if hasattr(b, "clone") else b.copy()) for b in bufs]
+                    self.outputs = (key, made)
+                value.append(self.outputs[1])
+            return list(value[0])
 
         if body.sets is not None:
             sets = [self._set(entry, arrays) for entry in body.sets]
-            self.sets = {k: ((args, bufs), bufs, where) for k, (args, bufs, where) in enumerate(sets)}
+            self.sets = {k: ((bufs, where), bufs, where) for k, (_, bufs, where) in enumerate(sets)}
         else:  # the judge's shared sample is the output buffer
             sample = arrays[0] if arrays else None
-            self.sets = {k: (([], [sample]), [sample], []) for k in range(body.calls)}
+            self.sets = {k: (([sample], []), [sample], []) for k in range(body.calls)}
         self._round(Round(order=list(range(body.calls)), method=body.method), noop)
         if not body.keep:
             self.sets = {}
