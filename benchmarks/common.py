@@ -96,11 +96,15 @@ def private_arbiter(prefix: str, *args: str, timeout: float = 30) -> tuple[subpr
     """A ``krex arbiter`` (``args`` after ``arbiter``) on a fresh private runtime dir, started and
     answering, and the environment a process needs to use it (``KREX_ENDPOINT`` and the repo on
     ``PYTHONPATH``). Stop it with SIGTERM. ``KREX_PROF=FILE`` in the environment runs it under
-    cProfile, its statistics written to FILE when it stops."""
+    cProfile, its statistics written to FILE when it stops. The runtime dir (its sockets and the
+    logs of what ran on it) goes when the script exits."""
+    import atexit
+    import shutil
     import tempfile
     import time
 
     runtime = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, runtime, ignore_errors=True)
     env = {
         **os.environ,
         "KREX_RUNTIME_DIR": str(runtime),
