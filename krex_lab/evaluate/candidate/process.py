@@ -166,11 +166,12 @@ class Candidate:
         call), which land in the set's buffers as a real call's value does. The judge sends this
         to a clean spare (its calibration twin), never to the candidate's process."""
 
-        # a call reads its inputs: a fresh set's pages fault in the call's time (a device array
-        # faults nothing on the host). The pages are read from the spans that mapping the set
-        # measured, as the candidate's process measures them too: the no-op's own cost is then a
-        # loop, not a walk of the arguments (which cost more than a small candidate's whole call,
-        # and the judge would subtract more than the harness costs).
+        # a call reads its inputs: a fresh set's pages fault in the call's time. The pages are read
+        # from the spans that mapping the set measured, as the candidate's process measures them
+        # too: the no-op's own cost is then a loop, not a walk of the arguments (which cost more
+        # than a small candidate's whole call, and the judge would subtract more than the harness
+        # costs). On a GPU it reads none: a device array faults nothing on the host, and a rare
+        # host input's faults are then left in the candidate's figure, the safe side.
         host = not _cuda()
         value: list[list[Any]] = []  # this round's value, taken at its first call
 
