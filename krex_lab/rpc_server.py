@@ -165,6 +165,8 @@ class Service:
             self.guard.watch(self.pub, "events")
         self._lockfd: int | None = None
         self._stopping = asyncio.Event()
+        #: the signal that stopped :meth:`run` (None: :meth:`stop`, or still running)
+        self.stopped_by: signal.Signals | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self.bound = False
 
@@ -224,7 +226,7 @@ class Service:
         """Serve until :meth:`stop` or a signal; background tasks are cancelled on the way out."""
         loop = asyncio.get_running_loop()
         for sig in self.signals:
-            loop.add_signal_handler(sig, self._stopping.set)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         tasks = [asyncio.ensure_future(self._recv_loop()), *(asyncio.ensure_future(c) for c in background)]
         if ready is not None:
             ready.set()
@@ -235,6 +237,10 @@ class Service:
                 t.cancel()
             for sig in self.signals:
                 loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        self.stopped_by = signal.Signals(sig)
+        self._stopping.set()
 
     def stop(self) -> None:
         self._stopping.set()

@@ -40,6 +40,10 @@ def test_the_pool_says_where_it_serves_and_which_arbiter_it_follows(arb: Arbiter
         assert "ready in" not in pool.log()
     finally:
         pool.stop()
+    # and why it stopped, for whoever finds it gone (a lab's log shows only its exit status)
+    said = pool.log().splitlines()
+    assert any("SIGTERM received: stopping" in line for line in said), pool.log()
+    assert said[-1].endswith("krex pool stopped"), pool.log()
 
 
 def test_the_pool_says_when_no_arbiter_answers(tmp_path: Path) -> None:

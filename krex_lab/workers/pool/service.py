@@ -323,6 +323,8 @@ class Pool(LoggingConfigurable):
         try:
             await self.service.run([self._housekeeping()], ready)
         finally:
+            if self.service.stopped_by is not None:  # the other reasons say so where they stop it
+                serving_log.info("%s received: stopping", self.service.stopped_by.name)
             await self.shutdown()
         return 0
 
@@ -357,7 +359,7 @@ class Pool(LoggingConfigurable):
         self.gates.close()
         self.clients.close()
         self.service.close(linger_ms=1000)  # let the "shutting down" results reach their clients
-        log.info("krex pool stopped")
+        serving_log.info("krex pool stopped")
 
     async def _housekeeping(self) -> None:
         d = self.dispatcher
