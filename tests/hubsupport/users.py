@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.leftovers import files_of, remove_files_of
+
 
 @dataclass
 class HubUser:
@@ -47,6 +49,7 @@ def make_users(base: Path, *prefixes: str, group: str = "", members: int = 0) ->
     password; the first ``members`` of them in the Unix group ``group`` (made here, where given).
     At exit every process of theirs is killed (continued first), then ``userdel`` (and ``groupdel``)."""
     made: list[HubUser] = []
+    before: dict[int, set[str]] = {}  # what each uid owned in /tmp when made (a deleted user's uid comes back)
     try:
         if group:
             subprocess.run(["groupadd", group], check=True, capture_output=True)
@@ -63,6 +66,7 @@ def make_users(base: Path, *prefixes: str, group: str = "", members: int = 0) ->
             password = secrets.token_urlsafe(12)
             subprocess.run(["chpasswd"], input=f"{name}:{password}\n", text=True, check=True, capture_output=True)
             made.append(HubUser(name, entry.pw_uid, entry.pw_gid, home, password))
+            before[entry.pw_uid] = files_of(entry.pw_uid)
             os.chmod(home, 0o700)
         yield made
     finally:
@@ -74,7 +78,7 @@ def make_users(base: Path, *prefixes: str, group: str = "", members: int = 0) ->
         for u in made:
             subprocess.run(["userdel", "--force", "--remove", u.name], check=False, capture_output=True)
             shutil.rmtree(u.home, ignore_errors=True)
-            shutil.rmtree(f"/tmp/krex-{u.uid}", ignore_errors=True)  # their KREX runtime dir (no XDG_RUNTIME_DIR)
+            remove_files_of(u.uid, keep=before.get(u.uid, set()))  # their KREX runtime dir and the like
         if group:
             subprocess.run(["groupdel", group], check=False, capture_output=True)
 

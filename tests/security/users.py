@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.leftovers import files_of, remove_files_of
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,10 +76,12 @@ def make_user(prefix: str = "krexbob") -> Iterator[User]:
     subprocess.run(
         ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True
     )
+    entry = pwd.getpwnam(name)
+    before = files_of(entry.pw_uid)
     try:
-        entry = pwd.getpwnam(name)
         yield User(name, entry.pw_uid, entry.pw_gid)
     finally:
+        remove_files_of(entry.pw_uid, keep=before)  # its runtime dir, a script dir made its own
         subprocess.run(["userdel", name], check=False, capture_output=True)
 
 

@@ -14,11 +14,17 @@
   runs in the test process) that leaves SIGINT ignored or blocked fails, and the signal is put back.
 - The node's core lock file of a user with no ``XDG_RUNTIME_DIR`` (``/tmp/krex-cores-UID.lock``),
   made by the run's arbiters where there was none, is removed at its end unless something holds it.
+- The users the root tests make (``useradd``) take their files in ``/tmp`` and ``/dev/shm`` with
+  them (:func:`remove_files_of`, before ``userdel``): an entry there that the run made and whose
+  owner no longer exists is named, removed, and fails the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import time
@@ -68,6 +74,58 @@ def _marked(token: str) -> list[psutil.Process]:
     return found
 
 
+#: where a user's files outlive their processes (a KREX runtime dir without XDG_RUNTIME_DIR, a
+#: test's script dir made theirs)
+SHARED_TMP = ("/tmp", "/dev/shm")
+
+
+def _entries() -> set[str]:
+    found = set()
+    for top in SHARED_TMP:
+        with contextlib.suppress(OSError):
+            found |= {os.path.join(top, name) for name in os.listdir(top)}
+    return found
+
+
+def files_of(uid: int) -> set[str]:
+    """What ``uid`` owns at the top of ``/tmp`` and ``/dev/shm``."""
+    found = set()
+    for path in _entries():
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_uid == uid:
+                found.add(path)
+    return found
+
+
+def remove_files_of(uid: int, keep: set[str]) -> None:
+    """Remove what ``uid`` owns at the top of ``/tmp`` and ``/dev/shm`` but ``keep`` (what it owned
+    when the run made it: a deleted user's files carry its uid, which ``useradd`` gives again):
+    called for a user the run made, before ``userdel``."""
+    for path in files_of(uid) - keep:
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _ownerless(since: set[str]) -> list[str]:
+    """Entries made since ``since`` whose owner is no user any more (one the run made and deleted)."""
+    out = []
+    for path in sorted(_entries() - since):
+        try:
+            pwd.getpwuid(os.lstat(path).st_uid)
+        except KeyError:
+            out.append(path)
+        except OSError:
+            continue
+    return out
+
+
 def _describe(proc: psutil.Process) -> str:
     try:
         return f"{proc.pid} {' '.join(proc.cmdline())[:120]}"
@@ -103,6 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _state["token"] = token
     _state["root"] = Path(str(config.rootpath))
     _state["status"] = _git_status(Path(str(config.rootpath)))
+    _state["tmp"] = _entries()
     # The run's temporary root (created now, as pytest's tmp_path would): torch's and Ray's caches
     # go there, set before any test or fixture starts a process that inherits them.
     base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
@@ -136,6 +195,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             except psutil.Error:
                 pass
     _remove_if_free(_state.get("core_lock"))
+    since = _state.get("tmp")
+    if isinstance(since, set) and (ownerless := _ownerless(since)):
+        problems.append("files of users the run made and deleted (removed now):")
+        problems += [f"  {path}" for path in ownerless]
+        for path in ownerless:
+            _remove(path)
     root = _state["root"]
     assert isinstance(root, Path)
     before, after = _state.get("status"), _git_status(root)
