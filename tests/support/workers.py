@@ -40,6 +40,7 @@ SERIAL_FILES = frozenset(
         "tests/enforcement/test_tree_walk.py",
         "tests/security/test_core_lock.py",
         "tests/security/test_shield_rewiden.py",
+        "tests/test_exclusive_degraded_terminal.py",
         "tests/hub/test_admin_service.py",
         # a candidate's measured time against a bound
         "tests/evaluate/test_outside_time.py",
