@@ -372,6 +372,8 @@ DENIED = {
     "read_mem",
     "process_vm_readv",
     "ptrace",
+    "ptrace_i386",
+    "ptrace_x32",
     "signal",
     "tgkill",
     "sigio_owner",
@@ -403,7 +405,8 @@ def _check_probe(bare: dict[str, object], boxed: dict[str, object]) -> None:
     assert {"signal", "renice", "sigio_owner", "socket_unix", "write_outside", "write_tmp"} <= worked_bare, bare
     assert bare["judge_nice"] != [0] and "planted" in str(bare["judge_file"]), bare
     for name in DENIED:
-        assert str(boxed[name]).startswith("denied"), f"{name}: {boxed[name]}"
+        # (the foreign syscall tables exist on x86_64 alone: elsewhere their attacks are not run)
+        assert str(boxed[name]).startswith(("denied", "not run")), f"{name}: {boxed[name]}"
     assert boxed["judge_nice"] == [0] and boxed["judge_oom_score_adj"] == 0, boxed
     assert "planted" not in str(boxed["judge_file"]), boxed
     for part in ("no_new_privs", "dumpable", "capabilities", "seccomp"):
@@ -416,6 +419,12 @@ def test_the_sandbox_denies_every_attack_on_its_parent_as_root(tmp_path: Path) -
         assert {"read_mem", "process_vm_readv", "ptrace", "oom_score"} <= {
             k for k in DENIED if bare.get(k) == "done"
         }, bare
+        # and traces it through the i386 table where the kernel runs 32-bit code (x32 is rarely built)
+        assert (
+            bare["ptrace_i386"] == "done"
+            or "SIGSEGV" in str(bare["ptrace_i386"])
+            or "not run" in str(bare["ptrace_i386"])
+        ), bare
     boxed = _probe(tmp_path / "boxed", "sandboxed", _as_self)
     _check_probe(bare, boxed)
     if sandbox.landlock_abi() >= 6:  # landlock's scopes: a candidate still ends its own children
