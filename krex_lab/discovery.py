@@ -89,8 +89,8 @@ def record_dirs() -> list[Path]:
     """Where this user's running labs may have left their records: this user's runtime dir and,
     unless ``KREX_RUNTIME_DIR`` names one, the user's other defaults (a session with another
     ``XDG_RUNTIME_DIR``, or none). Root's is ``/run/krex`` in every session."""
-    try:
-        dirs = [record_dir()]
+    try:  # looked in, not made: a command that only reads (krex status, krex history) makes no dir
+        dirs = [paths.own_runtime_dir(create=False)]
     except (OSError, KrexError):  # an unusable runtime dir: the client's own request says why
         dirs = []
     if os.geteuid() != 0 and not os.environ.get(paths.RUNTIME_DIR_ENV):

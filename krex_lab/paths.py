@@ -71,14 +71,16 @@ def runtime_dir(create: bool = True) -> Path:
     return prepare_runtime_dir(path, multi_user=False, chmod=False)
 
 
-def own_runtime_dir() -> Path:
+def own_runtime_dir(create: bool = True) -> Path:
     """This user's own runtime dir (created, 0700), whatever ``KREX_RUNTIME_DIR`` says: for what
     only this user uses (its pool's socket and log) when that names another user's (a system
-    arbiter's) directory."""
-    path = runtime_dir()
+    arbiter's) directory. ``create=False``: where it is or would be, nothing made (a reader)."""
+    path = runtime_dir(create=create)
     st = _lstat(path)
     if st is not None and st.st_uid == os.geteuid():
         return path
+    if not create:
+        return _own_default(False)
     return prepare_runtime_dir(_own_default(True), multi_user=False, chmod=False)
 
 

@@ -115,7 +115,10 @@ def _as_nobody(runtime: Path, *args: str) -> tuple[int, str, str]:
 def test_another_user_reads_only_their_own_regions_and_only_when_the_file_lets_them(runtime: Path) -> None:
     db = runtime / "history.sqlite"
     assert db.stat().st_mode & 0o777 == 0o600
+    before = set(Path("/tmp").glob(f"krex-{NOBODY}-*"))
     code, out, err = _as_nobody(runtime, "--json")
+    # a reader makes no runtime dir of its own to look for a lab in (nobody has no XDG_RUNTIME_DIR)
+    assert set(Path("/tmp").glob(f"krex-{NOBODY}-*")) == before
     refusal = f"its history database {db} (uid 0's, mode 0600) is not readable by you (uid {NOBODY})"
     assert code == 1 and refusal in json.loads(out)["error"] and refusal not in err  # said once, as JSON
     db.chmod(0o644)  # an administrator let everyone read it
