@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import pwd
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from krex_lab import protocol
 from krex_lab.connection import fetch_ticket
 from krex_lab.errors import InvalidRequest, NotHolder, ProtocolError, UnknownSession
 from krex_lab.pytest_plugin import ArbiterProc
+from tests.security.users import make_user
 from tests.support.procs import Procs
 
 OPS = ["hello", "status", "place", "register", "unregister", "acquire", "release", "drain_ack", "regions"]
@@ -154,31 +153,11 @@ def test_cannot_release_a_region_it_does_not_hold(arbiter: ArbiterProc, procs: P
     assert arbiter.status()["gpus"][1]["holder"]["pid"] == holder.pid
 
 
-def _unprivileged_uid() -> int:
-    name = "krextest"
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        pass
-    if os.geteuid() == 0:
-        subprocess.run(
-            ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=False, capture_output=True
-        )
-        try:
-            return pwd.getpwnam(name).pw_uid
-        except KeyError:
-            pass
-    try:
-        return pwd.getpwnam("nobody").pw_uid
-    except KeyError:
-        pytest.skip("no unprivileged user exists and none can be created")
-
-
-def _as_user(uid: int, endpoint: str, forge: bool, pid: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _as_user(uid: int, gid: int, endpoint: str, forge: bool, pid: int, queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     # A forked child that drops to another user: the same code, a different owner.
     try:
         os.setgroups([])
-        os.setgid(uid)
+        os.setgid(gid)
         os.setuid(uid)
         zmq.Context.instance()  # a fresh context in this process
         conn = krex_lab.client.Connection(endpoint)
@@ -192,7 +171,11 @@ def _as_user(uid: int, endpoint: str, forge: bool, pid: int, queue: multiprocess
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_cannot_register_another_users_process() -> None:
-    uid = _unprivileged_uid()
+    with make_user("krexproto") as user:  # removed after, with what it left in /tmp
+        _register_as(user.uid, user.gid)
+
+
+def _register_as(uid: int, gid: int) -> None:
     # pytest's tmp_path lives under a 0700 directory; a multi-user arbiter's must be reachable.
     runtime = Path(tempfile.mkdtemp(prefix="krex-multi-user-"))
     os.chmod(runtime, 0o755)
@@ -202,7 +185,7 @@ def test_cannot_register_another_users_process() -> None:
         results = []
         for forge in (False, True):  # a real ticket naming a root pid, then a forged ticket
             q = ctx.Queue()
-            p = ctx.Process(target=_as_user, args=(uid, arb.endpoint, forge, os.getpid(), q))
+            p = ctx.Process(target=_as_user, args=(uid, gid, arb.endpoint, forge, os.getpid(), q))
             p.start()
             results.append(q.get(timeout=20))
             p.join(10)

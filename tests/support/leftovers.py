@@ -14,9 +14,10 @@
   runs in the test process) that leaves SIGINT ignored or blocked fails, and the signal is put back.
 - The node's core lock file of a user with no ``XDG_RUNTIME_DIR`` (``/tmp/krex-cores-UID.lock``),
   made by the run's arbiters where there was none, is removed at its end unless something holds it.
-- The users the root tests make (``useradd``) take their files in ``/tmp`` and ``/dev/shm`` with
-  them (:func:`remove_files_of`, before ``userdel``): an entry there that the run made and whose
-  owner no longer exists is named, removed, and fails the run.
+- The users the root tests make (``useradd``) are gone at its end, and take their files in
+  ``/tmp`` and ``/dev/shm`` with them (:func:`remove_files_of`, before ``userdel``): a user left
+  in the passwd database, or an entry there that the run made and whose owner no longer exists,
+  is named (the entry removed) and fails the run.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _state["root"] = Path(str(config.rootpath))
     _state["status"] = _git_status(Path(str(config.rootpath)))
     _state["tmp"] = _entries()
+    _state["users"] = {u.pw_name for u in pwd.getpwall()}
     # The run's temporary root (created now, as pytest's tmp_path would): torch's and Ray's caches
     # go there, set before any test or fixture starts a process that inherits them.
     base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
@@ -201,6 +203,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         problems += [f"  {path}" for path in ownerless]
         for path in ownerless:
             _remove(path)
+    users = _state.get("users")
+    if isinstance(users, set) and (made := sorted({u.pw_name for u in pwd.getpwall()} - users)):
+        problems.append(f"users the run made and left in the passwd database: {', '.join(made)}")
     root = _state["root"]
     assert isinstance(root, Path)
     before, after = _state.get("status"), _git_status(root)
