@@ -54,6 +54,7 @@ SERIAL_FILES = frozenset(
         "tests/serverext/test_lab_pool_gpus.py",
         "tests/serverext/test_lab_and_cli_agree.py",
         "tests/dashboard/test_dashboard_browser.py",
+        "tests/test_lab_browser.py",
         "tests/arbiter/test_startup_lines.py",
         "tests/hub/test_extension_choice.py",
     }
