@@ -23,14 +23,15 @@ ARGS ?=
 lab: $(STAMP) notebook-filter
 	$(BIN)/krex lab $(ARGS)
 
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 1
 
 test: $(STAMP) notebook-filter
 	$(BIN)/ruff check krex_lab tests benchmarks
 	$(BIN)/ruff format --check krex_lab tests benchmarks
 	$(BIN)/mypy
-	# Two passes (tests/support/workers.py): two xdist workers, then the few files that take the
-	# node's cores or time against a bound, alone; both always run. TEST_WORKERS=1: one process.
+	# TEST_WORKERS=2: two passes (tests/support/workers.py): two xdist workers, then the few files
+	# that take the node's cores or time against a bound, alone; both always run. Off by default:
+	# an ordinary user's runs on two workers still fail timing-bound tests now and then.
 	if [ "$(TEST_WORKERS)" -gt 1 ] 2>/dev/null; then \
 	  status=0; \
 	  $(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) -m "not serial" tests || status=$$?; \
