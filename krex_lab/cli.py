@@ -119,43 +119,38 @@ def _exit_code(code: int) -> int:
 def _run_in_region(cmd: list[str], env: dict[str, str]) -> int:
     """Run ``cmd`` to its end and return its exit code, as a shell reports it. Ctrl-C, SIGTERM
     and SIGHUP go to the command (as ``timeout`` and ``env`` pass them on), from before it is
-    forked: one that arrives while it starts is noted, and passed on once it runs. Caught only
-    after ``Popen`` returned, SIGTERM killed krex in that gap and the command ran on outside the
-    region; a Ctrl-C there escaped as a KeyboardInterrupt with no handle on the child."""
+    forked: one that arrives while it starts is noted, and passed on once it runs. After a
+    Ctrl-C krex exits 130 whatever the command did. No handler here raises: one that did
+    (SIGTERM's default, Ctrl-C's KeyboardInterrupt) had gaps around ``Popen`` in which krex
+    died and left the command running outside the region."""
     import subprocess
 
     proc: subprocess.Popen[bytes] | None = None
     noted: list[int] = []
+    interrupted: list[bool] = []
 
     def forward(signum: int, _frame: object) -> None:
+        interrupted.append(signum == signal.SIGINT)
         if proc is None:
             noted.append(signum)
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
 
-    ctrl_c = signal.getsignal(signal.SIGINT)
-    kept = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
-    if ctrl_c is signal.default_int_handler:
-        signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
+    passed_on = [signal.SIGTERM, signal.SIGHUP]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # nohup'd or backgrounded: stays ignored
+        passed_on.append(signal.SIGINT)
+    kept = {s: signal.signal(s, forward) for s in passed_on}
     try:
         try:
             proc = subprocess.Popen(cmd, env=env)
         except OSError as exc:  # removed or changed since the check before the region
             print(f"krex exclusive: {cmd[0]}: {exc.strerror or exc}", file=sys.stderr)
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        finally:
-            signal.signal(signal.SIGINT, ctrl_c)  # from here a Ctrl-C lands in the except below
-        try:
-            for signum in noted:
-                if signum == signal.SIGINT:
-                    raise KeyboardInterrupt
-                proc.send_signal(signum)
-            return _exit_code(proc.wait())
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            proc.wait()
-            return 130
+        for signum in noted:
+            proc.send_signal(signum)
+        code = _exit_code(proc.wait())
+        return 130 if any(interrupted) else code  # as Python exits on Ctrl-C, whatever the command did
     finally:
         for s, handler in kept.items():
             signal.signal(s, handler)
