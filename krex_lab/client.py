@@ -68,7 +68,8 @@ class Session:
         self.owner_pid = os.getpid()
         control_conn = Connection(self.endpoint)
         try:
-            self.info: protocol.Info = control_conn.call(protocol.Hello(), timeout=2.0)
+            # A listener is there (Connection checked): a busy arbiter gets the time of any request.
+            self.info: protocol.Info = control_conn.call(protocol.Hello())
             control_conn.arbiter_pid = self.info.pid
             ticket = fetch_ticket(self.info.identity)
             if gpu is None and os.environ.get(paths.GPU_ENV, "").strip():

@@ -77,10 +77,11 @@ class Connection:
             _check_listener(self.endpoint[6:])
         self.socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        # Retry a refused or queued-out connect soon (a flood of others' connections fills the
-        # arbiter's accept queue), backing off to a second while no arbiter is there.
+        # Retry a refused or queued-out connect soon, and keep retrying soon: a flood of others'
+        # connections fills the arbiter's accept queue, and a connect backed off to a second
+        # between tries lost to the flood's every 10 ms (a session's hello ran out of time).
         self.socket.setsockopt(zmq.RECONNECT_IVL, 10)
-        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self.socket.setsockopt(zmq.RECONNECT_IVL_MAX, 100)
         self.socket.connect(self.endpoint)
         self.arbiter_pid: int | None = None
         self._identity: str | None = None  # the arbiter's identity socket, learnt from one hello
