@@ -80,11 +80,6 @@ def listened(endpoint: str) -> bool:
         return False
 
 
-def record_dir() -> Path:
-    """Where this user's labs leave their records: this user's own runtime dir."""
-    return paths.own_runtime_dir()
-
-
 def record_dirs() -> list[Path]:
     """Where this user's running labs may have left their records: this user's runtime dir and,
     unless ``KREX_RUNTIME_DIR`` names one, the user's other defaults (a session with another

@@ -116,8 +116,8 @@ class Services:
     # -- start ----------------------------------------------------------------------------
     def start(self) -> None:
         o = self.options
-        try:  # before KREX_RUNTIME_DIR is exported (a private runtime's): where `krex` looks
-            record_dir: Path | None = discovery.record_dir()
+        try:  # before KREX_RUNTIME_DIR is exported (a private runtime's)
+            record_dir: Path | None = paths.own_runtime_dir()  # where `krex` looks for labs' records
         except (OSError, KrexError) as exc:
             record_dir = None
             self.log.warning("KREX: the `krex` commands of this user will not find this server's arbiter: %s", exc)
