@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -197,6 +199,24 @@ def test_stopped_arbiter_leaves_no_socket_behind(arbiter: ArbiterProc) -> None:
     assert not sock.exists() and not (arbiter.runtime / "arbiter-events.sock").exists()
     with pytest.raises(krex_lab.ArbiterUnavailable, match="socket file does not exist"):
         krex_lab.client.Session()
+
+
+def test_a_session_waits_out_an_arbiter_that_answers_late(arbiter: ArbiterProc) -> None:
+    # Its listener is there and answers 3 s late (another user's flood of connections, a loaded
+    # 2-core machine): the session registers once it answers, instead of calling it absent.
+    pid = krex_lab.client.hello()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        t0 = time.monotonic()
+        session = krex_lab.client.Session()
+        waited = time.monotonic() - t0
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+    session.close()
+    assert waited > 2.5, waited  # it was answered by the arbiter after its stop, not before
 
 
 def test_a_stale_socket_file_fails_at_once(tmp_path: Path) -> None:
