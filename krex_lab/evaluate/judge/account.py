@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ...procutil import GONE, STOPPED, proc_state, tree
 
-__all__ = ["CandidateGroup", "place", "proc_cpu_seconds"]
+__all__ = ["CandidateGroup", "place", "proc_cpu_reading", "proc_cpu_since"]
 
 PREFIX = "krex-cand-"
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -98,16 +98,19 @@ def _cgroup_line(pid: int, v2: bool, controller: str = "cpuacct") -> str | None:
     return None
 
 
-def proc_cpu_seconds(pids: list[int]) -> float:
-    """CPU time of ``pids`` from /proc: per process, the larger of its stat figure (every thread,
-    exited ones included, and its reaped children; kept in clock ticks) and the sum of its live
-    threads' ``schedstat`` (nanoseconds)."""
-    total = 0.0
+def proc_cpu_reading(pids: list[int]) -> dict[tuple[int, int], float]:
+    """CPU seconds of each of ``pids`` (keyed by pid and start time: pid reuse cannot fake one)
+    from /proc: the larger of its stat figure (every thread, exited ones included, and its reaped
+    children; kept in clock ticks) and the sum of its live threads' ``schedstat`` (nanoseconds)."""
+    out: dict[tuple[int, int], float] = {}
     for pid in pids:
-        ticks = 0.0
+        ticks, start = 0.0, None
         with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
             ticks = sum(int(x) for x in fields[11:15]) / _TICK
+            start = int(fields[19])
+        if start is None:
+            continue  # gone
         fine = 0
         with contextlib.suppress(OSError):
             for tid in os.listdir(f"/proc/{pid}/task"):
@@ -116,8 +119,14 @@ def proc_cpu_seconds(pids: list[int]) -> float:
                     open(f"/proc/{pid}/task/{tid}/schedstat") as f,
                 ):
                     fine += int(f.read().split()[0])
-        total += max(ticks, fine / 1e9)
-    return total
+        out[(pid, start)] = max(ticks, fine / 1e9)
+    return out
+
+
+def proc_cpu_since(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float]) -> float:
+    """CPU seconds used between two :func:`proc_cpu_reading`: each process's own difference, one
+    started since counted whole, one gone since counted as nothing (not as minus its past)."""
+    return sum(max(0.0, v - before.get(k, 0.0)) for k, v in after.items())
 
 
 class CandidateGroup:
@@ -179,9 +188,9 @@ class CandidateGroup:
         root = _mounts()[0 if self.kind == "v2" else 1]
         return line is not None and root is not None and root / line.lstrip("/") == self.path
 
-    def cpu_seconds(self) -> float:
-        """CPU time the candidate's processes have used since the group was made (cgroup), or so
-        far (/proc). Only differences of two readings mean anything."""
+    def cgroup_cpu_seconds(self) -> float | None:
+        """CPU seconds the candidate's cgroup has used since it was made (None: no cgroup, or it
+        could not be read). Only differences of two readings mean anything."""
         try:
             if self.kind == "v2":
                 for line in (self.path / "cpu.stat").read_text().splitlines():  # type: ignore[operator]
@@ -191,7 +200,13 @@ class CandidateGroup:
                 return int((self.path / "cpuacct.usage").read_text()) / 1e9  # type: ignore[operator]
         except (OSError, ValueError):
             pass
-        return proc_cpu_seconds(self.pids())
+        return None
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the candidate's processes: its cgroup's since it was made, or (without
+        one) its live processes' so far. Only differences of two readings mean anything."""
+        used = self.cgroup_cpu_seconds()
+        return sum(proc_cpu_reading(self.pids()).values()) if used is None else used
 
     # -- freeze ------------------------------------------------------------------------------------
 

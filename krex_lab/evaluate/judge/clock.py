@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...procutil import tree
+from ...procutil import GONE, proc_state, tree
 from ..messages import Calibrate, Calibrated, Drop, Ok, Timed
 from ..outcomes import SampleStats
 from .harness_parts import parts_of, said_text
@@ -215,9 +215,16 @@ class OutsideClock:
         #: seconds each defence took in this case (``metadata.timing_cost_ms``)
         self.spent: dict[str, float] = {}
         self.twin: Any = None
-        self.cpu0 = self.cpu1 = self.proc0 = 0.0
+        #: the CPU window's figure (``cpu1 - cpu0``), and its opening readings: the cgroup's (None:
+        #: none) and /proc's, per process
+        self.cpu0 = self.cpu1 = 0.0
+        self.cgroup0: float | None = None
+        self.proc0: dict[tuple[int, int], float] = {}
         #: the candidate's processes found outside its cgroup when the CPU window opened or closed
         self.strayed: list[int] = []
+        #: the window's figure came from /proc (processes were outside the cgroup, and /proc's was
+        #: the larger)
+        self.on_proc = False
         self.limit_s = max(1.0, float(judge.opts.limit("time")))
 
     # -- the candidate's processes -------------------------------------------------------------
@@ -228,13 +235,9 @@ class OutsideClock:
             return group.pids()
         return tree(self.judge.proc.pid)
 
-    def _cpu(self) -> float:
+    def _cgroup_cpu(self) -> float | None:
         group = getattr(self.judge, "group", None)
-        if group is not None:
-            return float(group.cpu_seconds())
-        from .account import proc_cpu_seconds
-
-        return proc_cpu_seconds(tree(self.judge.proc.pid))
+        return None if group is None else group.cgroup_cpu_seconds()
 
     def _drain(self, pids: list[int] | None) -> list[int]:
         """The device work of ``pids`` (None: the candidate's) waited for; those now held."""
@@ -276,21 +279,21 @@ class OutsideClock:
 
     def _outside_group(self) -> list[int]:
         """The candidate's processes that are not in its cgroup now (a cpuset shield's partition
-        took them for the region, or the candidate moved itself): its CPU time is then read from
-        /proc instead."""
+        took them for the region, or the candidate moved itself): the cgroup does not count them.
+        One that was reaped between the listing and the look at its cgroup is none of them."""
         group = getattr(self.judge, "group", None)
         if group is None or self.cuda or group.path is None:
             return []
-        return [p for p in group.pids() if not group.holds(p)]
+        return [p for p in group.pids() if not group.holds(p) and proc_state(p) not in (None, *GONE)]
 
     def start(self) -> None:
         """The CPU window opens (before the inputs of the first timed round are filled)."""
-        self.cpu0 = self._cpu()
         if not self.cuda:
-            from .account import proc_cpu_seconds
+            from .account import proc_cpu_reading
 
             self.strayed = self._outside_group()
-            self.proc0 = proc_cpu_seconds(self._candidate_pids())
+            self.cgroup0 = self._cgroup_cpu()
+            self.proc0 = proc_cpu_reading(self._candidate_pids())
 
     @contextlib.contextmanager
     def _spending(self, what: str) -> Iterator[None]:
@@ -322,14 +325,28 @@ class OutsideClock:
                 self.drain.release(held)
 
     def stop(self) -> None:
-        """The CPU window closes (the candidate held: nothing of it runs now)."""
-        self.cpu1 = self._cpu()
-        if not self.cuda:
-            from .account import proc_cpu_seconds
+        """The CPU window closes (the candidate held: nothing of it runs now): what the candidate
+        used in it, in ``cpu1 - cpu0``."""
+        if self.cuda:
+            return
+        from .account import proc_cpu_reading, proc_cpu_since
 
-            self.strayed += self._outside_group()
-            if self.strayed:
-                self.cpu0, self.cpu1 = self.proc0, proc_cpu_seconds(self._candidate_pids())
+        self.strayed += self._outside_group()
+        cgroup1 = self._cgroup_cpu()
+        # /proc's figure counts each process's own difference: one that left during the window
+        # takes nothing back (its CPU before the window once came off the total, and hid the work)
+        by_proc = proc_cpu_since(self.proc0, proc_cpu_reading(self._candidate_pids()))
+        if self.cgroup0 is None or cgroup1 is None:
+            used, self.on_proc = by_proc, True
+        else:
+            used = cgroup1 - self.cgroup0
+            # The cgroup misses a process outside it; /proc misses a child that exited unwaited,
+            # and counts in 10 ms ticks. Both are lower bounds of what the candidate used: with a
+            # process outside, the larger (never /proc's alone: a child reaped mid-look once
+            # passed for one, to put the figure on /proc while an unwaited child did the work).
+            if self.strayed and by_proc > used:
+                used, self.on_proc = by_proc, True
+        self.cpu0, self.cpu1 = 0.0, used
 
     # -- the twin ------------------------------------------------------------------------------------
 
@@ -403,7 +420,7 @@ class OutsideClock:
         if self.cuda:
             return f"the judge's clock; a round ends at {self.drain.what}"
         group = getattr(self.judge, "group", None)
-        if group is not None and not self.strayed:
+        if group is not None and (not self.on_proc or group.kind == "proc"):
             return str(group.accounting)
         why = f" (processes {sorted(set(self.strayed))[:4]} were outside its cgroup)" if self.strayed else ""
         return f"/proc: the candidate's processes' own and reaped children's CPU time{why}"
@@ -455,6 +472,15 @@ class OutsideClock:
             raw = self.cpu1 - self.cpu0
             used = raw - sum(cpu_round + cpu_call * n for n, _ in self.rounds)
             outside, overhead = (used if used > 0 else raw) / calls * 1e6, cpu_call * 1e6
+            if self.on_proc and wall_us > outside:
+                # /proc counts no child that exited unwaited (SIGCHLD ignored: reaped by the
+                # kernel), and a process that waits for one uses no CPU: without a cgroup that
+                # counts every process, the rounds' wall time is the least the figure can be.
+                self.notes.append(
+                    f"its processes used {max(outside, 0.0):.3f} us of CPU a call as /proc counts it, "
+                    f"less than the {wall_us:.3f} us a call of wall time: the wall time is used"
+                )
+                outside = wall_us
         outside = max(outside, 0.0)
         slack = max(SHARE * outside, FLOOR_US)
         believed = inproc >= outside - slack
