@@ -26,9 +26,10 @@ __all__ = ["DiskWatch", "used_bytes"]
 EVERY_S = 0.25
 
 
-def used_bytes(root: str, pids: list[int]) -> int:
+def used_bytes(root: str, pids: list[int], cancelled: Callable[[], bool] = lambda: False) -> int | None:
     """Bytes on disk of the files under ``root`` and of the removed files ``pids`` hold open
-    (each file once, however many names or descriptors it has)."""
+    (each file once, however many names or descriptors it has); None once ``cancelled()`` (asked
+    at every directory and every 256 files: a walk's length is the candidate's to choose)."""
     seen: set[tuple[int, int]] = set()
     total = 0
 
@@ -40,7 +41,11 @@ def used_bytes(root: str, pids: list[int]) -> int:
             total += st.st_blocks * 512
 
     for top, _dirs, files in os.walk(root, onerror=lambda _: None):
-        for name in files:
+        if cancelled():
+            return None
+        for i, name in enumerate(files, 1):
+            if i % 256 == 0 and cancelled():
+                return None
             with contextlib.suppress(OSError):
                 count(os.lstat(os.path.join(top, name)))
     for pid in pids:
@@ -75,9 +80,14 @@ class DiskWatch:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No look inside the block (the timed rounds: the judge's walks would share the node's
-        cores with what is timed); one look as it ends."""
+        """No look inside the block (the timed rounds and the reference: the judge's walks would
+        share the node's cores, and the judge's CPU time, with what is timed); a look under way
+        is given up before the block starts (a candidate's tree of thousands of empty files once
+        kept one walking through the reference's timing, and doubled its time); one look as it
+        ends."""
         self._paused.set()
+        with self._lock:  # the look under way has seen the flag and left
+            pass
         try:
             yield
         finally:
@@ -95,16 +105,18 @@ class DiskWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(EVERY_S):
-            if not self._paused.is_set() and self._look():
+            if not self._paused.is_set() and self._look(self._paused.is_set):
                 return
 
-    def _look(self) -> bool:
+    def _look(self, cancelled: Callable[[], bool] = lambda: False) -> bool:
         """Whether the candidate is past its limit (then killed, and :attr:`breached` says so)."""
         with self._lock:
             if self.breached is not None:
                 return True
             pids = self.pids()
-            used = used_bytes(self.root, pids)
+            used = used_bytes(self.root, pids, cancelled)
+            if used is None:
+                return False
             self.peak = max(self.peak, used)
             if used <= self.limit:
                 return False
