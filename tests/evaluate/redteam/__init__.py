@@ -136,6 +136,7 @@ CHEATS = [
     Cheat("thread_exit_slow_clock", KB, "work in an exited thread, clock slowed", defence=TIME),
     Cheat("cgroup_escape", KB, "out of its cgroup, work in an exited thread", defence=SANDBOX),
     Cheat("child_unwaited_exit", KB, "work in a child the kernel reaps unwaited", defence=TIME),
+    Cheat("child_zombie_kept", KB, "work in a child left a zombie, never waited for", defence=TIME),
     Cheat("stray_reaped_unwaited_child", KB, "a reaped child as a stray, work in an unwaited child", defence=TIME),
     Cheat("slow_calibration", KB, "its harness slowed when calibrated", defence=TIME),
     Cheat("finalizer_gc_sets", KB, "work in a finalizer, sets found by the collector", defence=DATA),
